@@ -1,0 +1,43 @@
+"""The `pddflow` command line: one typer app; each command group lives in `pddflow/commands/`.
+
+Command modules import heavy libraries (torch, pyarrow, grpc) inside their command functions, so
+`pddflow validate` and `pddflow viz` start instantly.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import typer
+
+app = typer.Typer(
+    name="pddflow",
+    help="Serve LLMs with cross-datacenter prefill/decode disaggregation (Prefill -> RelayDecode "
+    "-> MainDecode), declared as YAML dataflow graphs.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+bench_app = typer.Typer(help="Measured benchmarks, each side by side with its baseline; --json for machines.",
+                        no_args_is_help=True)
+app.add_typer(bench_app, name="bench")
+
+# Each module defines register(app, bench_app). Order is the order of `pddflow --help`.
+COMMAND_MODULES = ["graph_cmds", "engine_cmds", "channel_cmds"]
+
+for _name in COMMAND_MODULES:
+    try:
+        _module = importlib.import_module(f"pddflow.commands.{_name}")
+    except ModuleNotFoundError as exc:  # a command group not built yet in this checkout
+        if exc.name != f"pddflow.commands.{_name}":
+            raise
+        continue
+    _module.register(app, bench_app)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""Channel kinds: what each carries and how far it reaches.
+
+The validator checks an edge's payload type against `carries` and its placement against `scope`;
+the runtime picks the transport by kind. Plugins add kinds through the `pddflow.channels`
+entry-point group.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pddflow.core.operator_types import Param
+from pddflow.core.payloads import Payload
+from pddflow.core.registry import Registry
+
+# Scopes: "process" (one process), "cluster" (both ends in one cluster), "any" (may cross a link).
+SCOPES = ("process", "cluster", "any")
+
+
+@dataclass(frozen=True)
+class ChannelKind:
+    name: str
+    help: str
+    carries: frozenset[Payload]
+    scope: str
+    params: dict[str, Param] = field(default_factory=dict)
+
+    def can_cross_clusters(self) -> bool:
+        return self.scope == "any"
+
+
+CHANNEL_KINDS: Registry[ChannelKind] = Registry("channel kind", "pddflow.channels")
+
+_TLS = Param(bool, False, "encrypt with TLS (certificates from the deployment's tls section)")
+_TOKEN = Param(str, "", "bearer token the receiver requires; empty = no auth (loopback only)")
+_DEADLINE = Param(float, 30.0, "seconds a transfer may take before it fails and cancels its pair")
+
+for _k in (
+    ChannelKind("local", "in-process queue (tests and single-process deployments)",
+                frozenset(Payload), "process"),
+    ChannelKind("rdma_tensor", "KV blocks inside a cluster: shared memory on one host, NIXL/UCX where installed",
+                frozenset({Payload.KV_BLOCKS}), "cluster",
+                {"ring_slots": Param(int, 8, "buffers in the shared-memory ring"),
+                 "slot_mb": Param(int, 64, "size of one ring buffer in MiB"),
+                 "deadline_s": _DEADLINE}),
+    ChannelKind("wan_flight", "KV blocks across clusters: Arrow Flight over gRPC/TCP, parallel streams, resumable",
+                frozenset({Payload.KV_BLOCKS}), "any",
+                {"streams": Param(int, 4, "parallel Flight streams per transfer"),
+                 "tls": _TLS, "token": _TOKEN, "deadline_s": _DEADLINE,
+                 "emulate": Param(bool, True, "shape traffic with the link model when both ends share a host")}),
+    ChannelKind("token_ids", "token IDs and control messages: gRPC streaming protobuf",
+                frozenset({Payload.TOKEN_IDS, Payload.CONTROL}), "any",
+                {"tls": _TLS, "token": _TOKEN, "deadline_s": _DEADLINE,
+                 "emulate": Param(bool, True, "delay messages by the link model when both ends share a host")}),
+):
+    CHANNEL_KINDS.register(_k.name, _k)

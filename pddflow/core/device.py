@@ -1,0 +1,21 @@
+"""Device classes: an accelerator judged on PDD's four dimensions, plus its price."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class DeviceClass:
+    name: str
+    tflops: float        # dense peak at the serving dtype
+    hbm_gib: float       # memory capacity
+    hbm_tbps: float      # memory bandwidth, TB/s
+    net_gbps: float      # interconnect (RDMA NIC) bandwidth per device
+    usd_per_hour: float  # price, for cost and BCR
+
+    @property
+    def hbm_bytes(self) -> float:
+        return self.hbm_gib * GIB

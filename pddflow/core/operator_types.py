@@ -1,0 +1,86 @@
+"""Operator types: each declares its typed ports, its role and its parameters.
+
+The validator checks edges against these signatures; the runtime maps each type to a worker.
+Plugins add types through the `pddflow.operators` entry-point group (see docs/plugins.md).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from pddflow.core.payloads import Payload
+from pddflow.core.registry import Registry
+
+
+@dataclass(frozen=True)
+class Param:
+    type: type
+    default: Any
+    help: str
+
+
+@dataclass(frozen=True)
+class OperatorType:
+    name: str
+    help: str
+    inputs: dict[str, Payload]
+    outputs: dict[str, Payload]
+    # "prefill" computes the prompt KV; "decode" can end a pipeline; "both" does the two (colocated).
+    role: str
+    params: dict[str, Param] = field(default_factory=dict)
+    # True for operators that take client requests (a variant path must start at one).
+    entry: bool = False
+
+    @property
+    def decodes(self) -> bool:
+        return self.role in ("decode", "both")
+
+
+OPERATOR_TYPES: Registry[OperatorType] = Registry("operator type", "pddflow.operators")
+
+_RADIX = Param(bool, True, "keep a decode-side radix cache (DRC) so only missing KV blocks travel")
+_CHUNK = Param(int, 512, "prefill/extend chunk size in tokens (bounds one step's latency)")
+_BATCH = Param(int, 64, "most sequences in one decode step (continuous batching)")
+
+for _t in (
+    OperatorType(
+        "prefill", "computes the prompt's KV (reusing cached prefix blocks) and the first token",
+        inputs={"request": Payload.REQUEST},
+        outputs={"kv": Payload.KV_BLOCKS, "tokens": Payload.TOKEN_STREAM},
+        role="prefill", entry=True,
+        params={"prefix_cache": Param(bool, True, "reuse KV of prompt prefixes seen before"),
+                "chunk_tokens": _CHUNK},
+    ),
+    OperatorType(
+        "relay_decode", "decodes as soon as the KV lands (eager tokens) and hands off token IDs",
+        inputs={"kv": Payload.KV_BLOCKS},
+        outputs={"tokens": Payload.TOKEN_STREAM, "handoff": Payload.TOKEN_IDS},
+        role="decode",
+        params={"max_batch": _BATCH,
+                "catch_up_tokens": Param(int, 32, "tokens per catch-up handoff batch")},
+    ),
+    OperatorType(
+        "main_decode", "decodes to the end; accepts a token-ID handoff and extends over it",
+        inputs={"kv": Payload.KV_BLOCKS, "handoff": Payload.TOKEN_IDS},
+        outputs={"tokens": Payload.TOKEN_STREAM},
+        role="decode",
+        params={"radix_cache": _RADIX, "max_batch": _BATCH, "chunk_tokens": _CHUNK},
+    ),
+    OperatorType(
+        "decode", "plain PD decode: receives the prompt KV and decodes to the end",
+        inputs={"kv": Payload.KV_BLOCKS},
+        outputs={"tokens": Payload.TOKEN_STREAM},
+        role="decode",
+        params={"radix_cache": _RADIX, "max_batch": _BATCH},
+    ),
+    OperatorType(
+        "colocated", "one instance prefills and decodes (the reference and the no-PD baseline)",
+        inputs={"request": Payload.REQUEST},
+        outputs={"tokens": Payload.TOKEN_STREAM},
+        role="both", entry=True,
+        params={"prefix_cache": Param(bool, True, "reuse KV of prompt prefixes seen before"),
+                "max_batch": _BATCH, "chunk_tokens": _CHUNK},
+    ),
+):
+    OPERATOR_TYPES.register(_t.name, _t)

@@ -1,0 +1,174 @@
+"""The compiled Plan: what the runtime deploys and the simulator replays.
+
+Frozen and JSON-serialisable (`to_json` / `from_json`). Built by `pddflow.graph.compile`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any
+
+from pddflow.core.arch import ModelArch
+from pddflow.core.device import DeviceClass
+from pddflow.core.link import Jitter, LinkModel
+
+
+@dataclass(frozen=True)
+class ModelPlan:
+    weights: str
+    arch: ModelArch
+    max_context: int
+    block_size: int
+
+
+@dataclass(frozen=True)
+class ClusterPlan:
+    name: str
+    devices: dict[str, int]
+    rdma_gbps: float
+
+
+@dataclass(frozen=True)
+class Instance:
+    id: str            # "<operator>/<index>", unique in the plan
+    operator: str
+    index: int
+    cluster: str
+    device: str
+    devices: int       # devices this instance spans
+
+
+@dataclass(frozen=True)
+class OperatorPlan:
+    name: str
+    op_type: str
+    role: str          # prefill | decode | both
+    cluster: str
+    device: str
+    replicas: int
+    devices_per_replica: int
+    params: dict[str, Any]          # every declared parameter, defaults filled in
+    kv_budget_bytes: float          # per replica: device memory minus weights, at production scale
+    instances: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ChannelPlan:
+    id: str            # "src.port->dst.port"
+    kind: str
+    payload: str
+    src: str           # operator
+    src_port: str
+    dst: str
+    dst_port: str
+    cross_cluster: bool
+    link: str | None   # the link crossed, when cross_cluster
+    params: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class VariantPlan:
+    name: str
+    path: tuple[str, ...]
+    channels: tuple[str, ...]   # every edge between operators of the path, in path order
+    handoff: str | None         # one_shot | catch_up | adaptive, when the path has a relay
+    catch_up_tokens: int
+    singular_traffic: bool
+    expected_share: float | None
+
+
+@dataclass(frozen=True)
+class SchedulerPlan:
+    policy: str
+    ttft_s: float
+    tpot_ms: float
+    params: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Plan:
+    name: str
+    source: str
+    model: ModelPlan
+    device_classes: dict[str, DeviceClass]
+    clusters: dict[str, ClusterPlan]
+    links: dict[str, LinkModel]
+    operators: dict[str, OperatorPlan]
+    instances: tuple[Instance, ...]
+    channels: tuple[ChannelPlan, ...]
+    variants: dict[str, VariantPlan]
+    scheduler: SchedulerPlan
+    local_replicas: dict[str, int] = field(default_factory=dict)
+    profile: str = "production"   # or "local" after scaled_to_local()
+
+    # ---- queries the runtime and simulator use -------------------------------------------------
+    def channel(self, channel_id: str) -> ChannelPlan:
+        for ch in self.channels:
+            if ch.id == channel_id:
+                return ch
+        raise KeyError(channel_id)
+
+    def channels_between(self, src: str, dst: str) -> list[ChannelPlan]:
+        return [c for c in self.channels if c.src == src and c.dst == dst]
+
+    def instances_of(self, operator: str) -> list[Instance]:
+        return [i for i in self.instances if i.operator == operator]
+
+    def link_between(self, a: str, b: str) -> LinkModel | None:
+        for link in self.links.values():
+            if link.connects(a, b):
+                return link
+        return None
+
+    def cost_per_hour(self) -> float:
+        """Price of every device the operators occupy (not idle devices in the clusters)."""
+        return sum(op.replicas * op.devices_per_replica * self.device_classes[op.device].usd_per_hour
+                   for op in self.operators.values())
+
+    def scaled_to_local(self) -> Plan:
+        """The same plan with the `local` profile's replica counts (default 1 per operator)."""
+        ops = {}
+        for name, op in self.operators.items():
+            n = self.local_replicas.get(name, 1)
+            ops[name] = replace(op, replicas=n, instances=tuple(f"{name}/{i}" for i in range(n)))
+        return replace(self, operators=ops, instances=_instances(ops), profile="local")
+
+    # ---- serialisation ------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent, sort_keys=False)
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> Plan:
+        links = {}
+        for k, v in d["links"].items():
+            links[k] = LinkModel(**{**v, "jitter": Jitter(**v["jitter"])})
+        m = d["model"]
+        return Plan(
+            name=d["name"], source=d["source"],
+            model=ModelPlan(m["weights"], ModelArch(**m["arch"]), m["max_context"], m["block_size"]),
+            device_classes={k: DeviceClass(**v) for k, v in d["device_classes"].items()},
+            clusters={k: ClusterPlan(**v) for k, v in d["clusters"].items()},
+            links=links,
+            operators={k: OperatorPlan(**{**v, "instances": tuple(v["instances"])}) for k, v in d["operators"].items()},
+            instances=tuple(Instance(**i) for i in d["instances"]),
+            channels=tuple(ChannelPlan(**c) for c in d["channels"]),
+            variants={k: VariantPlan(**{**v, "path": tuple(v["path"]), "channels": tuple(v["channels"])})
+                      for k, v in d["variants"].items()},
+            scheduler=SchedulerPlan(**d["scheduler"]),
+            local_replicas=dict(d.get("local_replicas", {})),
+            profile=d.get("profile", "production"),
+        )
+
+    @staticmethod
+    def from_json(text: str) -> Plan:
+        return Plan.from_dict(json.loads(text))
+
+
+def _instances(ops: dict[str, OperatorPlan]) -> tuple[Instance, ...]:
+    return tuple(
+        Instance(f"{op.name}/{i}", op.name, i, op.cluster, op.device, op.devices_per_replica)
+        for op in ops.values() for i in range(op.replicas))

@@ -1,0 +1,1 @@
+"""The cluster-scale discrete-event simulator (`pddflow simulate`)."""

@@ -1,0 +1,73 @@
+"""The compiler: Plan contents, placement, local scaling and JSON round trip."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pddflow.graph import GraphError, Plan, load_plan
+
+ROOT = Path(__file__).resolve().parents[2]
+SHIPPED = sorted((ROOT / "graphs").glob("*.yaml")) + sorted((ROOT / "graphs" / "examples").glob("*.yaml"))
+
+
+def test_shipped_graphs_are_the_expected_set():
+    names = {p.name for p in SHIPPED}
+    assert {"pdd.yaml", "cross_dc_pd.yaml", "same_dc_pd.yaml", "colocated.yaml"} <= names
+    assert len([p for p in SHIPPED if p.parent.name == "examples"]) >= 2
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=[p.name for p in SHIPPED])
+def test_shipped_graph_compiles_and_round_trips(path: Path):
+    plan = load_plan(str(path))
+    assert Plan.from_json(plan.to_json()) == plan
+    local = plan.scaled_to_local()
+    assert local.profile == "local"
+    assert Plan.from_json(local.to_json()) == local
+    if path.parent.name == "graphs":
+        assert plan.model.weights == "builtin:tiny-llama"
+
+
+def test_pdd_plan_contents():
+    plan = load_plan(str(ROOT / "graphs" / "pdd.yaml"))
+    assert [i.id for i in plan.instances_of("relay")] == ["relay/0", "relay/1"]
+    assert len(plan.instances) == 8 + 2 + 10
+    wan = plan.channel("prefill.kv->main.kv")
+    assert (wan.kind, wan.cross_cluster, wan.link, wan.payload) == ("wan_flight", True, "A-B", "KVBlocks")
+    assert wan.params["streams"] == 4 and wan.params["deadline_s"] == 30.0  # default filled in
+    rdma = plan.channel("prefill.kv->relay.kv")
+    assert (rdma.cross_cluster, rdma.link) == (False, None)
+    v = plan.variants["p_rld_md"]
+    assert v.path == ("prefill", "relay", "main") and v.handoff == "adaptive"
+    assert set(v.channels) == {"prefill.kv->relay.kv", "prefill.kv->main.kv", "relay.handoff->main.handoff"}
+    assert plan.variants["p_md"].channels == ("prefill.kv->main.kv",)
+    assert plan.operators["main"].params["radix_cache"] is True
+    assert plan.scheduler.policy == "predicted_hit_rate" and plan.scheduler.ttft_s == 5
+    assert plan.cost_per_hour() == pytest.approx(8 * 4 * 2.0 + 2 * 4 * 2.0 + 10 * 4 * 1.6)
+
+
+def test_placement_memory_budget():
+    plan = load_plan(str(ROOT / "graphs" / "pdd.yaml"))
+    op = plan.operators["prefill"]  # 4 x 80 GiB at 90% usable, minus Llama-3-70B's 141.2 GB of weights
+    assert op.kv_budget_bytes == pytest.approx(0.9 * 4 * 80 * 2**30 - 141.2e9)
+    local = plan.scaled_to_local()
+    assert [i.id for i in local.instances] == ["prefill/0", "relay/0", "main/0"]
+
+
+def test_load_plan_raises_with_every_diagnostic(tmp_path: Path):
+    text = (Path(__file__).parent / "base.yaml").read_text()
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(text.replace("op: prefill,", "op: prefil,").replace("policy: predicted_hit_rate", "policy: x"))
+    with pytest.raises(GraphError) as exc:
+        load_plan(str(bad))
+    assert {d.line for d in exc.value.diagnostics} == {16, 27}
+
+
+def test_checkpoint_path_is_resolved_relative_to_the_graph(tmp_path: Path):
+    text = (Path(__file__).parent / "base.yaml").read_text().replace("builtin:tiny-llama", "ckpt")
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "config.json").write_text("{}")
+    g = tmp_path / "g.yaml"
+    g.write_text(text)
+    assert load_plan(str(g)).model.weights == str(tmp_path / "ckpt")
