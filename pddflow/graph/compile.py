@@ -1,4 +1,4 @@
-"""Semantic stage and compiler: GraphSpec -> networkx graph -> Plan.
+"""Semantic stage and compiler: GraphSpec -> edge index -> Plan (Plan.to_networkx() for the graph).
 
 Every check reports through `Source.error`, so a file gets all its problems at once, each naming
 the line, the evidence on both sides and the fix. A Plan is returned only when nothing is wrong.
@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import os
 from typing import Any
-
-import networkx as nx
 
 from pddflow.core.arch import ARCHS, ModelArch
 from pddflow.core.channel_kinds import CHANNEL_KINDS
@@ -28,14 +26,51 @@ BUILTIN_MODELS = ("tiny-llama",)
 MEMORY_HEADROOM = 0.9  # share of device memory usable for weights + KV (activations, fragmentation)
 
 
+class EdgeIndex:
+    """Operator-to-operator edges keyed by edge id. A plain index, not networkx: validating must
+    stay instant and networkx alone costs ~0.2 s to import (Plan.to_networkx() gives the graph)."""
+
+    def __init__(self) -> None:
+        self._out: dict[str, dict[str, dict[str, dict]]] = {}
+
+    def add(self, src: str, dst: str, key: str, **data: Any) -> None:
+        self._out.setdefault(src, {}).setdefault(dst, {})[key] = data
+
+    def has(self, src: str, dst: str) -> bool:
+        return bool(self._out.get(src, {}).get(dst))
+
+    def between(self, src: str, dst: str) -> dict[str, dict]:
+        return self._out.get(src, {}).get(dst, {})
+
+    def cycles(self) -> list[list[str]]:
+        """One cycle per back edge found by depth-first search (enough to report each loop)."""
+        found, state, stack = [], {}, []
+
+        def visit(n: str) -> None:
+            state[n] = 1
+            stack.append(n)
+            for m in self._out.get(n, {}):
+                if state.get(m) == 1:
+                    found.append(stack[stack.index(m):])
+                elif m not in state:
+                    visit(m)
+            stack.pop()
+            state[n] = 2
+
+        for n in list(self._out):
+            if n not in state:
+                visit(n)
+        return found
+
+
 class Compiler:
     def __init__(self, spec: GraphSpec, src: Source):
         self.spec, self.src = spec, src
         self.arch: ModelArch | None = None
         self.types: dict[str, OperatorType] = {}
         self.links: dict[str, LinkModel] = {}
-        self.graph = nx.MultiDiGraph()      # the valid edges: what the Plan is built from
-        self.declared = nx.MultiDiGraph()   # every edge whose endpoints exist, valid or not
+        self.graph = EdgeIndex()      # the valid edges: what the Plan is built from
+        self.declared = EdgeIndex()   # every edge whose endpoints exist, valid or not
         self.declared_inputs: set[tuple[str, str]] = set()
 
     def err(self, path: tuple, message: str, key: bool = False, severity: str = "error") -> None:
@@ -199,8 +234,6 @@ class Compiler:
     def _edges(self, ops: dict[str, OperatorPlan], clusters: dict[str, ClusterPlan]) -> list[ChannelPlan]:
         out: list[ChannelPlan] = []
         seen: set[str] = set()
-        for n in ops:
-            self.graph.add_node(n)
         for i, e in enumerate(self.spec.edges):
             at = ("edges", i)
             src = self._endpoint(at + ("from",), e.from_, "outputs")
@@ -214,7 +247,7 @@ class Compiler:
             if dst:
                 self.declared_inputs.add((dst[0], dst[1]))
             if src and dst:
-                self.declared.add_edge(src[0], dst[0], key=f"{e.from_}->{e.to}", payload=str(src[2]))
+                self.declared.add(src[0], dst[0], f"{e.from_}->{e.to}", payload=str(src[2]))
             if not (src and dst and kind):
                 continue
             (s_op, s_port, s_type), (d_op, d_port, d_type) = src, dst
@@ -250,7 +283,7 @@ class Compiler:
                 continue
             seen.add(cid)
             out.append(ChannelPlan(cid, kind.name, str(s_type), s_op, s_port, d_op, d_port, cross, link_name, params))
-            self.graph.add_edge(s_op, d_op, key=cid, kind=kind.name, payload=str(s_type))
+            self.graph.add(s_op, d_op, cid, kind=kind.name, payload=str(s_type))
         return out
 
     def _endpoint(self, at: tuple, ref: str, side: str) -> tuple[str, str, Payload] | None:
@@ -305,8 +338,7 @@ class Compiler:
                              "wan_flight across clusters)", key=True)
 
     def _cycles(self, channels: list[ChannelPlan]) -> None:
-        simple = nx.DiGraph((c.src, c.dst) for c in channels)
-        for cycle in nx.simple_cycles(simple):
+        for cycle in self.graph.cycles():
             first = next(i for i, e in enumerate(self.spec.edges) if e.from_.split(".")[0] == cycle[0])
             self.err(("edges", first), f"edges form a cycle {' -> '.join(cycle + [cycle[0]])}; a pipeline flows one way "
                      "(prefill -> relay -> main)")
@@ -333,7 +365,7 @@ class Compiler:
                          "not decode; a pipeline ends at a decode operator")
             ok = True
             for i, (a, b) in enumerate(zip(v.path, v.path[1:])):
-                if not self.declared.has_edge(a, b):
+                if not self.declared.has(a, b):
                     ok = False
                     self.err(at + ("path", i + 1), f"variant {name} goes {a} -> {b} but no edge joins them; add an edge "
                              f"from {a} to {b} (for KV: `{{from: {a}.kv, to: {b}.kv, channel: ...}}`)")
@@ -355,12 +387,12 @@ class Compiler:
             if handing_off:
                 relay = relays[0]
                 nxt = v.path[v.path.index(relay) + 1]
-                edges = self.declared.get_edge_data(relay, nxt, default={}).values()
+                edges = self.declared.between(relay, nxt).values()
                 if not any(d["payload"] == str(Payload.TOKEN_IDS) for d in edges):
                     ok = False
                     self.err(at + ("path",), f"variant {name} hands off from {relay} to {nxt} but no TokenIds edge joins "
                              f"them; add `{{from: {relay}.handoff, to: {nxt}.handoff, channel: token_ids}}`")
-            if not ok or not all(self.graph.has_edge(a, b) for a, b in zip(v.path, v.path[1:])):
+            if not ok or not all(self.graph.has(a, b) for a, b in zip(v.path, v.path[1:])):
                 continue  # a missing edge is reported above; an invalid one at the edge itself
             chans = tuple(c for i, a in enumerate(v.path) for b in v.path[i + 1:] for c in self._edge_keys(a, b))
             catch_up = ops[relays[0]].params.get("catch_up_tokens", 32) if relays else 32
@@ -371,7 +403,7 @@ class Compiler:
         return out
 
     def _edge_keys(self, a: str, b: str) -> list[str]:
-        return list(self.graph.get_edge_data(a, b, default={}).keys())
+        return list(self.graph.between(a, b))
 
     def _scheduler(self) -> SchedulerPlan:
         s = self.spec.scheduler

@@ -134,6 +134,20 @@ class Plan:
             ops[name] = replace(op, replicas=n, instances=tuple(f"{name}/{i}" for i in range(n)))
         return replace(self, operators=ops, instances=_instances(ops), profile="local")
 
+    def to_networkx(self) -> Any:
+        """The plan as a networkx MultiDiGraph: operators as nodes (with their placement), one
+        edge per channel keyed by channel id (with kind, payload, link). Imported on demand."""
+        import networkx as nx
+
+        g = nx.MultiDiGraph(name=self.name)
+        for op in self.operators.values():
+            g.add_node(op.name, op_type=op.op_type, role=op.role, cluster=op.cluster, device=op.device,
+                       replicas=op.replicas)
+        for c in self.channels:
+            g.add_edge(c.src, c.dst, key=c.id, kind=c.kind, payload=c.payload, link=c.link,
+                       cross_cluster=c.cross_cluster)
+        return g
+
     # ---- serialisation ------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -47,6 +47,17 @@ def test_pdd_plan_contents():
     assert plan.cost_per_hour() == pytest.approx(8 * 4 * 2.0 + 2 * 4 * 2.0 + 10 * 4 * 1.6)
 
 
+def test_plan_as_networkx():
+    import networkx as nx
+
+    g = load_plan(str(ROOT / "graphs" / "pdd.yaml")).to_networkx()
+    assert set(g.nodes) == {"prefill", "relay", "main"}
+    assert g.nodes["main"]["cluster"] == "B"
+    assert g.edges["prefill", "main", "prefill.kv->main.kv"]["kind"] == "wan_flight"
+    assert nx.is_directed_acyclic_graph(g)
+    assert list(nx.topological_sort(g))[0] == "prefill"
+
+
 def test_placement_memory_budget():
     plan = load_plan(str(ROOT / "graphs" / "pdd.yaml"))
     op = plan.operators["prefill"]  # 4 x 80 GiB at 90% usable, minus Llama-3-70B's 141.2 GB of weights
