@@ -1,0 +1,327 @@
+"""Paged attention for any set of query rows: decode rows and prefill/extend chunks go through the
+same function, so a token's attention output cannot depend on which entry point computed it.
+
+Why the torch path looks the way it does: PDD's correctness invariant says prefill + extend + decode,
+split anywhere, must emit exactly the colocated reference's greedy tokens. A token computed inside a
+512-row extend chunk must therefore get bit-identical attention output to the same token computed
+as a 1-row decode step. A plain `softmax(QK^T)V` does not give that on CPU: BLAS picks different
+kernels (and reduction orders) for different matrix shapes, and the PV product reduces over the
+context length, whose blocking changes with the total length. So:
+
+- scores `Q K^T` reduce only over head_dim, with the key axis padded to a multiple of `tile`;
+  query rows are padded to a multiple of `row_multiple` (small row counts take other BLAS kernels);
+- softmax max is exact (order-free); exp is elementwise;
+- `P V` is computed per key tile of fixed size `tile` (every GEMM has the same inner dimension),
+  and the per-tile partial sums are combined by a fixed binary tree over tile index. Tiles past a
+  query's context are all-zero, and a zero-padded tree gives the same sum as a shorter one.
+
+`calibrate` checks, on this machine's BLAS, that the result really is row-invariant and picks
+the row padding; the engine calls it once per process and shape.
+
+The Triton path (CUDA) is one program per (query row, KV head) walking its block table with an
+online softmax, which is batch-invariant by construction.
+"""
+
+from __future__ import annotations
+
+import functools
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+DEFAULT_TILE = 64
+
+
+@dataclass(frozen=True)
+class SeqSpan:
+    """Rows [row_start, row_start + num_rows) of a forward batch: one sequence's queries at token
+    positions start_pos .. start_pos + num_rows - 1. Their K/V are already in the pool, so the
+    context of the last row is start_pos + num_rows tokens, read through `block_table`."""
+
+    row_start: int
+    num_rows: int
+    start_pos: int
+    block_table: Sequence[int]
+
+    @property
+    def context_len(self) -> int:
+        return self.start_pos + self.num_rows
+
+
+@dataclass
+class _Group:
+    """Spans attended together: a bucket of decode rows, or one chunk split into row blocks."""
+
+    batch: int                      # B spans
+    key_len: int                    # L, multiple of tile (the longest context, rounded up)
+    key_index: torch.Tensor         # [B, Hkv, L] flat pool row index (layer 0, K)
+    rows: torch.Tensor | slice      # which rows of q
+    num_rows: int                   # decode: 1 per span; chunk: the chunk length
+    # decode: mask [B, 1, 1, L], True where the key is NOT visible
+    mask: torch.Tensor | None = None
+    # chunk: (row0, row1, keys, mask_from, mask [rows, keys - mask_from]) over the [Hkv, n*G, D] rows
+    blocks: list[tuple[int, int, int, int, torch.Tensor]] = field(default_factory=list)
+
+
+@dataclass
+class AttentionPlan:
+    """Everything about one forward step's attention that does not change across layers."""
+
+    spans: list[SeqSpan]
+    num_rows: int
+    block_size: int
+    num_layers: int
+    num_kv_heads: int
+    group_size: int
+    tile: int
+    row_multiple: int
+    decode_kt_view: bool = True
+    groups: list[_Group] = field(default_factory=list)
+    triton_meta: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+
+
+def _round_up(x: int, m: int) -> int:
+    return (x + m - 1) // m * m
+
+
+ROW_BLOCK = 256   # chunk rows per attention block: keeps the score block cache-sized, and lets each
+                  # block stop at its own last key instead of the chunk's (causal skipping)
+
+
+def plan_attention(
+    spans: Sequence[SeqSpan],
+    *,
+    block_size: int,
+    num_layers: int,
+    num_kv_heads: int,
+    group_size: int,
+    device: torch.device | str = "cpu",
+    tile: int = DEFAULT_TILE,
+    row_multiple: int = 8,
+    decode_kt_view: bool = True,
+) -> AttentionPlan:
+    device = torch.device(device)
+    if tile % block_size:
+        raise ValueError(f"attention tile {tile} must be a multiple of the block size {block_size}")
+    spans = list(spans)
+    plan = AttentionPlan(spans, sum(s.num_rows for s in spans), block_size, num_layers, num_kv_heads,
+                         group_size, tile, row_multiple, decode_kt_view)
+    if device.type == "cuda":
+        plan.triton_meta = _triton_meta(spans, block_size, device)
+        return plan
+    for bucket in _decode_buckets([s for s in spans if s.num_rows == 1], tile):
+        plan.groups.append(_decode_group(bucket, plan, device))
+    for s in spans:
+        if s.num_rows > 1:
+            plan.groups.append(_chunk_group(s, plan, device))
+    return plan
+
+
+def _decode_buckets(spans: list[SeqSpan], tile: int) -> list[list[SeqSpan]]:
+    """Group decode rows of similar context length: a bucket pads every row to its longest context,
+    so mixing a 30-token and a 1000-token sequence would gather 970 dead keys."""
+    spans = sorted(spans, key=lambda s: -s.context_len)
+    buckets: list[list[SeqSpan]] = []
+    for s in spans:
+        if buckets:
+            b = buckets[-1]
+            longest = _round_up(b[0].context_len, tile)
+            own = sum(_round_up(x.context_len, tile) for x in b) + _round_up(s.context_len, tile)
+            if longest * (len(b) + 1) <= 1.5 * own:
+                b.append(s)
+                continue
+        buckets.append([s])
+    return buckets
+
+
+def _key_index(spans: list[SeqSpan], plan: AttentionPlan, key_len: int, device: torch.device) -> torch.Tensor:
+    bs, hkv = plan.block_size, plan.num_kv_heads
+    nblk = key_len // bs
+    tables = torch.zeros(len(spans), nblk, dtype=torch.long)
+    for i, s in enumerate(spans):
+        need = -(-s.context_len // bs)
+        if len(s.block_table) < need:
+            raise ValueError(f"block table has {len(s.block_table)} blocks, context needs {need}")
+        # Pad with block 0: padded keys are masked, and pool memory is always finite (zero-initialised),
+        # so 0 * V stays exactly 0.
+        tables[i, :need] = torch.as_tensor(list(s.block_table[:need]), dtype=torch.long)
+    # Flat row index into pool.view(-1, head_dim) for layer 0, K; see kv_cache.KVPool for the layout.
+    block_stride = plan.num_layers * 2 * bs * hkv
+    slot = (tables[:, :, None] * block_stride + torch.arange(bs)[None, None, :] * hkv).reshape(len(spans), key_len)
+    return (slot[:, None, :] + torch.arange(hkv)[None, :, None]).to(device)
+
+
+def _decode_group(spans: list[SeqSpan], plan: AttentionPlan, device: torch.device) -> _Group:
+    key_len = _round_up(max(s.context_len for s in spans), plan.tile)
+    ctx = torch.tensor([s.context_len for s in spans])
+    hidden = (torch.arange(key_len)[None, :] >= ctx[:, None])[:, None, None, :]
+    rows = torch.tensor([s.row_start for s in spans], dtype=torch.long, device=device)
+    return _Group(len(spans), key_len, _key_index(spans, plan, key_len, device), rows, 1, mask=hidden.to(device))
+
+
+def _chunk_group(s: SeqSpan, plan: AttentionPlan, device: torch.device) -> _Group:
+    g, tile = plan.group_size, plan.tile
+    key_len = _round_up(s.context_len, tile)
+    grp = _Group(1, key_len, _key_index([s], plan, key_len, device), slice(s.row_start, s.row_start + s.num_rows),
+                 s.num_rows)
+    total = s.num_rows * g
+    step = _round_up(ROW_BLOCK, plan.row_multiple * g)
+    for r0 in range(0, total, step):
+        r1 = min(total, r0 + step)
+        first, last = s.start_pos + r0 // g, s.start_pos + (r1 - 1) // g
+        keys = _round_up(last + 1, tile)
+        pos = s.start_pos + torch.arange(r0, r1) // g
+        hidden = torch.arange(first + 1, keys)[None, :] > pos[:, None]
+        grp.blocks.append((r0, r1, keys, first + 1, hidden.to(device)))
+    return grp
+
+
+def _triton_meta(spans: list[SeqSpan], block_size: int, device: torch.device):
+    nblk = max(-(-s.context_len // block_size) for s in spans)
+    tables = torch.zeros(len(spans), max(nblk, 1), dtype=torch.int32)
+    row_span, row_ctx = [], []
+    for i, s in enumerate(spans):
+        need = -(-s.context_len // block_size)
+        tables[i, :need] = torch.as_tensor(list(s.block_table[:need]), dtype=torch.int32)
+        row_span += [i] * s.num_rows
+        row_ctx += [s.start_pos + r + 1 for r in range(s.num_rows)]
+    return (tables.to(device), torch.tensor(row_span, dtype=torch.int32, device=device),
+            torch.tensor(row_ctx, dtype=torch.int32, device=device))
+
+
+def paged_attention(q: torch.Tensor, pool: torch.Tensor, layer: int, plan: AttentionPlan, scale: float) -> torch.Tensor:
+    """q: [T, H, D] rows of the forward batch (RoPE applied). pool: the KV pool
+    [num_blocks, num_layers, 2, block_size, Hkv, D] with this step's K/V already written.
+    Returns [T, H, D]."""
+    if q.device.type == "cuda":
+        from pddflow.kernels._triton_attention import paged_attention_triton
+
+        tables, row_span, row_ctx = plan.triton_meta  # type: ignore[misc]
+        return paged_attention_triton(q, pool, layer, tables, row_span, row_ctx, scale)
+    return paged_attention_torch(q, pool, layer, plan, scale)
+
+
+def paged_attention_torch(q: torch.Tensor, pool: torch.Tensor, layer: int, plan: AttentionPlan, scale: float) -> torch.Tensor:
+    T, H, D = q.shape
+    hkv, g, rm = plan.num_kv_heads, plan.group_size, plan.row_multiple
+    flat = pool.view(-1, D)
+    layer_off = layer * 2 * plan.block_size * hkv
+    v_off = plan.block_size * hkv
+    q = q * scale
+    out = torch.empty_like(q)
+    for grp in plan.groups:
+        idx = grp.key_index + layer_off
+        Kt = flat.index_select(0, idx.view(-1)).view(grp.batch, hkv, grp.key_len, D).transpose(-1, -2)
+        V = flat.index_select(0, (idx + v_off).view(-1)).view(grp.batch, hkv, grp.key_len, D)
+        if grp.mask is None or not plan.decode_kt_view:
+            # A contiguous [D, L] operand runs a chunk's score GEMMs ~1.5x faster; a decode row is
+            # too short to pay back the transposing copy. Both give the same bits (BLAS packs the
+            # operand either way); calibrate() checks that on this machine.
+            Kt = Kt.contiguous()
+        if grp.mask is not None:   # decode bucket: G rows per (span, KV head), padded
+            qg = q.index_select(0, grp.rows).view(grp.batch, hkv, g, D)  # type: ignore[arg-type]
+            qg = _pad_rows(qg, _round_up(g, rm))
+            o = attend_tiles(qg, Kt, V, grp.mask, 0, plan.tile)[:, :, :g]
+            out.index_copy_(0, grp.rows, o.reshape(grp.batch, H, D))    # type: ignore[arg-type]
+            continue
+        n = grp.num_rows
+        qg = q[grp.rows].view(n, hkv, g, D).permute(1, 0, 2, 3).reshape(1, hkv, n * g, D)
+        og = torch.empty(1, hkv, n * g, D, dtype=q.dtype)
+        for r0, r1, keys, mask_from, hidden in grp.blocks:
+            qb = _pad_rows(qg[:, :, r0:r1], _round_up(r1 - r0, rm))
+            og[:, :, r0:r1] = attend_tiles(qb, Kt[..., :keys], V[:, :, :keys],
+                                           _pad_rows(hidden, qb.shape[2], dim=0, value=True), mask_from,
+                                           plan.tile)[:, :, :r1 - r0]
+        out[grp.rows] = og.view(hkv, n, g, D).permute(1, 0, 2, 3).reshape(n, H, D)
+    return out
+
+
+def _pad_rows(x: torch.Tensor, rows: int, dim: int = 2, value: float | bool = 0) -> torch.Tensor:
+    extra = rows - x.shape[dim]
+    if extra <= 0:
+        return x
+    shape = list(x.shape)
+    shape[dim] = extra
+    return torch.cat([x, torch.full(shape, value, dtype=x.dtype, device=x.device)], dim=dim)
+
+
+def attend_tiles(q: torch.Tensor, Kt: torch.Tensor, V: torch.Tensor, hidden: torch.Tensor | None,
+                 mask_from: int, tile: int) -> torch.Tensor:
+    """Row-invariant attention. q [B, Hkv, R, D] (pre-scaled), Kt [B, Hkv, D, L] and V [B, Hkv, L, D]
+    with L a multiple of `tile`; `hidden` (True = masked) applies to keys [mask_from, L), broadcast
+    over the score block [B, Hkv, R, L - mask_from]. Returns [B, Hkv, R, D]."""
+    B, hkv, R, D = q.shape
+    L = V.shape[2]
+    nt = L // tile
+    s = torch.matmul(q, Kt)
+    if hidden is not None and mask_from < L:
+        s[..., mask_from:].masked_fill_(hidden, float("-inf"))
+    s.sub_(s.amax(-1, keepdim=True)).exp_()
+    st = s.view(B * hkv, R, nt, tile)
+    den = st.sum(-1)                                                    # [B*Hkv, R, nt]
+    pt = st.transpose(1, 2).reshape(B * hkv * nt, R, tile)
+    o = torch.bmm(pt, V.reshape(B * hkv * nt, tile, D)).view(B * hkv, nt, R, D)
+    return (tree_sum(o, 1) / tree_sum(den, 2)[..., None]).view(B, hkv, R, D)
+
+
+def tree_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
+    """Sum over `dim` by a fixed pairwise tree (element pairs (0,1), (2,3), ... then pairs of those),
+    an odd last element carried up unchanged. That equals the tree over any zero-padded length, so
+    a short context and a long one whose extra tiles are all zero give bit-identical sums."""
+    while x.shape[dim] > 1:
+        n = x.shape[dim]
+        pairs = x.narrow(dim, 0, n - n % 2).unflatten(dim, (-1, 2))
+        summed = pairs.select(dim + 1, 0) + pairs.select(dim + 1, 1)
+        x = torch.cat([summed, x.narrow(dim, n - 1, 1)], dim) if n % 2 else summed
+    return x.squeeze(dim)
+
+
+@dataclass(frozen=True)
+class Numerics:
+    """How the torch path must run on this machine to stay batch-invariant."""
+
+    row_multiple: int        # pad query rows to a multiple of this
+    decode_kt_view: bool     # decode may feed K^T as a transposed view (no copy)
+    invariant: bool          # False: no setting passed the check (outputs may differ across splits)
+
+
+@functools.lru_cache(maxsize=None)
+def calibrate(head_dim: int, num_kv_heads: int, group_size: int, tile: int, num_threads: int) -> Numerics:
+    """Find the cheapest setting under which the real torch path gives bit-identical rows for one
+    sequence computed as one chunk, as two chunks, and as decode rows; warn if none does."""
+    for row_multiple in (4, 8, 16, 32, 64):
+        for kt_view in (True, False):
+            if _rows_invariant(head_dim, num_kv_heads, group_size, tile, row_multiple, kt_view):
+                return Numerics(row_multiple, kt_view, True)
+    warnings.warn("this machine's BLAS gave shape-dependent attention results for every setting tried; "
+                  "greedy outputs may differ across prefill/extend/decode splits", RuntimeWarning, stacklevel=2)
+    return Numerics(64, False, False)
+
+
+def _rows_invariant(D: int, hkv: int, g: int, tile: int, row_multiple: int, kt_view: bool) -> bool:
+    """Run the real torch path on a synthetic pool: one sequence computed as a single chunk, as two
+    chunks, and as decode rows batched with a shorter sequence, must agree bit for bit."""
+    gen = torch.Generator().manual_seed(1234)
+    bs = 16 if tile % 16 == 0 else tile
+    ctx = max(2 * ROW_BLOCK // g, 2 * tile) + 5   # several row blocks and several key tiles
+    nblocks = -(-ctx // bs) + 2
+    pool = torch.randn(nblocks, 1, 2, bs, hkv, D, generator=gen)
+    q = torch.randn(ctx, hkv * g, D, generator=gen)
+    table = list(range(nblocks - 1, -1, -1))   # scattered, like a real block table
+
+    def run(spans: list[SeqSpan], rows: torch.Tensor) -> torch.Tensor:
+        plan = plan_attention(spans, block_size=bs, num_layers=1, num_kv_heads=hkv, group_size=g,
+                              tile=tile, row_multiple=row_multiple, decode_kt_view=kt_view)
+        return paged_attention_torch(rows, pool, 0, plan, 0.125)
+
+    whole = run([SeqSpan(0, ctx, 0, table)], q)
+    cut = tile + 3
+    tail = run([SeqSpan(0, ctx - cut, cut, table)], q[cut:])
+    if not torch.equal(tail, whole[cut:]):
+        return False
+    positions = [0, 1, tile - 1, tile, 2 * tile + 1, ctx - 1]
+    spans = [SeqSpan(i, 1, p, table) for i, p in enumerate(positions)]
+    dec = run(spans, q[positions])
+    return torch.equal(dec, whole[positions])

@@ -1,0 +1,291 @@
+"""`pddflow bench engine`: the engine side by side with HF transformers on the same weights, in
+the same process and thread count.
+
+Measured: prefill tokens/s at two prompt lengths; decode tokens/s at three batch sizes (uniform
+batches, so HF pays no padding there); extend(N known tokens) against one decode step at the same
+context; and a mixed serving workload (fixed-seed prompt and output lengths) through the engine's
+continuous batching and through HF `generate` in padded static batches of the same size. Tokens/s
+there counts the requested output tokens only: what users receive.
+
+The machine may be shared, so short measurements take the best of a few repeats. transformers is
+imported here, never by the engine.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from pddflow.core.payloads import Request, SamplingParams
+from pddflow.operators.engine import Engine, EngineConfig
+from pddflow.operators.weights import ModelSource, load_model_source
+
+
+@dataclass(frozen=True)
+class BenchSizes:
+    prefill_lengths: tuple[int, ...] = (512, 2048)
+    decode_batches: tuple[int, ...] = (1, 8, 32)
+    decode_context: int = 128
+    decode_steps: int = 16
+    extend_tokens: int = 100
+    extend_context: int = 512
+    mixed_requests: int = 32
+    mixed_prompt: tuple[int, int] = (16, 1024)
+    mixed_output: tuple[int, int] = (8, 256)
+    repeats: int = 2
+    mixed_repeats: int = 1
+
+
+QUICK = BenchSizes(prefill_lengths=(64, 128), decode_batches=(1, 4), decode_context=32, decode_steps=4,
+                   extend_tokens=16, extend_context=48, mixed_requests=6, mixed_prompt=(8, 64),
+                   mixed_output=(2, 12), repeats=1)
+
+
+def hf_model_from_source(source: ModelSource):
+    """A transformers model holding exactly the engine's weights (fp32, eval mode, SDPA attention)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    c = source.config
+    rope: dict[str, Any] = {"rope_type": c.rope_scaling.rope_type, "rope_theta": c.rope_theta}
+    if c.rope_scaling.rope_type == "linear":
+        rope["factor"] = c.rope_scaling.factor
+    elif c.rope_scaling.rope_type == "llama3":
+        rs = c.rope_scaling
+        rope.update(factor=rs.factor, low_freq_factor=rs.low_freq_factor, high_freq_factor=rs.high_freq_factor,
+                    original_max_position_embeddings=rs.original_max_position_embeddings)
+    common = dict(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
+                  num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
+                  num_key_value_heads=c.num_kv_heads, rms_norm_eps=c.rms_norm_eps,
+                  max_position_embeddings=c.max_position_embeddings, rope_parameters=rope,
+                  tie_word_embeddings=c.tie_word_embeddings)
+    if c.arch == "qwen2":
+        cfg = Qwen2Config(**common)
+        model = Qwen2ForCausalLM(cfg)
+    else:
+        cfg = LlamaConfig(**common, head_dim=c.head_dim, attention_bias=c.qkv_bias, mlp_bias=c.mlp_bias)
+        model = LlamaForCausalLM(cfg)
+    missing, unexpected = model.load_state_dict(source.weights, strict=False)
+    if unexpected or any(not k.endswith("lm_head.weight") for k in missing):
+        raise RuntimeError(f"weights do not fit the HF model: missing {missing}, unexpected {unexpected}")
+    return model.eval()
+
+
+def _best_pair(engine_fn: Callable[[], float], hf_fn: Callable[[], float], repeats: int) -> tuple[float, float]:
+    """Best of `repeats` timings each, alternating engine and HF so both see the same machine load."""
+    te = th = float("inf")
+    for _ in range(max(repeats, 1)):
+        te = min(te, engine_fn())
+        th = min(th, hf_fn())
+    return te, th
+
+
+def _ratio(engine: float, hf: float) -> float:
+    return round(engine / hf, 3) if hf > 0 else float("inf")
+
+
+def run_bench(spec: str = "builtin:tiny-llama", sizes: BenchSizes = BenchSizes(), batch: int = 8, seed: int = 0,
+              threads: int | None = None, progress: Callable[[str], None] = lambda _msg: None) -> dict[str, Any]:
+    if threads:
+        torch.set_num_threads(threads)
+    torch.manual_seed(seed)
+    source = load_model_source(spec)
+    vocab = source.config.vocab_size
+    rng = random.Random(seed)
+
+    def prompt(n: int) -> list[int]:
+        return [rng.randrange(min(vocab, 256)) for _ in range(n)]
+
+    longest = max(max(sizes.prefill_lengths), sizes.mixed_prompt[1] + sizes.mixed_output[1],
+                  sizes.extend_context + sizes.extend_tokens + 8)
+    slots = max(max(sizes.decode_batches) * (sizes.decode_context + sizes.decode_steps + 4), batch * longest)
+    kv_bytes = (slots + 64 * batch) * source.config.kv_bytes_per_token(4) * 2
+    progress("loading engine and HF model")
+    engine = Engine(source, EngineConfig(kv_cache_bytes=kv_bytes, prefix_cache=False))
+    hf = hf_model_from_source(source)
+    out: dict[str, Any] = {"model": spec, "threads": torch.get_num_threads(), "device": str(engine.device),
+                           "batch_invariant": engine.numerics.invariant,
+                           "loadavg_start": [round(x, 2) for x in os.getloadavg()]}
+
+    # --- prefill -------------------------------------------------------------------------------
+    out["prefill"] = {}
+    for n in sizes.prefill_lengths:
+        progress(f"prefill {n} tokens")
+        _warm_prefill(engine, hf, prompt(min(n, 64)))
+
+        def eng_once() -> float:
+            seq = engine.add_sequence(prompt(n), SamplingParams(max_tokens=1))
+            t = time.perf_counter()
+            engine.prefill(seq)
+            dt = time.perf_counter() - t
+            engine.free(seq)
+            return dt
+
+        def hf_once() -> float:
+            ids = torch.tensor([prompt(n)])
+            with torch.inference_mode():
+                t = time.perf_counter()
+                hf(ids, use_cache=True, logits_to_keep=1)
+                return time.perf_counter() - t
+
+        te, th = _best_pair(eng_once, hf_once, sizes.repeats)
+        out["prefill"][str(n)] = {"engine_tok_s": round(n / te, 1), "hf_tok_s": round(n / th, 1),
+                                  "ratio": _ratio(th, te)}
+
+    # --- decode --------------------------------------------------------------------------------
+    out["decode"] = {"context": sizes.decode_context}
+    for b in sizes.decode_batches:
+        progress(f"decode batch {b}")
+        prompts = [prompt(sizes.decode_context) for _ in range(b)]
+        te, th = _best_pair(lambda: _engine_decode(engine, prompts, sizes.decode_steps),
+                            lambda: _hf_decode(hf, prompts, sizes.decode_steps), sizes.repeats)
+        toks = b * sizes.decode_steps
+        out["decode"][str(b)] = {"engine_tok_s": round(toks / te, 1), "hf_tok_s": round(toks / th, 1),
+                                 "ratio": _ratio(th, te), "engine_step_ms": round(te / sizes.decode_steps * 1e3, 2),
+                                 "hf_step_ms": round(th / sizes.decode_steps * 1e3, 2)}
+
+    # --- extend vs decode ----------------------------------------------------------------------
+    progress(f"extend {sizes.extend_tokens} tokens vs one decode step")
+    ctx_prompt = prompt(sizes.extend_context)
+    known = prompt(sizes.extend_tokens)
+    ext_s, hf_ext = _best_pair(lambda: _engine_extend(engine, ctx_prompt, known),
+                               lambda: _hf_extend(hf, ctx_prompt, known), sizes.repeats + 1)
+    step_s, hf_step = _best_pair(lambda: _engine_decode(engine, [ctx_prompt], 1),
+                                 lambda: _hf_decode(hf, [ctx_prompt], 1), sizes.repeats + 1)
+    out["extend"] = {"tokens": sizes.extend_tokens, "context": sizes.extend_context,
+                     "extend_ms": round(ext_s * 1e3, 2), "decode_step_ms": round(step_s * 1e3, 2),
+                     "extend_over_step": round(ext_s / step_s, 2),
+                     "hf_extend_ms": round(hf_ext * 1e3, 2), "hf_decode_step_ms": round(hf_step * 1e3, 2)}
+
+    # --- mixed serving workload ----------------------------------------------------------------
+    wl = random.Random(seed + 1)
+    reqs = []
+    for i in range(sizes.mixed_requests):
+        plen = wl.randint(*sizes.mixed_prompt)
+        olen = wl.randint(*sizes.mixed_output)
+        reqs.append(Request(f"r{i}", [wl.randrange(min(vocab, 256)) for _ in range(plen)],
+                            SamplingParams(max_tokens=olen)))
+    want = sum(r.sampling.max_tokens for r in reqs)
+    prompt_tokens = sum(len(r.prompt_ids) for r in reqs)
+    # Wall time is what users see; process CPU time is the load-robust figure on a shared machine
+    # (with one thread it does not count time spent waiting for a core).
+    best: dict[str, tuple[float, float]] = {}
+    hf_generated = padded_prompt = 0
+    for rep in range(max(sizes.mixed_repeats, 1)):
+        progress(f"mixed workload: engine, {len(reqs)} requests, continuous batching of {batch} ({rep + 1})")
+        w, c = time.perf_counter(), time.process_time()
+        seqs = engine.generate(reqs, max_batch=batch)
+        te, ce = time.perf_counter() - w, time.process_time() - c
+        got = sum(len(s.output_ids) for s in seqs)
+        if got != want:
+            raise RuntimeError(f"engine produced {got} tokens, expected {want}")
+        progress(f"mixed workload: HF generate, static padded batches of {batch} ({rep + 1})")
+        c = time.process_time()
+        th, hf_generated, padded_prompt = _hf_static_batches(hf, reqs, batch)
+        ch = time.process_time() - c
+        best["engine"] = min(best.get("engine", (te, ce)), (te, ce))
+        best["hf"] = min(best.get("hf", (th, ch)), (th, ch))
+    (te, ce), (th, ch) = best["engine"], best["hf"]
+    out["mixed"] = {"requests": len(reqs), "batch": batch, "prompt_tokens": prompt_tokens, "output_tokens": want,
+                    "engine_s": round(te, 2), "hf_s": round(th, 2),
+                    "engine_tok_s": round(want / te, 1), "hf_tok_s": round(want / th, 1), "ratio": _ratio(th, te),
+                    "engine_cpu_s": round(ce, 2), "hf_cpu_s": round(ch, 2), "cpu_ratio": _ratio(ch, ce),
+                    "hf_generated_tokens": hf_generated, "hf_padded_prompt_tokens": padded_prompt}
+    out["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
+    return out
+
+
+def _warm_prefill(engine: Engine, hf, ids: list[int]) -> None:
+    seq = engine.add_sequence(ids, SamplingParams(max_tokens=1))
+    engine.prefill(seq)
+    engine.free(seq)
+    with torch.inference_mode():
+        hf(torch.tensor([ids]))
+
+
+def _engine_decode(engine: Engine, prompts: list[list[int]], steps: int) -> float:
+    seqs = [engine.add_sequence(p, SamplingParams(max_tokens=steps + 2)) for p in prompts]
+    for s in seqs:
+        engine.prefill(s)
+    engine.decode(seqs)          # warm: first step at this batch size
+    t = time.perf_counter()
+    for _ in range(steps):
+        engine.decode(seqs)
+    dt = time.perf_counter() - t
+    for s in seqs:
+        engine.free(s)
+    return dt
+
+
+def _engine_extend(engine: Engine, ctx: list[int], known: list[int]) -> float:
+    seq = engine.add_sequence(ctx, SamplingParams(max_tokens=len(known) + 4))
+    engine.prefill(seq)
+    t = time.perf_counter()
+    engine.extend(seq, known)
+    dt = time.perf_counter() - t
+    engine.free(seq)
+    return dt
+
+
+def _cache_kw(hf) -> str:
+    """transformers renamed `past_key_values` to `cache` (5.x); use whichever forward() takes."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(hf.forward).parameters else "past_key_values"
+
+
+def _hf_decode(hf, prompts: list[list[int]], steps: int) -> float:
+    from transformers import DynamicCache
+
+    kw = _cache_kw(hf)
+    with torch.inference_mode():
+        cache = DynamicCache()
+        logits = hf(torch.tensor(prompts), **{kw: cache}, use_cache=True, logits_to_keep=1).logits
+        nxt = logits[:, -1].argmax(-1, keepdim=True)
+        nxt = hf(nxt, **{kw: cache}, use_cache=True).logits[:, -1].argmax(-1, keepdim=True)
+        t = time.perf_counter()
+        for _ in range(steps):
+            nxt = hf(nxt, **{kw: cache}, use_cache=True).logits[:, -1].argmax(-1, keepdim=True)
+        return time.perf_counter() - t
+
+
+def _hf_extend(hf, ctx: list[int], known: list[int]) -> float:
+    from transformers import DynamicCache
+
+    kw = _cache_kw(hf)
+    with torch.inference_mode():
+        cache = DynamicCache()
+        hf(torch.tensor([ctx]), **{kw: cache}, use_cache=True, logits_to_keep=1)
+        t = time.perf_counter()
+        hf(torch.tensor([known]), **{kw: cache}, use_cache=True, logits_to_keep=1)
+        return time.perf_counter() - t
+
+
+def _hf_static_batches(hf, reqs: list[Request], batch: int) -> tuple[float, int, int]:
+    """HF generate over consecutive groups of `batch` requests, left-padded to the group's longest
+    prompt and run to its longest output (generate has no per-row stopping by length)."""
+    pad = 0
+    total = 0.0
+    generated = padded = 0
+    with torch.inference_mode():
+        for i in range(0, len(reqs), batch):
+            group = reqs[i:i + batch]
+            width = max(len(r.prompt_ids) for r in group)
+            steps = max(r.sampling.max_tokens for r in group)
+            ids = torch.full((len(group), width), pad, dtype=torch.long)
+            mask = torch.zeros((len(group), width), dtype=torch.long)
+            for j, r in enumerate(group):
+                ids[j, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
+                mask[j, width - len(r.prompt_ids):] = 1
+            t = time.perf_counter()
+            out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=steps, min_new_tokens=steps,
+                              do_sample=False, pad_token_id=pad, eos_token_id=None)
+            total += time.perf_counter() - t
+            generated += (out.shape[1] - width) * len(group)
+            padded += width * len(group)
+    return total, generated, padded

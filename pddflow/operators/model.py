@@ -1,0 +1,105 @@
+"""The Llama-architecture decoder (Llama and Qwen2 checkpoints): RMSNorm, RoPE, grouped-query
+attention over the paged KV pool, SwiGLU MLP.
+
+`forward` takes a flat batch of token rows from any mix of sequences and entry points (prefill
+chunks, extend chunks, decode rows); every op is row-wise or goes through the batch-invariant
+attention and linear layers, so a token's logits and KV do not depend on what it was batched with.
+fp32 on CPU; bf16 or fp16 weights on CUDA (norms and softmax statistics in fp32).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from pddflow.kernels.paged_attention import AttentionPlan, paged_attention
+from pddflow.operators.config import ModelConfig
+from pddflow.operators.kv_cache import KVPool
+from pddflow.operators.linear import Linear
+from pddflow.operators.rope import Rope
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    xf = x.float()
+    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * xf.to(x.dtype)
+
+
+def silu(x: torch.Tensor) -> torch.Tensor:
+    # Spelled out: F.silu's vectorised and scalar-tail code paths round differently, which would make
+    # a value depend on where it sits in the tensor; exp, add and div do not.
+    return x / (1 + torch.exp(-x))
+
+
+@dataclass
+class _Layer:
+    ln1: torch.Tensor
+    ln2: torch.Tensor
+    qkv: Linear
+    o: Linear
+    gate_up: Linear
+    down: Linear
+
+
+class LlamaModel:
+    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], device: torch.device,
+                 dtype: torch.dtype, max_rows: int = 512):
+        self.config = config
+        self.device, self.dtype = device, dtype
+
+        def w(name: str) -> torch.Tensor:
+            return weights[name].to(device=device, dtype=dtype)
+
+        def opt(name: str) -> torch.Tensor | None:
+            return w(name) if name in weights else None
+
+        def cat_bias(names: list[str]) -> torch.Tensor | None:
+            # Fused projections take all their biases or none (weights.hf_weight_names keeps it so).
+            parts = [opt(n) for n in names]
+            return None if any(p is None for p in parts) else torch.cat(parts)  # type: ignore[arg-type]
+
+        self.embed = w("model.embed_tokens.weight")
+        self.layers: list[_Layer] = []
+        for i in range(config.num_layers):
+            p = f"model.layers.{i}."
+            a, m = p + "self_attn.", p + "mlp."
+            self.layers.append(_Layer(
+                ln1=w(p + "input_layernorm.weight"),
+                ln2=w(p + "post_attention_layernorm.weight"),
+                qkv=Linear(torch.cat([w(a + "q_proj.weight"), w(a + "k_proj.weight"), w(a + "v_proj.weight")]),
+                           cat_bias([a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"]), max_rows),
+                o=Linear(w(a + "o_proj.weight"), opt(a + "o_proj.bias"), max_rows),
+                gate_up=Linear(torch.cat([w(m + "gate_proj.weight"), w(m + "up_proj.weight")]),
+                               cat_bias([m + "gate_proj.bias", m + "up_proj.bias"]), max_rows),
+                down=Linear(w(m + "down_proj.weight"), opt(m + "down_proj.bias"), max_rows),
+            ))
+        self.norm = w("model.norm.weight")
+        head = self.embed if config.tie_word_embeddings else w("lm_head.weight")
+        self.lm_head = Linear(head, None, max_rows)
+        self.rope = Rope(config, device, dtype)
+        self.scale = config.head_dim ** -0.5
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_blocks: torch.Tensor,
+                slot_offsets: torch.Tensor, plan: AttentionPlan, pool: KVPool,
+                logit_rows: torch.Tensor) -> torch.Tensor:
+        """Run T token rows, writing their K/V into `pool`; returns fp32 logits [len(logit_rows), V]."""
+        c = self.config
+        T = input_ids.shape[0]
+        H, Hkv, D = c.num_heads, c.num_kv_heads, c.head_dim
+        qd, kvd, inter = H * D, Hkv * D, c.intermediate_size
+        h = self.embed[input_ids]
+        for i, layer in enumerate(self.layers):
+            x = rms_norm(h, layer.ln1, c.rms_norm_eps)
+            qkv = layer.qkv(x)
+            q = self.rope(qkv[:, :qd].view(T, H, D), positions)
+            k = self.rope(qkv[:, qd:qd + kvd].view(T, Hkv, D), positions)
+            v = qkv[:, qd + kvd:].view(T, Hkv, D)
+            pool.write(i, k, v, slot_blocks, slot_offsets)
+            attn = paged_attention(q, pool.tensor, i, plan, self.scale)
+            h = h + layer.o(attn.reshape(T, qd))
+            x = rms_norm(h, layer.ln2, c.rms_norm_eps)
+            gu = layer.gate_up(x)
+            h = h + layer.down(silu(gu[:, :inter]) * gu[:, inter:])
+        x = rms_norm(h.index_select(0, logit_rows), self.norm, c.rms_norm_eps)
+        return self.lm_head(x).float()

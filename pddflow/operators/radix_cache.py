@@ -1,0 +1,209 @@
+"""Radix prefix cache: a tree of KV blocks keyed by prefix-chained block hashes.
+
+One structure serves three users: Prefill's prefix reuse, MainDecode's Decode-side RadixCache
+(DRC), and the router's mirror of each MD's cache (which holds no KV at all, only hashes). So it
+is pure Python, never imports torch, and maps a block hash to an opaque value (a block id in the
+engine, anything or nothing in a mirror).
+
+Why a tree and not a dict: a chained hash already names its whole prefix, so lookups could be a
+dict walk, but eviction must go leaf-first. Evicting an inner block would strand every descendant
+(a match stops at the first miss), wasting the memory they hold.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+
+class _Node:
+    __slots__ = ("hash", "value", "parent", "children", "last_access")
+
+    def __init__(self, hash_: int | None, value: Any, parent: _Node | None, last_access: int):
+        self.hash = hash_
+        self.value = value
+        self.parent = parent
+        self.children: dict[int, _Node] = {}
+        self.last_access = last_access
+
+
+class RadixCache:
+    """Longest-prefix match, insert and LRU eviction of unreferenced leaves.
+
+    capacity: most blocks to hold (a mirror's model of an MD's memory); None means the owner bounds
+        it, as the engine does through its block allocator, calling `evict` when allocation runs dry.
+    on_evict(value): called for every evicted block (the engine drops its reference there).
+    evictable(value): False keeps a block that a running sequence still reads (the engine checks the
+        block's reference count); a mirror leaves the default, everything evictable.
+    """
+
+    def __init__(
+        self,
+        capacity: int | None = None,
+        on_evict: Callable[[Any], None] | None = None,
+        evictable: Callable[[Any], bool] | None = None,
+    ):
+        if capacity is not None and capacity < 0:
+            raise ValueError(f"capacity must be >= 0, got {capacity}")
+        self.capacity = capacity
+        self._on_evict = on_evict
+        self._evictable = evictable or (lambda _value: True)
+        self._clock = itertools.count(1)
+        self._root = _Node(None, None, None, 0)
+        self._size = 0
+        # Leaves by last access, with lazy deletion: an entry is stale once its node was touched again,
+        # gained a child or left the tree. Stale entries are skipped on pop and compacted away.
+        self._heap: list[tuple[int, int, _Node]] = []
+        self._tiebreak = itertools.count()
+
+    # --- queries -------------------------------------------------------------------------------
+    def __len__(self) -> int:
+        return self._size
+
+    def match_len(self, hashes: Sequence[int]) -> int:
+        """How many leading blocks of `hashes` are cached. Read-only: a router predicting hits must
+        not change what the cache will evict next."""
+        node, n = self._root, 0
+        for h in hashes:
+            node = node.children.get(h)  # type: ignore[assignment]
+            if node is None:
+                break
+            n += 1
+        return n
+
+    def match(self, hashes: Sequence[int], touch: bool = True) -> list[Any]:
+        """Values of the longest cached prefix of `hashes`; `touch` marks them recently used."""
+        path = self._walk(hashes)
+        if touch and path:
+            self._touch(path)
+        return [n.value for n in path]
+
+    def __iter__(self) -> Iterator[tuple[int, Any]]:
+        stack = list(self._root.children.values())
+        while stack:
+            node = stack.pop()
+            yield node.hash, node.value  # type: ignore[misc]
+            stack.extend(node.children.values())
+
+    # --- updates -------------------------------------------------------------------------------
+    def insert(self, hashes: Sequence[int], values: Sequence[Any]) -> list[bool]:
+        """Insert a prefix (hashes[0] is a sequence's first block). Returns, per block, whether this
+        call stored its value: False where the hash was already cached, in which case the cache keeps
+        its own value and the caller keeps ownership of the one it offered."""
+        if len(hashes) != len(values):
+            raise ValueError(f"{len(hashes)} hashes but {len(values)} values")
+        stored: list[bool] = []
+        node = self._root
+        path: list[_Node] = []
+        for h, v in zip(hashes, values):
+            child = node.children.get(h)
+            if child is None:
+                child = _Node(h, v, node, 0)
+                node.children[h] = child
+                self._size += 1
+                stored.append(True)
+            else:
+                stored.append(False)
+            path.append(child)
+            node = child
+        if path:
+            self._touch(path)
+        if self.capacity is not None and self._size > self.capacity:
+            self.evict(self._size - self.capacity)
+        return stored
+
+    def evict(self, num_blocks: int) -> list[Any]:
+        """Evict up to `num_blocks` least recently used leaves that are evictable; returns their
+        values. Evicting a leaf can expose its parent as the next candidate."""
+        evicted: list[Any] = []
+        held: list[tuple[int, int, _Node]] = []
+        while len(evicted) < num_blocks and self._heap:
+            entry = heapq.heappop(self._heap)
+            t, _, node = entry
+            if node.parent is None or node.children or t != node.last_access:
+                continue  # stale: gone, no longer a leaf, or touched since
+            if not self._evictable(node.value):
+                held.append(entry)
+                continue
+            parent = node.parent
+            del parent.children[node.hash]  # type: ignore[arg-type]
+            node.parent = None
+            self._size -= 1
+            evicted.append(node.value)
+            if self._on_evict is not None:
+                self._on_evict(node.value)
+            if parent is not self._root and not parent.children:
+                self._push_leaf(parent)
+        for entry in held:
+            heapq.heappush(self._heap, entry)
+        return evicted
+
+    def evictable_count(self) -> int:
+        """Blocks that repeated `evict` calls could free now: nodes whose whole subtree is evictable.
+        O(size); for admission control, not per-token paths."""
+        count = 0
+        # Post-order without recursion: a node counts when it and all its descendants are evictable.
+        order: list[_Node] = []
+        stack = list(self._root.children.values())
+        while stack:
+            node = stack.pop()
+            order.append(node)
+            stack.extend(node.children.values())
+        free_subtree: dict[int, bool] = {}
+        for node in reversed(order):
+            ok = self._evictable(node.value) and all(free_subtree[id(c)] for c in node.children.values())
+            free_subtree[id(node)] = ok
+            count += ok
+        return count
+
+    def clear(self) -> list[Any]:
+        """Drop everything (evictable or not); returns the values, calling on_evict for each."""
+        values = [v for _, v in self]
+        if self._on_evict is not None:
+            for v in values:
+                self._on_evict(v)
+        self._root.children.clear()
+        self._size = 0
+        self._heap.clear()
+        return values
+
+    # --- internals -----------------------------------------------------------------------------
+    def _walk(self, hashes: Sequence[int]) -> list[_Node]:
+        path: list[_Node] = []
+        node = self._root
+        for h in hashes:
+            child = node.children.get(h)
+            if child is None:
+                break
+            path.append(child)
+            node = child
+        return path
+
+    def _touch(self, path: list[_Node]) -> None:
+        t = next(self._clock)
+        for node in path:
+            node.last_access = t
+        last = path[-1]
+        if not last.children:
+            self._push_leaf(last)
+        if len(self._heap) > 2 * self._size + 64:
+            self._compact()
+
+    def _push_leaf(self, node: _Node) -> None:
+        heapq.heappush(self._heap, (node.last_access, next(self._tiebreak), node))
+
+    def _compact(self) -> None:
+        self._heap = [
+            (node.last_access, next(self._tiebreak), node)
+            for node in self._iter_nodes() if not node.children
+        ]
+        heapq.heapify(self._heap)
+
+    def _iter_nodes(self) -> Iterator[_Node]:
+        stack = list(self._root.children.values())
+        while stack:
+            node = stack.pop()
+            yield node
+            stack.extend(node.children.values())

@@ -1,0 +1,52 @@
+"""Token sampling: greedy, or temperature + top-p with per-request seeds.
+
+Randomness is stateless: the uniform draw for the token at position p is a hash of (seed, p). A
+sequence sampled on several workers (prefill's first token, relay tokens, main-decode tokens) draws
+what one colocated run draws, with no generator state to ship between them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+from pddflow.core.payloads import SamplingParams
+
+
+def uniform(seed: int, position: int) -> float:
+    """A reproducible draw in [0, 1) for (seed, position)."""
+    h = hashlib.blake2b((seed & (2**64 - 1)).to_bytes(8, "little") + position.to_bytes(8, "little"), digest_size=8)
+    return (int.from_bytes(h.digest(), "little") >> 11) / float(1 << 53)
+
+
+def sample_token(logits: torch.Tensor, params: SamplingParams, seed: int, position: int) -> int:
+    """logits [V] (fp32). Greedy when temperature <= 0; ties go to the lowest token ID."""
+    if params.temperature <= 0:
+        return int(torch.argmax(logits))
+    probs = torch.softmax(logits.double() / params.temperature, dim=-1)
+    sorted_p, order = torch.sort(probs, descending=True, stable=True)
+    cum = torch.cumsum(sorted_p, 0)
+    if params.top_p < 1.0:
+        keep = int(torch.searchsorted(cum, torch.tensor([params.top_p], dtype=cum.dtype))[0]) + 1
+        keep = min(max(keep, 1), cum.numel())
+    else:
+        keep = cum.numel()
+    u = uniform(seed, position) * float(cum[keep - 1])
+    idx = int(torch.searchsorted(cum[:keep], torch.tensor([u], dtype=cum.dtype), right=True)[0])
+    return int(order[min(idx, keep - 1)])
+
+
+def sample_batch(logits: torch.Tensor, params: list[SamplingParams], seeds: list[int], positions: list[int]) -> list[int]:
+    """logits [S, V]: one token per row; greedy rows share one argmax."""
+    greedy = [i for i, p in enumerate(params) if p.temperature <= 0]
+    out = [0] * len(params)
+    if greedy:
+        ids = torch.argmax(logits[greedy], dim=-1).tolist() if len(greedy) < len(params) else \
+            torch.argmax(logits, dim=-1).tolist()
+        for i, t in zip(greedy, ids):
+            out[i] = int(t)
+    for i, p in enumerate(params):
+        if p.temperature > 0:
+            out[i] = sample_token(logits[i].cpu(), p, seeds[i], positions[i])
+    return out

@@ -1,0 +1,48 @@
+"""A sequence: one request's tokens and where its KV lives. Pure Python.
+
+Invariant: the KV of token_ids[:num_computed] is in the pool, in block_table order. Tokens past
+num_computed are known but not yet computed ("pending"): the prompt before prefill, the token a
+decode step will feed, or IDs received in an Extend-Decode handoff.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from pddflow.core.block_hash import chain_block_hashes
+from pddflow.core.payloads import SamplingParams
+
+
+@dataclass(eq=False)
+class Sequence:
+    seq_id: str
+    token_ids: list[int]
+    num_prompt_tokens: int
+    sampling: SamplingParams
+    # Sampling randomness is a pure function of (seed, position), so a sequence sampled partly on a
+    # relay and partly on a main decoder draws exactly what a colocated run would.
+    seed: int
+    block_table: list[int] = field(default_factory=list)
+    num_computed: int = 0
+    finished: bool = False
+    finish_reason: str | None = None       # "length" | "stop"
+    _hashes: list[int] = field(default_factory=list, repr=False)
+
+    @property
+    def output_ids(self) -> list[int]:
+        return self.token_ids[self.num_prompt_tokens:]
+
+    @property
+    def num_pending(self) -> int:
+        return len(self.token_ids) - self.num_computed
+
+    def block_hashes(self, block_size: int, upto_tokens: int | None = None) -> list[int]:
+        """Chained hashes of the full blocks within token_ids[:upto_tokens], extended incrementally."""
+        n = len(self.token_ids) if upto_tokens is None else upto_tokens
+        want = n // block_size
+        have = len(self._hashes)
+        if want > have:
+            parent = self._hashes[-1] if have else None
+            self._hashes += chain_block_hashes(self.token_ids[have * block_size:want * block_size],
+                                               block_size, parent)
+        return self._hashes[:want]

@@ -1,0 +1,48 @@
+"""Tokenizers: bytes for `builtin:tiny-llama`, `tokenizer.json` (HF `tokenizers`) for checkpoints.
+
+The engine itself only sees token IDs; a tokenizer is needed only at the edges (text prompts in,
+text out), and a checkpoint without `tokenizer.json` still serves `--prompt-ids`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Protocol
+
+
+class Tokenizer(Protocol):
+    eos_token_ids: tuple[int, ...]
+
+    def encode(self, text: str) -> list[int]: ...
+
+    def decode(self, ids: list[int]) -> str: ...
+
+
+class ByteTokenizer:
+    """UTF-8 bytes are IDs 0-255; 256 <bos>, 257 <eos>, 258 <pad>."""
+
+    BOS, EOS, PAD = 256, 257, 258
+    vocab_size = 259
+    eos_token_ids = (EOS,)
+
+    def encode(self, text: str) -> list[int]:
+        return [self.BOS, *text.encode("utf-8")]
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+
+
+class HFTokenizer:
+    """A `tokenizer.json` through the `tokenizers` library (no transformers import at run time)."""
+
+    def __init__(self, path: Path, eos_token_ids: tuple[int, ...] = ()):
+        from tokenizers import Tokenizer as _Tok
+
+        self._tok = _Tok.from_file(str(path))
+        self.eos_token_ids = eos_token_ids
+
+    def encode(self, text: str) -> list[int]:
+        return self._tok.encode(text).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tok.decode(ids, skip_special_tokens=True)

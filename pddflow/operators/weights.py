@@ -1,0 +1,146 @@
+"""Model sources: `builtin:<name>` (weights drawn from a fixed seed) or a local HF checkpoint
+directory (`config.json` + `*.safetensors`, optional `tokenizer.json`). Nothing is ever fetched.
+
+Weights come back under their HF names, in fp32 on the CPU, so the same dict can also be loaded
+into `transformers` for side-by-side checks; the model fuses and moves them.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from pddflow.core.registry import did_you_mean
+from pddflow.operators.config import TINY_LLAMA, ModelConfig, ModelSpecError
+from pddflow.operators.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
+
+if TYPE_CHECKING:
+    import torch
+
+BUILTIN_MODELS: dict[str, ModelConfig] = {"tiny-llama": TINY_LLAMA}
+BUILTIN_SEED = 0
+
+
+@dataclass
+class ModelSource:
+    name: str
+    config: ModelConfig
+    weights: dict[str, torch.Tensor]
+    tokenizer: Tokenizer | None
+
+
+def load_model_source(spec: str, seed: int = BUILTIN_SEED) -> ModelSource:
+    """`builtin:tiny-llama` or a checkpoint directory; raises ModelSpecError with the reason."""
+    spec = str(spec)
+    if spec.startswith("builtin:"):
+        name = spec.split(":", 1)[1]
+        if name not in BUILTIN_MODELS:
+            valid = sorted(BUILTIN_MODELS)
+            raise ModelSpecError(f"unknown builtin model {name!r}{did_you_mean(name, valid)}; "
+                                 f"valid: {', '.join('builtin:' + v for v in valid)}")
+        config = BUILTIN_MODELS[name]
+        return ModelSource(spec, config, builtin_weights(config, seed), ByteTokenizer())
+    return _load_checkpoint(Path(spec).expanduser())
+
+
+def hf_weight_names(config: ModelConfig) -> list[str]:
+    names = ["model.embed_tokens.weight"]
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}."
+        names += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
+        for proj in ("q", "k", "v", "o"):
+            names.append(p + f"self_attn.{proj}_proj.weight")
+            if (config.qkv_bias and proj != "o") or (config.o_bias and proj == "o"):
+                names.append(p + f"self_attn.{proj}_proj.bias")
+        for proj in ("gate", "up", "down"):
+            names.append(p + f"mlp.{proj}_proj.weight")
+            if config.mlp_bias:
+                names.append(p + f"mlp.{proj}_proj.bias")
+    names.append("model.norm.weight")
+    if not config.tie_word_embeddings:
+        names.append("lm_head.weight")
+    return names
+
+
+def _shape(config: ModelConfig, name: str) -> tuple[int, ...]:
+    h, d = config.hidden_size, config.head_dim
+    q, kv, inter = config.num_heads * d, config.num_kv_heads * d, config.intermediate_size
+    leaf = name.rsplit(".", 2)[-2:]
+    module, kind = leaf[0], leaf[1]
+    if module in ("embed_tokens", "lm_head"):
+        return (config.vocab_size, h)
+    if module in ("input_layernorm", "post_attention_layernorm", "norm"):
+        return (h,)
+    out_in = {"q_proj": (q, h), "k_proj": (kv, h), "v_proj": (kv, h), "o_proj": (h, q),
+              "gate_proj": (inter, h), "up_proj": (inter, h), "down_proj": (h, inter)}[module]
+    return out_in if kind == "weight" else (out_in[0],)
+
+
+def builtin_weights(config: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
+    """Deterministic random weights drawn in a fixed order from one seeded generator, so every
+    process gets the same model: N(0, 0.02) matrices (the HF Llama init), unit norms, zero biases,
+    and N(0, 1) embeddings. The unit embeddings keep each token's identity alive through 16 random
+    layers; with the 0.02 init greedy decoding collapses onto one repeated token, which would make
+    the engine's exactness tests blind."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    out: dict[str, torch.Tensor] = {}
+    for name in hf_weight_names(config):
+        shape = _shape(config, name)
+        if name.endswith("norm.weight"):
+            out[name] = torch.ones(shape)
+        elif name.endswith(".bias"):
+            out[name] = torch.zeros(shape)
+        else:
+            std = 1.0 if name == "model.embed_tokens.weight" else 0.02
+            out[name] = torch.randn(shape, generator=gen) * std
+    return out
+
+
+def _load_checkpoint(path: Path) -> ModelSource:
+    if not path.exists():
+        raise ModelSpecError(f"model {str(path)!r} is neither builtin:<name> (valid: "
+                             f"{', '.join('builtin:' + v for v in sorted(BUILTIN_MODELS))}) nor an existing directory")
+    if not path.is_dir():
+        raise ModelSpecError(f"model path {str(path)!r} is not a directory (expected config.json + *.safetensors)")
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise ModelSpecError(f"{path}: no config.json")
+    try:
+        raw = json.loads(cfg_file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelSpecError(f"{cfg_file}: cannot parse: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ModelSpecError(f"{cfg_file}: expected a JSON object")
+    config = ModelConfig.from_hf(raw)
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ModelSpecError(f"{path}: no *.safetensors files (pickled .bin checkpoints are not loaded)")
+
+    import torch
+    from safetensors.torch import load_file
+
+    weights: dict[str, torch.Tensor] = {}
+    for f in files:
+        try:
+            for k, v in load_file(str(f)).items():
+                weights[k] = v.to(torch.float32)
+        except Exception as exc:  # safetensors raises several types for corrupt files
+            raise ModelSpecError(f"{f}: cannot read safetensors: {exc}") from None
+    if config.tie_word_embeddings:
+        weights.pop("lm_head.weight", None)
+    expected = hf_weight_names(config)
+    missing = [n for n in expected if n not in weights]
+    if missing:
+        more = f" (and {len(missing) - 5} more)" if len(missing) > 5 else ""
+        raise ModelSpecError(f"{path}: checkpoint lacks {', '.join(missing[:5])}{more}")
+    for n in expected:
+        if tuple(weights[n].shape) != _shape(config, n):
+            raise ModelSpecError(f"{path}: {n} has shape {tuple(weights[n].shape)}, config implies {_shape(config, n)}")
+    weights = {n: weights[n] for n in expected}
+    tok_file = path / "tokenizer.json"
+    tokenizer = HFTokenizer(tok_file, config.eos_token_ids) if tok_file.is_file() else None
+    return ModelSource(str(path), config, weights, tokenizer)

@@ -1,0 +1,125 @@
+"""Shared fixtures for the engine tests: tiny HF checkpoints written with save_pretrained, and a
+small model built straight from a config (no transformers needed) for the property tests."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from pddflow.operators.config import ModelConfig, RopeScaling
+from pddflow.operators.engine import Engine, EngineConfig
+from pddflow.operators.weights import ModelSource, builtin_weights
+
+# Small enough for hundreds of forwards per second on 2 cores, large enough to have GQA (2 query
+# heads per KV head), llama3 RoPE scaling that matters at these positions, and several layers.
+SMALL = ModelConfig(
+    arch="llama", vocab_size=97, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
+    num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0,
+    rope_scaling=RopeScaling("llama3", factor=4.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                             original_max_position_embeddings=32),
+    max_position_embeddings=1024,
+)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    """Tiny models spend their time in thread hand-offs, and on a shared 2-core machine an OpenMP
+    barrier can wait a whole time slice: one thread runs these tests ~10x faster. Restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def small_source(seed: int = 0, config: ModelConfig = SMALL) -> ModelSource:
+    return ModelSource("small", config, builtin_weights(config, seed), None)
+
+
+def small_engine(**overrides) -> Engine:
+    cfg = dict(block_size=4, attention_tile=16, chunk_size=64, kv_cache_bytes=4 * 2**20)
+    cfg.update(overrides)
+    return Engine(small_source(), EngineConfig(**cfg))
+
+
+def _llama_config(**extra):
+    from transformers import LlamaConfig
+
+    return LlamaConfig(vocab_size=211, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
+                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
+                       rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2,
+                       rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
+                                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                        "original_max_position_embeddings": 32}, **extra)
+
+
+def _save(model, path: Path) -> Path:
+    # HF's N(0, 0.02) init makes greedy decoding repeat one token; unit-scale embeddings keep the
+    # continuation varied, so a 40-token comparison actually tests something.
+    with torch.no_grad():
+        model.model.embed_tokens.weight.normal_(0.0, 1.0)
+    model.save_pretrained(path)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory) -> Path:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(0)
+    return _save(transformers.LlamaForCausalLM(_llama_config()), tmp_path_factory.mktemp("tiny-llama"))
+
+
+@pytest.fixture(scope="session")
+def tiny_qwen2_dir(tmp_path_factory) -> Path:
+    transformers = pytest.importorskip("transformers")
+    torch.manual_seed(1)
+    cfg = transformers.Qwen2Config(vocab_size=211, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                   rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+                                   tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+    model = transformers.Qwen2ForCausalLM(cfg)
+    with torch.no_grad():
+        # Tied embeddings make a small-weight model echo its input token; stronger layers and
+        # nonzero q/k/v biases (HF inits them to zero) make the bias path and the layers matter.
+        for name, p in model.named_parameters():
+            if name.endswith("proj.weight"):
+                p.normal_(0.0, 0.2)
+            elif name.endswith("proj.bias"):
+                p.normal_(0.0, 0.5)
+    return _save(model, tmp_path_factory.mktemp("tiny-qwen2"))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_with_tokenizer(tiny_llama_dir, tmp_path_factory) -> Path:
+    """The tiny Llama checkpoint plus a word-level tokenizer.json."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    d = tmp_path_factory.mktemp("tiny-llama-tok")
+    for f in tiny_llama_dir.iterdir():
+        (d / f.name).write_bytes(f.read_bytes())
+    words = ["<unk>", "<s>", "</s>"] + [f"w{i}" for i in range(208)]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(d / "tokenizer.json"))
+    return d
+
+
+def with_config(path: Path, tmp_path: Path, **changes) -> Path:
+    """Copy a checkpoint directory with config.json keys replaced (None deletes a key)."""
+    out = tmp_path / "ckpt"
+    out.mkdir()
+    for f in path.iterdir():
+        (out / f.name).write_bytes(f.read_bytes())
+    cfg = json.loads((out / "config.json").read_text())
+    for k, v in changes.items():
+        if v is None:
+            cfg.pop(k, None)
+        else:
+            cfg[k] = v
+    (out / "config.json").write_text(json.dumps(cfg))
+    return out
+
+
+__all__ = ["SMALL", "small_source", "small_engine", "with_config"]

@@ -1,0 +1,84 @@
+"""`pddflow generate` and `pddflow bench engine` through the typer app (in process)."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from pddflow.cli import app
+from pddflow.core.payloads import SamplingParams
+from pddflow.operators.engine import Engine, EngineConfig
+
+runner = CliRunner()
+
+
+def run(*args: str):
+    res = runner.invoke(app, list(args))
+    assert "Traceback" not in (res.output or ""), res.output
+    return res
+
+
+def test_generate_json_matches_engine(tiny_llama_dir):
+    res = run("generate", "--model", str(tiny_llama_dir), "--prompt-ids", "1,5,9,120", "--max-tokens", "7", "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["text"] is None            # no tokenizer.json in this checkpoint
+    ref = Engine.from_spec(str(tiny_llama_dir), EngineConfig(kv_cache_bytes=2**20)).generate(
+        [[1, 5, 9, 120]], SamplingParams(max_tokens=7, stop_token_ids=(2,)))[0].output_ids
+    assert out["token_ids"] == ref and 1 <= len(ref) <= 7
+
+
+def test_generate_builtin_text_prompt():
+    res = run("generate", "--model", "builtin:tiny-llama", "--prompt", "Hello", "--max-tokens", "4", "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert len(out["token_ids"]) <= 4 and isinstance(out["text"], str)
+
+
+def test_generate_with_tokenizer_and_seeded_sampling(tiny_llama_with_tokenizer):
+    args = ["generate", "-m", str(tiny_llama_with_tokenizer), "--prompt", "w1 w2 w3", "--max-tokens", "6",
+            "--temperature", "0.8", "--top-p", "0.9", "--seed", "7", "--json"]
+    a, b = run(*args), run(*args)
+    assert a.exit_code == 0, a.output
+    assert json.loads(a.stdout) == json.loads(b.stdout)
+    assert isinstance(json.loads(a.stdout)["text"], str)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--model", "builtin:tiny-lama", "--prompt-ids", "1"], "did you mean 'tiny-llama'"),
+    (["--model", "/no/such/dir", "--prompt-ids", "1"], "neither builtin"),
+    (["--prompt-ids", "1,x,3"], "'x' is not an integer"),
+    (["--prompt-ids", ""], "empty"),
+    (["--prompt-ids", "1,2,100000"], "outside the vocabulary"),
+    (["--prompt", "a", "--prompt-ids", "1"], "exactly one of"),
+    ([], "exactly one of"),
+    (["--prompt-ids", "1", "--max-tokens", "0"], "--max-tokens"),
+])
+def test_generate_errors_are_clear(args, message):
+    res = run("generate", *args)
+    assert res.exit_code == 2
+    assert message in res.output
+
+
+def test_text_prompt_without_tokenizer(tiny_llama_dir):
+    res = run("generate", "--model", str(tiny_llama_dir), "--prompt", "hi")
+    assert res.exit_code == 2 and "--prompt-ids" in res.output
+
+
+def test_bench_engine_quick_json(tiny_llama_dir):
+    res = run("bench", "engine", "--model", str(tiny_llama_dir), "--quick", "--json", "--batch", "3")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert set(out["mixed"]) >= {"engine_tok_s", "hf_tok_s", "ratio"}
+    assert out["mixed"]["output_tokens"] > 0 and out["mixed"]["ratio"] > 0
+    assert set(out["prefill"]) == {"64", "128"} and {"1", "4"} <= set(out["decode"])
+    assert out["extend"]["extend_ms"] > 0 and out["batch_invariant"] is True
+
+
+def test_module_import_is_light():
+    import subprocess
+    import sys
+
+    code = "import sys, pddflow.commands.engine_cmds; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False False"
