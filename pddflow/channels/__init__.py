@@ -1,0 +1,40 @@
+"""Typed channels between operator processes: what crosses which wire in PDD.
+
+    rdma_tensor  KVBlocks inside a cluster: shared-memory ring between processes (NIXL where installed)
+    wan_flight   KVBlocks across clusters: Arrow Flight, parallel streams, resumable, TLS + token
+    token_ids    TokenIds and control (cancel, release) anywhere: gRPC bidirectional stream
+    emulation    shapes a real channel with the graph's LinkModel (both ends on one machine)
+
+The names below load lazily, so `import pddflow.channels` does not pull in pyarrow or grpc. See
+docs/channels.md for wire formats, options and the API the runtime uses; `registry.TRANSPORTS`
+maps the channel kinds of `pddflow.core.channel_kinds` to their implementations.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_EXPORTS = {
+    "ChannelError": "errors", "ChannelTimeout": "errors", "ChannelAuthError": "errors",
+    "ChannelCorrupt": "errors", "ChannelCancelled": "errors", "ChannelClosed": "errors",
+    "Deadline": "deadline",
+    "KVLayout": "codec_kv", "KVSource": "codec_kv", "encode_ipc": "codec_kv", "decode_ipc": "codec_kv",
+    "Control": "codec_tokens", "ControlKind": "codec_tokens", "Message": "codec_tokens",
+    "TLSConfig": "security", "self_signed": "security",
+    "EmulatedLink": "emulation",
+    "WanFlightParams": "wan_flight", "WanFlightSender": "wan_flight", "WanFlightReceiver": "wan_flight",
+    "TransferReport": "transfer",
+    "RdmaTensorParams": "rdma_tensor", "RdmaTensorSender": "rdma_tensor", "RdmaTensorReceiver": "rdma_tensor",
+    "TokenIdsParams": "token_ids", "TokenIdsClient": "token_ids", "TokenIdsServer": "token_ids",
+    "TRANSPORTS": "registry", "ChannelTransport": "registry",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    mod = _EXPORTS.get(name)
+    if mod is None:
+        raise AttributeError(f"module 'pddflow.channels' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"pddflow.channels.{mod}"), name)
