@@ -1,1 +1,39 @@
-"""Scheduling policy: pure objects, features in, decision out; used by the runtime and the simulator."""
+"""Scheduling policy: pure objects, features in, decision out; used by the runtime and the simulator.
+
+    policy = make_policy(plan)                 # plan.scheduler.policy resolved through the registry
+    state = SchedulerState.for_plan(plan)      # mirrors, loads, link estimates
+    state.mirrors["main/0"].on_insert(hashes)  # fed by the cache's own insert/evict events
+    decision = policy.decide(RequestFeatures(...), state)
+
+No I/O, no threads, no torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from pddflow.core.policies import POLICIES
+from pddflow.graph.plan import Plan
+from pddflow.scheduler.base import Policy
+from pddflow.scheduler.decision import Decision
+from pddflow.scheduler.features import InstanceLoad, LinkEstimate, RequestFeatures
+from pddflow.scheduler.link_estimator import LinkEstimator
+from pddflow.scheduler.mirror import CacheMirror, MirrorDrift
+from pddflow.scheduler.state import SchedulerState
+from pddflow.scheduler.topology import PathInfo, Topology
+
+__all__ = ["CacheMirror", "Decision", "InstanceLoad", "LinkEstimate", "LinkEstimator", "MirrorDrift", "PathInfo",
+           "Policy", "RequestFeatures", "SchedulerState", "Topology", "make_policy"]
+
+
+def make_policy(plan: Plan, params: dict[str, Any] | None = None) -> Policy:
+    """The policy `plan.scheduler.policy` names, built with the plan's parameters (and `params` on top).
+    Unknown names raise the registry's error listing the valid ones."""
+    spec = POLICIES.get(plan.scheduler.policy)
+    module, _, attr = spec.impl.partition(":")
+    try:
+        cls = getattr(importlib.import_module(module), attr)
+    except (ImportError, AttributeError) as exc:
+        raise ImportError(f"scheduler policy {spec.name!r}: cannot load {spec.impl!r} ({exc})") from exc
+    return cls(plan, params)

@@ -1,0 +1,288 @@
+"""`pddflow simulate`: replay a trace or an agentic workload on one or more graphs, side by side.
+
+numpy and matplotlib are imported inside the command (only --plot needs them); the simulator
+itself is pure Python.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from pddflow.commands.common import fail, load_or_exit
+
+
+def simulate(
+    graphs: list[Path] = typer.Argument(..., help="graph files to compare (same workload, one after the other)",
+                                        show_default=False),
+    trace: Optional[Path] = typer.Option(None, "--trace", help="Mooncake-format JSONL trace to replay"),
+    workload: str = typer.Option("auto", "--workload", help="trace | agentic (auto: trace when --trace is given)"),
+    requests: Optional[int] = typer.Option(None, "--requests", "-n", min=1,
+                                           help="requests to replay (trace: the first N; agentic: how many; default 4000)"),
+    rate_scale: float = typer.Option(1.0, "--rate-scale", min=1e-6, help="trace: multiply the request rate"),
+    input_scale: float = typer.Option(1.0, "--input-scale", min=1e-6, help="trace: multiply prompt lengths"),
+    output_scale: float = typer.Option(1.0, "--output-scale", min=1e-6, help="trace: multiply output lengths"),
+    rps: float = typer.Option(8.0, "--rps", min=1e-6, help="agentic: request rate (sessions are closed-loop)"),
+    hit_rate: float = typer.Option(0.9, "--hit-rate", min=0.0, max=1.0, help="agentic: target mean prefix hit"),
+    turns: float = typer.Option(12.0, "--turns", min=1.0, help="agentic: mean tool-call rounds per session"),
+    think_s: float = typer.Option(20.0, "--think-s", min=0.0, help="agentic: mean gap between a session's turns"),
+    prompt_tokens: int = typer.Option(16000, "--prompt-tokens", min=1, help="agentic: median first-turn context"),
+    output_tokens: int = typer.Option(400, "--output-tokens", min=1, help="agentic: median output length"),
+    seed: int = typer.Option(0, "--seed", help="seed for the workload and the WAN jitter (same seed, same result)"),
+    sweep: Optional[str] = typer.Option(None, "--sweep", help="hit-rate: sweep the agentic hit rate and draw the bathtub"),
+    sweep_points: str = typer.Option("0,0.2,0.4,0.5,0.6,0.7,0.8,0.9,0.95", "--sweep-points",
+                                     help="hit rates for --sweep hit-rate"),
+    cached_price: str = typer.Option("0.1,0.25", "--cached-price",
+                                     help="cached-token price as a share of uncached, for the sweep's revenue"),
+    sweep_load: str = typer.Option("capacity", "--sweep-load",
+                                   help="capacity: each sweep point at its SLA capacity (searched); fixed: at --rps"),
+    calibrate: Optional[Path] = typer.Option(None, "--calibrate",
+                                             help="`pddflow bench engine --json` output: fit the device model to "
+                                                  "this machine and simulate the graph's local (embedded) profile"),
+    profile: str = typer.Option("auto", "--profile", help="production | local (auto: local with --calibrate)"),
+    stream_gbps: Optional[float] = typer.Option(None, "--stream-gbps", min=0.0,
+                                                help="WAN: Gbps one TCP stream sustains (a transfer gets streams x "
+                                                     "this at most; 0 = no cap)"),
+    as_json: bool = typer.Option(False, "--json", help="machine-readable output on stdout"),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="write PNG plots into this directory"),
+    check_mirrors: bool = typer.Option(False, "--check-mirrors",
+                                       help="compare every scheduler mirror with its cache after every event (slow)"),
+    quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
+) -> None:
+    """Simulate graphs at cluster scale with the same Plan and scheduler the runtime uses: TTFT/TPOT
+    percentiles, SLA goodput, cost, BCR, WAN bytes, relay token share, variants and handoffs."""
+    from pddflow.sim.agentic import AgenticConfig, generate
+    from pddflow.sim.calibrate import CalibrationError, calibrated_plan, fit, load_bench
+    from pddflow.sim.network import STREAM_GBPS
+    from pddflow.sim.trace import TraceError, load_trace
+
+    if workload not in ("auto", "trace", "agentic"):
+        fail(f"unknown workload {workload!r}; use trace or agentic", code=2)
+    if profile not in ("auto", "production", "local"):
+        fail(f"unknown profile {profile!r}; use production or local", code=2)
+    if sweep is not None and sweep != "hit-rate":
+        fail(f"unknown sweep {sweep!r}; the sweep is `--sweep hit-rate`", code=2)
+    kind = workload if workload != "auto" else ("trace" if trace else "agentic")
+    if kind == "trace" and trace is None:
+        fail("--workload trace needs --trace FILE", code=2)
+    if kind == "agentic" and trace is not None:
+        fail("--workload agentic generates its own requests; drop --trace", code=2)
+    if sweep and trace:
+        fail("--sweep hit-rate generates agentic workloads; drop --trace", code=2)
+
+    plans = [load_or_exit(g) for g in graphs]
+    cal = None
+    if calibrate is not None:
+        try:
+            cal = fit(load_bench(calibrate))
+        except CalibrationError as exc:
+            fail(str(exc))
+    local = profile == "local" or (profile == "auto" and cal is not None)
+    if cal is not None:
+        plans = [calibrated_plan(p, cal, local=local) for p in plans]
+    elif local:
+        plans = [p.scaled_to_local() for p in plans]
+    sim_kwargs = {"stream_gbps": STREAM_GBPS if stream_gbps is None else stream_gbps,
+                  "strict_mirrors": check_mirrors}
+    if cal is not None:
+        sim_kwargs["efficiency"] = cal.efficiency
+
+    # a local (embedded) profile runs the small built-in model: hash prompts at the plan's block size
+    block = plans[0].model.block_size if local else 512
+    base = AgenticConfig(requests=requests or 4000, rps=rps, hit_rate=hit_rate, turns_mean=turns, think_s=think_s,
+                         first_prompt_tokens=prompt_tokens, output_tokens=output_tokens, seed=seed,
+                         system_prompt_tokens=min(2048, prompt_tokens // 8), block_tokens=block,
+                         max_context=min(65536, plans[0].model.max_context))
+    if sweep:
+        if sweep_load not in ("capacity", "fixed"):
+            fail(f"unknown --sweep-load {sweep_load!r}; use capacity or fixed", code=2)
+        _sweep(plans, base, sweep_points, cached_price, seed, sim_kwargs, as_json, plot, quiet, sweep_load)
+        return
+
+    try:
+        if kind == "trace":
+            wl = load_trace(trace, rate_scale=rate_scale, input_scale=input_scale, output_scale=output_scale,
+                            limit=requests)
+        else:
+            wl = generate(base)
+    except TraceError as exc:
+        fail(str(exc))
+    results, sims = _run_all(plans, wl, seed, sim_kwargs, quiet)
+    for r in results:
+        r["workload"] = {"name": wl.name, **{k: v for k, v in wl.meta.items() if isinstance(v, (int, float, str))}}
+        if cal is not None:
+            r["calibration"] = cal.to_dict()
+    if plot is not None:
+        _plots(plot, sims)
+    if as_json:
+        out = results[0] if len(results) == 1 else {"graphs": results, "ratios_vs_first": _ratios(results)}
+        print(json.dumps(out, indent=2, default=_json_default))
+        return
+    _print_table(results, wl)
+
+
+def _run_all(plans, wl, seed, sim_kwargs, quiet):
+    from pddflow.sim.metrics import summarize
+    from pddflow.sim.simulator import Simulation
+
+    results, sims = [], []
+    with _progress(quiet) as prog:
+        for p in plans:
+            task = prog.add_task(f"{p.name}", total=len(wl.requests)) if prog else None
+            sim = Simulation(p, wl, seed=seed, **sim_kwargs)
+            try:
+                sim.run(progress=(lambda done, total, t=task: prog.update(t, completed=done)) if prog else None)
+            except ValueError as exc:
+                fail(f"{p.source}: {exc}")
+            results.append(summarize(sim))
+            sims.append(sim)
+    return results, sims
+
+
+class _NoProgress:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *a):
+        return False
+
+
+def _progress(quiet: bool):
+    if quiet:
+        return _NoProgress()
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("simulating {task.description}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=Console(stderr=True), transient=False)
+
+
+def _plots(directory: Path, sims) -> None:
+    from pddflow.sim.plots import ttft_cdf, variant_timeline
+
+    directory.mkdir(parents=True, exist_ok=True)
+    written = [ttft_cdf(sims, directory / "ttft_cdf.png")]
+    for s in sims:
+        written.append(variant_timeline(s, directory / f"timeline_{s.plan.name}.png"))
+    for w in written:
+        print(f"wrote {w}", file=sys.stderr)
+
+
+def _sweep(plans, base, points, cached_price, seed, sim_kwargs, as_json, plot, quiet, load) -> None:
+    from pddflow.sim.sweep import hit_rate_sweep
+
+    try:
+        hits = [float(x) for x in points.split(",") if x.strip()]
+        ratios = [float(x) for x in cached_price.split(",") if x.strip()]
+    except ValueError:
+        fail("--sweep-points and --cached-price take comma-separated numbers, e.g. 0,0.5,0.9", code=2)
+    if not hits or any(not 0 <= h <= 1 for h in hits) or not ratios or any(not 0 <= r <= 1 for r in ratios):
+        fail("--sweep-points and --cached-price must be numbers in [0, 1]", code=2)
+    out = []
+    with _progress(quiet) as prog:
+        for p in plans:
+            task = prog.add_task(f"{p.name} hit-rate sweep", total=len(hits)) if prog else None
+            rows = hit_rate_sweep(p, base, hits, ratios, seed, sim_kwargs,
+                                  (lambda d, t, k=task: prog.update(k, completed=d)) if prog else None, load)
+            out.append({"graph": p.name, "gpus": sum(o.replicas * o.devices_per_replica for o in p.operators.values()),
+                        "cost_per_hour": round(p.cost_per_hour(), 3), "load": load, "points": rows})
+    if plot is not None:
+        from pddflow.sim.plots import bathtub
+
+        plot.mkdir(parents=True, exist_ok=True)
+        for g in out:
+            path = bathtub(g["points"], g["graph"], plot / ("bathtub_" + g["graph"] + ".png"))
+            print(f"wrote {path}", file=sys.stderr)
+    if as_json:
+        print(json.dumps({"sweep": "hit-rate", "graphs": out}, indent=2, default=_json_default))
+        return
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    for g in out:
+        keys = sorted({k for r in g["points"] for k in r if k.startswith("usd_per_gpu_hour@")})
+        t = Table(title=f"{g['graph']}: benefit per GPU-hour against hit rate ({g['gpus']} GPUs, "
+                        f"${g['cost_per_hour']}/h, load: {g['load']})")
+        for col in ["target hit", "workload hit", "served hit", "offered rps", "TTFT P99 s", "SLA %", "goodput rps",
+                    *[f"$/GPU-h @{float(k.split('@')[1]):.0%}" for k in keys]]:
+            t.add_column(col, justify="right")
+        for r in g["points"]:
+            s = r["summary"]
+            t.add_row(f"{r['target_hit']:.2f}", f"{r['workload_hit']:.3f}", f"{r['served_hit'] or 0:.3f}",
+                      f"{r['offered_rps']:.2f}",
+                      f"{s['ttft_s']['p99']:.2f}", f"{100 * s['sla_attainment']:.1f}", f"{s['slo_goodput_rps']:.2f}",
+                      *[f"{r[k]:.2f}" for k in keys])
+        con.print(t)
+
+
+_RATIO_KEYS = (("ttft_s", "p50"), ("ttft_s", "p90"), ("ttft_s", "p99"), ("tpot_ms", "p50"), ("tpot_ms", "p99"),
+               ("slo_goodput_rps", None), ("cost_per_hour", None), ("bcr", None), ("wan_bytes", None))
+
+
+def _ratios(results: list[dict]) -> dict:
+    base = results[0]
+    out = {}
+    for r in results[1:]:
+        row = {}
+        for k, sub in _RATIO_KEYS:
+            a = base[k][sub] if sub else base[k]
+            b = r[k][sub] if sub else r[k]
+            row[f"{k}.{sub}" if sub else k] = round(b / a, 4) if a else None
+        out[r["graph"]] = row
+    return out
+
+
+def _json_default(o):
+    if isinstance(o, float) and math.isnan(o):
+        return None
+    return str(o)
+
+
+def _print_table(results: list[dict], wl) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    con = Console()
+    t = Table(title=f"simulate: {wl.name}, {len(wl.requests)} requests")
+    t.add_column("metric")
+    for r in results:
+        t.add_column(r["graph"], justify="right")
+
+    def row(label, fn):
+        t.add_row(label, *[fn(r) for r in results])
+
+    row("GPUs / $ per hour", lambda r: f"{r['gpus']} / {r['cost_per_hour']:.1f}")
+    for q in ("p50", "p90", "p99"):
+        row(f"TTFT {q.upper()} (s)", lambda r, q=q: f"{r['ttft_s'][q]:.3f}")
+    for q in ("p50", "p90", "p99"):
+        row(f"TPOT {q.upper()} (ms)", lambda r, q=q: f"{r['tpot_ms'][q]:.2f}")
+    row("SLA attainment", lambda r: f"{100 * r['sla_attainment']:.1f}%")
+    row("SLA goodput (req/s)", lambda r: f"{r['slo_goodput_rps']:.3f}")
+    row("BCR (SLA req per $)", lambda r: f"{r['bcr']:.2f}")
+    row("WAN GB (full KV GB)", lambda r: f"{r['wan_bytes'] / 1e9:,.0f} ({r['wan_bytes_full_kv'] / 1e9:,.0f})")
+    row("WAN transfer P99 (s)", lambda r: "-" if math.isnan(r["wan_transfer_s"]["p99"]) else f"{r['wan_transfer_s']['p99']:.2f}")
+    row("relay token share", lambda r: f"{100 * r['relay_token_share']:.1f}%")
+    row("served hit (at transfer)", lambda r: "-" if r["hit_rate"]["at_transfer_mean"] is None
+        else f"{r['hit_rate']['at_transfer_mean']:.3f}")
+    row("variants", lambda r: ", ".join(f"{k} {v}" for k, v in r["variants"].items()))
+    row("handoffs", lambda r: ", ".join(f"{k} {v}" for k, v in r["handoffs"].items()) or "-")
+    row("singular", lambda r: str(r["singular"]))
+    row("failed", lambda r: str(r["failed"]))
+    row("wall (s)", lambda r: f"{r['wall_s']:.2f}")
+    con.print(t)
+    if len(results) > 1:
+        base = results[0]
+        for r in results[1:]:
+            con.print(f"{r['graph']} vs {base['graph']}: TTFT P99 x{r['ttft_s']['p99'] / base['ttft_s']['p99']:.2f}, "
+                      f"P90 x{r['ttft_s']['p90'] / base['ttft_s']['p90']:.2f}, BCR x{r['bcr'] / base['bcr']:.2f}"
+                      if base["ttft_s"]["p99"] and base["bcr"] else f"{r['graph']}: see table")
+
+
+def register(app: typer.Typer, bench_app: typer.Typer) -> None:
+    app.command("simulate")(simulate)

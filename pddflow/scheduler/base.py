@@ -1,0 +1,119 @@
+"""What every policy shares: instance choice (cache-aware with a load guard), KV-transfer
+prediction, handoff-mode resolution and the Decision builder."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pddflow.core.policies import POLICIES
+from pddflow.graph.plan import Plan
+from pddflow.scheduler.decision import Decision
+from pddflow.scheduler.features import RequestFeatures
+from pddflow.scheduler.state import SchedulerState
+from pddflow.scheduler.topology import PathInfo, Topology
+
+
+class Policy:
+    """Features in, decision out. Subclasses implement `decide`; the object keeps only counters
+    (decisions made, singular requests) so a bounded share can be enforced."""
+
+    name = ""
+    # Cache affinity against load balance: a prompt's whole prefix cached on an instance is worth this
+    # much extra load there (1.0 = a full batch or full KV memory). Smaller spreads work more evenly;
+    # larger keeps sessions on the instance holding their context.
+    hit_worth_load = 0.25
+
+    def __init__(self, plan: Plan, params: dict[str, Any] | None = None):
+        self.plan = plan
+        self.topo = Topology(plan)
+        declared = POLICIES.get(self.name).params if self.name in POLICIES else {}
+        self.params = {k: p.default for k, p in declared.items()}
+        if plan.scheduler.policy == self.name:
+            self.params.update(plan.scheduler.params)
+        self.params.update(params or {})
+        self.kv_bytes_per_token = plan.model.arch.kv_bytes_per_token
+        self.decided = 0
+        self.singular_count = 0
+
+    def decide(self, req: RequestFeatures, state: SchedulerState) -> Decision:
+        raise NotImplementedError
+
+    # ---- instance choice ------------------------------------------------------------------------
+    def pick_cached(self, operator: str, req: RequestFeatures, state: SchedulerState) -> tuple[str, int]:
+        """The instance of `operator` that best trades the share of the prompt it holds against its
+        load (`hit_worth_load`); ties go to the lowest index. Returns (instance, hit blocks)."""
+        insts = self.plan.operators[operator].instances
+        best, best_key, best_hit = insts[0], None, 0
+        scale = 1.0 / max(req.prompt_tokens, 1)
+        for idx, inst in enumerate(insts):
+            m = state.mirrors.get(inst)
+            hit = m.match(req.block_hashes) if m is not None else 0
+            score = req.cached_tokens(hit) * scale - state.load(inst) / self.hit_worth_load
+            if best_key is None or score > best_key:
+                best, best_key, best_hit = inst, score, hit
+        return best, best_hit
+
+    def pick_entry(self, operator: str, req: RequestFeatures, state: SchedulerState) -> str:
+        """The prefill instance that would finish this prompt soonest: queued tokens plus the prompt
+        tokens its prefix cache lacks; ties to the lowest index."""
+        insts = self.plan.operators[operator].instances
+        best, best_key = insts[0], None
+        for idx, inst in enumerate(insts):
+            ld = state.loads.get(inst)
+            m = state.mirrors.get(inst)
+            hit = req.cached_tokens(m.match(req.block_hashes)) if m is not None else 0
+            key = ((ld.queued_tokens if ld is not None else 0) + req.prompt_tokens - hit, idx)
+            if best_key is None or key < best_key:
+                best, best_key = inst, key
+        return best
+
+    def pick_least_loaded(self, operator: str, state: SchedulerState) -> str:
+        insts = self.plan.operators[operator].instances
+        return min(insts, key=lambda i: (state.load(i), insts.index(i)))
+
+    # ---- predictions ----------------------------------------------------------------------------
+    def transfer(self, path: PathInfo, hit_tokens: int, req: RequestFeatures,
+                 state: SchedulerState) -> tuple[float, float]:
+        """(bytes, seconds at P90) of the prompt KV the finishing decoder lacks."""
+        ch = path.kv_to_finisher
+        if ch is None:
+            return 0.0, 0.0
+        nbytes = float(max(req.prompt_tokens - hit_tokens, 0) * self.kv_bytes_per_token)
+        if ch.link is not None and ch.link in state.links:
+            return nbytes, state.links[ch.link].transfer_s(nbytes, "p90")
+        return nbytes, nbytes / self.topo.rdma_bytes_per_s(path.entry, path.finisher)
+
+    def handoff_mode(self, path: PathInfo, relay_instance: str | None, state: SchedulerState) -> str | None:
+        if not path.has_handoff:
+            return None
+        mode = path.variant.handoff or "one_shot"
+        if mode == "adaptive":
+            # A busy relay sheds work fast (one-shot releases it at once); an idle one keeps
+            # generating while main decode catches up in small, cheap extends.
+            return "one_shot" if state.load(relay_instance) >= self.params.get("catch_up_load", 0.7) else "catch_up"
+        return mode
+
+    # ---- building the decision ------------------------------------------------------------------
+    def build(self, path: PathInfo, req: RequestFeatures, state: SchedulerState, *,
+              finisher_instance: str | None = None, hit_blocks: int | None = None,
+              singular: bool = False, reason: str = "") -> Decision:
+        if finisher_instance is None:
+            finisher_instance, hit_blocks = self.pick_cached(path.finisher, req, state)
+        hit_tokens = req.cached_tokens(hit_blocks or 0)
+        nbytes, seconds = self.transfer(path, hit_tokens, req, state)
+        targets = []
+        relay_inst = None
+        for op in path.variant.path:
+            if op == path.finisher:
+                inst = finisher_instance
+            elif op == path.entry:
+                inst = self.pick_entry(op, req, state)
+            else:
+                inst = self.pick_least_loaded(op, state)
+            if op == path.relay:
+                relay_inst = inst
+            targets.append((op, inst))
+        self.decided += 1
+        self.singular_count += singular
+        return Decision(path.name, tuple(targets), self.handoff_mode(path, relay_inst, state), singular,
+                        hit_tokens / max(req.prompt_tokens, 1), hit_tokens, nbytes, seconds, reason)

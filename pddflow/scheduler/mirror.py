@@ -1,0 +1,78 @@
+"""The router's mirror of one instance's radix cache: which block hashes that cache holds.
+
+The mirror is fed the same insert and evict events the cache emits, never its own guesses, so the
+predicted hit is the hit the cache will give (as long as nothing is evicted between the decision and
+the transfer). A radix match walks from the root and stops at the first missing block; with chained
+hashes a set of hashes answers the same question, so the mirror is a set, not a second tree.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+class MirrorDrift(AssertionError):
+    """The mirror and the cache it mirrors disagree: an event was lost or applied twice."""
+
+
+class CacheMirror:
+    __slots__ = ("instance", "_blocks", "events", "_digest")
+
+    def __init__(self, instance: str):
+        self.instance = instance
+        self._blocks: set[int] = set()
+        self.events = 0
+        self._digest = 0
+
+    # ---- fed by the cache's events --------------------------------------------------------------
+    def on_insert(self, hashes: Iterable[int]) -> None:
+        for h in hashes:
+            if h in self._blocks:
+                raise MirrorDrift(f"{self.instance}: insert of block {h:#x} the mirror already holds")
+            self._blocks.add(h)
+            self._digest ^= h
+        self.events += 1
+
+    def on_evict(self, hashes: Iterable[int]) -> None:
+        for h in hashes:
+            try:
+                self._blocks.remove(h)
+            except KeyError:
+                raise MirrorDrift(f"{self.instance}: eviction of block {h:#x} the mirror does not hold") from None
+            self._digest ^= h
+        self.events += 1
+
+    # ---- read by policies -----------------------------------------------------------------------
+    def match(self, hashes: Iterable[int]) -> int:
+        """Leading blocks of `hashes` the cache holds (what a radix match would return)."""
+        n = 0
+        blocks = self._blocks
+        for h in hashes:
+            if h not in blocks:
+                break
+            n += 1
+        return n
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    @property
+    def digest(self) -> int:
+        """XOR of every held hash, kept up to date in O(1): with `len`, a cheap drift check against a
+        worker that reports the same two numbers for its cache."""
+        return self._digest
+
+    @property
+    def blocks(self) -> frozenset[int]:
+        return frozenset(self._blocks)
+
+    def __contains__(self, h: object) -> bool:
+        return h in self._blocks
+
+    def check(self, cache_blocks: Iterable[int]) -> None:
+        """Raise MirrorDrift unless the mirror holds exactly `cache_blocks` (the cache's own listing)."""
+        actual = set(cache_blocks)
+        if actual != self._blocks:
+            extra, missing = self._blocks - actual, actual - self._blocks
+            raise MirrorDrift(f"{self.instance}: mirror has {len(extra)} block(s) the cache lacks and lacks "
+                              f"{len(missing)} the cache holds (e.g. {sorted(extra or missing)[:3]})")

@@ -1,0 +1,67 @@
+"""The default policy: predict each request's hit in every main-decode pool and its WAN transfer
+time under the live link state, then pick the pool, the pipeline and the handoff mode.
+
+1. Pool: for each finishing decoder, the instance holding the longest prefix (load-guarded); the
+   pool whose direct KV transfer would land soonest at P90 wins (three-DC plans: the better hit or
+   the faster link).
+2. Singular traffic: a long prompt with a very short expected output whose transfer is slow is
+   finished on the relay (its WAN leg cancelled), up to `singular_max_share` of requests.
+3. Pipeline: direct (P-MD) when the transfer is predicted under `relay_if_transfer_over_s`, else
+   through the relay (P-RLD-MD) unless every relay is saturated.
+4. Handoff: the variant's mode, `adaptive` resolved by the relay's load (`catch_up_load`).
+"""
+
+from __future__ import annotations
+
+from pddflow.scheduler.base import Policy
+from pddflow.scheduler.decision import Decision
+from pddflow.scheduler.features import RequestFeatures
+from pddflow.scheduler.state import SchedulerState
+
+RELAY_SATURATED = 1.0   # relay load at which new requests stop being sent to it
+
+
+class PredictedHitRatePolicy(Policy):
+    name = "predicted_hit_rate"
+
+    def decide(self, req: RequestFeatures, state: SchedulerState) -> Decision:
+        p = self.params
+        best = None
+        for finisher, paths in self.topo.pools.items():
+            inst, hit = self.pick_cached(finisher, req, state)
+            hit_tokens = req.cached_tokens(hit)
+            direct = [x for x in paths if not x.has_handoff]
+            timed = [(self.transfer(x, hit_tokens, req, state)[1], i, x) for i, x in enumerate(direct or paths)]
+            t, _, path = min(timed, key=lambda e: (e[0], e[1]))
+            key = (t, state.load(inst))
+            if best is None or key < best[0]:
+                best = (key, finisher, inst, hit, path, paths)
+        (t, _), finisher, inst, hit, direct_path, paths = best
+        slow = t > p["relay_if_transfer_over_s"]
+        relays = [x for x in paths if x.has_handoff and self._relay_free(x.relay, state)]
+
+        if slow and self._singular(req):
+            for sp in self.topo.singular_paths:
+                if self._relay_free(sp.finisher, state):
+                    return self.build(sp, req, state, singular=True,
+                                      reason=f"singular: {req.prompt_tokens} in / {req.expected_output_tokens} out")
+            if relays:
+                return self.build(relays[0], req, state, finisher_instance=inst, hit_blocks=hit, singular=True,
+                                  reason=f"singular on the relay: {req.prompt_tokens} in / {req.expected_output_tokens} out")
+        if slow and relays:
+            return self.build(relays[0], req, state, finisher_instance=inst, hit_blocks=hit,
+                              reason=f"transfer P90 {t:.2f}s > {p['relay_if_transfer_over_s']:g}s")
+        why = "relays saturated" if slow and any(x.has_handoff for x in paths) else f"transfer P90 {t:.2f}s"
+        return self.build(direct_path, req, state, finisher_instance=inst, hit_blocks=hit, reason=why)
+
+    def _relay_free(self, relay_op: str | None, state: SchedulerState) -> bool:
+        return relay_op is not None and any(state.load(i) < RELAY_SATURATED
+                                            for i in self.plan.operators[relay_op].instances)
+
+    def _singular(self, req: RequestFeatures) -> bool:
+        p = self.params
+        if req.prompt_tokens < p["singular_min_prompt_tokens"] or req.expected_output_tokens > p["singular_max_output_tokens"]:
+            return False
+        if not (self.topo.singular_paths or self.topo.has_relay_path):
+            return False
+        return (self.singular_count + 1) / (self.decided + 1) <= p["singular_max_share"]

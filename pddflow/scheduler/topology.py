@@ -1,0 +1,105 @@
+"""A Plan read the way scheduling needs it: each variant as entry -> (relay) -> finishing decoder,
+with the channel each hop uses. Shared by the policies and the simulator so both read paths alike."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import cached_property
+
+from pddflow.core.payloads import Payload
+from pddflow.graph.plan import ChannelPlan, Plan, VariantPlan
+
+_KV = str(Payload.KV_BLOCKS)
+_IDS = str(Payload.TOKEN_IDS)
+
+
+@dataclass(frozen=True)
+class PathInfo:
+    variant: VariantPlan
+    entry: str                      # operator that takes the request (prefill, or colocated)
+    relay: str | None               # relay operator (decodes first), when the path has one
+    finisher: str                   # operator that decodes to the end
+    kv_to_finisher: ChannelPlan | None   # None when entry == finisher (colocated)
+    kv_to_relay: ChannelPlan | None
+    handoff: ChannelPlan | None     # token-ID channel relay -> finisher
+
+    @property
+    def name(self) -> str:
+        return self.variant.name
+
+    @property
+    def colocated(self) -> bool:
+        return self.entry == self.finisher
+
+    @property
+    def has_handoff(self) -> bool:
+        return self.relay is not None and self.relay != self.finisher
+
+    @property
+    def singular(self) -> bool:
+        return self.variant.singular_traffic
+
+    @property
+    def wan_link(self) -> str | None:
+        """The link the finisher's KV crosses, if any."""
+        return self.kv_to_finisher.link if self.kv_to_finisher is not None else None
+
+
+class Topology:
+    """Paths of every variant of a plan, and which operators keep a prefix cache."""
+
+    def __init__(self, plan: Plan):
+        self.plan = plan
+        self.paths: dict[str, PathInfo] = {n: self._path(v) for n, v in plan.variants.items()}
+
+    def _kv(self, src: str, dst: str) -> ChannelPlan | None:
+        for c in self.plan.channels_between(src, dst):
+            if c.payload == _KV:
+                return c
+        return None
+
+    def _path(self, v: VariantPlan) -> PathInfo:
+        ops = self.plan.operators
+        entry, last = v.path[0], v.path[-1]
+        relays = [p for p in v.path[1:] if ops[p].op_type == "relay_decode"]
+        relay = relays[0] if relays else None
+        handoff = None
+        if relay is not None and relay != last:
+            handoff = next((c for c in self.plan.channels_between(relay, last) if c.payload == _IDS), None)
+        return PathInfo(v, entry, relay, last,
+                        self._kv(entry, last) if last != entry else None,
+                        self._kv(entry, relay) if relay is not None else None,
+                        handoff)
+
+    @cached_property
+    def cached_operators(self) -> tuple[str, ...]:
+        """Operators whose instances keep a radix/prefix cache (the scheduler mirrors each instance)."""
+        out = []
+        for name, op in self.plan.operators.items():
+            if op.params.get("radix_cache", False) or op.params.get("prefix_cache", False):
+                out.append(name)
+        return tuple(out)
+
+    @cached_property
+    def pools(self) -> dict[str, list[PathInfo]]:
+        """Finishing decoder -> the non-singular variants that end there, in plan order."""
+        out: dict[str, list[PathInfo]] = {}
+        for p in self.paths.values():
+            if not p.singular:
+                out.setdefault(p.finisher, []).append(p)
+        return out
+
+    @cached_property
+    def singular_paths(self) -> list[PathInfo]:
+        return [p for p in self.paths.values() if p.singular]
+
+    @cached_property
+    def has_relay_path(self) -> bool:
+        return any(p.has_handoff for p in self.paths.values())
+
+    def rdma_bytes_per_s(self, src: str, dst: str) -> float:
+        """Intra-cluster KV bandwidth between two operators' instances: every device of the smaller
+        instance drives its own NIC at the cluster fabric's rate."""
+        a, b = self.plan.operators[src], self.plan.operators[dst]
+        gbps = self.plan.clusters[a.cluster].rdma_gbps or 100.0
+        return min(a.devices_per_replica, b.devices_per_replica) * gbps * 1e9 / 8

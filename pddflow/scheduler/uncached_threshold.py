@@ -1,0 +1,29 @@
+"""The peers' rule (Dynamo, llm-d, SGLang routers; PrfaaS's offload test): count the prompt tokens
+the target's cache lacks and take the second variant when they exceed a fixed threshold, the first
+otherwise. No prediction of the link, no singular traffic."""
+
+from __future__ import annotations
+
+from pddflow.scheduler.base import Policy
+from pddflow.scheduler.decision import Decision
+from pddflow.scheduler.features import RequestFeatures
+from pddflow.scheduler.state import SchedulerState
+
+
+class UncachedThresholdPolicy(Policy):
+    name = "uncached_threshold"
+
+    def decide(self, req: RequestFeatures, state: SchedulerState) -> Decision:
+        paths = list(self.topo.paths.values())
+        first = paths[0]
+        inst, hit = self.pick_cached(first.finisher, req, state)
+        uncached = req.prompt_tokens - req.cached_tokens(hit)
+        limit = self.params["threshold_tokens"]
+        if uncached > limit and len(paths) > 1:
+            second = paths[1]
+            if second.finisher == first.finisher:
+                return self.build(second, req, state, finisher_instance=inst, hit_blocks=hit,
+                                  reason=f"{uncached} uncached > {limit}")
+            return self.build(second, req, state, reason=f"{uncached} uncached > {limit}")
+        return self.build(first, req, state, finisher_instance=inst, hit_blocks=hit,
+                          reason=f"{uncached} uncached <= {limit}" if len(paths) > 1 else "single variant")

@@ -1,0 +1,203 @@
+"""Calibration: fit `pddflow bench engine --json` measurements into a device class.
+
+The benchmark reports prefill and decode throughput (tokens/s) of the engine on this machine. The
+fit finds the *achieved* FLOP/s that reproduces the prefill figure and the *achieved* memory
+bandwidth that reproduces the decode figure under the roofline of device.py, and writes them as a
+DeviceClass to be used with unit efficiencies (no MFU/MBU discount: they are already achieved). A
+simulated embedded deployment (the graph's `local` profile, every device class replaced) can then
+be compared with `pddflow bench serve` on the real one.
+
+Key names are matched loosely so the benchmark's exact layout can evolve: a number whose key path
+mentions `prefill` and tokens per second (`tokens_per_s`, `tok_s`, `tps`, `throughput`), and the
+same for `decode`. Optional context: prompt length (`prompt`/`input` tokens) for prefill, `batch`
+and `context` for decode, `arch` naming a model-architecture preset, `devices`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from pddflow.core.arch import ARCHS, ModelArch
+from pddflow.core.device import DeviceClass
+from pddflow.graph.plan import Plan, _instances
+from pddflow.sim.device import ATTN_FLOPS_PER_KV_BYTE, Efficiency
+
+UNIT = Efficiency(prefill_mfu=1.0, decode_mbu=1.0, step_overhead_s=0.0)
+
+
+class CalibrationError(ValueError):
+    """A benchmark file that cannot be fitted; the message names the file and what is missing."""
+
+
+@dataclass(frozen=True)
+class BenchFacts:
+    source: str
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+    prompt_tokens: int
+    decode_batch: int
+    decode_context: int
+    arch: str | None
+    devices: int
+    prefill_points: tuple[tuple[int, float], ...] = ()   # (prompt tokens, tokens/s) for every measured size
+    decode_points: tuple[tuple[int, float], ...] = ()    # (batch, tokens/s)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    facts: BenchFacts
+    device: DeviceClass
+    arch: ModelArch
+    efficiency: Efficiency = UNIT
+
+    def to_dict(self) -> dict:
+        from pddflow.sim.device import DeviceModel
+
+        d, f = self.device, self.facts
+        m = DeviceModel(d, f.devices, self.arch, self.efficiency)
+        return {"source": f.source, "arch": self.arch.name,
+                "prefill_tokens_per_s": f.prefill_tokens_per_s, "decode_tokens_per_s": f.decode_tokens_per_s,
+                "achieved_tflops": round(d.tflops * f.devices, 6),
+                "achieved_hbm_tbps": round(d.hbm_tbps * f.devices, 6),
+                "step_overhead_ms": round(self.efficiency.step_overhead_s * 1e3, 3),
+                "seq_overhead_ms": round(self.efficiency.seq_overhead_s * 1e3, 3),
+                # every measured point against the fitted model: how well two numbers explain them
+                "prefill_check": {str(n): {"measured": v, "model": round(m.prefill_tokens_per_s(n), 1)}
+                                  for n, v in f.prefill_points},
+                "decode_check": {str(b): {"measured": v, "model": round(m.decode_tokens_per_s(b, f.decode_context), 1)}
+                                 for b, v in f.decode_points}}
+
+
+def _walk(obj: Any, path: tuple[str, ...] = ()):
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            yield from _walk(v, path + (str(k).lower(),))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            yield from _walk(v, path + (str(i),))
+    else:
+        yield path, obj
+
+
+_RATE = ("tokens_per_s", "tokens_per_sec", "tok_s", "tok_per_s", "tps", "throughput", "tokens/s")
+
+
+def _find(flat: list, phase: str, words: tuple[str, ...]) -> float | None:
+    for path, v in flat:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        key = "/".join(path)
+        if phase in key and any(w in key for w in words):
+            return float(v)
+    return None
+
+
+def _engine_bench_layout(data: Any, path: Path) -> BenchFacts | None:
+    """The layout `pddflow bench engine --json` writes: prefill entries keyed by prompt length and
+    decode entries keyed by batch, each with `engine_tok_s`; decode has its `context`. The longest
+    prompt (most compute-bound) and the smallest batch (memory-bound) are fitted; the others are
+    reported as checks."""
+    if not isinstance(data, dict):
+        return None
+    pre, dec = data.get("prefill"), data.get("decode")
+    if not isinstance(pre, dict) or not isinstance(dec, dict):
+        return None
+    p_pts = sorted((int(k), float(v["engine_tok_s"])) for k, v in pre.items()
+                   if k.isdigit() and isinstance(v, dict) and isinstance(v.get("engine_tok_s"), (int, float)))
+    d_pts = sorted((int(k), float(v["engine_tok_s"])) for k, v in dec.items()
+                   if k.isdigit() and isinstance(v, dict) and isinstance(v.get("engine_tok_s"), (int, float)))
+    if not p_pts or not d_pts:
+        return None
+    model = data.get("model")
+    arch = "tiny-llama" if isinstance(model, str) and model.startswith("builtin:") else data.get("arch")
+    ctx = dec.get("context", p_pts[-1][0])
+    return BenchFacts(str(path), p_pts[-1][1], d_pts[0][1], p_pts[-1][0], d_pts[0][0], int(ctx),
+                      arch if isinstance(arch, str) else None, 1, tuple(p_pts), tuple(d_pts))
+
+
+def load_bench(path: str | Path) -> BenchFacts:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except OSError as exc:
+        raise CalibrationError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise CalibrationError(f"{path}: not JSON ({exc}); pass the output of `pddflow bench engine --json`") from None
+    facts = _engine_bench_layout(data, path)
+    if facts is not None:
+        return facts
+    flat = list(_walk(data))
+    pre = _find(flat, "prefill", _RATE)
+    dec = _find(flat, "decode", _RATE)
+    missing = [n for n, v in (("prefill", pre), ("decode", dec)) if v is None]
+    if missing:
+        raise CalibrationError(
+            f"{path}: no {' or '.join(missing)} throughput found; expected numbers under keys like "
+            f"`prefill.tokens_per_s` and `decode.tokens_per_s` (or `prefill_tokens_per_s`), as "
+            f"`pddflow bench engine --json` writes")
+    for name, v in (("prefill", pre), ("decode", dec)):
+        if not (v > 0 and math.isfinite(v)):
+            raise CalibrationError(f"{path}: {name} throughput must be a positive number, got {v!r}")
+    prompt = _find(flat, "prefill", ("prompt", "input", "seq_len", "tokens_in")) or 512
+    batch = _find(flat, "decode", ("batch",)) or 1
+    ctx = _find(flat, "decode", ("context", "ctx", "prompt")) or prompt
+    arch = next((v for p, v in flat if p and p[-1] in ("arch", "model_arch") and isinstance(v, str)), None)
+    devices = _find(flat, "", ("devices",)) or 1
+    return BenchFacts(str(path), pre, dec, int(prompt), max(1, int(batch)), int(ctx), arch, max(1, int(devices)))
+
+
+def fit(facts: BenchFacts, arch: ModelArch | None = None, base: DeviceClass | None = None) -> Calibration:
+    """The device class (per device) and step overheads whose roofline reproduces the measurements.
+
+    Prefill: the longest measured prompt, all compute (a per-step overhead fitted from two lengths
+    came out larger than a whole decode step on the CPU engine: prefill and decode do not share one
+    fixed cost there, so none is fitted). Decode: with two batch sizes, the step splits into
+    weights-and-KV traffic (bandwidth) and a per-sequence cost; with one, it is all memory traffic.
+    `Calibration.to_dict()` lists every measured point against the fitted model."""
+    if arch is None:
+        name = facts.arch if facts.arch in ARCHS else "tiny-llama"
+        arch = ARCHS.get(name)
+    n = facts.devices
+    apf = ATTN_FLOPS_PER_KV_BYTE * arch.kv_bytes_per_token
+
+    def flops(tokens: int) -> float:
+        return tokens * arch.flops_per_token + tokens * tokens / 2 * apf
+
+    L = facts.prompt_tokens
+    flops_s, ovh = flops(L) / (L / facts.prefill_tokens_per_s), 0.0
+    B, C = facts.decode_batch, facts.decode_context
+    kvb = arch.kv_bytes_per_token
+    step = B / facts.decode_tokens_per_s - ovh
+    w1 = arch.weight_bytes + B * C * kvb
+    bytes_s, seq_s = w1 / max(step, 1e-9), 0.0
+    others = [p for p in facts.decode_points if p[0] != B]
+    if others:
+        # step(b) - overhead = (W + b*C*kv) / BW + b * s: two batch sizes, two unknowns
+        B2, r2 = max(others)
+        step2 = B2 / r2 - ovh
+        w2 = arch.weight_bytes + B2 * C * kvb
+        det = w1 * B2 - w2 * B
+        if det > 0:
+            x = (step * B2 - step2 * B) / det          # seconds per byte
+            s_ = (step - w1 * x) / B
+            if x > 0 and s_ >= 0:
+                bytes_s, seq_s = 1 / x, s_
+    b = base or DeviceClass("calibrated", 0, 1024, 0, 100, 0.0)
+    dev = replace(b, name=f"{b.name}@calibrated", tflops=flops_s / 1e12 / n, hbm_tbps=bytes_s / 1e12 / n)
+    return Calibration(facts, dev, arch, replace(UNIT, step_overhead_s=ovh, seq_overhead_s=seq_s))
+
+
+def calibrated_plan(plan: Plan, cal: Calibration, local: bool = True) -> Plan:
+    """`plan` as the embedded deployment runs it: the local profile's replicas, the benchmark's
+    model architecture, every device class replaced by the calibrated one (memory and price kept)."""
+    p = plan.scaled_to_local() if local else plan
+    devices = {k: replace(v, tflops=cal.device.tflops, hbm_tbps=cal.device.hbm_tbps)
+               for k, v in p.device_classes.items()}
+    if local:   # each local worker runs on what the benchmark measured, not on devices_per_replica GPUs
+        ops = {k: replace(op, devices_per_replica=cal.facts.devices) for k, op in p.operators.items()}
+        p = replace(p, operators=ops, instances=_instances(ops))
+    return replace(p, device_classes=devices, model=replace(p.model, arch=cal.arch))

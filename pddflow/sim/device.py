@@ -1,0 +1,75 @@
+"""Device model: one step of an instance from a roofline over PDD's four dimensions.
+
+A step processes `new_tokens` (prefill/extend chunk tokens plus one per decoding sequence), does
+attention over `attn_pairs` (query, key) pairs and reads the weights once plus `kv_read_tokens` of
+KV. Its time is the larger of compute (FLOPs / achieved FLOP/s) and memory traffic (bytes /
+achieved bandwidth), plus a fixed per-step overhead (launches, scheduling, TP collectives):
+
+- prefill is compute-bound: FLOPs/token from the arch, attention growing with the context;
+- decode is memory-bound: every step reads all weights plus every running sequence's KV, so a
+  bigger batch amortises the weights (the batch effect) until compute catches up;
+- interconnect (net_gbps) sets RDMA transfer speed (see network.py); memory capacity sets the KV
+  budget (the Plan's kv_budget_bytes).
+
+Achieved/peak ratios (MFU for compute, MBU for bandwidth) default to what serving engines reach
+on large GPUs; `calibrate.py` fits them to `pddflow bench engine --json` measured on this machine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pddflow.core.arch import ModelArch
+from pddflow.core.device import DeviceClass
+
+# Attention FLOPs per (query, key) pair per byte of KV per token: 4 x layers x q_heads x head_dim,
+# = 8 x kv_bytes_per_token for 16-bit KV with GQA 8 (Llama-3-70B: 2.6 MFLOP per pair).
+ATTN_FLOPS_PER_KV_BYTE = 8.0
+
+
+@dataclass(frozen=True)
+class Efficiency:
+    prefill_mfu: float = 0.5        # achieved / peak FLOP/s
+    decode_mbu: float = 0.8         # achieved / peak memory bandwidth
+    step_overhead_s: float = 0.001  # fixed cost of one batch step
+    seq_overhead_s: float = 0.0     # cost per decoding sequence per step beyond the roofline (calibrated
+                                    # engines on CPU: sampling and bookkeeping per sequence)
+
+    def to_dict(self) -> dict:
+        return {"prefill_mfu": self.prefill_mfu, "decode_mbu": self.decode_mbu,
+                "step_overhead_s": self.step_overhead_s, "seq_overhead_s": self.seq_overhead_s}
+
+
+class DeviceModel:
+    """Step-time model of one instance (`devices` accelerators of one class running one replica)."""
+
+    __slots__ = ("device", "devices", "arch", "eff", "flops_s", "bytes_s", "fpt", "apf", "kvb", "wt", "ovh", "seq_ovh")
+
+    def __init__(self, device: DeviceClass, devices: int, arch: ModelArch, eff: Efficiency = Efficiency()):
+        self.device, self.devices, self.arch, self.eff = device, devices, arch, eff
+        self.flops_s = device.tflops * 1e12 * devices * eff.prefill_mfu
+        self.bytes_s = device.hbm_tbps * 1e12 * devices * eff.decode_mbu
+        self.fpt = arch.flops_per_token
+        self.apf = ATTN_FLOPS_PER_KV_BYTE * arch.kv_bytes_per_token
+        self.kvb = arch.kv_bytes_per_token
+        self.wt = arch.weight_bytes
+        self.ovh = eff.step_overhead_s
+        self.seq_ovh = eff.seq_overhead_s
+
+    def step_s(self, new_tokens: float, attn_pairs: float, kv_read_tokens: float, decoding: int = 0) -> float:
+        compute = (new_tokens * self.fpt + attn_pairs * self.apf) / self.flops_s
+        memory = (self.wt + kv_read_tokens * self.kvb) / self.bytes_s
+        return (compute if compute > memory else memory) + self.ovh + decoding * self.seq_ovh
+
+    def decode_step_s(self, batch: int, ctx_sum: float) -> float:
+        return self.step_s(batch, ctx_sum, ctx_sum, batch)
+
+    def prefill_s(self, tokens: int, cached: int = 0) -> float:
+        """One whole prompt in one step (for estimates, not the simulation loop)."""
+        return self.step_s(tokens, tokens * cached + tokens * tokens / 2, cached + tokens)
+
+    def prefill_tokens_per_s(self, prompt_tokens: int) -> float:
+        return prompt_tokens / self.prefill_s(prompt_tokens)
+
+    def decode_tokens_per_s(self, batch: int, ctx: int) -> float:
+        return batch / self.decode_step_s(batch, batch * ctx)

@@ -1,0 +1,173 @@
+"""One instance's KV memory: the radix prefix cache (pddflow.operators.radix_cache, the same one the
+engine uses) plus reservations for blocks in flight and output tokens, in blocks of the workload.
+
+A request `acquire`s a hold (matched prefix locked, missing blocks and output reserved), `commit`s
+it when its blocks land (they enter the cache, still locked) and `release`s it when done (cached
+blocks stay, evictable LRU). Every insert and eviction is forwarded as an event to the scheduler's
+mirror of this cache, and the two are checked against each other.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable
+
+from pddflow.operators.radix_cache import RadixCache
+from pddflow.scheduler.mirror import CacheMirror, MirrorDrift
+
+
+class _Block:
+    __slots__ = ("h", "refs")
+
+    def __init__(self, h: int):
+        self.h = h
+        self.refs = 0
+
+
+class Hold:
+    __slots__ = ("blocks", "reserved", "hit", "missing")
+
+    def __init__(self, blocks: list, reserved: int, hit: int, missing: int):
+        self.blocks = blocks      # cache blocks this request keeps locked
+        self.reserved = reserved  # blocks reserved outside the cache
+        self.hit = hit            # leading blocks the cache held at acquire time
+        self.missing = missing    # prompt blocks that must arrive (or be computed)
+
+
+class KVStore:
+    def __init__(self, name: str, capacity_blocks: int, cached: bool, mirror: CacheMirror | None = None,
+                 strict: bool = False):
+        self.name = name
+        self.capacity = capacity_blocks
+        self.cache = RadixCache(None, on_evict=self._on_evict, evictable=_unreferenced) if cached else None
+        self.mirror = mirror
+        self.strict = strict            # full mirror comparison after every event (tests)
+        self.reserved = 0
+        self.waiters: deque[Callable[[], bool]] = deque()
+        self._evicted: list[int] = []
+        self.inserted_blocks = 0
+        self.evicted_blocks = 0
+        self.peak_used = 0
+        self._locked = 0
+        self._waking = False
+
+    @property
+    def used(self) -> int:
+        return (len(self.cache) if self.cache is not None else 0) + self.reserved
+
+    def locked_or_reserved(self) -> int:
+        """Blocks held by live requests (what `kv_used` reports to the scheduler)."""
+        return self.reserved + self._locked
+
+    def match_len(self, hashes) -> int:
+        return self.cache.match_len(hashes) if self.cache is not None else 0
+
+    # ---- the request's life ---------------------------------------------------------------------
+    def acquire(self, hashes: tuple[int, ...], extra_blocks: int) -> Hold | None:
+        """Lock the cached prefix and reserve the rest plus `extra_blocks`; None when memory is short
+        now (call again after a release). Raise ValueError if it can never fit."""
+        matched = self.cache.match(hashes) if self.cache is not None else []
+        missing = len(hashes) - len(matched)
+        need = missing + extra_blocks
+        if need + len(matched) > self.capacity:
+            raise ValueError(f"{self.name}: a request needs {need + len(matched)} KV blocks, the budget holds {self.capacity}")
+        for b in matched:
+            b.refs += 1
+            if b.refs == 1:
+                self._locked += 1
+        if not self._make_room(need):
+            for b in matched:
+                b.refs -= 1
+                if b.refs == 0:
+                    self._locked -= 1
+            return None
+        self.reserved += need
+        if self.used > self.peak_used:
+            self.peak_used = self.used
+        return Hold(matched, need, len(matched), missing)
+
+    def commit(self, hold: Hold, hashes: tuple[int, ...]) -> int:
+        """The prompt's blocks are here: insert them (locked). Returns how many were new to the cache."""
+        self.reserved -= hold.missing
+        hold.reserved -= hold.missing
+        if self.cache is None:
+            self.reserved += hold.missing     # no cache: the prompt stays a plain reservation
+            hold.reserved += hold.missing
+            hold.missing = 0
+            return 0
+        tail = hashes[hold.hit:]
+        hold.missing = 0
+        if not tail:
+            return 0
+        stored = self.cache.insert(hashes, [_Block(h) for h in hashes])
+        new = [h for h, s in zip(hashes, stored) if s]
+        for b in self.cache.match(hashes, touch=False)[hold.hit:]:
+            b.refs += 1
+            if b.refs == 1:
+                self._locked += 1
+            hold.blocks.append(b)
+        if new:
+            self.inserted_blocks += len(new)
+            if self.mirror is not None:
+                self.mirror.on_insert(new)
+                self._check()
+        if self.used > self.peak_used:
+            self.peak_used = self.used
+        return len(new)
+
+    def release(self, hold: Hold) -> None:
+        for b in hold.blocks:
+            b.refs -= 1
+            if b.refs == 0:
+                self._locked -= 1
+        hold.blocks = []
+        self.reserved -= hold.reserved
+        hold.reserved = 0
+        self._wake()
+
+    def wait(self, retry: Callable[[], bool]) -> None:
+        """Queue `retry` (FIFO); it is called after releases until it returns True."""
+        self.waiters.append(retry)
+
+    # ---- internals ------------------------------------------------------------------------------
+    def _make_room(self, need: int) -> bool:
+        over = self.used + need - self.capacity
+        if over > 0 and self.cache is not None:
+            self.cache.evict(over)
+            if self._evicted:
+                self.evicted_blocks += len(self._evicted)
+                if self.mirror is not None:
+                    self.mirror.on_evict(self._evicted)
+                self._evicted = []
+                self._check()
+        return self.used + need <= self.capacity
+
+    def _wake(self) -> None:
+        if self._waking:          # a retry released memory itself: the outer loop carries on
+            return
+        self._waking = True
+        try:
+            while self.waiters:
+                retry = self.waiters.popleft()
+                if not retry():
+                    self.waiters.appendleft(retry)
+                    return
+        finally:
+            self._waking = False
+
+    def _on_evict(self, block: _Block) -> None:
+        self._evicted.append(block.h)
+
+    def _check(self) -> None:
+        if len(self.mirror) != len(self.cache):
+            raise MirrorDrift(f"{self.name}: mirror holds {len(self.mirror)} blocks, cache {len(self.cache)}")
+        if self.strict:
+            self.check_mirror()
+
+    def check_mirror(self) -> None:
+        if self.mirror is not None and self.cache is not None:
+            self.mirror.check(h for h, _ in self.cache)
+
+
+def _unreferenced(block: _Block) -> bool:
+    return block.refs == 0

@@ -1,0 +1,137 @@
+"""From finished runs to the report: latency percentiles, SLA goodput, cost, BCR, WAN bytes,
+relay token share, variant and handoff counts. Pure Python on lists; JSON-ready dicts."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pddflow.sim.simulator import Run, Simulation
+
+
+def percentile(sorted_values: list[float], q: float) -> float:
+    """Linear-interpolated percentile (q in [0, 100]) of an ascending list; NaN when empty."""
+    if not sorted_values:
+        return math.nan
+    k = (len(sorted_values) - 1) * q / 100
+    lo = math.floor(k)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (k - lo)
+
+
+def _pcts(values: list[float], scale: float = 1.0, digits: int = 4) -> dict[str, float]:
+    v = sorted(x * scale for x in values)
+    out = {f"p{q}": round(percentile(v, q), digits) for q in (50, 90, 99)}
+    out["mean"] = round(sum(v) / len(v), digits) if v else math.nan
+    return out
+
+
+def ttft(run: Run) -> float:
+    return run.t_first - run.arrival
+
+
+def tpot(run: Run) -> float:
+    """Seconds per output token after the first, as the client sees them (handoff stalls included)."""
+    n = run.req.output_tokens
+    return (run.t_finish - run.t_first) / (n - 1) if n > 1 else 0.0
+
+
+def summarize(sim: Simulation, pricing: dict | None = None) -> dict:
+    plan, wl = sim.plan, sim.workload
+    runs = sim.runs
+    done = [r for r in runs if r.done and not r.failed]
+    sla_ttft, sla_tpot = plan.scheduler.ttft_s, plan.scheduler.tpot_ms / 1e3
+    ok = [r for r in done if ttft(r) <= sla_ttft and tpot(r) <= sla_tpot]
+    lo, hi = steady_window(runs)
+    span = max(hi - lo, 1e-9)
+    ok_in = [r for r in ok if lo <= r.arrival <= hi]
+    cost = plan.cost_per_hour()
+    goodput = len(ok_in) / span
+    out_tokens = sum(r.req.output_tokens for r in done)
+    relay_tokens = sum(r.relay_tokens for r in done)
+    wan_bytes = sum(link.bytes_sent for link in sim.links.values())
+    full_kv = sum(r.req.prompt_tokens * sim.kvb for r in runs if r.path.wan_link is not None)
+    variants = Counter(r.dec.variant for r in runs)
+    handoffs = Counter(r.handoff for r in done if r.handoff)
+    relay_only = sum(1 for r in done if r.path.has_handoff and r.handoff is None and not r.dec.singular)
+    if relay_only:
+        handoffs["relay_finished"] = relay_only
+    hit_pred = [r.dec.predicted_hit for r in runs]
+    hit_real = [min(r.m_hit * sim.bt, r.req.prompt_tokens) / r.req.prompt_tokens for r in runs
+                if r.m_state in ("landed", "released")]
+    busy = Counter()
+    count = Counter()
+    for iid, eng in sim.engines.items():
+        op = iid.split("/")[0]
+        busy[op] += eng.busy_s
+        count[op] += 1
+    horizon = max((r.t_finish for r in done), default=span) or span
+    result = {
+        "graph": plan.name,
+        "source": plan.source,
+        "workload": wl.name,
+        "requests": len(runs),
+        "completed": len(done),
+        "failed": len(runs) - len(done),
+        "wall_s": round(sim.wall_s, 3),
+        "events": sim.loop.processed,
+        "simulated_s": round(horizon, 3),
+        "ttft_s": _pcts([ttft(r) for r in done]),
+        "tpot_ms": _pcts([tpot(r) for r in done], 1e3, 3),
+        "sla": {"ttft_s": sla_ttft, "tpot_ms": plan.scheduler.tpot_ms},
+        "sla_attainment": round(len(ok) / max(len(runs), 1), 4),
+        "throughput_rps": round(sum(1 for r in done if lo <= r.arrival <= hi) / span, 4),
+        "rate_window_s": [round(lo, 3), round(hi, 3)],
+        "slo_goodput_rps": round(goodput, 4),
+        "cost_per_hour": round(cost, 3),
+        "gpus": sum(op.replicas * op.devices_per_replica for op in plan.operators.values()),
+        # SLA-compliant requests per dollar of hardware: goodput (req/s) x 3600 / ($/hour)
+        "bcr": round(goodput * 3600 / cost, 4) if cost else math.nan,
+        "wan_bytes": round(wan_bytes),
+        "wan_bytes_full_kv": round(full_kv),
+        "wan_gbps_avg": round(wan_bytes * 8 / 1e9 / horizon, 3),
+        "wan_transfer_s": _pcts([r.m_transfer_s for r in runs if r.m_transfer_s is not None and r.path.wan_link]),
+        "relay_token_share": round(relay_tokens / out_tokens, 4) if out_tokens else 0.0,
+        "variants": dict(sorted(variants.items())),
+        "handoffs": dict(sorted(handoffs.items())),
+        "singular": sum(1 for r in runs if r.dec.singular),
+        "hit_rate": {"predicted_mean": round(sum(hit_pred) / max(len(hit_pred), 1), 4),
+                     "at_transfer_mean": round(sum(hit_real) / len(hit_real), 4) if hit_real else None,
+                     "workload_unbounded_mean": round(sum(h := wl.unbounded_hit_rates()) / max(len(h), 1), 4)},
+        "utilization": {op: round(busy[op] / (count[op] * horizon), 4) for op in sorted(busy)},
+        "per_variant": {v: {"requests": sum(1 for r in done if r.dec.variant == v),
+                            "ttft_s": _pcts([ttft(r) for r in done if r.dec.variant == v])}
+                        for v in sorted(variants)},
+    }
+    if pricing:
+        result["revenue"] = revenue(sim, ok_in, span, pricing)
+    return result
+
+
+def steady_window(runs: list[Run], trim: float = 0.05) -> tuple[float, float]:
+    """Arrival-time window that rates are measured over: the first and last `trim` of arrivals are
+    left out (ramp-up, and the drain of closed-loop sessions at the end)."""
+    arr = sorted(r.arrival for r in runs)
+    if not arr:
+        return 0.0, 0.0
+    if len(arr) < 40:
+        return arr[0], arr[-1]
+    return arr[int(trim * len(arr))], arr[int((1 - trim) * len(arr)) - 1]
+
+
+def revenue(sim: Simulation, ok: list[Run], span_s: float, pricing: dict) -> dict:
+    """Money earned by the SLA-compliant requests `ok` that arrived in a window of `span_s` seconds,
+    at per-token prices; cached prompt tokens (the entry instance's prefix hit) are billed at
+    `cached_ratio` of the uncached price."""
+    pin, pout, ratio = pricing["input_per_mtok"], pricing["output_per_mtok"], pricing["cached_ratio"]
+    total = 0.0
+    for r in ok:
+        cached = min(r.p_hit_tokens, r.req.prompt_tokens)
+        total += ((r.req.prompt_tokens - cached) + cached * ratio) * pin + r.req.output_tokens * pout
+    total /= 1e6
+    span_h = max(span_s, 1e-9) / 3600
+    gpu_h = sum(op.replicas * op.devices_per_replica for op in sim.plan.operators.values()) * span_h
+    return {"usd": round(total, 4), "usd_per_gpu_hour": round(total / gpu_h, 4),
+            "usd_per_cost_usd": round(total / (sim.plan.cost_per_hour() * span_h), 4), **pricing}

@@ -1,0 +1,466 @@
+"""The simulation of one Plan on one workload: the same scheduler objects as the runtime, engines,
+KV stores and links from the plan, and every request's life as events.
+
+A request's life (matching docs/structure.md):
+1. arrival: the policy decides (variant, instances, handoff mode, singular) from the mirrors,
+   loads and link estimates, exactly as the runtime's router does;
+2. the entry instance locks its cached prefix, reserves the rest, prefills the uncached tokens
+   (colocated: then decodes them itself);
+3. the KV goes to the relay over RDMA (whole prompt) and to the finishing decoder (only the blocks
+   its cache lacks at that moment, over the WAN or RDMA), both at once;
+4. the relay decodes as soon as its copy lands (eager tokens); when the finisher's copy lands the
+   relay hands over token IDs, one-shot or in catch-up rounds, and the finisher extends over them
+   and decodes to the end. If the finisher's copy lands before the relay has started, the finisher
+   simply takes the request over;
+5. singular traffic: the relay finishes the request and the WAN leg is cancelled;
+6. finishing releases every hold; cached blocks stay, evictable.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import replace
+from collections.abc import Callable
+
+from pddflow.graph.plan import Plan
+from pddflow.scheduler import InstanceLoad, LinkEstimate, RequestFeatures, SchedulerState, Topology, make_policy
+from pddflow.scheduler.base import Policy
+from pddflow.scheduler.decision import Decision
+from pddflow.scheduler.topology import PathInfo
+from pddflow.sim.device import DeviceModel, Efficiency
+from pddflow.sim.engine import Engine, Job, Seq
+from pddflow.sim.events import EventLoop
+from pddflow.sim.kvstore import Hold, KVStore
+from pddflow.sim.network import IDS_BYTES_PER_TOKEN, RDMA_LATENCY_S, STREAM_GBPS, Flow, SharedLink
+from pddflow.sim.workload import SimRequest, Workload
+
+
+class Run:
+    """One request in flight and what happened to it."""
+
+    __slots__ = ("req", "dec", "path", "arrival", "t_prefill", "t_first", "t_finish", "done", "failed",
+                 "p_inst", "p_hold", "p_legs", "r_inst", "r_hold", "r_seq", "r_state", "m_inst", "m_hold",
+                 "m_flow", "m_state", "m_bytes", "m_hit", "ids_sent", "relay_tokens", "handoff", "rounds", "p_hit_tokens", "m_sent_at", "m_transfer_s")
+
+    def __init__(self, req: SimRequest, dec: Decision, path: PathInfo):
+        self.req, self.dec, self.path = req, dec, path
+        self.arrival = req.arrival_s
+        self.t_prefill = self.t_first = self.t_finish = None
+        self.done = False
+        self.failed: str | None = None
+        self.p_inst = dec.target(path.entry)
+        self.p_hold: Hold | None = None
+        self.p_legs = 0
+        self.r_inst = dec.target(path.relay) if path.relay else None
+        self.r_hold: Hold | None = None
+        self.r_seq: Seq | None = None
+        self.r_state = "none"          # none | memory | transfer | decoding | released | cancelled
+        self.m_inst = dec.target(path.finisher)
+        self.m_hold: Hold | None = None
+        self.m_flow: Flow | None = None
+        self.m_state = "none"          # none | memory | transfer | landed | released | cancelled
+        self.m_bytes = 0.0
+        self.m_hit = 0
+        self.ids_sent = 0
+        self.relay_tokens = 0
+        self.handoff: str | None = None   # one_shot | catch_up | takeover, once it happened
+        self.rounds = 0
+        self.p_hit_tokens = 0
+        self.m_sent_at = 0.0
+        self.m_transfer_s: float | None = None
+
+
+class Simulation:
+    def __init__(self, plan: Plan, workload: Workload, *, seed: int = 0, efficiency: Efficiency | None = None,
+                 device_efficiency: dict[str, Efficiency] | None = None, policy: Policy | None = None,
+                 strict_mirrors: bool = False, stream_gbps: float = STREAM_GBPS):
+        self.plan, self.workload, self.seed = plan, workload, seed
+        self.loop = EventLoop()
+        self.topo = Topology(plan)
+        self.policy = policy or make_policy(plan)
+        self.state = SchedulerState.for_plan(plan)
+        self.bt = workload.block_tokens
+        self.kvb = plan.model.arch.kv_bytes_per_token
+        eff = efficiency or Efficiency()
+        per_dev = device_efficiency or {}
+        self.links = {name: SharedLink(self.loop, link, random.Random(f"{seed}/{name}"),
+                                       self._streams(name) * stream_gbps)
+                      for name, link in plan.links.items()}
+        self.engines: dict[str, Engine] = {}
+        self.stores: dict[str, KVStore] = {}
+        for inst in plan.instances:
+            op = plan.operators[inst.operator]
+            model = DeviceModel(plan.device_classes[inst.device], inst.devices, plan.model.arch,
+                                per_dev.get(inst.device, eff))
+            self.engines[inst.id] = Engine(self.loop, inst.id, model, int(op.params.get("max_batch", 64)),
+                                           int(op.params.get("chunk_tokens", 512)))
+            cached = bool(op.params.get("radix_cache", False) or op.params.get("prefix_cache", False))
+            cap = int(op.kv_budget_bytes // (self.kvb * self.bt))
+            self.stores[inst.id] = KVStore(inst.id, cap, cached, self.state.mirrors.get(inst.id), strict_mirrors)
+        self.runs: list[Run] = []
+        self.wall_s = 0.0
+        self._next = 0
+        self._roots = [r for r in workload.requests if r.parent < 0]
+        self._children: dict[int, list[SimRequest]] = {}
+        for r in workload.requests:
+            if r.parent >= 0:
+                self._children.setdefault(r.parent, []).append(r)
+        self._arrived = 0
+
+    def _streams(self, link: str) -> int:
+        """Parallel streams a KV transfer over `link` uses (the most any KV channel across it declares)."""
+        return max((int(c.params.get("streams", 1)) for c in self.plan.channels
+                    if c.link == link and c.kind == "wan_flight"), default=1)
+
+    # ---- driving --------------------------------------------------------------------------------
+    def run(self, progress: Callable[[int, int], None] | None = None) -> list[Run]:
+        t0 = time.perf_counter()
+        self._warm_caches()
+        reqs = self.workload.requests
+        if self._roots:
+            self.loop.at(self._roots[0].arrival_s, self._arrive_root)
+        tick = (lambda _t: progress(self._arrived, len(reqs))) if progress else None
+        self.loop.run(tick=tick)
+        if progress:
+            progress(len(reqs), len(reqs))
+        self.wall_s = time.perf_counter() - t0
+        self._check_end()
+        return self.runs
+
+    def _warm_caches(self) -> None:
+        """Route every warm prefix through the policy and insert it into the chosen instances' caches
+        (through the stores, so mirrors see the inserts). Placement counts stand in for load so the
+        histories spread the way live sessions would."""
+        if not self.workload.warm_prefixes:
+            return
+        decided, singular = self.policy.decided, self.policy.singular_count
+        placed: dict[str, int] = {}
+        for i, prefix in enumerate(self.workload.warm_prefixes):
+            for iid, eng in self.engines.items():
+                n = placed.get(iid, 0)
+                self.state.loads[iid] = InstanceLoad(n, 0, eng.max_batch, 0.0, n * 8192)
+            feats = RequestFeatures(f"warm{i}", len(prefix) * self.bt, prefix, 1, self.bt)
+            dec = self.policy.decide(feats, self.state)
+            for _, iid in dec.targets:
+                store = self.stores[iid]
+                if store.cache is None:
+                    continue
+                try:
+                    hold = store.acquire(prefix, 0)
+                except ValueError:
+                    continue
+                if hold is not None:
+                    store.commit(hold, prefix)
+                    store.release(hold)
+                placed[iid] = placed.get(iid, 0) + 1
+        self.policy.decided, self.policy.singular_count = decided, singular
+
+    def _check_end(self) -> None:
+        stuck = [r for r in self.runs if not r.done and not r.failed]
+        if stuck:
+            r = stuck[0]
+            raise RuntimeError(f"{len(stuck)} request(s) never finished (first: #{r.req.rid} variant {r.dec.variant}, "
+                               f"relay {r.r_state}, main {r.m_state}); a simulator bug")
+        for st in self.stores.values():
+            st.check_mirror()
+            if st.reserved or st._locked:
+                raise RuntimeError(f"{st.name}: {st.reserved} reserved and {st._locked} locked KV blocks leaked")
+
+    # ---- 1. arrival and decision ------------------------------------------------------------------
+    def _arrive_root(self) -> None:
+        roots = self._roots
+        req = roots[self._next]
+        self._next += 1
+        if self._next < len(roots):
+            self.loop.at(roots[self._next].arrival_s, self._arrive_root)
+        self._arrive(req)
+
+    def _arrive(self, req: SimRequest) -> None:
+        self._arrived += 1
+        self._refresh_state()
+        feats = RequestFeatures(str(req.rid), req.prompt_tokens, req.hashes, req.output_tokens, self.bt)
+        dec = self.policy.decide(feats, self.state)
+        run = Run(req, dec, self.topo.paths[dec.variant])
+        run.arrival = self.loop.now
+        self.runs.append(run)
+        self._prefill(run)
+
+    def _refresh_state(self) -> None:
+        loads = self.state.loads
+        for iid, eng in self.engines.items():
+            st = self.stores[iid]
+            loads[iid] = InstanceLoad(len(eng.running), eng.queued() + len(st.waiters), eng.max_batch,
+                                      st.locked_or_reserved() / max(st.capacity, 1),
+                                      eng.queued_tokens() if eng.jobs else 0)
+        for name, link in self.links.items():
+            est = LinkEstimate.from_model(link.model, link.in_flight)
+            self.state.links[name] = replace(est, bytes_per_s=link.new_flow_rate())
+
+    # ---- 2. prefill -----------------------------------------------------------------------------
+    def _acquire(self, run: Run, inst: str, extra_tokens: int, then: Callable[[Hold], None],
+                 on_cancel: Callable[[], None] | None = None) -> bool:
+        """Reserve KV on `inst` now or as soon as memory frees (FIFO); False if the request can never
+        fit. A request that ends while waiting gets `on_cancel` instead of `then`."""
+        store = self.stores[inst]
+        extra = -(-extra_tokens // self.bt)
+        try:
+            hold = store.acquire(run.req.hashes, extra)
+        except ValueError as exc:
+            self._fail(run, str(exc))
+            return False
+        if hold is not None:
+            then(hold)
+            return True
+
+        def retry() -> bool:
+            if run.done or run.failed:
+                if on_cancel is not None:
+                    on_cancel()
+                return True
+            h = store.acquire(run.req.hashes, extra)
+            if h is None:
+                return False
+            then(h)
+            return True
+
+        store.wait(retry)
+        return True
+
+    def _prefill(self, run: Run) -> None:
+        extra = run.req.output_tokens if run.path.colocated else 0
+        self._acquire(run, run.p_inst, extra, lambda h: self._prefill_start(run, h))
+
+    def _prefill_start(self, run: Run, hold: Hold) -> None:
+        run.p_hold = hold
+        cached = min(hold.hit * self.bt, run.req.prompt_tokens)
+        run.p_hit_tokens = cached
+        self.engines[run.p_inst].submit_job(Job(run, run.req.prompt_tokens - cached, cached, self._prefill_done))
+
+    def _prefill_done(self, job: Job, t: float) -> None:
+        run = job.run
+        run.t_prefill = t
+        store = self.stores[run.p_inst]
+        store.commit(run.p_hold, run.req.hashes)
+        path = run.path
+        if path.colocated:
+            self.engines[run.p_inst].submit_seq(Seq(run, run.req.rid, run.req.prompt_tokens, 0, run.req.output_tokens,
+                                                    self._first, self._finished))
+            return
+        if path.relay is not None:
+            run.p_legs += 1
+            run.r_state = "memory"
+            self._acquire(run, run.r_inst, run.req.output_tokens, lambda h: self._relay_send(run, h),
+                          lambda: self._leg_cancelled(run, "r_state"))
+        if path.finisher != path.relay:
+            run.p_legs += 1
+            run.m_state = "memory"
+            self._acquire(run, run.m_inst, run.req.output_tokens, lambda h: self._main_send(run, h),
+                          lambda: self._leg_cancelled(run, "m_state"))
+
+    def _leg_done(self, run: Run) -> None:
+        """One outgoing copy of the prompt KV has left the entry instance."""
+        run.p_legs -= 1
+        if run.p_legs == 0 and run.p_hold is not None:
+            self.stores[run.p_inst].release(run.p_hold)
+            run.p_hold = None
+
+    def _leg_cancelled(self, run: Run, which: str) -> None:
+        setattr(run, which, "cancelled")
+        self._leg_done(run)
+
+    # ---- 3a. the relay's copy -----------------------------------------------------------------------
+    def _relay_send(self, run: Run, hold: Hold) -> None:
+        if run.r_state != "memory":          # cancelled while waiting for memory
+            self.stores[run.r_inst].release(hold)
+            self._leg_done(run)
+            return
+        run.r_hold = hold
+        run.r_state = "transfer"
+        nbytes = run.req.prompt_tokens * self.kvb
+        dt = RDMA_LATENCY_S + nbytes / self.topo.rdma_bytes_per_s(run.path.entry, run.path.relay)
+        self.loop.after(dt, self._relay_landed, run)
+
+    def _relay_landed(self, run: Run) -> None:
+        self._leg_done(run)
+        if run.r_hold is not None:
+            self.stores[run.r_inst].commit(run.r_hold, run.req.hashes)
+        if run.r_state != "transfer" or run.done:
+            self._relay_release(run)
+            return
+        run.r_state = "decoding"
+        run.r_seq = Seq(run, run.req.rid, run.req.prompt_tokens, 0, run.req.output_tokens, self._first,
+                        self._relay_finished)
+        self.engines[run.r_inst].submit_seq(run.r_seq)
+
+    def _relay_release(self, run: Run) -> None:
+        if run.r_hold is not None:
+            self.stores[run.r_inst].release(run.r_hold)
+            run.r_hold = None
+        if run.r_state in ("memory", "transfer", "decoding"):
+            run.r_state = "cancelled" if run.r_state != "decoding" else "released"
+
+    def _relay_finished(self, seq: Seq, t: float) -> None:
+        """The relay emitted the last token: singular traffic, or an output shorter than the transfer."""
+        run = seq.run
+        run.relay_tokens = run.req.output_tokens
+        self._relay_release(run)
+        self._finish(run, t)
+        if run.dec.singular and run.m_state in ("memory", "transfer"):
+            if run.m_flow is not None:
+                sent = self.links[run.path.wan_link].cancel(run.m_flow)
+                run.m_bytes = sent
+                self._leg_done(run)
+            elif run.m_state == "transfer":
+                return   # an RDMA leg: it lands on its own
+            run.m_state = "cancelled"
+            self._main_release(run)
+
+    # ---- 3b. the finisher's copy ----------------------------------------------------------------------
+    def _main_send(self, run: Run, hold: Hold) -> None:
+        if run.m_state != "memory":
+            self.stores[run.m_inst].release(hold)
+            self._leg_done(run)
+            return
+        run.m_hold = hold
+        run.m_state = "transfer"
+        run.m_hit = hold.hit
+        missing = run.req.prompt_tokens - min(hold.hit * self.bt, run.req.prompt_tokens)
+        nbytes = float(missing * self.kvb)
+        run.m_bytes = nbytes
+        run.m_sent_at = self.loop.now
+        link = run.path.wan_link
+        if link is not None:
+            run.m_flow = self.links[link].send(nbytes, lambda t: self._main_landed(run))
+        else:
+            dt = RDMA_LATENCY_S + nbytes / self.topo.rdma_bytes_per_s(run.path.entry, run.path.finisher)
+            self.loop.after(dt, self._main_landed, run)
+
+    def _main_landed(self, run: Run) -> None:
+        self._leg_done(run)
+        run.m_flow = None
+        if run.m_state != "transfer":
+            return
+        run.m_state = "landed"
+        run.m_transfer_s = self.loop.now - run.m_sent_at
+        self.stores[run.m_inst].commit(run.m_hold, run.req.hashes)
+        if run.done or (run.dec.singular and run.path.has_handoff):
+            self._main_release(run)       # the relay finished (or will): MD only keeps the blocks cached
+            return
+        if run.path.has_handoff and run.r_state == "decoding":
+            self.engines[run.r_inst].submit_control(lambda now: self._handoff(run, now))
+            return
+        if run.path.has_handoff:          # the relay never started: main decode takes the request over
+            run.handoff = "takeover"
+            self._relay_release(run)
+        self._main_decode(run, 0, None)
+
+    def _main_decode(self, run: Run, tokens0: int, t_emitted: float | None) -> None:
+        out = run.req.output_tokens
+        if t_emitted is not None and tokens0 >= out:
+            self._finished_at(run, t_emitted)
+            return
+        seq = Seq(run, run.req.rid, run.req.prompt_tokens + tokens0, tokens0, out,
+                  self._first if tokens0 == 0 else None, self._finished)
+        self.engines[run.m_inst].submit_seq(seq)
+
+    def _main_release(self, run: Run) -> None:
+        if run.m_hold is not None:
+            self.stores[run.m_inst].release(run.m_hold)
+            run.m_hold = None
+        if run.m_state in ("landed", "transfer", "memory"):
+            run.m_state = "released" if run.m_state == "landed" else "cancelled"
+
+    # ---- 4. handoff ---------------------------------------------------------------------------------
+    def _handoff(self, run: Run, now: float) -> None:
+        """At a relay step boundary: hand the generated token IDs to main decode (all, or one round)."""
+        if run.done:
+            self._main_release(run)
+            return
+        relay = self.engines[run.r_inst]
+        seq = run.r_seq
+        if not relay.is_running(seq):      # still queued for a batch slot: main decode takes over
+            relay.remove(seq)
+            run.handoff = "takeover"
+            self._relay_release(run)
+            self._main_decode(run, 0, None)
+            return
+        n = relay.generated(seq)
+        new = n - run.ids_sent
+        final = run.dec.handoff != "catch_up" or new <= run.path.variant.catch_up_tokens
+        ctx = run.req.prompt_tokens + run.ids_sent
+        if final:
+            relay.remove(seq)
+            run.relay_tokens = n
+            run.handoff = run.dec.handoff or "one_shot"
+            self._relay_release(run)
+        run.ids_sent = n
+        run.rounds += 1
+        done = self._extended_final if final else self._extended_round
+        self._ids(run, new, lambda t: self.engines[run.m_inst].submit_job(Job(run, new, ctx, done, "extend")))
+
+    def _ids(self, run: Run, ntokens: int, then: Callable[[float], None]) -> None:
+        ch = run.path.handoff
+        nbytes = max(ntokens, 1) * IDS_BYTES_PER_TOKEN
+        if ch is not None and ch.link is not None:
+            self.links[ch.link].message(nbytes, then)
+        else:
+            self.loop.after(RDMA_LATENCY_S, lambda: then(self.loop.now))
+
+    def _extended_round(self, job: Job, t: float) -> None:
+        run = job.run
+        if run.done:
+            self._main_release(run)
+            return
+        # main decode acks; the relay checks at its next boundary how far ahead it has run
+        self._ids(run, 1, lambda _t: self.engines[run.r_inst].submit_control(lambda now: self._handoff(run, now)))
+
+    def _extended_final(self, job: Job, t: float) -> None:
+        """The extend over the last handed-off IDs also yields the next token."""
+        run = job.run
+        self._main_decode(run, run.relay_tokens + 1, t)
+
+    # ---- 5. the end ---------------------------------------------------------------------------------
+    def _first(self, seq: Seq, t: float) -> None:
+        run = seq.run
+        if run.t_first is None:
+            run.t_first = t
+
+    def _finished(self, seq: Seq, t: float) -> None:
+        self._finished_at(seq.run, t)
+
+    def _finished_at(self, run: Run, t: float) -> None:
+        self._finish(run, t)
+        if run.path.colocated:
+            self.stores[run.p_inst].release(run.p_hold)
+            run.p_hold = None
+        else:
+            self._main_release(run)
+
+    def _finish(self, run: Run, t: float) -> None:
+        if run.done:
+            return
+        run.done = True
+        run.t_finish = t
+        if run.t_first is None:
+            run.t_first = t
+        self._release_children(run, t)
+
+    def _release_children(self, run: Run, t: float) -> None:
+        for child in self._children.pop(run.req.rid, ()):
+            self.loop.at(t + child.gap_s, self._arrive, child)
+
+    def arrival_span_s(self) -> float:
+        if not self.runs:
+            return 0.0
+        return max(r.arrival for r in self.runs) - min(r.arrival for r in self.runs)
+
+    def _fail(self, run: Run, why: str) -> None:
+        if run.failed is None:
+            run.failed = why
+            self._release_children(run, self.loop.now)
+        if run.p_hold is not None:
+            self.stores[run.p_inst].release(run.p_hold)
+            run.p_hold = None
+        self._relay_release(run)
+        self._main_release(run)

@@ -1,0 +1,80 @@
+"""Calibration from `pddflow bench engine --json` output, and the hit-rate sweep."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pddflow.graph import load_plan
+from pddflow.sim.agentic import AgenticConfig
+from pddflow.sim.calibrate import CalibrationError, calibrated_plan, fit, load_bench
+from pddflow.sim.device import DeviceModel
+from pddflow.sim.sweep import hit_rate_sweep
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize("doc", [
+    {"prefill": {"tokens_per_s": 2000, "prompt_tokens": 256}, "decode": {"tokens_per_s": 150, "batch": 4}},
+    {"prefill_tokens_per_s": 2000, "decode_tokens_per_s": 150, "decode_batch": 4, "prefill_prompt_tokens": 256},
+    {"results": [{"phase": "x", "prefill": {"throughput_tok_s": 2000, "input_tokens": 256},
+                  "decode": {"throughput_tok_s": 150, "batch_size": 4}}]},
+])
+def test_fit_reproduces_the_measured_rates(tmp_path, doc):
+    f = tmp_path / "bench.json"
+    f.write_text(json.dumps(doc))
+    cal = fit(load_bench(f))
+    assert cal.arch.name == "tiny-llama"
+    m = DeviceModel(cal.device, 1, cal.arch, cal.efficiency)
+    assert m.prefill_tokens_per_s(256) == pytest.approx(2000, rel=1e-6)
+    assert m.decode_tokens_per_s(4, 256) == pytest.approx(150, rel=1e-6)
+    plan = calibrated_plan(load_plan(str(ROOT / "graphs" / "pdd.yaml")), cal)
+    assert plan.profile == "local" and len(plan.instances) == 3
+    assert all(d.tflops == cal.device.tflops for d in plan.device_classes.values())
+
+
+def test_engine_bench_layout(tmp_path):
+    """What `pddflow bench engine --json` writes: prefill keyed by prompt length, decode by batch."""
+    doc = {"model": "builtin:tiny-llama", "device": "cpu",
+           "prefill": {"128": {"engine_tok_s": 900.0, "hf_tok_s": 800.0}, "512": {"engine_tok_s": 2000.0}},
+           "decode": {"context": 256, "1": {"engine_tok_s": 60.0, "engine_step_ms": 16.7},
+                      "8": {"engine_tok_s": 300.0}},
+           "extend": {"tokens": 32}, "mixed": {"engine_tok_s": 100.0}}
+    f = tmp_path / "engine.json"
+    f.write_text(json.dumps(doc))
+    facts = load_bench(f)
+    assert (facts.prompt_tokens, facts.prefill_tokens_per_s, facts.decode_batch, facts.decode_context) == (512, 2000, 1, 256)
+    cal = fit(facts)
+    m = DeviceModel(cal.device, 1, cal.arch, cal.efficiency)
+    assert m.prefill_tokens_per_s(512) == pytest.approx(2000, rel=1e-6)
+    assert m.decode_tokens_per_s(1, 256) == pytest.approx(60, rel=1e-6)
+    checks = cal.to_dict()
+    assert set(checks["decode_check"]) == {"1", "8"} and set(checks["prefill_check"]) == {"128", "512"}
+
+
+def test_missing_keys_fail_clearly(tmp_path):
+    f = tmp_path / "bench.json"
+    f.write_text(json.dumps({"prefill": {"tokens_per_s": 10}}))
+    with pytest.raises(CalibrationError, match=r"bench.json: no decode throughput found; expected .*decode.tokens_per_s"):
+        load_bench(f)
+    f.write_text("not json")
+    with pytest.raises(CalibrationError, match="not JSON"):
+        load_bench(f)
+    out = subprocess.run([sys.executable, "-m", "pddflow.cli", "simulate", str(ROOT / "graphs" / "pdd.yaml"),
+                          "--calibrate", str(f), "-q"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "error:" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_fixed_load_sweep_rows():
+    plan = load_plan(str(ROOT / "graphs" / "sim" / "same_dc_pd_88.yaml"))
+    rows = hit_rate_sweep(plan, AgenticConfig(requests=300, rps=6), hits=(0.0, 0.9), cached_ratios=(0.1, 0.25),
+                          load="fixed")
+    assert [r["target_hit"] for r in rows] == [0.0, 0.9]
+    assert rows[0]["workload_hit"] < 0.05 < 0.8 < rows[1]["workload_hit"]
+    for r in rows:   # cheaper cached tokens never earn more
+        assert r["usd_per_gpu_hour@0.1"] <= r["usd_per_gpu_hour@0.25"]
+    assert rows[0]["usd_per_gpu_hour@0.1"] == pytest.approx(rows[0]["usd_per_gpu_hour@0.25"], rel=0.05)

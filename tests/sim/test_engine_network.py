@@ -1,0 +1,107 @@
+"""The batch loop and the WAN model against straightforward references."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from pddflow.core.arch import ARCHS
+from pddflow.core.device import DeviceClass
+from pddflow.core.link import Jitter, LinkModel
+from pddflow.sim.device import DeviceModel
+from pddflow.sim.engine import Engine, Job, Seq
+from pddflow.sim.events import EventLoop
+from pddflow.sim.network import SharedLink
+
+GPU = DeviceClass("g", 989, 80, 3.35, 400, 2.0)
+
+
+def _model():
+    return DeviceModel(GPU, 4, ARCHS.get("llama-3-70b"))
+
+
+def test_planned_decode_steps_equal_one_event_per_step():
+    """Sequences arriving mid-run join at the next step boundary; finishing times must match a
+    step-by-step reference exactly, although the engine plans runs of steps at once."""
+    arrivals = [(0.0, 1000, 50), (0.1037, 3000, 30), (0.2, 500, 80), (0.2001, 700, 5), (1.5, 100, 20)]
+    loop = EventLoop()
+    eng = Engine(loop, "e", _model(), max_batch=64, chunk_tokens=512)
+    got = {}
+    for i, (t, ctx, out) in enumerate(arrivals):
+        seq = Seq(None, i, ctx, 0, out, None, lambda s, t: got.__setitem__(s.rid, t))
+        loop.at(t, eng.submit_seq, seq)
+    loop.run()
+    m = _model()
+    want, running, t, pending = {}, {}, 0.0, list(enumerate(arrivals))
+    while pending or running:
+        for i, (ta, ctx, out) in list(pending):
+            if ta <= t + 1e-12:
+                running[i] = [ctx, out]
+                pending.remove((i, (ta, ctx, out)))
+        if not running:
+            t = pending[0][1][0]
+            continue
+        t += m.decode_step_s(len(running), sum(c for c, _ in running.values()))
+        for i in list(running):
+            running[i][0] += 1
+            running[i][1] -= 1
+            if running[i][1] == 0:
+                want[i] = t
+                del running[i]
+    assert got == pytest.approx(want, rel=1e-9)
+    assert eng.decode_tokens == sum(o for _, _, o in arrivals)
+    assert loop.processed < sum(o for _, _, o in arrivals)   # fewer events than steps
+
+
+def test_prefill_chunks_and_first_token():
+    loop = EventLoop()
+    eng = Engine(loop, "p", _model(), max_batch=8, chunk_tokens=2048)
+    done = []
+    eng.submit_job(Job("a", 5000, 0, lambda j, t: done.append(("a", t))))
+    eng.submit_job(Job("b", 100, 1000, lambda j, t: done.append(("b", t))))
+    loop.run()
+    assert [d[0] for d in done] == ["a", "b"]            # FIFO
+    assert eng.job_tokens == 5100
+    m = _model()
+    t1 = m.step_s(2048, 2048 ** 2 / 2, 2048)
+    assert done[0][1] > 2 * t1                              # three chunks, not one
+
+
+def _link(gbps=8.0, jitter=Jitter(0, 0, "constant")):
+    return LinkModel("A-B", "A", "B", gbps, rtt_ms=0.0, jitter=jitter)
+
+
+def test_link_shares_bandwidth_and_cancels():
+    loop = EventLoop()
+    link = SharedLink(loop, _link(), random.Random(0))    # 1 GB/s
+    done = {}
+    link.send(1e9, lambda t: done.__setitem__("a", t))
+    link.send(1e9, lambda t: done.__setitem__("b", t))
+    loop.run()
+    assert done["a"] == pytest.approx(2.0) and done["b"] == pytest.approx(2.0)
+    loop2 = EventLoop()
+    link2 = SharedLink(loop2, _link(), random.Random(0))
+    f = link2.send(2e9, lambda t: done.__setitem__("c", t))
+    loop2.at(0.5, lambda: done.__setitem__("sent", link2.cancel(f)))
+    loop2.run()
+    assert "c" not in done and done["sent"] == pytest.approx(0.5e9)
+    assert link2.bytes_sent == pytest.approx(0.5e9) and link2.in_flight == 0
+
+
+def test_flow_cap_and_jitter():
+    loop = EventLoop()
+    link = SharedLink(loop, _link(gbps=80), random.Random(0), flow_cap_gbps=8.0)   # 10 GB/s link, 1 GB/s per flow
+    done = []
+    for _ in range(5):
+        link.send(1e9, done.append)
+    loop.run()
+    assert done == pytest.approx([1.0] * 5)                # five capped flows fit side by side
+    loop = EventLoop()
+    link = SharedLink(loop, _link(jitter=Jitter(50, 2000)), random.Random(7))
+    times = []
+    for i in range(400):
+        loop.at(i * 30.0, link.send, 0.0, times.append)
+    loop.run()
+    delays = sorted(t - i * 30.0 for i, t in enumerate(times))
+    assert 0.02 < delays[200] < 0.12 and delays[-1] > 0.5     # p50 near 50 ms, a heavy tail
