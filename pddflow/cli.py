@@ -23,16 +23,10 @@ bench_app = typer.Typer(help="Measured benchmarks, each side by side with its ba
 app.add_typer(bench_app, name="bench")
 
 # Each module defines register(app, bench_app). Order is the order of `pddflow --help`.
-COMMAND_MODULES = ["graph_cmds", "engine_cmds", "channel_cmds"]
+COMMAND_MODULES = ["graph_cmds", "runtime_cmds", "engine_cmds", "channel_cmds", "sim_cmds"]
 
 for _name in COMMAND_MODULES:
-    try:
-        _module = importlib.import_module(f"pddflow.commands.{_name}")
-    except ModuleNotFoundError as exc:  # a command group not built yet in this checkout
-        if exc.name != f"pddflow.commands.{_name}":
-            raise
-        continue
-    _module.register(app, bench_app)
+    importlib.import_module(f"pddflow.commands.{_name}").register(app, bench_app)
 
 
 def main() -> None:

@@ -1,0 +1,156 @@
+"""`pddflow bench serve`: the same multi-turn workload against several graphs, one deployment
+after the other on one emulated WAN, measured from the client side (TTFT, TPOT) and from each
+deployment's /metrics (WAN bytes sent and saved by DRC, relay token share)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from pddflow.runtime.launcher import Deployment
+from pddflow.runtime.serve_workload import WorkloadSpec
+
+
+@dataclass
+class Sample:
+    ttft_s: float
+    tpot_s: float | None
+    tokens: int
+    e2e_s: float
+
+
+@dataclass
+class GraphResult:
+    graph: str
+    samples: list[Sample] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    wall_s: float = 0.0
+    metrics: dict[str, float] = field(default_factory=dict)
+
+
+def _pct(xs: list[float], q: float) -> float:
+    if not xs:
+        return float("nan")
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
+
+
+async def _turn(client: httpx.AsyncClient, base: str, model: str, prompt: list[int], max_tokens: int,
+                timeout_s: float) -> tuple[Sample, list[int]]:
+    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
+            "return_token_ids": True, "timeout_s": timeout_s}
+    t0 = time.perf_counter()
+    first = last = None
+    ids: list[int] = []
+    async with client.stream("POST", f"{base}/v1/completions", json=body, timeout=timeout_s + 10) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread()).decode()[:200]}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if "error" in chunk:
+                raise RuntimeError(chunk["error"]["message"])
+            got = chunk["choices"][0].get("token_ids", [])
+            if got:
+                now = time.perf_counter()
+                first = first if first is not None else now
+                last = now
+                ids += got
+    if first is None:
+        raise RuntimeError("no tokens")
+    tpot = (last - first) / (len(ids) - 1) if len(ids) > 1 else None
+    return Sample(first - t0, tpot, len(ids), time.perf_counter() - t0), ids
+
+
+async def _session(client, base, model, spec, start_delay, timeout_s, res: GraphResult, tick,
+                   think_s: float = 0.0) -> None:
+    await asyncio.sleep(start_delay)
+    context = list(spec.first_prompt)
+    for turn, max_tokens in enumerate(spec.output_tokens):
+        if turn:
+            await asyncio.sleep(think_s)  # the agent runs its tool call before the next turn
+            context += spec.user_turns[turn - 1]
+        try:
+            sample, out = await _turn(client, base, model, context, max_tokens, timeout_s)
+        except Exception as exc:  # noqa: BLE001 - a failed request is counted, the session goes on
+            res.errors.append(str(exc))
+            tick()
+            return
+        res.samples.append(sample)
+        context += out
+        tick()
+
+
+def _scrape(base: str) -> dict[str, float]:
+    text = httpx.get(f"{base}/metrics", timeout=10).text
+    out: dict[str, float] = {}
+    for name in ("pddflow_wan_bytes_sent_total", "pddflow_wan_bytes_saved_total"):
+        out[name] = sum(float(v) for v in re.findall(rf"^{name}{{[^}}]*}} (\S+)$", text, re.M))
+    m = re.search(r"^pddflow_relay_token_share (\S+)$", text, re.M)
+    out["relay_token_share"] = float(m.group(1)) if m else 0.0
+    return out
+
+
+def run_graph(graph: Path, workload: WorkloadSpec, rps: float, wan_gbps: float | None, timeout_s: float,
+              tick: Callable[[], None], think_s: float = 1.0, extra: tuple[str, ...] = ()) -> GraphResult:
+    res = GraphResult(str(graph))
+    args = list(extra) + (["--wan-gbps", str(wan_gbps)] if wan_gbps else [])
+    with tempfile.TemporaryDirectory(prefix="pddflow-bench-") as rd:
+        dep = Deployment(graph, Path(rd), *args)
+        try:
+            model = httpx.get(f"{dep.base}/v1/models", timeout=10).json()["data"][0]["id"]
+
+            async def main() -> None:
+                async with httpx.AsyncClient() as client:
+                    await asyncio.gather(*(
+                        _session(client, dep.base, model, s, i / rps, timeout_s, res, tick, think_s)
+                        for i, s in enumerate(workload.sessions)))
+
+            t0 = time.perf_counter()
+            asyncio.run(main())
+            res.wall_s = time.perf_counter() - t0
+            res.metrics = _scrape(dep.base)
+        finally:
+            dep.stop()
+    return res
+
+
+def summarize(res: GraphResult, sla_ttft_s: float, sla_tpot_s: float) -> dict:
+    ttft = [s.ttft_s for s in res.samples]
+    tpot = [s.tpot_s for s in res.samples if s.tpot_s is not None]
+    ok = sum(1 for s in res.samples if s.ttft_s <= sla_ttft_s and (s.tpot_s or 0) <= sla_tpot_s)
+    sent, saved = res.metrics.get("pddflow_wan_bytes_sent_total", 0.0), res.metrics.get("pddflow_wan_bytes_saved_total", 0.0)
+    return {
+        "graph": res.graph, "requests": len(res.samples), "errors": len(res.errors), "wall_s": round(res.wall_s, 3),
+        "ttft_s": {q: round(_pct(ttft, v), 4) for q, v in (("p50", .5), ("p90", .9), ("p99", .99))},
+        "tpot_ms": {q: round(_pct(tpot, v) * 1e3, 3) for q, v in (("p50", .5), ("p90", .9), ("p99", .99))},
+        "slo_goodput_rps": round(ok / res.wall_s, 4) if res.wall_s else 0.0,
+        "slo_attainment": round(ok / max(len(res.samples), 1), 4),
+        "wan_bytes": int(sent), "wan_bytes_saved_by_drc": int(saved),
+        "wan_share_of_full_kv": round(sent / (sent + saved), 4) if sent + saved else None,
+        "relay_token_share": round(res.metrics.get("relay_token_share", 0.0), 4),
+        "first_errors": res.errors[:3],
+        "ttft_mean_s": round(statistics.fmean(ttft), 4) if ttft else None,
+    }
+
+
+def ratios(base: dict, other: dict) -> dict:
+    def r(a: float | None, b: float | None) -> float | None:
+        return round(a / b, 4) if a and b else None
+
+    return {"ttft_p50": r(other["ttft_s"]["p50"], base["ttft_s"]["p50"]),
+            "ttft_p90": r(other["ttft_s"]["p90"], base["ttft_s"]["p90"]),
+            "ttft_p99": r(other["ttft_s"]["p99"], base["ttft_s"]["p99"]),
+            "tpot_p50": r(other["tpot_ms"]["p50"], base["tpot_ms"]["p50"]),
+            "tpot_p90": r(other["tpot_ms"]["p90"], base["tpot_ms"]["p90"]),
+            "slo_goodput": r(other["slo_goodput_rps"], base["slo_goodput_rps"])}

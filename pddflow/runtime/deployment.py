@@ -1,0 +1,129 @@
+"""A deployment: compile the graph, start every operator instance through a backend, serve the
+API, stop everything cleanly.
+
+Backends own processes, not policy: `local` (the embedded default) runs each instance as an OS
+process on this machine with both clusters emulated and the WAN shaped by the graph's link model.
+A backend for many machines (Ray, Kubernetes) implements the same three calls.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Protocol
+
+from pddflow.channels.tcpproxy import TcpProxy
+from pddflow.graph.plan import Plan
+from pddflow.runtime.processes import WorkerProcess, stop_all
+from pddflow.runtime.wiring import Wiring
+
+Progress = Callable[[str, int, int], None]  # (message, instances ready, instances total)
+
+
+class DeployError(Exception):
+    """The deployment could not start; the message names the instance and its last output."""
+
+
+class Backend(Protocol):
+    name: str
+
+    def start(self, plan: Plan, wiring: Wiring, run_dir: Path) -> None: ...
+    def check(self) -> str | None: ...   # None while every instance runs, else what died and why
+    def stop(self) -> None: ...
+
+
+class LocalBackend:
+    """Every instance of the plan as a child process of this one (see processes.py)."""
+
+    name = "local"
+
+    def __init__(self) -> None:
+        self.workers: list[WorkerProcess] = []
+        self.relays: dict[str, list[TcpProxy]] = {}  # link name -> relays of its endpoints
+
+    def start(self, plan: Plan, wiring: Wiring, run_dir: Path) -> None:
+        for link, addrs in wiring.links.items():  # cross-cluster traffic goes through a cuttable relay
+            for addr in addrs:
+                scheme, _, hostport = addr.rpartition("://")
+                host, port = hostport.rsplit(":", 1)
+                relay = TcpProxy((host, int(port)))
+                self.relays.setdefault(link, []).append(relay)
+                wiring.via[addr] = f"{scheme}://{relay.address}" if scheme else relay.address
+        path = run_dir / "wiring.json"
+        wiring.save(path)
+        for inst in plan.instances:
+            log = run_dir / f"{inst.id.replace('/', '-')}.log"
+            w = WorkerProcess(inst.id, [sys.executable, "-m", "pddflow.runtime.worker", str(path), inst.id], log)
+            w.start()
+            self.workers.append(w)
+
+    def check(self) -> str | None:
+        for w in self.workers:
+            if not w.alive():
+                return w.exit_summary()
+        return None
+
+    def pids(self) -> dict[str, int]:
+        return {w.name: w.pid for w in self.workers if w.pid}
+
+    def kill(self, instance: str) -> None:
+        """Kill one instance at once (failure drills and tests)."""
+        import signal
+
+        for w in self.workers:
+            if w.name == instance:
+                w.signal(signal.SIGKILL)
+
+    def cut_link(self, link: str, seconds: float, after_bytes: int = 0) -> None:
+        """Take an emulated link down (now, or after `after_bytes` more bytes cross it)."""
+        if link not in self.relays:
+            raise KeyError(f"no emulated link {link!r}; links: {', '.join(self.relays) or 'none'}")
+        for relay in self.relays[link]:
+            relay.cut(seconds, after_bytes)
+
+    def stop(self) -> None:
+        stop_all(self.workers)
+        for relays in self.relays.values():
+            for r in relays:
+                r.close()
+
+
+BACKENDS: dict[str, Callable[[], Backend]] = {"local": LocalBackend}
+
+
+def wait_ready(is_ready: Callable[[], tuple[int, int]], backend: Backend, timeout_s: float,
+               progress: Progress | None = None) -> None:
+    """Until every instance reports ready, a worker dies (DeployError with its output) or the
+    deadline passes (DeployError naming the instances still starting)."""
+    deadline = time.monotonic() + timeout_s
+    last = (-1, -1)
+    while True:
+        ready, total = is_ready()
+        if (ready, total) != last and progress is not None:
+            progress("starting workers", ready, total)
+            last = (ready, total)
+        if ready == total:
+            return
+        dead = backend.check()
+        if dead is not None:
+            raise DeployError(dead)
+        if time.monotonic() > deadline:
+            raise DeployError(f"only {ready} of {total} instances became ready within {timeout_s:g} s; "
+                              "see the worker logs in the run directory")
+        time.sleep(0.1)
+
+
+def make_run_dir(keep: str | None) -> Path:
+    if keep:
+        p = Path(keep)
+        p.mkdir(parents=True, exist_ok=True)
+        return p
+    return Path(tempfile.mkdtemp(prefix="pddflow-run-"))
+
+
+def remove_run_dir(path: Path, kept: bool) -> None:
+    if not kept:
+        shutil.rmtree(path, ignore_errors=True)

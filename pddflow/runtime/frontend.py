@@ -1,0 +1,448 @@
+"""The frontend: the deployment's router. It asks the scheduler for a route, hands each instance
+on the route its leg, merges the token streams the legs report into one client stream, triggers
+the relay's handoff when main's KV has landed, keeps the scheduler's cache mirrors exact from the
+workers' cache deltas, and applies the declared fallbacks when a leg or a worker fails.
+
+Reports arrive on gRPC threads and are handed to the asyncio loop; all request state is touched
+only on that loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from pddflow.core.block_hash import chain_block_hashes
+from pddflow.core.payloads import SamplingParams
+from pddflow.graph.plan import Plan
+from pddflow.runtime.api import RequestRejected
+from pddflow.runtime.metrics import Metrics
+from pddflow.runtime.model_info import ModelInfo
+from pddflow.runtime.proto import runtime_pb2 as pb
+from pddflow.runtime.request_state import RequestState, StreamConflict, TokenRun
+from pddflow.runtime.rpc import FRONTEND, WorkerClient, serve
+from pddflow.runtime.wiring import Wiring
+from pddflow.scheduler import InstanceLoad, MirrorDrift, RequestFeatures, SchedulerState, make_policy
+from pddflow.scheduler.decision import Decision
+
+log = logging.getLogger("pddflow.frontend")
+TIMELINES_KEPT = 1000
+RESUMED = "~resumed"  # suffix of the sequence id of a request resumed on another decoder
+
+
+@dataclass(eq=False)
+class Route:
+    decision: Decision
+    prefill: str = ""
+    relay: str = ""
+    main: str = ""
+    handoff: str = ""
+    legs: set[str] = field(default_factory=set)   # instances holding a live leg
+    handed_off: bool = False
+    resumed: bool = False
+    resumed_on: set[str] = field(default_factory=set)
+
+
+@dataclass(eq=False)
+class Live:
+    state: RequestState
+    route: Route
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    deadline: float
+
+
+class Frontend:
+    def __init__(self, plan: Plan, wiring: Wiring, model: ModelInfo, metrics: Metrics | None = None):
+        self.plan, self.wiring = plan, wiring
+        self.model_id = plan.name
+        self.tokenizer = model.tokenizer
+        self.vocab_size = model.vocab_size
+        self.max_context = min(model.max_context, plan.model.max_context)
+        self.metrics = metrics or Metrics()
+        self.policy = make_policy(plan)
+        self.sched = SchedulerState.for_plan(plan)
+        self.clients = {i: WorkerClient(ep.rpc) for i, ep in wiring.workers.items()}
+        self.status: dict[str, pb.WorkerStatus] = {}
+        self.lost: set[str] = set()
+        self.drift: list[str] = []
+        self.live: dict[str, Live] = {}
+        self.done: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._lock = threading.Lock()
+        self.server, _ = serve(FRONTEND, streams_in={"Reports": (pb.Report, pb.Empty, self._reports)},
+                               port=int(wiring.frontend.rsplit(":", 1)[1]), threads=len(wiring.workers) + 8)
+
+    # ---- the API's Frontend protocol ---------------------------------------------------------
+    def attach(self, loop: asyncio.AbstractEventLoop) -> None:
+        with self._lock:
+            self.loop = loop
+
+    def health(self) -> tuple[bool, dict[str, Any]]:
+        workers = {i: {"ready": (s := self.status.get(i)) is not None and s.ready and i not in self.lost,
+                       "kv_blocks_used": s.kv_blocks_used if s else None,
+                       "cached_blocks": s.cached_blocks if s else None,
+                       "running": s.running if s else None}
+                   for i in self.wiring.workers}
+        ready = all(w["ready"] for w in workers.values())
+        return ready, {"workers": workers, "live_requests": len(self.live), "mirror_drift": self.drift}
+
+    def metrics_text(self) -> tuple[bytes, str]:
+        return self.metrics.render()
+
+    def timeline(self, request_id: str) -> dict[str, Any] | None:
+        live = self.live.get(request_id)
+        return live.state.timeline() if live else self.done.get(request_id)
+
+    async def generate(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams, deadline: float,
+                       variant: str | None, handoff: str | None) -> AsyncIterator[list[int]]:
+        if sampling.seed is None:  # every leg must draw the same randomness at each position
+            sampling = SamplingParams(sampling.max_tokens, sampling.temperature, sampling.top_p,
+                                      random.getrandbits(63), sampling.stop_token_ids)
+        route = self._route(request_id, prompt_ids, sampling, variant, handoff)
+        st = RequestState(request_id, len(prompt_ids), sampling.max_tokens, route.decision.variant, route.handoff or None)
+        live = Live(st, route, prompt_ids, sampling, deadline)
+        self.live[request_id] = live
+        st.event("arrival", variant=route.decision.variant, reason=route.decision.reason,
+                 predicted_hit=round(route.decision.predicted_hit, 4))
+        try:
+            await self._submit(live)
+            while True:
+                new = st.take_new()
+                if new:
+                    yield new
+                if st.finished and st.emitted == len(st.tokens):
+                    break
+                if st.error:
+                    raise RequestRejected(502, st.error)
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    st.fail("deadline passed")
+                    raise RequestRejected(504, f"request {request_id} passed its deadline")
+                st.wakeup.clear()  # reports land on this loop: nothing can slip in before the wait
+                try:
+                    await asyncio.wait_for(st.wakeup.wait(), timeout=min(left, 1.0))
+                except asyncio.TimeoutError:
+                    pass
+            if st.error:
+                raise RequestRejected(502, st.error)
+        finally:
+            self._close(live)
+
+    # ---- routing -----------------------------------------------------------------------------
+    def _route(self, rid: str, prompt_ids: list[int], sampling: SamplingParams, variant: str | None,
+               handoff: str | None) -> Route:
+        bs = self.plan.model.block_size
+        feats = RequestFeatures(rid, len(prompt_ids), tuple(chain_block_hashes(prompt_ids, bs)),
+                                sampling.max_tokens, bs)
+        if variant is not None:
+            if variant not in self.plan.variants:
+                raise RequestRejected(400, f"unknown variant {variant!r}; this deployment has "
+                                           f"{', '.join(self.plan.variants)}")
+            decision = self.policy.build(self.policy.topo.paths[variant], feats, self.sched,
+                                         reason="variant forced by the request")
+        else:
+            decision = self.policy.decide(feats, self.sched)
+        dead = [i for i in decision.instances if i in self.lost]
+        if dead:
+            raise RequestRejected(503, f"instances {', '.join(dead)} of variant {decision.variant} are down")
+        r = Route(decision)
+        for op, inst in decision.targets:
+            t = self.plan.operators[op].op_type
+            if t in ("prefill", "colocated"):
+                r.prefill = inst
+            elif t == "relay_decode":
+                r.relay = inst
+            else:
+                r.main = inst
+        if r.relay and r.main and not decision.singular:
+            r.handoff = handoff or decision.handoff or "one_shot"
+        return r
+
+    def _job(self, live: Live, **over: Any) -> pb.Job:
+        r, s = live.route, live.sampling
+        bs = self.plan.model.block_size
+        main_blocks = r.decision.predicted_hit_tokens // bs if r.main else 0
+        fields = dict(seq_id=live.state.request_id, prompt_ids=live.prompt_ids,
+                      sampling=pb.Sampling(max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
+                                           seed=s.seed, stop_token_ids=list(s.stop_token_ids)),
+                      timeout_s=max(0.1, live.deadline - time.monotonic()), variant=r.decision.variant,
+                      prefill=r.prefill, relay=r.relay, main=r.main, handoff=r.handoff,
+                      main_cached_blocks=main_blocks, singular=r.decision.singular,
+                      catch_up_tokens=self.plan.variants[r.decision.variant].catch_up_tokens)
+        fields.update(over)
+        return pb.Job(**fields)
+
+    async def _submit(self, live: Live) -> None:
+        r = live.route
+        targets = [i for i in (r.prefill, r.relay, r.main) if i and not (i == r.main and r.decision.singular)]
+        job = self._job(live)
+        futs = [(i, self.clients[i].future("Submit", job)) for i in targets]
+        r.legs.update(targets)
+        for inst, fut in futs:
+            try:
+                await asyncio.wrap_future(_as_concurrent(fut))
+            except Exception as exc:  # noqa: BLE001 - a dead worker: the request cannot start
+                raise RequestRejected(503, f"worker {inst} did not take the request: {_grpc_text(exc)}") from None
+
+    # ---- reports (gRPC threads -> the loop) --------------------------------------------------
+    def _reports(self, stream: Iterator[pb.Report], context: Any) -> pb.Empty:
+        instance = None
+        try:
+            for rep in stream:
+                instance = rep.instance
+                self._dispatch(self._on_report, rep)
+        except Exception:  # noqa: BLE001 - the worker's connection broke
+            pass
+        if instance is not None and not self._answers(instance):
+            self._dispatch(self._on_worker_lost, instance)
+        return pb.Empty()
+
+    def _answers(self, instance: str) -> bool:
+        """A broken report stream alone is not a lost worker: it reconnects if it still runs."""
+        try:
+            self.clients[instance].call("Status", pb.Empty(), timeout_s=2.0)
+            return True
+        except Exception:  # noqa: BLE001 - any failure to answer counts as gone
+            return False
+
+    def _dispatch(self, fn: Any, arg: Any) -> None:
+        with self._lock:  # before the server's loop exists (startup), reports are applied here
+            if self.loop is None:
+                fn(arg)
+                return
+        try:
+            self.loop.call_soon_threadsafe(fn, arg)
+        except RuntimeError:  # the loop has closed: shutting down
+            pass
+
+    def _on_report(self, rep: pb.Report) -> None:
+        which = rep.WhichOneof("body")
+        if which == "status":
+            self._on_status(rep.instance, rep.status)
+        elif which == "cache":
+            m = self.sched.mirror(rep.instance)
+            if m is not None:
+                try:
+                    m.on_evict(rep.cache.evicted)
+                    m.on_insert(rep.cache.inserted)
+                except MirrorDrift as exc:
+                    self._drift(str(exc))
+        elif which == "tokens":
+            self._on_tokens(rep.instance, rep.tokens)
+        elif which == "event":
+            self._on_event(rep.instance, rep.event)
+        elif which == "failure":
+            self._on_failure(rep.instance, rep.failure)
+
+    def _on_status(self, inst: str, s: pb.WorkerStatus) -> None:
+        self.status[inst] = s
+        op = self.plan.operators[inst.split("/")[0]]
+        self.sched.set_load(inst, InstanceLoad(running=s.running, queued=s.waiting,
+                                               max_batch=int(op.params.get("max_batch", 64)),
+                                               kv_used=s.kv_blocks_used / max(s.kv_blocks_total, 1)))
+        self.metrics.queue_depth.labels(inst).set(s.running + s.waiting)
+        self.metrics.kv_blocks_used.labels(inst).set(s.kv_blocks_used)
+        self.metrics.kv_blocks_total.labels(inst).set(s.kv_blocks_total)
+        m = self.sched.mirror(inst)
+        if m is not None:  # deltas precede the status on the same ordered stream: they must agree now
+            if len(m) != s.cached_blocks or m.digest != s.cache_digest:
+                self._drift(f"{inst}: mirror holds {len(m)} blocks, cache {s.cached_blocks}")
+
+    def _drift(self, msg: str) -> None:
+        if msg not in self.drift:
+            self.drift.append(msg)
+            log.error("radix mirror drift: %s", msg)
+
+    def _live(self, seq_id: str) -> Live | None:
+        return self.live.get(seq_id.removesuffix(RESUMED))
+
+    def _on_tokens(self, inst: str, t: pb.Tokens) -> None:
+        live = self._live(t.seq_id)
+        if live is None:
+            return
+        st, r = live.state, live.route
+        op = inst.split("/")[0]
+        if self.plan.operators[op].op_type == "prefill":
+            # Prefill's first token reaches the client through the decoder that continues from it
+            # (as in every PD system): TTFT includes getting the KV to a decoder.
+            r.legs.discard(inst)
+            if t.final:
+                st.add(TokenRun(int(t.start), list(t.ids), op, final=True))
+            else:
+                self._feed_first(live, int(t.ids[0]))
+            return
+        before = len(st.tokens)
+        try:
+            st.add(TokenRun(int(t.start), list(t.ids), op, final=t.final))
+        except StreamConflict as exc:
+            st.fail(str(exc))
+            return
+        new = len(st.tokens) - before
+        if new:
+            is_relay = self.plan.operators[op].op_type == "relay_decode"
+            self.metrics.count_tokens(op, new, is_relay)
+            now = time.monotonic()
+            if before == 0:
+                self.metrics.ttft.observe(now - st.arrival)
+                st.event("first_token", instance=inst)
+            elif st.token_times and len(st.token_times) > new:
+                self.metrics.itl.observe(st.token_times[-1] - st.token_times[-new - 1])
+        if t.final:
+            r.legs.discard(inst)
+
+    def _feed_first(self, live: Live, first: int) -> None:
+        r = live.route
+        target = r.relay if r.relay else r.main
+        if target:
+            self._call(target, "Feed", pb.Tokens(seq_id=live.state.request_id, start=0, ids=[first]))
+
+    def _on_event(self, inst: str, e: pb.Event) -> None:
+        live = self._live(e.seq_id)
+        name = e.name
+        if name.startswith(("kv_send:", "kv_sent:")):
+            step, kind, dst = name.split(":", 2)
+            ch = next((c for c in self.plan.channels if c.src == inst.split("/")[0] and c.dst == dst.split("/")[0]
+                       and c.kind == kind), None)
+            if ch is not None and step == "kv_sent":
+                self.metrics.kv_transfer.labels(ch.id).observe(e.values.get("seconds", 0.0))
+            elif ch is not None and ch.link:  # counted when the transfer starts, even if later cancelled
+                self.metrics.wan_bytes.labels(ch.link).inc(e.values.get("bytes", 0.0))
+                self.metrics.wan_saved.labels(ch.link).inc(e.values.get("saved_bytes", 0.0))
+        if live is None:
+            return
+        live.state.event(name, instance=inst, **{k: v for k, v in e.values.items()})
+        r = live.route
+        if name == "kv_landed" and inst == r.main and r.relay and r.handoff and not live.state.finished:
+            live.state.event("handoff_start", mode=r.handoff)
+            self._call(r.relay, "Handoff", pb.StartHandoff(seq_id=e.seq_id, mode=r.handoff))
+        elif name == "handoff_sent" and inst == r.relay:
+            r.handed_off = True
+
+    def _on_failure(self, inst: str, f: pb.Failure) -> None:
+        live = self._live(f.seq_id)
+        if live is None:
+            return
+        st, r = live.state, live.route
+        st.event("leg_failed", instance=inst, leg=f.leg, error=f.error)
+        if f.leg == "kv_recovered":
+            self.metrics.fallbacks.labels("kv_recomputed").inc()
+            return
+        if f.leg in ("kv_wan_flight", "kv_rdma_tensor"):
+            dst = f.error.split(":", 1)[0].removeprefix("to ")
+            self._call(dst, "Recompute", pb.Cancel(seq_id=f.seq_id, reason=f.error))
+            return
+        if f.leg == "handoff":  # main unreachable: the relay keeps decoding to the end
+            self.metrics.fallbacks.labels("relay_finishes").inc()
+            if r.main in r.legs:
+                self._abort_leg(live, r.main, "handoff failed")
+            return
+        if inst == r.main and r.relay and not r.handed_off and r.relay in r.legs:
+            self.metrics.fallbacks.labels("relay_finishes").inc()
+            r.main, r.handoff = "", ""
+            return
+        if not self._resume(live, lost=inst):
+            st.fail(f"{inst}: {f.leg}: {f.error}")
+
+    def _on_worker_lost(self, inst: str) -> None:
+        if inst in self.lost:
+            return
+        self.lost.add(inst)
+        log.error("worker %s is gone", inst)
+        for live in list(self.live.values()):
+            if inst in live.route.legs or inst in (live.route.relay, live.route.main):
+                live.route.legs.discard(inst)
+                if not live.state.finished and not self._resume(live, lost=inst):
+                    live.state.fail(f"worker {inst} was lost and no other instance can finish the request")
+
+    def _resume(self, live: Live, lost: str) -> bool:
+        """Finish a request whose decoder is gone on another decoder of its route (the relay when
+        main is lost, main when the relay is lost): it re-prefills prompt + tokens so far locally."""
+        r, st = live.route, live.state
+        survivors = [i for i in (r.relay, r.main) if i and i != lost and i not in self.lost]
+        if not survivors or r.resumed:
+            return False
+        target = survivors[0]
+        r.resumed = True
+        for inst in list(r.legs):
+            self._abort_leg(live, inst, f"resuming on {target}")
+        done = list(st.tokens)
+        # A new sequence id: the aborts of the old legs and this submit may arrive in any order.
+        job = self._job(live, seq_id=f"{st.request_id}{RESUMED}", prompt_ids=live.prompt_ids + done,
+                        local_prefill=True, output_offset=len(done),
+                        relay="", main="", handoff="", main_cached_blocks=0, singular=False,
+                        sampling=pb.Sampling(max_tokens=live.sampling.max_tokens - len(done),
+                                             temperature=live.sampling.temperature, top_p=live.sampling.top_p,
+                                             seed=live.sampling.seed,
+                                             stop_token_ids=list(live.sampling.stop_token_ids)))
+        r.legs.add(target)
+        r.resumed_on.add(target)
+        st.event("resumed", instance=target, from_token=len(done))
+        self.metrics.fallbacks.labels("resumed_elsewhere").inc()
+        self._call(target, "Submit", job)
+        return True
+
+    # ---- endings -----------------------------------------------------------------------------
+    def _abort_leg(self, live: Live, inst: str, reason: str) -> None:
+        live.route.legs.discard(inst)
+        if inst not in self.lost:
+            sid = live.state.request_id + (RESUMED if live.route.resumed and inst in live.route.resumed_on else "")
+            self._call(inst, "Abort", pb.Cancel(seq_id=sid, reason=reason))
+
+    def _close(self, live: Live) -> None:
+        st, r = live.state, live.route
+        ok = st.finished and not st.error
+        reason = "finished" if ok else (st.error or "client went away")
+        for inst in list(r.legs):
+            if ok and inst == r.main and r.relay and not r.decision.singular:
+                continue  # main still extends over the relay's IDs to keep its cache; it ends the leg itself
+            self._abort_leg(live, inst, reason)
+        outcome = "ok" if st.finished and not st.error else ("error" if st.error else "cancelled")
+        self.metrics.requests.labels(r.decision.variant, r.handoff or "none", outcome).inc()
+        self.metrics.e2e.observe(time.monotonic() - st.arrival)
+        self.live.pop(st.request_id, None)
+        self.done[st.request_id] = st.timeline()
+        while len(self.done) > TIMELINES_KEPT:
+            self.done.popitem(last=False)
+
+    def _call(self, inst: str, method: str, msg: Any) -> None:
+        if inst in self.lost:
+            return
+        fut = self.clients[inst].future(method, msg)
+        fut.add_done_callback(lambda f: f.exception() and log.warning("%s.%s failed: %s", inst, method,
+                                                                      _grpc_text(f.exception())))
+
+    def close(self) -> None:
+        self.server.stop(grace=0.5)
+        for c in self.clients.values():
+            c.close()
+
+
+def _as_concurrent(fut: Any) -> Any:
+    """grpc.Future -> concurrent.futures.Future, so asyncio can await it."""
+    import concurrent.futures
+
+    out: concurrent.futures.Future = concurrent.futures.Future()
+
+    def done(f: Any) -> None:
+        exc = f.exception()
+        if exc is not None:
+            out.set_exception(exc)
+        else:
+            out.set_result(f.result())
+
+    fut.add_done_callback(done)
+    return out
+
+
+def _grpc_text(exc: BaseException) -> str:
+    details = getattr(exc, "details", None)
+    return details() if callable(details) else str(exc)
+

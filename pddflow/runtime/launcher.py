@@ -1,0 +1,117 @@
+"""Run `pddflow deploy` as a subprocess on a free port, wait until it is ready, stop it, and tell
+whether anything was left behind (worker processes, KV blocks of finished requests). Used by
+`pddflow bench serve` and the end-to-end tests."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get_json(url: str, timeout: float = 5.0) -> tuple[int, dict]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def post_json(url: str, body: dict, timeout: float = 5.0) -> tuple[int, dict]:
+    req = urllib.request.Request(url, json.dumps(body).encode(), {"content-type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def _children_of(pid: int) -> list[int]:
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit():
+            try:
+                fields = (p / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            if int(fields[1]) == pid:
+                out.append(int(p.name))
+    return out
+
+
+class LaunchError(RuntimeError):
+    pass
+
+
+class Deployment:
+    def __init__(self, graph: str | Path, run_dir: Path, *extra: str, startup_s: float = 180.0):
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.run_dir = run_dir
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "pddflow.cli", "deploy", str(graph), "--port", str(self.port),
+             "--run-dir", str(run_dir), *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        deadline = time.monotonic() + startup_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise LaunchError(f"deploy exited with {self.proc.returncode}:\n{self.proc.stdout.read().decode()}")
+            try:
+                code, _ = get_json(f"{self.base}/health", timeout=1)
+                if code == 200:
+                    self.children = _children_of(self.proc.pid)
+                    return
+            except OSError:
+                pass
+            time.sleep(0.3)
+        self.stop()
+        raise LaunchError(f"deployment of {graph} did not become ready within {startup_s:g} s")
+
+    def worker_pid(self, instance: str) -> int:
+        log = self.run_dir / f"{instance.replace('/', '-')}.log"
+        m = re.search(r"ready \(pid (\d+)\)", log.read_text())
+        assert m, log.read_text()
+        return int(m.group(1))
+
+    def health(self) -> dict:
+        return get_json(f"{self.base}/health")[1]
+
+    def wait_idle(self, timeout_s: float = 20.0) -> dict:
+        """Health once no request is live and every worker's status is fresh."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            h = self.health()
+            if h.get("live_requests") == 0 and all(
+                    w["kv_blocks_used"] == w["cached_blocks"] for w in h["workers"].values() if w["ready"]):
+                return h
+            if time.monotonic() > deadline:
+                return h
+            time.sleep(0.3)
+
+    def stop(self) -> str:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            out, _ = self.proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            out, _ = self.proc.communicate()
+        return out.decode(errors="replace")
+
+    def leftover_children(self) -> list[int]:
+        return [p for p in getattr(self, "children", []) if Path(f"/proc/{p}").exists()
+                and "pddflow.runtime.worker" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")]

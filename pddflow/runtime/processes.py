@@ -1,0 +1,100 @@
+"""Worker processes of the local backend: start, watch, stop, with nothing left behind.
+
+Each worker is a child in its own process group that the kernel kills if the deployer dies
+(PR_SET_PDEATHSIG), so even a `kill -9` of `pddflow deploy` leaves no orphan. Stopping sends
+SIGTERM, waits up to a grace period, then SIGKILLs what is left.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from threading import Thread
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass  # not Linux: the deployer's own cleanup still stops the child
+    os.setpgrp()  # Ctrl-C in the terminal goes to the deployer, which stops workers in order
+
+
+@dataclass
+class WorkerProcess:
+    name: str
+    argv: list[str]
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen | None = None
+    tail: deque = field(default_factory=lambda: deque(maxlen=40))
+
+    def start(self) -> None:
+        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
+        self.log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop)
+        self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
+                                     preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+        Thread(target=self._pump, name=f"log-{self.name}", daemon=True).start()
+
+    def _pump(self) -> None:
+        assert self.proc and self.proc.stdout
+        for line in self.proc.stdout:
+            self.log.write(line)
+            self.log.flush()
+            self.tail.append(line.decode(errors="replace").rstrip())
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def exit_summary(self) -> str:
+        code = self.proc.returncode if self.proc else None
+        last = "\n    ".join(list(self.tail)[-8:]) or "(no output)"
+        return f"{self.name} exited with status {code}; last output ({self.log_path}):\n    {last}"
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            try:
+                os.kill(self.proc.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        if self.proc is None:
+            return
+        self.signal(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            self.signal(signal.SIGKILL)
+            self.proc.wait(timeout=5)
+        self.log.close()
+
+
+def stop_all(workers: list[WorkerProcess], grace_s: float = 5.0) -> None:
+    """SIGTERM everyone at once, then wait for each with one shared deadline."""
+    for w in workers:
+        w.signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for w in workers:
+        if w.proc is None:
+            continue
+        try:
+            w.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            w.signal(signal.SIGKILL)
+            w.proc.wait(timeout=5)
+        if not w.log.closed:
+            w.log.close()

@@ -1,0 +1,1 @@
+"""Generated protobuf module of the runtime control plane (runtime.proto)."""

@@ -1,0 +1,98 @@
+"""One request as the frontend sees it: tokens arriving from several workers (prefill's first
+token, the relay's eager tokens, main decode's tokens after the handoff) merged into one stream by
+position, so the client never sees a token twice or misses one; plus its timeline."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass
+class TokenRun:
+    start: int           # position in the output (0 = first generated token)
+    ids: list[int]
+    source: str          # operator name that produced them
+    final: bool = False  # the source produced the sequence's last token
+
+
+class StreamConflict(Exception):
+    """Two workers disagree about the token at one position: a correctness bug, never ignored."""
+
+
+@dataclass
+class RequestState:
+    request_id: str
+    prompt_len: int
+    max_tokens: int
+    variant: str
+    handoff: str | None
+    arrival: float = field(default_factory=time.monotonic)
+    tokens: list[int] = field(default_factory=list)
+    sources: list[str] = field(default_factory=list)
+    ahead: dict[int, tuple[int, str]] = field(default_factory=dict)  # positions beyond a gap
+    end: int = 0         # output length: max_tokens, or less once a source says final
+    finished: bool = False
+    error: str | None = None
+    events: list[tuple[str, float, dict[str, Any]]] = field(default_factory=list)
+    wakeup: asyncio.Event = field(default_factory=asyncio.Event)
+    emitted: int = 0     # tokens handed to the client so far
+    token_times: list[float] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.end = self.max_tokens
+
+    def event(self, name: str, **detail: Any) -> None:
+        self.events.append((name, time.monotonic(), detail))
+
+    def add(self, run: TokenRun) -> None:
+        """Accept tokens at any position; a position reported twice (the relay and main decode
+        around the handoff point) must carry the same token."""
+        if self.finished:
+            return
+        for i, tok in enumerate(run.ids):
+            pos = run.start + i
+            seen = self.tokens[pos] if pos < len(self.tokens) else self.ahead.get(pos, (None, ""))[0]
+            if seen is not None and seen != tok:
+                where = self.sources[pos] if pos < len(self.sources) else self.ahead[pos][1]
+                raise StreamConflict(f"{self.request_id}: output position {pos} is {seen} from {where} "
+                                     f"but {tok} from {run.source}")
+            if pos >= len(self.tokens):
+                self.ahead.setdefault(pos, (tok, run.source))
+        if run.final:
+            self.end = min(self.end, run.start + len(run.ids))
+        now = time.monotonic()
+        while len(self.tokens) in self.ahead and len(self.tokens) < self.end:
+            tok, source = self.ahead.pop(len(self.tokens))
+            self.tokens.append(tok)
+            self.sources.append(source)
+            self.token_times.append(now)
+        if len(self.tokens) >= self.end:
+            self.finished = True
+            self.ahead.clear()
+            self.event("finish", tokens=len(self.tokens))
+        self.wakeup.set()
+
+    def fail(self, message: str) -> None:
+        if not self.finished:
+            self.error = message
+            self.finished = True
+            self.event("failed", error=message)
+            self.wakeup.set()
+
+    def take_new(self) -> list[int]:
+        out = self.tokens[self.emitted:]
+        self.emitted = len(self.tokens)
+        return out
+
+    def timeline(self) -> dict[str, Any]:
+        t0 = self.arrival
+        return {
+            "request_id": self.request_id, "variant": self.variant, "handoff": self.handoff,
+            "prompt_tokens": self.prompt_len, "output_tokens": len(self.tokens), "finished": self.finished,
+            "error": self.error,
+            "tokens_by_operator": {s: self.sources.count(s) for s in dict.fromkeys(self.sources)},
+            "events": [{"event": n, "t_ms": round((t - t0) * 1e3, 3), **d} for n, t, d in self.events],
+        }

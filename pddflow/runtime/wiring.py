@@ -1,0 +1,89 @@
+"""Wiring: where every endpoint of a local deployment listens, decided once by the deployer and
+handed to every worker as a JSON file (ports on 127.0.0.1, abstract Unix sockets for rdma_tensor)."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import socket
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from pddflow.graph.plan import Plan
+
+
+@dataclass
+class Endpoints:
+    rpc: str                                   # the worker's control service
+    kv_flight: str = ""                        # wan_flight receiver (grpc://127.0.0.1:port)
+    kv_rdma: str = ""                          # rdma_tensor receiver (unix:@name)
+    handoff: str = ""                          # token_ids server (127.0.0.1:port)
+
+
+@dataclass
+class Wiring:
+    deployment: str
+    plan_json: str
+    frontend: str                              # the frontend's report service
+    workers: dict[str, Endpoints] = field(default_factory=dict)
+    auth_token: str = ""                       # bearer token for every cross-cluster channel
+    seed: int = 0
+    kv_cache_bytes: int = 256 << 20            # per worker, local profile
+    leg_timeout_s: float = 60.0                # a leg's default deadline
+    # Cross-cluster endpoints are reached through the emulated link's relay (real address -> relay
+    # address), so the link can be cut like a real WAN; `links` names the endpoints behind each link.
+    via: dict[str, str] = field(default_factory=dict)
+    threads_per_worker: int = 0                # torch threads per worker (0: torch's default)
+    tls_cert: str = ""                         # PEM paths for channels with `tls: true`
+    tls_key: str = ""
+    links: dict[str, list[str]] = field(default_factory=dict)
+
+    def reach(self, address: str) -> str:
+        """The address a sender dials for `address` (through the link's relay when it crosses one)."""
+        return self.via.get(address, address)
+
+    def plan(self) -> Plan:
+        return Plan.from_json(self.plan_json)
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(asdict(self)))
+
+    @staticmethod
+    def load(path: Path) -> Wiring:
+        d = json.loads(Path(path).read_text())
+        d["workers"] = {k: Endpoints(**v) for k, v in d["workers"].items()}
+        return Wiring(**d)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wire(plan: Plan, seed: int = 0, kv_cache_bytes: int = 256 << 20, leg_timeout_s: float = 60.0) -> Wiring:
+    """Endpoints for every instance of a (local-scale) plan: a receiver where an edge lands."""
+    dep = f"pddflow-{uuid.uuid4().hex[:8]}"
+    w = Wiring(dep, plan.to_json(indent=None), f"127.0.0.1:{free_port()}", auth_token=secrets.token_hex(16),
+               seed=seed, kv_cache_bytes=kv_cache_bytes, leg_timeout_s=leg_timeout_s)
+    # One host runs every worker: split its cores rather than oversubscribe them.
+    w.threads_per_worker = max(1, (os.cpu_count() or 1) // len(plan.instances))
+    for inst in plan.instances:
+        ep = Endpoints(rpc=f"127.0.0.1:{free_port()}")
+        for ch in plan.channels:
+            if ch.dst != inst.operator:
+                continue
+            if ch.kind == "wan_flight" and not ep.kv_flight:
+                ep.kv_flight = f"grpc://127.0.0.1:{free_port()}"
+            elif ch.kind == "rdma_tensor" and not ep.kv_rdma:
+                ep.kv_rdma = f"unix:@{dep}-{inst.id.replace('/', '-')}-kv"
+            elif ch.kind == "token_ids" and not ep.handoff:
+                ep.handoff = f"127.0.0.1:{free_port()}"
+            if ch.cross_cluster and ch.link:
+                addr = ep.kv_flight if ch.kind == "wan_flight" else (ep.handoff if ch.kind == "token_ids" else "")
+                if addr and addr not in w.links.setdefault(ch.link, []):
+                    w.links[ch.link].append(addr)
+        w.workers[inst.id] = ep
+    return w

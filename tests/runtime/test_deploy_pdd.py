@@ -1,0 +1,114 @@
+"""End to end: `pddflow deploy graphs/pdd.yaml` (three worker processes, clusters A and B emulated,
+the A-B link shaped) serves the official openai client, and with greedy sampling every variant
+and both handoff modes return exactly the tokens of the colocated reference."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pddflow.runtime.launcher import Deployment, post_json
+
+ROOT = Path(__file__).resolve().parents[2]
+
+openai = pytest.importorskip("openai")
+
+PROMPTS = ["The relay decodes while the KV crosses the WAN.", "Hello, main decode!"]
+MAX_TOKENS = 24
+
+
+@pytest.fixture(scope="module")
+def reference() -> dict[str, list[int]]:
+    from pddflow.core.payloads import SamplingParams
+    from pddflow.operators.engine import Engine
+
+    eng = Engine.from_spec("builtin:tiny-llama")
+    out = {}
+    for p in PROMPTS:
+        ids = eng.tokenizer.encode(p)
+        seq = eng.generate([ids], SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0,
+                                                 stop_token_ids=tuple(eng.tokenizer.eos_token_ids)))[0]
+        out[p] = seq.output_ids
+    return out
+
+
+@pytest.fixture(scope="module")
+def pdd(tmp_path_factory):
+    dep = Deployment(ROOT / "graphs" / "pdd.yaml", tmp_path_factory.mktemp("pdd-run"))
+    yield dep
+    dep.stop()
+    assert dep.leftover_children() == []
+
+
+@pytest.fixture(scope="module")
+def client(pdd):
+    return openai.OpenAI(base_url=f"{pdd.base}/v1", api_key="unused", timeout=60, max_retries=0)
+
+
+ROUTES = [None, ("p_md", None), ("p_rld_md", "one_shot"), ("p_rld_md", "catch_up")]
+
+
+@pytest.mark.parametrize("route", ROUTES, ids=["scheduler", "p_md", "p_rld_md-one_shot", "p_rld_md-catch_up"])
+@pytest.mark.parametrize("prompt", PROMPTS, ids=["long", "short"])
+def test_completions_match_reference(client, reference, route, prompt):
+    extra = {"return_token_ids": True}
+    if route:
+        extra["variant"], extra["handoff"] = route[0], route[1]
+    r = client.completions.create(model="pdd", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
+                                  extra_body=extra)
+    assert r.choices[0].model_extra["token_ids"] == reference[prompt]
+    assert r.usage.completion_tokens == len(reference[prompt])
+
+
+@pytest.mark.parametrize("route", ROUTES[1:], ids=["p_md", "p_rld_md-one_shot", "p_rld_md-catch_up"])
+def test_streaming_matches_reference(client, reference, route):
+    prompt = PROMPTS[0]
+    stream = client.completions.create(model="pdd", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
+                                       stream=True, extra_body={"return_token_ids": True, "variant": route[0],
+                                                                "handoff": route[1]})
+    ids: list[int] = []
+    for chunk in stream:
+        ids += chunk.choices[0].model_extra.get("token_ids", [])
+    assert ids == reference[prompt]
+
+
+def test_chat_streaming(client):
+    stream = client.chat.completions.create(model="pdd", messages=[{"role": "user", "content": "hi"}],
+                                            max_tokens=8, temperature=0, stream=True)
+    chunks = list(stream)
+    assert chunks[-1].choices[0].finish_reason in ("length", "stop")
+    assert chunks[0].choices[0].delta.role == "assistant"
+
+
+def test_models_and_bad_requests(pdd, client):
+    assert [m.id for m in client.models.list()] == ["pdd"]
+    code, body = post_json(f"{pdd.base}/v1/completions", {"model": "pdd", "prompt": "x", "max_tokens": -1})
+    assert code == 400 and "max_tokens" in body["error"]["message"]
+    code, body = post_json(f"{pdd.base}/v1/completions", {"model": "nope", "prompt": "x"})
+    assert code == 404 and "serves 'pdd'" in body["error"]["message"]
+    code, body = post_json(f"{pdd.base}/v1/completions", {"model": "pdd", "prompt": [1, 99999]})
+    assert code == 400 and "outside the vocabulary" in body["error"]["message"]
+    code, body = post_json(f"{pdd.base}/v1/completions", {"model": "pdd", "prompt": "x", "variant": "p_x"})
+    assert code == 400 and "unknown variant" in body["error"]["message"]
+
+
+def test_metrics_timeline_and_no_leaks(pdd, client):
+    r = client.completions.with_raw_response.create(model="pdd", prompt=PROMPTS[0], max_tokens=8, temperature=0,
+                                                    extra_body={"variant": "p_rld_md", "handoff": "one_shot"})
+    rid = r.headers["x-request-id"]
+    import urllib.request
+
+    text = urllib.request.urlopen(f"{pdd.base}/metrics", timeout=5).read().decode()
+    for name in ("pddflow_ttft_seconds_bucket", "pddflow_inter_token_seconds_bucket", "pddflow_requests_total",
+                 "pddflow_wan_bytes_sent_total", "pddflow_wan_bytes_saved_total", "pddflow_kv_transfer_seconds",
+                 "pddflow_relay_token_share", "pddflow_queue_depth", "pddflow_kv_blocks_used"):
+        assert name in text, name
+    tl = __import__("json").loads(urllib.request.urlopen(f"{pdd.base}/v1/requests/{rid}/timeline", timeout=5).read())
+    names = [e["event"] for e in tl["events"]]
+    for ev in ("arrival", "first_token", "kv_landed", "handoff_start", "handoff_sent", "finish"):
+        assert ev in names, [e.get("error") for e in tl["events"] if e["event"] == "leg_failed"]
+    h = pdd.wait_idle()
+    assert h["mirror_drift"] == []
+    for inst, w in h["workers"].items():
+        assert w["kv_blocks_used"] == w["cached_blocks"], (inst, w)  # only the prefix caches hold blocks

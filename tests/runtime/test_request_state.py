@@ -1,0 +1,41 @@
+"""Merging token runs from several workers into one stream."""
+
+from __future__ import annotations
+
+import pytest
+
+from pddflow.runtime.request_state import RequestState, StreamConflict, TokenRun
+
+
+def _state(max_tokens: int = 10) -> RequestState:
+    return RequestState("r", prompt_len=5, max_tokens=max_tokens, variant="p_rld_md", handoff="one_shot")
+
+
+def test_handoff_overlap_merges_without_repeat_or_gap():
+    s = _state()
+    s.add(TokenRun(0, [7], "prefill"))
+    s.add(TokenRun(1, [8, 9, 10], "relay"))
+    s.add(TokenRun(6, [13, 14], "main"))          # arrives before the gap is filled
+    assert s.tokens == [7, 8, 9, 10]
+    s.add(TokenRun(3, [10, 11, 12], "main"))      # overlaps the relay's last token, agrees
+    assert s.tokens == [7, 8, 9, 10, 11, 12, 13, 14]
+    assert s.sources == ["prefill", "relay", "relay", "relay", "main", "main", "main", "main"]
+    assert s.take_new() == [7, 8, 9, 10, 11, 12, 13, 14] and s.take_new() == []
+    s.add(TokenRun(8, [15], "main", final=True))
+    assert s.finished and s.tokens[-1] == 15
+
+
+def test_disagreement_is_an_error():
+    s = _state()
+    s.add(TokenRun(0, [1, 2, 3], "relay"))
+    with pytest.raises(StreamConflict, match="position 2 is 3 from relay but 4 from main"):
+        s.add(TokenRun(2, [4], "main"))
+
+
+def test_max_tokens_and_final_end_the_stream():
+    s = _state(max_tokens=3)
+    s.add(TokenRun(0, [1, 2, 3, 4], "main"))
+    assert s.finished and s.tokens == [1, 2, 3]
+    t = _state()
+    t.add(TokenRun(0, [1, 2], "main", final=True))
+    assert t.finished and t.timeline()["tokens_by_operator"] == {"main": 2}
