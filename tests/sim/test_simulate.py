@@ -18,7 +18,7 @@ from pddflow.sim.simulator import Simulation
 from pddflow.sim.trace import load_trace
 
 ROOT = Path(__file__).resolve().parents[2]
-TRACE = Path("/work/shared/traces/mooncake_conversation_trace.jsonl")
+TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"  # shared/ beside the repo
 REQUIRED = {"requests", "wall_s", "ttft_s", "tpot_ms", "slo_goodput_rps", "cost_per_hour", "bcr", "wan_bytes",
             "relay_token_share", "variants"}
 PLANS = ["pdd.yaml", "cross_dc_pd.yaml", "same_dc_pd.yaml", "colocated.yaml", "examples/prfaas_remote_prefill.yaml",

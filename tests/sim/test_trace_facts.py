@@ -10,9 +10,8 @@ import pytest
 
 from pddflow.sim.trace import load_trace
 
-TRACE = Path("/work/shared/traces/mooncake_conversation_trace.jsonl")
-if not TRACE.exists():
-    TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
+# shared/ lies beside the repository (CI copies it there too)
+TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
 
 
 @pytest.mark.skipif(not TRACE.exists(), reason="shared trace not present")

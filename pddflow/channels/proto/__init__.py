@@ -1,2 +1,2 @@
 """Generated protobuf modules for pddflow's channels (see pddflow.proto; regenerate with
-`python -m pddflow.channels.proto.regen`)."""
+`python -m pddflow.regen_protos`)."""
