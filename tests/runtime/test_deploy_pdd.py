@@ -4,6 +4,7 @@ and both handoff modes return exactly the tokens of the colocated reference."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -35,10 +36,14 @@ def reference() -> dict[str, list[int]]:
 
 @pytest.fixture(scope="module")
 def pdd(tmp_path_factory):
+    shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     dep = Deployment(ROOT / "graphs" / "pdd.yaml", tmp_path_factory.mktemp("pdd-run"))
     yield dep
     dep.stop()
     assert dep.leftover_children() == []
+    # rdma_tensor maps memfd regions (gone with their processes); nothing may stay in /dev/shm
+    if os.path.isdir("/dev/shm"):
+        assert set(os.listdir("/dev/shm")) - shm_before == set()
 
 
 @pytest.fixture(scope="module")
