@@ -21,16 +21,39 @@ def simulate(
     graphs: list[Path] = typer.Argument(..., help="graph files to compare (same workload, one after the other)",
                                         show_default=False),
     trace: Optional[Path] = typer.Option(None, "--trace", help="Mooncake-format JSONL trace to replay"),
-    workload: str = typer.Option("auto", "--workload", help="trace | agentic (auto: trace when --trace is given)"),
+    workload: str = typer.Option("auto", "--workload",
+                                 help="trace | agentic | serve (auto: trace when --trace is given)"),
+    serve_workload: bool = typer.Option(False, "--serve-workload",
+                                        help="replay `pddflow bench serve`'s multi-turn sessions exactly (same as "
+                                             "--workload serve; --trace is the trace they derive from)"),
+    sessions: int = typer.Option(4, "--sessions", min=1, help="serve: sessions (as `bench serve --sessions`)"),
+    scale: float = typer.Option(1 / 32, "--scale", min=1e-4, help="serve: built-in model tokens per trace token"),
+    max_output: int = typer.Option(128, "--max-output", min=1, help="serve: cap on one turn's output tokens"),
+    wan_gbps: Optional[float] = typer.Option(None, "--wan-gbps", min=1e-6,
+                                             help="every link at this bandwidth instead of the graph's (as "
+                                                  "`pddflow deploy/bench serve --wan-gbps`)"),
+    cpu_cores: Optional[float] = typer.Option(None, "--cpu-cores", min=0.0,
+                                              help="model every instance sharing this many host cores (one "
+                                                   "process each, as the embedded deployment); default: this "
+                                                   "machine's cores with --serve-workload and --calibrate, 0 = off"),
+    cpu_background: float = typer.Option(0.0, "--cpu-background", min=0.0,
+                                         help="with the CPU model: other tenants' runnable threads on those cores "
+                                              "(assumed the same during the calibration benchmark)"),
     requests: Optional[int] = typer.Option(None, "--requests", "-n", min=1,
                                            help="requests to replay (trace: the first N; agentic: how many; default 4000)"),
     rate_scale: float = typer.Option(1.0, "--rate-scale", min=1e-6, help="trace: multiply the request rate"),
     input_scale: float = typer.Option(1.0, "--input-scale", min=1e-6, help="trace: multiply prompt lengths"),
     output_scale: float = typer.Option(1.0, "--output-scale", min=1e-6, help="trace: multiply output lengths"),
-    rps: float = typer.Option(8.0, "--rps", min=1e-6, help="agentic: request rate (sessions are closed-loop)"),
+    rps: Optional[float] = typer.Option(None, "--rps", min=1e-6,
+                                        help="agentic: request rate, default 8 (sessions are closed-loop); "
+                                             "serve: session starts per second, default 2"),
     hit_rate: float = typer.Option(0.9, "--hit-rate", min=0.0, max=1.0, help="agentic: target mean prefix hit"),
-    turns: float = typer.Option(12.0, "--turns", min=1.0, help="agentic: mean tool-call rounds per session"),
-    think_s: float = typer.Option(20.0, "--think-s", min=0.0, help="agentic: mean gap between a session's turns"),
+    turns: Optional[float] = typer.Option(None, "--turns", min=1.0,
+                                          help="agentic: mean tool-call rounds per session (default 12); "
+                                               "serve: turns per session (default 4)"),
+    think_s: Optional[float] = typer.Option(None, "--think-s", "--think", min=0.0,
+                                            help="agentic: mean gap between a session's turns (default 20 s); "
+                                                 "serve: seconds between a turn's answer and the next (default 1)"),
     prompt_tokens: int = typer.Option(16000, "--prompt-tokens", min=1, help="agentic: median first-turn context"),
     output_tokens: int = typer.Option(400, "--output-tokens", min=1, help="agentic: median output length"),
     seed: int = typer.Option(0, "--seed", help="seed for the workload and the WAN jitter (same seed, same result)"),
@@ -61,13 +84,19 @@ def simulate(
     from pddflow.sim.network import STREAM_GBPS
     from pddflow.sim.trace import TraceError, load_trace
 
-    if workload not in ("auto", "trace", "agentic"):
-        fail(f"unknown workload {workload!r}; use trace or agentic", code=2)
+    if workload not in ("auto", "trace", "agentic", "serve"):
+        fail(f"unknown workload {workload!r}; use trace, agentic or serve", code=2)
+    if serve_workload:
+        if workload not in ("auto", "serve"):
+            fail(f"--serve-workload contradicts --workload {workload}", code=2)
+        workload = "serve"
     if profile not in ("auto", "production", "local"):
         fail(f"unknown profile {profile!r}; use production or local", code=2)
     if sweep is not None and sweep != "hit-rate":
         fail(f"unknown sweep {sweep!r}; the sweep is `--sweep hit-rate`", code=2)
     kind = workload if workload != "auto" else ("trace" if trace else "agentic")
+    if kind == "serve" and sweep:
+        fail("--sweep hit-rate generates agentic workloads; drop --serve-workload", code=2)
     if kind == "trace" and trace is None:
         fail("--workload trace needs --trace FILE", code=2)
     if kind == "agentic" and trace is not None:
@@ -76,6 +105,10 @@ def simulate(
         fail("--sweep hit-rate generates agentic workloads; drop --trace", code=2)
 
     plans = [load_or_exit(g) for g in graphs]
+    if wan_gbps is not None:
+        from dataclasses import replace as _replace
+
+        plans = [_replace(p, links={n: _replace(link, gbps=wan_gbps) for n, link in p.links.items()}) for p in plans]
     cal = None
     if calibrate is not None:
         try:
@@ -92,8 +125,24 @@ def simulate(
     if cal is not None:
         sim_kwargs["efficiency"] = cal.efficiency
 
+    if cpu_cores is None and kind == "serve" and cal is not None and local:
+        import os
+
+        cpu_cores = float(os.cpu_count() or 1)
+    if cpu_cores and not sweep:
+        sim_kwargs["cpu_cores"] = cpu_cores
+        sim_kwargs["bench_threads"] = cal.facts.threads if cal is not None else 1
+        sim_kwargs["cpu_background"] = cpu_background
+
     # a local (embedded) profile runs the small built-in model: hash prompts at the plan's block size
     block = plans[0].model.block_size if local else 512
+    if kind == "serve":
+        rps = 2.0 if rps is None else rps
+        turns = 4.0 if turns is None else turns
+        think_s = 1.0 if think_s is None else think_s
+    rps = 8.0 if rps is None else rps
+    turns = 12.0 if turns is None else turns
+    think_s = 20.0 if think_s is None else think_s
     base = AgenticConfig(requests=requests or 4000, rps=rps, hit_rate=hit_rate, turns_mean=turns, think_s=think_s,
                          first_prompt_tokens=prompt_tokens, output_tokens=output_tokens, seed=seed,
                          system_prompt_tokens=min(2048, prompt_tokens // 8), block_tokens=block,
@@ -105,7 +154,17 @@ def simulate(
         return
 
     try:
-        if kind == "trace":
+        if kind == "serve":
+            sim_kwargs["prefill_first_token"] = True   # compared with the runtime: its first-token path
+            from pddflow.core.serve_sessions import TraceError as SessionTraceError
+            from pddflow.sim.serve_replay import DEFAULT_TRACE, serve_workload as serve_wl
+
+            try:
+                wl = serve_wl(trace or DEFAULT_TRACE, sessions, int(turns), plans[0].model.block_size, scale=scale,
+                              seed=seed, max_output=max_output, rps=rps, think_s=think_s)
+            except (SessionTraceError, OSError) as exc:
+                fail(str(exc))
+        elif kind == "trace":
             wl = load_trace(trace, rate_scale=rate_scale, input_scale=input_scale, output_scale=output_scale,
                             limit=requests)
         else:
@@ -117,6 +176,8 @@ def simulate(
         r["workload"] = {"name": wl.name, **{k: v for k, v in wl.meta.items() if isinstance(v, (int, float, str))}}
         if cal is not None:
             r["calibration"] = cal.to_dict()
+        if sims and sims[0].cpu is not None:
+            r["cpu_share"] = sims[0].cpu.to_dict()
     if plot is not None:
         _plots(plot, sims)
     if as_json:
@@ -128,13 +189,21 @@ def simulate(
 
 def _run_all(plans, wl, seed, sim_kwargs, quiet):
     from pddflow.sim.metrics import summarize
-    from pddflow.sim.simulator import Simulation
+    from pddflow.sim.simulator import CpuShare, Simulation
 
     results, sims = [], []
+    sim_kwargs = dict(sim_kwargs)
+    cores = sim_kwargs.pop("cpu_cores", None)
+    bench_threads = sim_kwargs.pop("bench_threads", 1)
+    background = sim_kwargs.pop("cpu_background", 0.0)
     with _progress(quiet) as prog:
         for p in plans:
             task = prog.add_task(f"{p.name}", total=len(wl.requests)) if prog else None
-            sim = Simulation(p, wl, seed=seed, **sim_kwargs)
+            cpu = None
+            if cores:   # one process per instance, threads split like the runtime's wiring
+                cpu = CpuShare(cores, max(1, int(cores) // max(len(p.instances), 1)), bench_threads,
+                               background=background)
+            sim = Simulation(p, wl, seed=seed, cpu=cpu, **sim_kwargs)
             try:
                 sim.run(progress=(lambda done, total, t=task: prog.update(t, completed=done)) if prog else None)
             except ValueError as exc:

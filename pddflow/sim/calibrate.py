@@ -45,6 +45,8 @@ class BenchFacts:
     devices: int
     prefill_points: tuple[tuple[int, float], ...] = ()   # (prompt tokens, tokens/s) for every measured size
     decode_points: tuple[tuple[int, float], ...] = ()    # (batch, tokens/s)
+    threads: int = 1                                      # CPU threads the benchmark ran with (`threads`)
+    extend: tuple[int, int, float] | None = None          # (tokens, context, seconds) of one extend step
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,9 @@ class Calibration:
                 "achieved_hbm_tbps": round(d.hbm_tbps * f.devices, 6),
                 "step_overhead_ms": round(self.efficiency.step_overhead_s * 1e3, 3),
                 "seq_overhead_ms": round(self.efficiency.seq_overhead_s * 1e3, 3),
+                "prefill_overhead_ms": round(self.efficiency.job_overhead_s * 1e3, 3),
+                "extend_overhead_ms": None if self.efficiency.extend_overhead_s is None
+                else round(self.efficiency.extend_overhead_s * 1e3, 3),
                 # every measured point against the fitted model: how well two numbers explain them
                 "prefill_check": {str(n): {"measured": v, "model": round(m.prefill_tokens_per_s(n), 1)}
                                   for n, v in f.prefill_points},
@@ -115,8 +120,14 @@ def _engine_bench_layout(data: Any, path: Path) -> BenchFacts | None:
     model = data.get("model")
     arch = "tiny-llama" if isinstance(model, str) and model.startswith("builtin:") else data.get("arch")
     ctx = dec.get("context", p_pts[-1][0])
+    threads = data.get("threads")
+    threads = int(threads) if isinstance(threads, int) and not isinstance(threads, bool) and threads > 0 else 1
+    ext = data.get("extend")
+    extend = None
+    if isinstance(ext, dict) and all(isinstance(ext.get(k), (int, float)) for k in ("tokens", "context", "extend_ms")):
+        extend = (int(ext["tokens"]), int(ext["context"]), float(ext["extend_ms"]) / 1e3)
     return BenchFacts(str(path), p_pts[-1][1], d_pts[0][1], p_pts[-1][0], d_pts[0][0], int(ctx),
-                      arch if isinstance(arch, str) else None, 1, tuple(p_pts), tuple(d_pts))
+                      arch if isinstance(arch, str) else None, 1, tuple(p_pts), tuple(d_pts), threads, extend)
 
 
 def load_bench(path: str | Path) -> BenchFacts:
@@ -169,6 +180,19 @@ def fit(facts: BenchFacts, arch: ModelArch | None = None, base: DeviceClass | No
 
     L = facts.prompt_tokens
     flops_s, ovh = flops(L) / (L / facts.prefill_tokens_per_s), 0.0
+    job_ovh = 0.0
+    if len(facts.prefill_points) >= 2:
+        # t(L) = job overhead + FLOPs(L) / FLOP/s through the two longest prompts, when both come out
+        # positive (a noisy short point, e.g. one that paid a warm-up, gives a negative overhead: then
+        # the longest prompt alone, all compute)
+        (L1, r1), (L2, r2) = sorted(facts.prefill_points)[-2:]
+        t1, t2 = L1 / r1, L2 / r2
+        df = flops(L2) - flops(L1)
+        if t2 > t1 and df > 0:
+            f_s = df / (t2 - t1)
+            o = t2 - flops(L2) / f_s
+            if o > 0:
+                flops_s, job_ovh = f_s, o
     B, C = facts.decode_batch, facts.decode_context
     kvb = arch.kv_bytes_per_token
     step = B / facts.decode_tokens_per_s - ovh
@@ -188,7 +212,16 @@ def fit(facts: BenchFacts, arch: ModelArch | None = None, base: DeviceClass | No
                 bytes_s, seq_s = 1 / x, s_
     b = base or DeviceClass("calibrated", 0, 1024, 0, 100, 0.0)
     dev = replace(b, name=f"{b.name}@calibrated", tflops=flops_s / 1e12 / n, hbm_tbps=bytes_s / 1e12 / n)
-    return Calibration(facts, dev, arch, replace(UNIT, step_overhead_s=ovh, seq_overhead_s=seq_s))
+    eff = replace(UNIT, step_overhead_s=ovh, seq_overhead_s=seq_s, job_overhead_s=job_ovh)
+    if facts.extend is not None and job_ovh > 0:
+        # the measured extend step (handed-off IDs over a context) against the roofline alone: what
+        # is left is the extend call's own fixed cost, often well under a prompt prefill's
+        from pddflow.sim.device import DeviceModel
+
+        n_, ctx_, t_ = facts.extend
+        m = DeviceModel(dev, n, arch, eff)
+        eff = replace(eff, extend_overhead_s=max(0.0, t_ - m.step_s(n_, n_ * ctx_ + n_ * n_ / 2, ctx_ + n_)))
+    return Calibration(facts, dev, arch, eff)
 
 
 def calibrated_plan(plan: Plan, cal: Calibration, local: bool = True) -> Plan:

@@ -34,16 +34,21 @@ class Efficiency:
     step_overhead_s: float = 0.001  # fixed cost of one batch step
     seq_overhead_s: float = 0.0     # cost per decoding sequence per step beyond the roofline (calibrated
                                     # engines on CPU: sampling and bookkeeping per sequence)
+    job_overhead_s: float = 0.0     # extra fixed cost of a step that runs prefill/extend chunks (calibrated
+                                    # CPU engine: a prefill call costs more than a decode step's overhead)
+    extend_overhead_s: float | None = None   # the same for a step whose chunks are all extends (handed-off
+                                             # token IDs); None: job_overhead_s
 
     def to_dict(self) -> dict:
         return {"prefill_mfu": self.prefill_mfu, "decode_mbu": self.decode_mbu,
-                "step_overhead_s": self.step_overhead_s, "seq_overhead_s": self.seq_overhead_s}
+                "step_overhead_s": self.step_overhead_s, "seq_overhead_s": self.seq_overhead_s,
+                "job_overhead_s": self.job_overhead_s, "extend_overhead_s": self.extend_overhead_s}
 
 
 class DeviceModel:
     """Step-time model of one instance (`devices` accelerators of one class running one replica)."""
 
-    __slots__ = ("device", "devices", "arch", "eff", "flops_s", "bytes_s", "fpt", "apf", "kvb", "wt", "ovh", "seq_ovh")
+    __slots__ = ("device", "devices", "arch", "eff", "flops_s", "bytes_s", "fpt", "apf", "kvb", "wt", "ovh", "seq_ovh", "job_ovh", "ext_ovh")
 
     def __init__(self, device: DeviceClass, devices: int, arch: ModelArch, eff: Efficiency = Efficiency()):
         self.device, self.devices, self.arch, self.eff = device, devices, arch, eff
@@ -55,6 +60,8 @@ class DeviceModel:
         self.wt = arch.weight_bytes
         self.ovh = eff.step_overhead_s
         self.seq_ovh = eff.seq_overhead_s
+        self.job_ovh = eff.job_overhead_s
+        self.ext_ovh = eff.job_overhead_s if eff.extend_overhead_s is None else eff.extend_overhead_s
 
     def step_s(self, new_tokens: float, attn_pairs: float, kv_read_tokens: float, decoding: int = 0) -> float:
         compute = (new_tokens * self.fpt + attn_pairs * self.apf) / self.flops_s
@@ -66,7 +73,7 @@ class DeviceModel:
 
     def prefill_s(self, tokens: int, cached: int = 0) -> float:
         """One whole prompt in one step (for estimates, not the simulation loop)."""
-        return self.step_s(tokens, tokens * cached + tokens * tokens / 2, cached + tokens)
+        return self.step_s(tokens, tokens * cached + tokens * tokens / 2, cached + tokens) + self.job_ovh
 
     def prefill_tokens_per_s(self, prompt_tokens: int) -> float:
         return prompt_tokens / self.prefill_s(prompt_tokens)

@@ -69,6 +69,10 @@ class Engine:
         self.busy_s = 0.0
         self.decode_tokens = 0
         self.job_tokens = 0
+        # shared-host CPU model (simulator.CpuShare): step times are multiplied by `slowdown()` at
+        # planning time; `on_busy` hears every idle <-> busy transition. None: a dedicated device.
+        self.slowdown: Callable[[], float] | None = None
+        self.on_busy: Callable[[Engine], None] | None = None
 
     # ---- work arrives ---------------------------------------------------------------------------
     def submit_job(self, job: Job) -> None:
@@ -110,6 +114,11 @@ class Engine:
         return sum(j.tokens - j.sched for j in self.jobs)
 
     # ---- the loop -------------------------------------------------------------------------------
+    def replan(self) -> None:
+        """Cut a multi-step decode plan at its next boundary (the host's CPU share changed)."""
+        if self._busy:
+            self._poke()
+
     def _poke(self) -> None:
         if self._in_boundary:
             return
@@ -120,6 +129,8 @@ class Engine:
             self._times = None
             self._ver += 1
             loop.at(loop.now, self._boundary, self._ver)
+            if self.on_busy is not None:
+                self.on_busy(self)
             return
         times = self._times
         if times is not None and len(times) > 1:
@@ -183,6 +194,7 @@ class Engine:
         m = self.model
         if self.jobs:
             budget, new, pairs, kv = self.chunk, b, float(c), float(c)
+            job_ovh = 0.0
             sj = self._step_jobs
             jobs = self.jobs
             while budget > 0 and jobs:
@@ -194,12 +206,13 @@ class Engine:
                 new += n
                 budget -= n
                 job.sched += n
+                job_ovh = max(job_ovh, m.ext_ovh if job.kind == "extend" else m.job_ovh)
                 sj.append((job, n))
                 if job.sched >= job.tokens:
                     jobs.popleft()
                 else:
                     break
-            times = [now + m.step_s(new, pairs, kv, b)]
+            times = [now + m.step_s(new, pairs, kv, b) + job_ovh]
         elif b:
             while heap and (running.get(heap[0][1]) is None or running[heap[0][1]].finish_step != heap[0][0]):
                 heappop(heap)
@@ -220,7 +233,13 @@ class Engine:
         else:
             self._busy = False
             self._times = None
+            if self.on_busy is not None:
+                self.on_busy(self)
             return
+        if self.slowdown is not None:
+            f = self.slowdown()
+            if f != 1.0:
+                times = [now + (t - now) * f for t in times]
         for seq in first:
             seq.on_first(seq, times[0])
         self._k = len(times)

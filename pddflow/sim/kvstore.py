@@ -115,6 +115,32 @@ class KVStore:
             self.peak_used = self.used
         return len(new)
 
+    def commit_more(self, hold: Hold, hashes: tuple[int, ...]) -> int:
+        """Blocks generated here (prompt + output, prefix-chained, extending what `hold` already
+        holds): insert them (locked), paid from the hold's output reservation. Returns how many."""
+        if self.cache is None:
+            return 0
+        have = len(hold.blocks)
+        take = min(max(len(hashes) - have, 0), hold.reserved)
+        if take <= 0 or self.cache.match_len(hashes[:have]) < have:
+            return 0
+        hashes = hashes[:have + take]
+        self.reserved -= take
+        hold.reserved -= take
+        stored = self.cache.insert(hashes, [_Block(h) for h in hashes])
+        new = [h for h, s in zip(hashes, stored) if s]
+        for b in self.cache.match(hashes, touch=False)[have:]:
+            b.refs += 1
+            if b.refs == 1:
+                self._locked += 1
+            hold.blocks.append(b)
+        if new:
+            self.inserted_blocks += len(new)
+            if self.mirror is not None:
+                self.mirror.on_insert(new)
+                self._check()
+        return len(new)
+
     def release(self, hold: Hold) -> None:
         for b in hold.blocks:
             b.refs -= 1

@@ -71,11 +71,64 @@ class Run:
         self.m_transfer_s: float | None = None
 
 
+class CpuShare:
+    """Every instance on one host's CPU cores (the embedded deployment: one process per instance).
+
+    Each worker runs `threads` threads; the calibration benchmark ran `bench_threads`. A busy
+    worker's step takes `thread_penalty` times the calibrated step (fewer threads than the
+    benchmark: (bench_threads / threads) ** thread_exponent) and, when more workers are busy than
+    the cores hold (busy x threads > cores), the cores are shared equally: a further factor of
+    busy x threads / cores. The factor is taken when an engine plans its steps; every idle/busy
+    transition cuts the other busy engines' multi-step plans at their next boundary, so they
+    re-plan at the new share.
+
+    `background`: runnable threads of other tenants, assumed the same while the benchmark ran and
+    now; the calibrated step already paid the benchmark's share (bench_threads + background over
+    the cores), so the factor is the ratio of the two shares."""
+
+    def __init__(self, cores: float, threads: int = 1, bench_threads: int = 1, thread_exponent: float = 1.0,
+                 background: float = 0.0):
+        self.cores, self.threads = max(cores, 1e-9), max(1, threads)
+        self.background = max(0.0, background)
+        self.bench_share = max(1.0, (max(1, bench_threads) + self.background) / self.cores)
+        self.penalty = (max(1, bench_threads) / self.threads) ** thread_exponent if bench_threads > self.threads else 1.0
+        self.engines: list[Engine] = []
+        self.busy = 0
+
+    def attach(self, eng: Engine) -> None:
+        self.engines.append(eng)
+        eng.slowdown = self.factor
+        eng.on_busy = self._changed
+
+    def factor(self) -> float:
+        return self.penalty * max(1.0, (self.busy * self.threads + self.background) / self.cores) / self.bench_share
+
+    def _changed(self, eng: Engine) -> None:
+        busy = sum(1 for e in self.engines if e._busy)
+        if busy == self.busy:
+            return
+        self.busy = busy
+        for e in self.engines:
+            if e is not eng:
+                e.replan()
+
+    def to_dict(self) -> dict:
+        return {"cores": self.cores, "threads_per_worker": self.threads, "thread_penalty": round(self.penalty, 4),
+                "background_threads": self.background}
+
+
 class Simulation:
     def __init__(self, plan: Plan, workload: Workload, *, seed: int = 0, efficiency: Efficiency | None = None,
                  device_efficiency: dict[str, Efficiency] | None = None, policy: Policy | None = None,
-                 strict_mirrors: bool = False, stream_gbps: float = STREAM_GBPS):
+                 strict_mirrors: bool = False, stream_gbps: float = STREAM_GBPS, cpu: CpuShare | None = None,
+                 prefill_first_token: bool = False):
         self.plan, self.workload, self.seed = plan, workload, seed
+        self.cpu = cpu
+        # True: as the runtime does, prefill samples the first token and the client sees it as soon as
+        # a decoder holds the KV (relay landed, or main landed on a takeover / P->MD path, or the
+        # prefill itself when colocated); decoders then start at token 2. False: the first token is
+        # the first decode step's (the model the cluster-scale results in docs/simulator.md used).
+        self.pft = prefill_first_token
         self.loop = EventLoop()
         self.topo = Topology(plan)
         self.policy = policy or make_policy(plan)
@@ -95,6 +148,8 @@ class Simulation:
                                 per_dev.get(inst.device, eff))
             self.engines[inst.id] = Engine(self.loop, inst.id, model, int(op.params.get("max_batch", 64)),
                                            int(op.params.get("chunk_tokens", 512)))
+            if cpu is not None:
+                cpu.attach(self.engines[inst.id])
             cached = bool(op.params.get("radix_cache", False) or op.params.get("prefix_cache", False))
             cap = int(op.kv_budget_bytes // (self.kvb * self.bt))
             self.stores[inst.id] = KVStore(inst.id, cap, cached, self.state.mirrors.get(inst.id), strict_mirrors)
@@ -244,6 +299,14 @@ class Simulation:
         store.commit(run.p_hold, run.req.hashes)
         path = run.path
         if path.colocated:
+            if self.pft:
+                run.t_first = t
+                if run.req.output_tokens <= 1:
+                    self._finished_at(run, t)
+                    return
+                self.engines[run.p_inst].submit_seq(Seq(run, run.req.rid, run.req.prompt_tokens + 1, 1,
+                                                        run.req.output_tokens, None, self._finished))
+                return
             self.engines[run.p_inst].submit_seq(Seq(run, run.req.rid, run.req.prompt_tokens, 0, run.req.output_tokens,
                                                     self._first, self._finished))
             return
@@ -289,8 +352,14 @@ class Simulation:
             self._relay_release(run)
             return
         run.r_state = "decoding"
-        run.r_seq = Seq(run, run.req.rid, run.req.prompt_tokens, 0, run.req.output_tokens, self._first,
-                        self._relay_finished)
+        if self.pft and run.req.output_tokens > 1:
+            if run.t_first is None:
+                run.t_first = self.loop.now       # the relay emits prefill's first token on landing
+            run.r_seq = Seq(run, run.req.rid, run.req.prompt_tokens + 1, 1, run.req.output_tokens, None,
+                            self._relay_finished)
+        else:
+            run.r_seq = Seq(run, run.req.rid, run.req.prompt_tokens, 0, run.req.output_tokens, self._first,
+                            self._relay_finished)
         self.engines[run.r_inst].submit_seq(run.r_seq)
 
     def _relay_release(self, run: Run) -> None:
@@ -360,6 +429,10 @@ class Simulation:
         if t_emitted is not None and tokens0 >= out:
             self._finished_at(run, t_emitted)
             return
+        if self.pft and tokens0 == 0 and out > 1:
+            if run.t_first is None:
+                run.t_first = self.loop.now       # main emits prefill's first token on landing
+            tokens0 = 1
         seq = Seq(run, run.req.rid, run.req.prompt_tokens + tokens0, tokens0, out,
                   self._first if tokens0 == 0 else None, self._finished)
         self.engines[run.m_inst].submit_seq(seq)
@@ -432,9 +505,13 @@ class Simulation:
     def _finished_at(self, run: Run, t: float) -> None:
         self._finish(run, t)
         if run.path.colocated:
+            if run.req.done_hashes and run.p_hold is not None:
+                self.stores[run.p_inst].commit_more(run.p_hold, run.req.done_hashes)
             self.stores[run.p_inst].release(run.p_hold)
             run.p_hold = None
         else:
+            if run.req.done_hashes and run.m_hold is not None and run.m_state == "landed":
+                self.stores[run.m_inst].commit_more(run.m_hold, run.req.done_hashes)
             self._main_release(run)
 
     def _finish(self, run: Run, t: float) -> None:

@@ -14,6 +14,9 @@ class SimRequest:
     hashes: tuple[int, ...]          # prefix-chained: equal leading hashes mean an equal prompt prefix
     parent: int = -1                 # closed-loop sessions: arrive `gap_s` after request `parent` finishes
     gap_s: float = 0.0
+    # prompt + generated tokens' full-block hashes, when known (a replay that knows its outputs): the
+    # instance that finishes the request caches them, so the session's next turn hits them too
+    done_hashes: tuple[int, ...] = ()
 
 
 @dataclass

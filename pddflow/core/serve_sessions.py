@@ -1,0 +1,90 @@
+"""The multi-turn agentic workload of `pddflow bench serve` (and of `pddflow simulate --serve-workload`,
+which replays the same sessions), derived from a Mooncake-format trace and scaled to the built-in model.
+
+Pure (json/random only) and in `pddflow.core` so both the runtime and the simulator import it.
+
+Each session starts from one trace request: its prompt is built block by block from the trace's
+`hash_ids` (one deterministic block of tokens per hash id, so requests that share hash prefixes
+share token prefixes, block 0 being everyone's system prompt), its output length from the trace.
+Every later turn sends the whole previous context (prompt + the tokens actually generated) plus a
+short new user message, so turns hit the decode-side cache almost entirely; each session's first
+turn is the low-hit tail.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+TRACE_BLOCK_TOKENS = 512
+
+
+class TraceError(ValueError):
+    """A bad trace line: the message starts with FILE:LINE."""
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    first_prompt: list[int]
+    user_turns: list[list[int]]   # the new user tokens of turns 2..n
+    output_tokens: list[int]      # max_tokens per turn
+
+
+@dataclass(frozen=True)
+class WorkloadSpec:
+    sessions: list[SessionSpec]
+    scale: float
+
+    @property
+    def requests(self) -> int:
+        return sum(1 + len(s.user_turns) for s in self.sessions)
+
+
+def read_trace(path: Path, limit: int) -> list[tuple[int, int, list[int]]]:
+    """(input_length, output_length, hash_ids) of the first `limit` requests."""
+    out = []
+    with open(path, encoding="utf-8") as fh:
+        for n, line in enumerate(fh, 1):
+            if len(out) >= limit:
+                break
+            if not line.strip():
+                continue
+            try:
+                d = json.loads(line)
+                rec = (int(d["input_length"]), int(d["output_length"]), [int(h) for h in d["hash_ids"]])
+            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+                raise TraceError(f"{path}:{n}: not a Mooncake trace record ({exc}); expected "
+                                 '{"timestamp", "input_length", "output_length", "hash_ids"}') from None
+            if rec[0] <= 0 or not rec[2]:
+                raise TraceError(f"{path}:{n}: input_length must be positive and hash_ids non-empty")
+            out.append(rec)
+    if not out:
+        raise TraceError(f"{path}: no requests")
+    return out
+
+
+def build(trace: Path, sessions: int, turns: int, scale: float, vocab: int, seed: int = 0,
+          max_output: int = 128, user_tokens: int = 24, output_scale: float = 0.25) -> WorkloadSpec:
+    """`sessions` sessions of `turns` turns; prompt lengths multiplied by `scale` (tokens of the
+    built-in model per trace token), output lengths by `output_scale` up to `max_output`. Outputs
+    shrink less than prompts so the relay's eager share stays what it is at scale (a few percent of
+    output tokens), instead of the relay finishing every short answer alone."""
+    recs = read_trace(trace, sessions * turns)
+    block = max(1, round(TRACE_BLOCK_TOKENS * scale))
+    rng = random.Random(seed)
+
+    def block_tokens(h: int) -> list[int]:
+        r = random.Random(h * 1_000_003 + 17)
+        return [r.randrange(vocab) for _ in range(block)]
+
+    out = []
+    for i in range(sessions):
+        first = recs[i]
+        prompt = [t for h in first[2] for t in block_tokens(h)][: max(block, round(first[0] * scale))]
+        later = recs[sessions + i * (turns - 1): sessions + (i + 1) * (turns - 1)]
+        outs = [min(max_output, max(4, round(r[1] * output_scale))) for r in [first, *later]]
+        users = [[rng.randrange(vocab) for _ in range(user_tokens)] for _ in later]
+        out.append(SessionSpec(prompt, users, outs))
+    return WorkloadSpec(out, scale)

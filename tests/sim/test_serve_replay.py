@@ -1,0 +1,137 @@
+"""`pddflow simulate --serve-workload` replays exactly the sessions `pddflow bench serve` sends
+(same builder, now in pddflow.core), closed-loop, and the simulator never imports the runtime."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pddflow.core.serve_sessions import build
+from pddflow.sim.serve_replay import replay, serve_workload
+from pddflow.sim.simulator import CpuShare, Simulation
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _trace(tmp_path: Path, n: int = 12) -> Path:
+    f = tmp_path / "trace.jsonl"
+    lines = []
+    for i in range(n):
+        inp = 512 * (3 + i % 5) - 100
+        lines.append(json.dumps({"timestamp": i * 100, "input_length": inp, "output_length": 40 + 37 * i,
+                                 "hash_ids": [0] + [1000 * i + k for k in range(1, -(-inp // 512))]}))
+    f.write_text("\n".join(lines) + "\n")
+    return f
+
+
+@pytest.mark.parametrize("seed", [0, 7])
+def test_replay_matches_the_bench_workload(tmp_path, seed):
+    trace = _trace(tmp_path)
+    spec = build(trace, 3, 4, 1 / 32, vocab=256, seed=seed, max_output=128)
+    wl = serve_workload(trace, 3, 4, 16, seed=seed, rps=2.0, think_s=1.0)
+    assert len(wl.requests) == spec.requests == 12
+    by_session = {}
+    roots = [r for r in wl.requests if r.parent < 0]
+    assert [r.arrival_s for r in roots] == [0.0, 0.5, 1.0]          # session i starts at i / rps
+    for r in roots:
+        chain, cur = [r], r
+        while True:
+            nxt = [c for c in wl.requests if c.parent == cur.rid]
+            if not nxt:
+                break
+            assert len(nxt) == 1 and nxt[0].gap_s == 1.0              # closed loop, think time
+            cur = nxt[0]
+            chain.append(cur)
+        by_session[len(by_session)] = chain
+    for i, s in enumerate(spec.sessions):
+        chain = by_session[i]
+        assert [r.output_tokens for r in chain] == s.output_tokens
+        # turn k's prompt: the first prompt, every earlier output (max_tokens) and user message
+        ctx = len(s.first_prompt)
+        for k, r in enumerate(chain):
+            if k:
+                ctx += s.output_tokens[k - 1] + len(s.user_turns[k - 1])
+            assert r.prompt_tokens == ctx
+            assert len(r.hashes) == ctx // 16
+            # the next turn shares every full block of this turn's prompt + output
+            if k + 1 < len(chain):
+                assert chain[k + 1].hashes[:len(r.done_hashes)] == r.done_hashes
+                assert r.done_hashes[:len(r.hashes)] == r.hashes
+
+
+def test_replay_runs_on_the_local_profile_with_a_shared_cpu(tmp_path):
+    from dataclasses import replace
+
+    trace = _trace(tmp_path)
+    spec = build(trace, 2, 3, 1 / 32, vocab=256)
+    plan = _local_plan()
+    plan = replace(plan, links={n: replace(link, gbps=0.05) for n, link in plan.links.items()})
+    wl = replay(spec, plan.model.block_size)
+    sim = Simulation(plan, wl, cpu=CpuShare(2, 1, 2))
+    runs = sim.run()
+    assert len(runs) == 6 and all(r.done and not r.failed for r in runs)
+
+
+def _local_plan():
+    from pddflow.commands.common import load_or_exit
+
+    return load_or_exit(ROOT / "graphs" / "pdd.yaml").scaled_to_local()
+
+
+def test_sim_does_not_import_the_runtime():
+    code = ("import sys\nimport pddflow.sim.serve_replay, pddflow.sim.simulator, pddflow.commands.sim_cmds\n"
+            "print(' '.join(sorted(m for m in sys.modules if m.startswith('pddflow.runtime'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    assert out.stdout.strip() == ""
+
+
+def test_runtime_names_still_importable():
+    from pddflow.runtime import serve_workload as sw
+
+    assert sw.build is build
+    for name in ("WorkloadSpec", "SessionSpec", "TraceError", "read_trace"):
+        assert hasattr(sw, name)
+
+
+def test_prefill_overhead_fit_reproduces_both_prefill_points(tmp_path):
+    """Two prefill sizes whose time grows slower than the FLOPs: a fixed prefill-call cost plus an
+    achieved FLOP/s reproduce both; a noisy short point (negative overhead) falls back to all-compute."""
+    from pddflow.sim.calibrate import fit, load_bench
+    from pddflow.sim.device import DeviceModel
+
+    def cal(p64, p128):
+        doc = {"model": "builtin:tiny-llama", "threads": 1,
+               "prefill": {"64": {"engine_tok_s": p64}, "128": {"engine_tok_s": p128}},
+               "decode": {"context": 32, "1": {"engine_tok_s": 17.2}, "4": {"engine_tok_s": 63.7}}}
+        f = tmp_path / f"e{p64}.json"
+        f.write_text(json.dumps(doc))
+        c = fit(load_bench(f))
+        return c, DeviceModel(c.device, 1, c.arch, c.efficiency)
+
+    c, m = cal(344.2, 456.8)
+    assert c.facts.threads == 1 and c.efficiency.job_overhead_s > 0
+    assert m.prefill_tokens_per_s(64) == pytest.approx(344.2, rel=1e-6)
+    assert m.prefill_tokens_per_s(128) == pytest.approx(456.8, rel=1e-6)
+    c, m = cal(28.9, 267.9)      # the short point paid a warm-up: no overhead, the long point alone
+    assert c.efficiency.job_overhead_s == 0
+    assert m.prefill_tokens_per_s(128) == pytest.approx(267.9, rel=1e-6)
+
+
+def test_cli_serve_workload(tmp_path):
+    trace = _trace(tmp_path)
+    bench = tmp_path / "engine.json"
+    bench.write_text(json.dumps({"model": "builtin:tiny-llama", "threads": 1,
+                                 "prefill": {"64": {"engine_tok_s": 344.2}, "128": {"engine_tok_s": 456.8}},
+                                 "decode": {"context": 32, "1": {"engine_tok_s": 17.2}, "4": {"engine_tok_s": 63.7}}}))
+    out = subprocess.run([sys.executable, "-m", "pddflow.cli", "simulate", str(ROOT / "graphs" / "pdd.yaml"),
+                          "--serve-workload", "--trace", str(trace), "--sessions", "3", "--turns", "3",
+                          "--wan-gbps", "0.05", "--calibrate", str(bench), "--json", "-q"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT, check=False)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["requests"] == 9 and d["failed"] == 0
+    assert d["cpu_share"]["threads_per_worker"] >= 1 and d["ttft_s"]["p50"] > 0
