@@ -99,21 +99,10 @@ class KVStore:
         hold.missing = 0
         if not tail:
             return 0
-        stored = self.cache.insert(hashes, [_Block(h) for h in hashes])
-        new = [h for h, s in zip(hashes, stored) if s]
-        for b in self.cache.match(hashes, touch=False)[hold.hit:]:
-            b.refs += 1
-            if b.refs == 1:
-                self._locked += 1
-            hold.blocks.append(b)
-        if new:
-            self.inserted_blocks += len(new)
-            if self.mirror is not None:
-                self.mirror.on_insert(new)
-                self._check()
+        new = self._insert_locked(hold, hashes, skip=hold.hit)
         if self.used > self.peak_used:
             self.peak_used = self.used
-        return len(new)
+        return new
 
     def commit_more(self, hold: Hold, hashes: tuple[int, ...]) -> int:
         """Blocks generated here (prompt + output, prefix-chained, extending what `hold` already
@@ -127,9 +116,14 @@ class KVStore:
         hashes = hashes[:have + take]
         self.reserved -= take
         hold.reserved -= take
+        return self._insert_locked(hold, hashes, skip=have)
+
+    def _insert_locked(self, hold: Hold, hashes: tuple[int, ...], skip: int) -> int:
+        """Insert `hashes`, lock the blocks past the first `skip` into `hold`, tell the mirror;
+        returns how many blocks were new to the cache."""
         stored = self.cache.insert(hashes, [_Block(h) for h in hashes])
         new = [h for h, s in zip(hashes, stored) if s]
-        for b in self.cache.match(hashes, touch=False)[have:]:
+        for b in self.cache.match(hashes, touch=False)[skip:]:
             b.refs += 1
             if b.refs == 1:
                 self._locked += 1
