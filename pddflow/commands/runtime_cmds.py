@@ -27,6 +27,9 @@ def deploy(
                                              "of the graph's (a slower WAN on one machine)"),
     run_dir: Optional[str] = typer.Option(None, help="keep worker logs and wiring here (default: a temp dir, removed)"),
     log_level: str = typer.Option("warning", help="uvicorn and runtime log level"),
+    cpu_pinning: str = typer.Option("auto", help="auto: give each emulated cluster (and, with enough cores, each "
+                                    "instance) cores of its own, as separate hardware would; none: workers "
+                                    "float over all cores"),
 ) -> None:
     """Deploy GRAPH with its `local` profile: every operator instance as its own process, the
     clusters emulated on this machine and the WAN shaped by the graph's link model; serve the
@@ -40,6 +43,7 @@ def deploy(
     from pddflow.runtime.deployment import BACKENDS, DeployError, make_run_dir, remove_run_dir, wait_ready
     from pddflow.runtime.frontend import Frontend
     from pddflow.runtime.model_info import model_info
+    from pddflow.runtime.cpu_layout import MODES, host_cores, layout
     from pddflow.runtime.wiring import wire
 
     if backend not in BACKENDS:
@@ -53,7 +57,10 @@ def deploy(
     except ModelSpecError as exc:
         fail(f"{graph}: model.weights: {exc}")
     err = Console(stderr=True)
-    wiring = wire(plan, seed=seed, kv_cache_bytes=kv_cache_mb << 20, leg_timeout_s=leg_timeout)
+    if cpu_pinning not in MODES:
+        fail(f"--cpu-pinning must be one of {', '.join(MODES)}, not {cpu_pinning!r}", code=2)
+    cpus = layout([(i.id, i.cluster) for i in plan.instances], host_cores(), cpu_pinning)
+    wiring = wire(plan, seed=seed, kv_cache_bytes=kv_cache_mb << 20, leg_timeout_s=leg_timeout, cpus=cpus)
     rd = make_run_dir(run_dir)
     be = BACKENDS[backend]()
     frontend = None
@@ -75,6 +82,7 @@ def deploy(
         err.print(f"[green]{plan.name}[/green]: {total} workers ready "
                   f"({', '.join(i.id for i in plan.instances)}); serving http://{host}:{port}/v1 "
                   f"(model {frontend.model_id!r}); logs in {rd}")
+        err.print(f"cpus: {cpus.describe()}")
         sys.stderr.flush()
         config = uvicorn.Config(make_app(frontend, be), host=host, port=port, log_level=log_level, access_log=False)
         uvicorn.Server(config).run()

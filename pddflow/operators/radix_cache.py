@@ -57,6 +57,9 @@ class RadixCache:
         # gained a child or left the tree. Stale entries are skipped on pop and compacted away.
         self._heap: list[tuple[int, int, _Node]] = []
         self._tiebreak = itertools.count()
+        # Net changes since the last take_changes() (inserted, evicted), kept only once asked for:
+        # what a worker publishes to the router's mirror, O(change) instead of a diff of the tree.
+        self._changes: tuple[set[int], set[int]] | None = None
 
     # --- queries -------------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -103,6 +106,7 @@ class RadixCache:
                 child = _Node(h, v, node, 0)
                 node.children[h] = child
                 self._size += 1
+                self._note(h, inserted=True)
                 stored.append(True)
             else:
                 stored.append(False)
@@ -131,6 +135,7 @@ class RadixCache:
             del parent.children[node.hash]  # type: ignore[arg-type]
             node.parent = None
             self._size -= 1
+            self._note(node.hash, inserted=False)  # type: ignore[arg-type]
             evicted.append(node.value)
             if self._on_evict is not None:
                 self._on_evict(node.value)
@@ -161,6 +166,9 @@ class RadixCache:
     def clear(self) -> list[Any]:
         """Drop everything (evictable or not); returns the values, calling on_evict for each."""
         values = [v for _, v in self]
+        if self._changes is not None:
+            for h, _ in self:
+                self._note(h, inserted=False)
         if self._on_evict is not None:
             for v in values:
                 self._on_evict(v)
@@ -168,6 +176,33 @@ class RadixCache:
         self._size = 0
         self._heap.clear()
         return values
+
+    # --- change journal ------------------------------------------------------------------------
+    def take_changes(self) -> tuple[list[int], list[int]]:
+        """(inserted, evicted) hashes since the previous call, net: a block inserted and evicted in
+        between appears in neither. Applying `evicted` then `inserted` to a copy of the hash set as
+        of the previous call gives the set now. The first call starts the journal (and returns
+        every cached hash as inserted)."""
+        if self._changes is None:
+            self._changes = (set(), set())
+            return sorted(h for h, _ in self), []
+        ins, ev = self._changes
+        self._changes = (set(), set())
+        return sorted(ins), sorted(ev)
+
+    def _note(self, h: int, inserted: bool) -> None:
+        if self._changes is None:
+            return
+        ins, ev = self._changes
+        if inserted:
+            if h in ev:
+                ev.discard(h)   # evicted and back: no net change
+            else:
+                ins.add(h)
+        elif h in ins:
+            ins.discard(h)      # inserted and gone: no net change
+        else:
+            ev.add(h)
 
     # --- internals -----------------------------------------------------------------------------
     def _walk(self, hashes: Sequence[int]) -> list[_Node]:

@@ -231,6 +231,9 @@ class Frontend:
             m = self.sched.mirror(rep.instance)
             if m is not None:
                 try:
+                    if rep.cache.full:
+                        m.reset(rep.cache.inserted)
+                        return
                     m.on_evict(rep.cache.evicted)
                     m.on_insert(rep.cache.inserted)
                 except MirrorDrift as exc:

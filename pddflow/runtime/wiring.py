@@ -4,7 +4,6 @@ handed to every worker as a JSON file (ports on 127.0.0.1, abstract Unix sockets
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import socket
 import uuid
@@ -12,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from pddflow.graph.plan import Plan
+from pddflow.runtime.cpu_layout import CpuLayout, host_cores, layout
 
 
 @dataclass
@@ -35,7 +35,8 @@ class Wiring:
     # Cross-cluster endpoints are reached through the emulated link's relay (real address -> relay
     # address), so the link can be cut like a real WAN; `links` names the endpoints behind each link.
     via: dict[str, str] = field(default_factory=dict)
-    threads_per_worker: int = 0                # torch threads per worker (0: torch's default)
+    cpus: dict[str, list[int]] = field(default_factory=dict)   # instance -> cores it is pinned to
+    threads: dict[str, int] = field(default_factory=dict)      # instance -> torch threads (0: default)
     tls_cert: str = ""                         # PEM paths for channels with `tls: true`
     tls_key: str = ""
     links: dict[str, list[str]] = field(default_factory=dict)
@@ -63,13 +64,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wire(plan: Plan, seed: int = 0, kv_cache_bytes: int = 256 << 20, leg_timeout_s: float = 60.0) -> Wiring:
+def wire(plan: Plan, seed: int = 0, kv_cache_bytes: int = 256 << 20, leg_timeout_s: float = 60.0,
+         cpus: CpuLayout | None = None) -> Wiring:
     """Endpoints for every instance of a (local-scale) plan: a receiver where an edge lands."""
     dep = f"pddflow-{uuid.uuid4().hex[:8]}"
     w = Wiring(dep, plan.to_json(indent=None), f"127.0.0.1:{free_port()}", auth_token=secrets.token_hex(16),
                seed=seed, kv_cache_bytes=kv_cache_bytes, leg_timeout_s=leg_timeout_s)
-    # One host runs every worker: split its cores rather than oversubscribe them.
-    w.threads_per_worker = max(1, (os.cpu_count() or 1) // len(plan.instances))
+    # One host runs every worker: split its cores rather than oversubscribe them (cpu_layout.py).
+    cpus = cpus or layout([(i.id, i.cluster) for i in plan.instances], host_cores())
+    w.cpus = {i: list(c) for i, c in cpus.cpus.items()}
+    w.threads = dict(cpus.threads)
     for inst in plan.instances:
         ep = Endpoints(rpc=f"127.0.0.1:{free_port()}")
         for ch in plan.channels:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from pddflow.core.payloads import KVBlocks, SamplingParams, TokenIds
+from pddflow.runtime.cpu_layout import pin_self
 from pddflow.runtime.proto import runtime_pb2 as pb
 from pddflow.runtime.rpc import WORKER, serve
 from pddflow.runtime.wiring import Wiring
@@ -76,8 +77,8 @@ class Worker:
 
         from pddflow.operators.engine import Engine, EngineConfig
 
-        if wiring.threads_per_worker:
-            torch.set_num_threads(wiring.threads_per_worker)  # workers share the host's cores
+        if wiring.threads.get(instance):
+            torch.set_num_threads(wiring.threads[instance])  # this worker's share of the host's cores
 
         self.wiring, self.instance = wiring, instance
         self.plan = wiring.plan()
@@ -95,7 +96,6 @@ class Worker:
         self.early: dict[str, list[tuple[float, tuple]]] = {}
         self.compute_queue: list[Leg] = []    # prefills and extends, in arrival order
         self.mirrored = cache  # the router mirrors every cache it can route on
-        self._cached: set[int] = set()
         self._last_status = 0.0
         self._status = pb.WorkerStatus(instance=instance, ready=False)
         self.rpc, _ = serve(WORKER, {
@@ -450,11 +450,15 @@ class Worker:
 
     def publish(self) -> None:
         if self.mirrored:
-            now = {h for h, _ in self.engine.radix}
-            if now != self._cached:
-                self.io.report(cache=pb.CacheDelta(inserted=sorted(now - self._cached),
-                                                   evicted=sorted(self._cached - now)))
-                self._cached = now
+            radix = self.engine.radix
+            if self.io.resync.is_set():  # the report stream reconnected and may have lost a delta
+                self.io.resync.clear()
+                radix.take_changes()
+                self.io.report(cache=pb.CacheDelta(inserted=sorted(h for h, _ in radix), full=True))
+            else:
+                inserted, evicted = radix.take_changes()  # O(change), not a diff of the whole cache
+                if inserted or evicted:
+                    self.io.report(cache=pb.CacheDelta(inserted=inserted, evicted=evicted))
         if time.monotonic() - self._last_status > STATUS_EVERY_S:
             self._last_status = time.monotonic()
             self._status = self.status()
@@ -472,6 +476,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m pddflow.runtime.worker WIRING.json INSTANCE", file=sys.stderr)
         return 2
     wiring = Wiring.load(Path(argv[0]))
+    pin_self(wiring.cpus.get(argv[1], ()))  # before torch starts its thread pool
     worker = Worker(wiring, argv[1])
     signal.signal(signal.SIGTERM, lambda *_: worker.stopping.set())
     signal.signal(signal.SIGINT, lambda *_: worker.stopping.set())

@@ -33,6 +33,7 @@ class WorkerIO:
         self.operator = plan.instances[[i.id for i in plan.instances].index(instance)].operator
         self.cluster = plan.operators[self.operator].cluster
         self.closed = threading.Event()
+        self.resync = threading.Event()  # set when the report stream reopened; the worker resends its cache
         self.reports: queue.Queue = queue.Queue()
         self._senders: dict[tuple[str, str], Any] = {}
         self._lock = threading.Lock()
@@ -182,7 +183,11 @@ class WorkerIO:
 
     def _keep_reporting(self) -> None:
         """Hold the report stream open; if it breaks while the frontend lives, open it again."""
+        first = True
         while not self.closed.is_set():
+            if not first:  # a report taken by the broken stream may be lost: resend the cache listing
+                self.resync.set()
+            first = False
             fut = open_reports(self.wiring.frontend, self._report_stream())
             while not (self.closed.is_set() or fut.done()):
                 time.sleep(POLL_S)

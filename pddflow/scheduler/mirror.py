@@ -42,6 +42,14 @@ class CacheMirror:
             self._digest ^= h
         self.events += 1
 
+    def reset(self, hashes: Iterable[int]) -> None:
+        """Replace the mirror with the cache's full listing (a worker resending after a lost report)."""
+        self._blocks = set(hashes)
+        self._digest = 0
+        for h in self._blocks:
+            self._digest ^= h
+        self.events += 1
+
     # ---- read by policies -----------------------------------------------------------------------
     def match(self, hashes: Iterable[int]) -> int:
         """Leading blocks of `hashes` the cache holds (what a radix match would return)."""

@@ -51,6 +51,19 @@ def client(pdd):
     return openai.OpenAI(base_url=f"{pdd.base}/v1", api_key="unused", timeout=60, max_retries=0)
 
 
+def test_workers_run_on_their_clusters_cores(pdd):
+    """Emulated clusters do not share cores (cpu_layout.py): each worker runs where the wiring says."""
+    import json
+
+    wiring = json.loads((pdd.run_dir / "wiring.json").read_text())
+    for inst, cpus in wiring["cpus"].items():
+        allowed = os.sched_getaffinity(pdd.worker_pid(inst))
+        assert allowed == (set(cpus) or allowed), inst
+    if len(os.sched_getaffinity(0)) >= 2:  # clusters A and B on disjoint cores
+        a = set(wiring["cpus"]["relay/0"]) | set(wiring["cpus"]["prefill/0"])
+        assert a and wiring["cpus"]["main/0"] and not a & set(wiring["cpus"]["main/0"])
+
+
 ROUTES = [None, ("p_md", None), ("p_rld_md", "one_shot"), ("p_rld_md", "catch_up")]
 
 

@@ -77,3 +77,49 @@ def test_mirror_match_stops_at_first_missing_block():
     assert m.digest == 1 ^ 2 ^ 4 and m.blocks == {1, 2, 4}
     m.on_evict([4])
     assert m.digest == 1 ^ 2
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_change_journal_keeps_mirror_exact(seed):
+    """What a worker publishes: the cache's net changes, taken at random points (sometimes after
+    several inserts and evictions of the same blocks) and applied evict-then-insert."""
+    rng = random.Random(seed)
+    cache = RadixCache(capacity=40)
+    mirror = CacheMirror("main/0")
+    ins, ev = cache.take_changes()            # starts the journal: the (empty) cache as inserted
+    mirror.on_insert(ins)
+    assert ev == []
+    churned = 0
+    for prompt in _prompts(rng, 300):
+        cache.insert(prompt, [None] * len(prompt))
+        if rng.random() < 0.3:
+            cache.evict(rng.randint(1, 5))
+            churned += 1
+        if rng.random() < 0.4:
+            ins, ev = cache.take_changes()
+            mirror.on_evict(ev)
+            mirror.on_insert(ins)
+            mirror.check(h for h, _ in cache)
+    ins, ev = cache.take_changes()
+    mirror.on_evict(ev)
+    mirror.on_insert(ins)
+    mirror.check(h for h, _ in cache)
+    assert churned and mirror.events > 10
+    cache.clear()
+    ins, ev = cache.take_changes()
+    assert ins == [] and len(ev) == len(mirror)
+
+
+def test_reset_recovers_from_a_lost_delta():
+    cache = RadixCache()
+    mirror = CacheMirror("m")
+    cache.take_changes()
+    cache.insert([1, 2, 3], [None] * 3)
+    cache.take_changes()                       # this delta is lost on the way
+    cache.insert([1, 2, 3, 4], [None] * 4)
+    mirror.on_insert(cache.take_changes()[0])
+    with pytest.raises(MirrorDrift):
+        mirror.check(h for h, _ in cache)
+    mirror.reset(h for h, _ in cache)         # the worker's full listing after a reconnect
+    mirror.check(h for h, _ in cache)
+    assert mirror.digest == 1 ^ 2 ^ 3 ^ 4 and mirror.match([1, 2, 3, 4, 5]) == 4

@@ -1,0 +1,100 @@
+"""Which of this host's cores each worker of a local deployment runs on.
+
+Why: the local backend emulates two datacenters on one machine. Real clusters do not share
+compute, so an emulated one should not either: if the relay (cluster A) and main decode (cluster B)
+float over the same cores, every relay step slows main's decode, an interference PDD's hardware
+does not have. So the host's cores are split between clusters in proportion to their instances,
+and within a cluster between its instances when there are enough; each worker is pinned to its
+share and runs that many torch threads. With fewer cores than clusters nothing is pinned and the
+workers split the host's threads evenly (the old behaviour; `--cpu-pinning none` forces it).
+The frontend and any client stay unpinned.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+MODES = ("auto", "none")
+
+
+@dataclass(frozen=True)
+class CpuLayout:
+    mode: str                                 # "instance" | "cluster" | "shared"
+    cpus: dict[str, tuple[int, ...]]          # instance -> cores it is pinned to (empty: any core)
+    threads: dict[str, int]                   # instance -> torch threads
+
+    def describe(self) -> str:
+        if self.mode == "shared":
+            return f"workers share all cores ({', '.join(f'{i}: {t} threads' for i, t in self.threads.items())})"
+        return "; ".join(f"{i}: cores {_ranges(c)}" for i, c in self.cpus.items())
+
+
+def host_cores() -> list[int]:
+    """The cores this process may run on (its affinity mask where the OS has one)."""
+    try:
+        return sorted(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows: no affinity API
+        return list(range(os.cpu_count() or 1))
+
+
+def layout(instances: list[tuple[str, str]], cores: list[int], pinning: str = "auto") -> CpuLayout:
+    """instances: (instance id, cluster) in plan order. cores: the host's usable core ids."""
+    if pinning not in MODES:
+        raise ValueError(f"cpu pinning must be one of {', '.join(MODES)}, not {pinning!r}")
+    clusters: dict[str, list[str]] = {}
+    for inst, cluster in instances:
+        clusters.setdefault(cluster, []).append(inst)
+    can_pin = hasattr(os, "sched_setaffinity") and len(cores) >= len(clusters) > 0
+    if pinning == "none" or not can_pin:
+        per = max(1, len(cores) // max(1, len(instances)))
+        return CpuLayout("shared", {i: () for i, _ in instances}, {i: per for i, _ in instances})
+    shares = _split(len(cores), [len(v) for v in clusters.values()])
+    cpus: dict[str, tuple[int, ...]] = {}
+    threads: dict[str, int] = {}
+    mode = "instance"
+    at = 0
+    for (_, members), n in zip(clusters.items(), shares):
+        own = cores[at:at + n]
+        at += n
+        if n >= len(members):  # each instance of the cluster gets cores of its own
+            for inst, k in zip(members, _split(n, [1] * len(members))):
+                cpus[inst], threads[inst] = tuple(own[:k]), k
+                own = own[k:]
+        else:                  # the cluster's instances share the cluster's cores
+            mode = "cluster"
+            for inst in members:
+                cpus[inst], threads[inst] = tuple(own), max(1, n // len(members))
+    return CpuLayout(mode, {i: cpus[i] for i, _ in instances}, {i: threads[i] for i, _ in instances})
+
+
+def pin_self(cpus: tuple[int, ...] | list[int]) -> None:
+    """Restrict this process (and the threads it starts later) to `cpus`; no-op when empty."""
+    if cpus and hasattr(os, "sched_setaffinity"):
+        os.sched_setaffinity(0, set(cpus))
+
+
+def _split(total: int, weights: list[int]) -> list[int]:
+    """`total` cores split in proportion to `weights`, at least one each (largest remainder)."""
+    n = len(weights)
+    spare = total - n
+    w = sum(weights)
+    exact = [spare * x / w for x in weights]
+    out = [1 + int(e) for e in exact]
+    for i in sorted(range(n), key=lambda i: (int(exact[i]) - exact[i], i))[: total - sum(out)]:
+        out[i] += 1
+    return out
+
+
+def _ranges(cpus: tuple[int, ...]) -> str:
+    if not cpus:
+        return "any"
+    parts, start, prev = [], cpus[0], cpus[0]
+    for c in cpus[1:] + (None,):  # type: ignore[operator]
+        if c is not None and c == prev + 1:
+            prev = c
+            continue
+        parts.append(str(start) if start == prev else f"{start}-{prev}")
+        if c is not None:
+            start = prev = c
+    return ",".join(parts)
