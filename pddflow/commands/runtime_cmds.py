@@ -43,7 +43,7 @@ def deploy(
     from pddflow.runtime.deployment import BACKENDS, DeployError, make_run_dir, remove_run_dir, wait_ready
     from pddflow.runtime.frontend import Frontend
     from pddflow.runtime.model_info import model_info
-    from pddflow.runtime.cpu_layout import MODES, host_cores, layout
+    from pddflow.core.cpu_layout import MODES, host_cores, plan_layout
     from pddflow.runtime.wiring import wire
 
     if backend not in BACKENDS:
@@ -59,7 +59,7 @@ def deploy(
     err = Console(stderr=True)
     if cpu_pinning not in MODES:
         fail(f"--cpu-pinning must be one of {', '.join(MODES)}, not {cpu_pinning!r}", code=2)
-    cpus = layout([(i.id, i.cluster) for i in plan.instances], host_cores(), cpu_pinning)
+    cpus = plan_layout(plan, host_cores(), cpu_pinning)
     wiring = wire(plan, seed=seed, kv_cache_bytes=kv_cache_mb << 20, leg_timeout_s=leg_timeout, cpus=cpus)
     rd = make_run_dir(run_dir)
     be = BACKENDS[backend]()

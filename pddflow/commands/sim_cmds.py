@@ -36,6 +36,8 @@ def simulate(
                                               help="model every instance sharing this many host cores (one "
                                                    "process each, as the embedded deployment); default: this "
                                                    "machine's cores with --serve-workload and --calibrate, 0 = off"),
+    pinning: str = typer.Option("auto", "--cpu-pinning",
+                                help="with the CPU model: how the runtime pins workers (`pddflow deploy --cpu-pinning`)"),
     cpu_background: float = typer.Option(0.0, "--cpu-background", min=0.0,
                                          help="with the CPU model: other tenants' runnable threads on those cores "
                                               "(assumed the same during the calibration benchmark)"),
@@ -83,6 +85,7 @@ def simulate(
     from pddflow.sim.calibrate import CalibrationError, calibrated_plan, fit, load_bench
     from pddflow.sim.network import STREAM_GBPS
     from pddflow.sim.trace import TraceError, load_trace
+    from pddflow.core.cpu_layout import MODES as PINNING_MODES
 
     if workload not in ("auto", "trace", "agentic", "serve"):
         fail(f"unknown workload {workload!r}; use trace, agentic or serve", code=2)
@@ -125,6 +128,8 @@ def simulate(
     if cal is not None:
         sim_kwargs["efficiency"] = cal.efficiency
 
+    if pinning not in PINNING_MODES:
+        fail(f"--cpu-pinning must be one of {', '.join(PINNING_MODES)}, not {pinning!r}", code=2)
     if cpu_cores is None and kind == "serve" and cal is not None and local:
         import os
 
@@ -133,6 +138,7 @@ def simulate(
         sim_kwargs["cpu_cores"] = cpu_cores
         sim_kwargs["bench_threads"] = cal.facts.threads if cal is not None else 1
         sim_kwargs["cpu_background"] = cpu_background
+        sim_kwargs["cpu_pinning"] = pinning
 
     # a local (embedded) profile runs the small built-in model: hash prompts at the plan's block size
     block = plans[0].model.block_size if local else 512
@@ -189,20 +195,20 @@ def simulate(
 
 def _run_all(plans, wl, seed, sim_kwargs, quiet):
     from pddflow.sim.metrics import summarize
-    from pddflow.sim.simulator import CpuShare, Simulation
+    from pddflow.sim.simulator import HostCpus, Simulation
 
     results, sims = [], []
     sim_kwargs = dict(sim_kwargs)
     cores = sim_kwargs.pop("cpu_cores", None)
     bench_threads = sim_kwargs.pop("bench_threads", 1)
     background = sim_kwargs.pop("cpu_background", 0.0)
+    pinning = sim_kwargs.pop("cpu_pinning", "auto")
     with _progress(quiet) as prog:
         for p in plans:
             task = prog.add_task(f"{p.name}", total=len(wl.requests)) if prog else None
             cpu = None
-            if cores:   # one process per instance, threads split like the runtime's wiring
-                cpu = CpuShare(cores, max(1, int(cores) // max(len(p.instances), 1)), bench_threads,
-                               background=background)
+            if cores:   # one process per instance, on the cores the runtime would pin it to
+                cpu = HostCpus(p, cores, bench_threads, background, pinning)
             sim = Simulation(p, wl, seed=seed, cpu=cpu, **sim_kwargs)
             try:
                 sim.run(progress=(lambda done, total, t=task: prog.update(t, completed=done)) if prog else None)

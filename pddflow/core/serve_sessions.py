@@ -1,7 +1,7 @@
 """The multi-turn agentic workload of `pddflow bench serve` (and of `pddflow simulate --serve-workload`,
 which replays the same sessions), derived from a Mooncake-format trace and scaled to the built-in model.
 
-Pure (json/random only) and in `pddflow.core` so both the runtime and the simulator import it.
+Pure (random only) and in `pddflow.core` so both the runtime and the simulator import it.
 
 Each session starts from one trace request: its prompt is built block by block from the trace's
 `hash_ids` (one deterministic block of tokens per hash id, so requests that share hash prefixes
@@ -13,16 +13,14 @@ turn is the low-hit tail.
 
 from __future__ import annotations
 
-import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
 
-TRACE_BLOCK_TOKENS = 512
+from pddflow.core.mooncake import BLOCK_TOKENS as TRACE_BLOCK_TOKENS
+from pddflow.core.mooncake import TraceError, read_records
 
-
-class TraceError(ValueError):
-    """A bad trace line: the message starts with FILE:LINE."""
+__all__ = ["TRACE_BLOCK_TOKENS", "SessionSpec", "TraceError", "WorkloadSpec", "build", "read_trace"]
 
 
 @dataclass(frozen=True)
@@ -44,25 +42,7 @@ class WorkloadSpec:
 
 def read_trace(path: Path, limit: int) -> list[tuple[int, int, list[int]]]:
     """(input_length, output_length, hash_ids) of the first `limit` requests."""
-    out = []
-    with open(path, encoding="utf-8") as fh:
-        for n, line in enumerate(fh, 1):
-            if len(out) >= limit:
-                break
-            if not line.strip():
-                continue
-            try:
-                d = json.loads(line)
-                rec = (int(d["input_length"]), int(d["output_length"]), [int(h) for h in d["hash_ids"]])
-            except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-                raise TraceError(f"{path}:{n}: not a Mooncake trace record ({exc}); expected "
-                                 '{"timestamp", "input_length", "output_length", "hash_ids"}') from None
-            if rec[0] <= 0 or not rec[2]:
-                raise TraceError(f"{path}:{n}: input_length must be positive and hash_ids non-empty")
-            out.append(rec)
-    if not out:
-        raise TraceError(f"{path}: no requests")
-    return out
+    return [(r.input_length, r.output_length, list(r.hash_ids)) for r in read_records(path, limit)]
 
 
 def build(trace: Path, sessions: int, turns: int, scale: float, vocab: int, seed: int = 0,

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from pddflow.graph.plan import Plan
-from pddflow.runtime.cpu_layout import CpuLayout, host_cores, layout
+from pddflow.core.cpu_layout import CpuLayout, host_cores, plan_layout
 
 
 @dataclass
@@ -37,6 +37,7 @@ class Wiring:
     via: dict[str, str] = field(default_factory=dict)
     cpus: dict[str, list[int]] = field(default_factory=dict)   # instance -> cores it is pinned to
     threads: dict[str, int] = field(default_factory=dict)      # instance -> torch threads (0: default)
+    nice: dict[str, int] = field(default_factory=dict)         # instance -> priority decrease
     tls_cert: str = ""                         # PEM paths for channels with `tls: true`
     tls_key: str = ""
     links: dict[str, list[str]] = field(default_factory=dict)
@@ -70,10 +71,10 @@ def wire(plan: Plan, seed: int = 0, kv_cache_bytes: int = 256 << 20, leg_timeout
     dep = f"pddflow-{uuid.uuid4().hex[:8]}"
     w = Wiring(dep, plan.to_json(indent=None), f"127.0.0.1:{free_port()}", auth_token=secrets.token_hex(16),
                seed=seed, kv_cache_bytes=kv_cache_bytes, leg_timeout_s=leg_timeout_s)
-    # One host runs every worker: split its cores rather than oversubscribe them (cpu_layout.py).
-    cpus = cpus or layout([(i.id, i.cluster) for i in plan.instances], host_cores())
+    # One host runs every worker: split its cores rather than oversubscribe them (core/cpu_layout.py).
+    cpus = cpus or plan_layout(plan, host_cores())
     w.cpus = {i: list(c) for i, c in cpus.cpus.items()}
-    w.threads = dict(cpus.threads)
+    w.threads, w.nice = dict(cpus.threads), dict(cpus.nice)
     for inst in plan.instances:
         ep = Endpoints(rpc=f"127.0.0.1:{free_port()}")
         for ch in plan.channels:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from pddflow.core.payloads import KVBlocks, SamplingParams, TokenIds
-from pddflow.runtime.cpu_layout import pin_self
+from pddflow.core.cpu_layout import pin_self
 from pddflow.runtime.proto import runtime_pb2 as pb
 from pddflow.runtime.rpc import WORKER, serve
 from pddflow.runtime.wiring import Wiring
@@ -476,7 +476,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m pddflow.runtime.worker WIRING.json INSTANCE", file=sys.stderr)
         return 2
     wiring = Wiring.load(Path(argv[0]))
-    pin_self(wiring.cpus.get(argv[1], ()))  # before torch starts its thread pool
+    pin_self(wiring.cpus.get(argv[1], ()), wiring.nice.get(argv[1], 0))  # before torch starts its threads
     worker = Worker(wiring, argv[1])
     signal.signal(signal.SIGTERM, lambda *_: worker.stopping.set())
     signal.signal(signal.SIGINT, lambda *_: worker.stopping.set())

@@ -18,11 +18,13 @@ A request's life (matching docs/structure.md):
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from dataclasses import replace
 from collections.abc import Callable
 
+from pddflow.core.cpu_layout import plan_layout
 from pddflow.graph.plan import Plan
 from pddflow.scheduler import InstanceLoad, LinkEstimate, RequestFeatures, SchedulerState, Topology, make_policy
 from pddflow.scheduler.base import Policy
@@ -71,6 +73,9 @@ class Run:
         self.m_transfer_s: float | None = None
 
 
+CFS_NICE_STEP = 1.25   # Linux CFS: one nice level is about 1.25x less CPU weight
+
+
 class CpuShare:
     """Every instance on one host's CPU cores (the embedded deployment: one process per instance).
 
@@ -78,9 +83,11 @@ class CpuShare:
     worker's step takes `thread_penalty` times the calibrated step (fewer threads than the
     benchmark: (bench_threads / threads) ** thread_exponent) and, when more workers are busy than
     the cores hold (busy x threads > cores), the cores are shared equally: a further factor of
-    busy x threads / cores. The factor is taken when an engine plans its steps; every idle/busy
-    transition cuts the other busy engines' multi-step plans at their next boundary, so they
-    re-plan at the new share.
+    busy x threads / cores. Workers with a lower priority (`nice`, as the runtime sets for a decoder
+    sharing cores with prefill) weigh less, as under Linux's CFS (1.25x less per nice level): a
+    busy worker gets the cores in proportion to its weight, at most its threads' worth. The factor
+    is taken when an engine plans its steps; every idle/busy transition cuts the other busy
+    engines' multi-step plans at their next boundary, so they re-plan at the new share.
 
     `background`: runnable threads of other tenants, assumed the same while the benchmark ran and
     now; the calibrated step already paid the benchmark's share (bench_threads + background over
@@ -93,15 +100,20 @@ class CpuShare:
         self.bench_share = max(1.0, (max(1, bench_threads) + self.background) / self.cores)
         self.penalty = (max(1, bench_threads) / self.threads) ** thread_exponent if bench_threads > self.threads else 1.0
         self.engines: list[Engine] = []
+        self.weight: dict[str, float] = {}
         self.busy = 0
 
-    def attach(self, eng: Engine) -> None:
+    def attach(self, eng: Engine, nice: int = 0) -> None:
         self.engines.append(eng)
-        eng.slowdown = self.factor
+        self.weight[eng.name] = CFS_NICE_STEP ** -nice
+        eng.slowdown = lambda e=eng: self.factor(e)
         eng.on_busy = self._changed
 
-    def factor(self) -> float:
-        return self.penalty * max(1.0, (self.busy * self.threads + self.background) / self.cores) / self.bench_share
+    def factor(self, eng: Engine | None = None) -> float:
+        mine = (self.weight[eng.name] if eng is not None else 1.0) * self.threads
+        demand = sum(self.weight[e.name] for e in self.engines if e._busy) * self.threads + self.background
+        given = min(self.threads, self.cores * mine / max(demand, mine))  # cores this engine gets
+        return self.penalty * (self.threads / given) / self.bench_share
 
     def _changed(self, eng: Engine) -> None:
         busy = sum(1 for e in self.engines if e._busy)
@@ -114,13 +126,42 @@ class CpuShare:
 
     def to_dict(self) -> dict:
         return {"cores": self.cores, "threads_per_worker": self.threads, "thread_penalty": round(self.penalty, 4),
-                "background_threads": self.background}
+                "background_threads": self.background, "instances": [e.name for e in self.engines],
+                "nice": {e.name: round(math.log(1 / self.weight[e.name], CFS_NICE_STEP)) for e in self.engines}}
+
+
+class HostCpus:
+    """The embedded deployment's host, laid out as the runtime lays it out (core/cpu_layout.py):
+    workers pinned to the same cores share them (one CpuShare per such group), groups never slow
+    each other. `background` (other tenants, the frontend, the client: unpinned) is spread over the
+    groups in proportion to their cores."""
+
+    def __init__(self, plan: Plan, cores: float, bench_threads: int = 1, background: float = 0.0,
+                 pinning: str = "auto", thread_exponent: float = 1.0):
+        lay = plan_layout(plan, list(range(max(1, int(cores)))), pinning)
+        self.mode, self.nice = lay.mode, lay.nice
+        groups: dict[tuple[int, ...], CpuShare] = {}
+        self.share: dict[str, CpuShare] = {}
+        for inst in plan.instances:
+            key = lay.cpus[inst.id]
+            if key not in groups:
+                n = float(len(key)) if key else cores
+                groups[key] = CpuShare(n, lay.threads[inst.id], bench_threads, thread_exponent,
+                                       background=background * n / max(cores, 1e-9))
+            self.share[inst.id] = groups[key]
+        self.groups = list(groups.values())
+
+    def attach(self, instance: str, eng: Engine) -> None:
+        self.share[instance].attach(eng, self.nice[instance])
+
+    def to_dict(self) -> dict:
+        return {"layout": self.mode, "groups": [g.to_dict() for g in self.groups]}
 
 
 class Simulation:
     def __init__(self, plan: Plan, workload: Workload, *, seed: int = 0, efficiency: Efficiency | None = None,
                  device_efficiency: dict[str, Efficiency] | None = None, policy: Policy | None = None,
-                 strict_mirrors: bool = False, stream_gbps: float = STREAM_GBPS, cpu: CpuShare | None = None,
+                 strict_mirrors: bool = False, stream_gbps: float = STREAM_GBPS, cpu: HostCpus | None = None,
                  prefill_first_token: bool = False):
         self.plan, self.workload, self.seed = plan, workload, seed
         self.cpu = cpu
@@ -149,7 +190,7 @@ class Simulation:
             self.engines[inst.id] = Engine(self.loop, inst.id, model, int(op.params.get("max_batch", 64)),
                                            int(op.params.get("chunk_tokens", 512)))
             if cpu is not None:
-                cpu.attach(self.engines[inst.id])
+                cpu.attach(inst.id, self.engines[inst.id])
             cached = bool(op.params.get("radix_cache", False) or op.params.get("prefix_cache", False))
             cap = int(op.kv_budget_bytes // (self.kvb * self.bt))
             self.stores[inst.id] = KVStore(inst.id, cap, cached, self.state.mirrors.get(inst.id), strict_mirrors)
@@ -413,6 +454,12 @@ class Simulation:
         run.m_state = "landed"
         run.m_transfer_s = self.loop.now - run.m_sent_at
         self.stores[run.m_inst].commit(run.m_hold, run.req.hashes)
+        if run.done and run.path.has_handoff and not run.dec.singular and run.req.done_hashes:
+            # The relay finished first. As in the runtime it still sent main every token ID, and main
+            # extends over them so its cache keeps this turn (prompt + output) for the next one.
+            self.engines[run.m_inst].submit_job(Job(run, run.req.output_tokens, run.req.prompt_tokens,
+                                                    self._cache_only_extended, "extend"))
+            return
         if run.done or (run.dec.singular and run.path.has_handoff):
             self._main_release(run)       # the relay finished (or will): MD only keeps the blocks cached
             return
@@ -423,6 +470,12 @@ class Simulation:
             run.handoff = "takeover"
             self._relay_release(run)
         self._main_decode(run, 0, None)
+
+    def _cache_only_extended(self, job: Job, t: float) -> None:
+        run = job.run
+        if run.m_hold is not None and run.m_state == "landed":
+            self.stores[run.m_inst].commit_more(run.m_hold, run.req.done_hashes)
+        self._main_release(run)
 
     def _main_decode(self, run: Run, tokens0: int, t_emitted: float | None) -> None:
         out = run.req.output_tokens

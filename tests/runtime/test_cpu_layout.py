@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from pddflow.runtime.cpu_layout import layout
+from pddflow.core.cpu_layout import DECODE_NICE, layout
 
-PDD = [("prefill/0", "A"), ("relay/0", "A"), ("main/0", "B")]
+PDD = [("prefill/0", "A", "prefill"), ("relay/0", "A", "decode"), ("main/0", "B", "decode")]
 
 
 def _cores_of(lay, cluster_members):
@@ -19,6 +19,8 @@ def test_two_cores_one_per_cluster():
     assert lay.mode == "cluster"
     assert lay.cpus == {"prefill/0": (0,), "relay/0": (0,), "main/0": (1,)}
     assert lay.threads == {"prefill/0": 1, "relay/0": 1, "main/0": 1}
+    # the relay shares prefill's core at a lower priority; main has its core to itself
+    assert lay.nice == {"prefill/0": 0, "relay/0": DECODE_NICE, "main/0": 0} and DECODE_NICE > 0
 
 
 @pytest.mark.parametrize("n", [3, 4, 7, 16, 64])
@@ -27,22 +29,27 @@ def test_enough_cores_every_instance_its_own(n):
     assert lay.mode == "instance"
     sets = [set(c) for c in lay.cpus.values()]
     assert all(sets) and sum(len(s) for s in sets) == n and len(set().union(*sets)) == n  # disjoint, all used
-    assert all(lay.threads[i] == len(lay.cpus[i]) for i, _ in PDD)
+    assert all(lay.threads[i] == len(lay.cpus[i]) for i, _, _ in PDD) and set(lay.nice.values()) == {0}
     # cluster A has two instances, B one: A gets about two thirds of the cores
     assert abs(len(_cores_of(lay, ["prefill/0", "relay/0"])) - 2 * n / 3) <= 1
 
 
 def test_one_cluster_shares_nothing_across_clusters_because_there_is_one():
-    lay = layout([("prefill/0", "A"), ("decode/0", "A")], [0, 1])
-    assert lay.cpus == {"prefill/0": (0,), "decode/0": (1,)}
+    lay = layout([("prefill/0", "A", "prefill"), ("decode/0", "A", "decode")], [0, 1])
+    assert lay.cpus == {"prefill/0": (0,), "decode/0": (1,)} and set(lay.nice.values()) == {0}
 
 
 def test_fewer_cores_than_clusters_or_none_pins_nothing():
     for lay in (layout(PDD, [0]), layout(PDD, list(range(8)), "none")):
         assert lay.mode == "shared" and all(c == () for c in lay.cpus.values())
-    assert layout(PDD, list(range(8)), "none").threads == {i: 2 for i, _ in PDD}
+    assert layout(PDD, list(range(8)), "none").threads == {i: 2 for i, _, _ in PDD}
 
 
 def test_unknown_mode_is_refused():
     with pytest.raises(ValueError, match="auto, none"):
         layout(PDD, [0, 1], "fast")
+
+
+def test_two_decoders_sharing_cores_without_prefill_keep_their_priority():
+    lay = layout([("a/0", "A", "decode"), ("a/1", "A", "decode"), ("b/0", "B", "decode")], [0, 1])
+    assert lay.mode == "cluster" and set(lay.nice.values()) == {0}

@@ -12,7 +12,7 @@ import pytest
 
 from pddflow.core.serve_sessions import build
 from pddflow.sim.serve_replay import replay, serve_workload
-from pddflow.sim.simulator import CpuShare, Simulation
+from pddflow.sim.simulator import HostCpus, Simulation
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,7 +71,11 @@ def test_replay_runs_on_the_local_profile_with_a_shared_cpu(tmp_path):
     plan = _local_plan()
     plan = replace(plan, links={n: replace(link, gbps=0.05) for n, link in plan.links.items()})
     wl = replay(spec, plan.model.block_size)
-    sim = Simulation(plan, wl, cpu=CpuShare(2, 1, 2))
+    cpu = HostCpus(plan, 2, bench_threads=2)
+    # as the runtime pins them on 2 cores: cluster A (prefill, relay) on one, B (main) on the other
+    assert len(cpu.groups) == 2 and cpu.mode == "cluster"
+    sim = Simulation(plan, wl, cpu=cpu)
+    assert sorted(sorted(e.name for e in g.engines) for g in cpu.groups) == [["main/0"], ["prefill/0", "relay/0"]]
     runs = sim.run()
     assert len(runs) == 6 and all(r.done and not r.failed for r in runs)
 
@@ -134,4 +138,27 @@ def test_cli_serve_workload(tmp_path):
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     assert d["requests"] == 9 and d["failed"] == 0
-    assert d["cpu_share"]["threads_per_worker"] >= 1 and d["ttft_s"]["p50"] > 0
+    groups = d["cpu_share"]["groups"]
+    assert sorted(i for g in groups for i in g["instances"]) == ["main/0", "prefill/0", "relay/0"]
+    assert all(g["threads_per_worker"] >= 1 for g in groups) and d["ttft_s"]["p50"] > 0
+
+
+def test_cpu_share_weights_a_lower_priority_decoder_like_cfs():
+    """One core, prefill and a nice +5 relay both busy: prefill gets ~3/4 of it, the relay ~1/4
+    (CFS weights 1024 and 335); alone, either runs at full speed."""
+    from types import SimpleNamespace
+
+    from pddflow.sim.simulator import CpuShare
+
+    share = CpuShare(1.0, threads=1, bench_threads=1)
+    p = SimpleNamespace(name="prefill/0", _busy=False, replan=lambda: None)
+    r = SimpleNamespace(name="relay/0", _busy=False, replan=lambda: None)
+    share.attach(p)
+    share.attach(r, nice=5)
+    p._busy = True
+    assert p.slowdown() == pytest.approx(1.0)
+    r._busy = True
+    w = 1.25 ** -5
+    assert p.slowdown() == pytest.approx(1 + w) and r.slowdown() == pytest.approx((1 + w) / w)
+    p._busy = False
+    assert r.slowdown() == pytest.approx(1.0)

@@ -8,6 +8,12 @@ and within a cluster between its instances when there are enough; each worker is
 share and runs that many torch threads. With fewer cores than clusters nothing is pinned and the
 workers split the host's threads evenly (the old behaviour; `--cpu-pinning none` forces it).
 The frontend and any client stay unpinned.
+
+When a cluster has fewer cores than instances its workers share them, and a decoder pinned with a
+prefill worker runs at a lower priority (nice +DECODE_NICE, about a third of the CPU weight): on
+separate hardware nothing slows a prompt's prefill, and on shared cores the next best is what a
+prefill-first scheduler does, since a prompt waiting for its first token (TTFT) is worth more than
+one more token of a stream that is already flowing. Measured in docs/benchmarks.md.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import os
 from dataclasses import dataclass
 
 MODES = ("auto", "none")
+DECODE_NICE = 5   # CFS weight 335 against prefill's 1024
 
 
 @dataclass(frozen=True)
@@ -23,11 +30,13 @@ class CpuLayout:
     mode: str                                 # "instance" | "cluster" | "shared"
     cpus: dict[str, tuple[int, ...]]          # instance -> cores it is pinned to (empty: any core)
     threads: dict[str, int]                   # instance -> torch threads
+    nice: dict[str, int]                      # instance -> niceness increment (0: normal priority)
 
     def describe(self) -> str:
         if self.mode == "shared":
             return f"workers share all cores ({', '.join(f'{i}: {t} threads' for i, t in self.threads.items())})"
-        return "; ".join(f"{i}: cores {_ranges(c)}" for i, c in self.cpus.items())
+        return "; ".join(f"{i}: cores {_ranges(c)}" + (f" (nice +{self.nice[i]})" if self.nice[i] else "")
+                         for i, c in self.cpus.items())
 
 
 def host_cores() -> list[int]:
@@ -38,20 +47,24 @@ def host_cores() -> list[int]:
         return list(range(os.cpu_count() or 1))
 
 
-def layout(instances: list[tuple[str, str]], cores: list[int], pinning: str = "auto") -> CpuLayout:
-    """instances: (instance id, cluster) in plan order. cores: the host's usable core ids."""
+def layout(instances: list[tuple[str, str, str]], cores: list[int], pinning: str = "auto") -> CpuLayout:
+    """instances: (instance id, cluster, role: prefill | decode | both) in plan order. cores: the
+    host's usable core ids."""
     if pinning not in MODES:
         raise ValueError(f"cpu pinning must be one of {', '.join(MODES)}, not {pinning!r}")
+    ids = [i for i, _, _ in instances]
+    role = {i: r for i, _, r in instances}
     clusters: dict[str, list[str]] = {}
-    for inst, cluster in instances:
+    for inst, cluster, _ in instances:
         clusters.setdefault(cluster, []).append(inst)
     can_pin = hasattr(os, "sched_setaffinity") and len(cores) >= len(clusters) > 0
     if pinning == "none" or not can_pin:
         per = max(1, len(cores) // max(1, len(instances)))
-        return CpuLayout("shared", {i: () for i, _ in instances}, {i: per for i, _ in instances})
+        return CpuLayout("shared", {i: () for i in ids}, {i: per for i in ids}, {i: 0 for i in ids})
     shares = _split(len(cores), [len(v) for v in clusters.values()])
     cpus: dict[str, tuple[int, ...]] = {}
     threads: dict[str, int] = {}
+    nice = {i: 0 for i in ids}
     mode = "instance"
     at = 0
     for (_, members), n in zip(clusters.items(), shares):
@@ -61,17 +74,28 @@ def layout(instances: list[tuple[str, str]], cores: list[int], pinning: str = "a
             for inst, k in zip(members, _split(n, [1] * len(members))):
                 cpus[inst], threads[inst] = tuple(own[:k]), k
                 own = own[k:]
-        else:                  # the cluster's instances share the cluster's cores
+        else:                  # the cluster's instances share the cluster's cores, prefill first
             mode = "cluster"
+            has_prefill = any(role[m] == "prefill" for m in members)
             for inst in members:
                 cpus[inst], threads[inst] = tuple(own), max(1, n // len(members))
-    return CpuLayout(mode, {i: cpus[i] for i, _ in instances}, {i: threads[i] for i, _ in instances})
+                if has_prefill and role[inst] == "decode":
+                    nice[inst] = DECODE_NICE
+    return CpuLayout(mode, {i: cpus[i] for i in ids}, {i: threads[i] for i in ids}, nice)
 
 
-def pin_self(cpus: tuple[int, ...] | list[int]) -> None:
-    """Restrict this process (and the threads it starts later) to `cpus`; no-op when empty."""
+def plan_layout(plan, cores: list[int], pinning: str = "auto") -> CpuLayout:
+    """The layout of a Plan's instances (roles from their operators)."""
+    return layout([(i.id, i.cluster, plan.operators[i.operator].role) for i in plan.instances], cores, pinning)
+
+
+def pin_self(cpus: tuple[int, ...] | list[int], nice: int = 0) -> None:
+    """Restrict this process (and the threads it starts later) to `cpus` (no-op when empty) and
+    lower its priority by `nice`."""
     if cpus and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, set(cpus))
+    if nice > 0:
+        os.nice(nice)
 
 
 def _split(total: int, weights: list[int]) -> list[int]:
