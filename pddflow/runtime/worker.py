@@ -29,8 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pddflow.core.payloads import KVBlocks, SamplingParams, TokenIds
 from pddflow.core.cpu_layout import pin_self
+from pddflow.core.payloads import KVBlocks, SamplingParams, TokenIds
 from pddflow.runtime.proto import runtime_pb2 as pb
 from pddflow.runtime.rpc import WORKER, serve
 from pddflow.runtime.wiring import Wiring
