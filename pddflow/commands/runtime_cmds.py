@@ -112,6 +112,8 @@ def bench_serve(
                                    "(0.1 Gbps: a cold 1,000-token prompt's KV takes about 2.6 s)"),
     timeout: float = typer.Option(120.0, min=1.0, help="deadline of one request, s"),
     seed: int = typer.Option(0, help="workload seed"),
+    cpu_pinning: str = typer.Option("auto", help="passed to every `pddflow deploy` (auto: each emulated cluster "
+                                    "on cores of its own; none: workers float over all cores)"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """Serve one multi-turn agentic workload (derived from a trace) on each graph in turn, under the
@@ -125,6 +127,10 @@ def bench_serve(
     from pddflow.runtime.launcher import LaunchError
     from pddflow.runtime.serve_workload import TraceError, build
 
+    from pddflow.core.cpu_layout import MODES
+
+    if cpu_pinning not in MODES:
+        fail(f"--cpu-pinning must be one of {', '.join(MODES)}, not {cpu_pinning!r}", code=2)
     graphs = graphs or [Path("graphs/cross_dc_pd.yaml"), Path("graphs/pdd.yaml")]
     plans = [load_or_exit(g) for g in graphs]
     try:
@@ -140,14 +146,15 @@ def bench_serve(
         for g in graphs:
             task = bar.add_task(f"serving {g.name}", total=workload.requests)
             try:
-                results.append(run_graph(g, workload, rps, wan_gbps, timeout, lambda t=task: bar.advance(t), think))
+                results.append(run_graph(g, workload, rps, wan_gbps, timeout, lambda t=task: bar.advance(t), think,
+                                         extra=("--cpu-pinning", cpu_pinning)))
             except LaunchError as exc:
                 fail(f"{g}: {exc}")
     sla = plans[0].scheduler
     rows = [summarize(r, sla.ttft_s, sla.tpot_ms / 1e3) for r in results]
     out = {"workload": {"sessions": sessions, "turns": turns, "requests": workload.requests, "scale": scale,
                         "rps": rps, "wan_gbps": wan_gbps, "max_output": max_output, "think_s": think,
-                        "trace": str(trace)},
+                        "trace": str(trace), "cpu_pinning": cpu_pinning},
            "graphs": rows, "ratios_vs_first": {r["graph"]: ratios(rows[0], r) for r in rows[1:]}}
     if as_json:
         print(_json.dumps(out, indent=2))
