@@ -2,12 +2,15 @@
 the same process and thread count.
 
 Measured: prefill tokens/s at two prompt lengths; decode tokens/s at three batch sizes (uniform
-batches, so HF pays no padding there); extend(N known tokens) against one decode step at the same
+batches, so HF pays no padding there), and the engine alone at the largest batch over a long
+context (`decode_long`: how a step grows with the KV it reads, for `pddflow simulate --calibrate`);
+extend(N known tokens) against one decode step at the same
 context; and a mixed serving workload (fixed-seed prompt and output lengths) through the engine's
 continuous batching and through HF `generate` in padded static batches of the same size. Tokens/s
 there counts the requested output tokens only: what users receive.
 
-The machine may be shared, so short measurements take the best of a few repeats. transformers is
+The machine may be shared, so short measurements take the best of a few repeats (`--quick`, the
+calibration input of `pddflow simulate`, takes their median). transformers is
 imported here, never by the engine.
 """
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import os
 import random
+import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -33,6 +37,8 @@ class BenchSizes:
     decode_batches: tuple[int, ...] = (1, 8, 32)
     decode_context: int = 128
     decode_steps: int = 16
+    long_context: int = 1024          # engine only: one decode batch (the largest) over a long context,
+                                      # so a calibration sees how a step grows with the KV it reads
     extend_tokens: int = 100
     extend_context: int = 512
     mixed_requests: int = 32
@@ -40,11 +46,16 @@ class BenchSizes:
     mixed_output: tuple[int, int] = (8, 256)
     repeats: int = 2
     mixed_repeats: int = 1
+    statistic: str = "best"           # of the repeats: best (comparisons) or median (calibration: typical load)
 
 
-QUICK = BenchSizes(prefill_lengths=(64, 128), decode_batches=(1, 4), decode_context=32, decode_steps=4,
-                   extend_tokens=16, extend_context=48, mixed_requests=6, mixed_prompt=(8, 64),
-                   mixed_output=(2, 12), repeats=1)
+# Quick is what `pddflow simulate --calibrate` fits, so it reports the median of 3 short runs: one run
+# on a shared machine can come out 1.5x slow (batch 1 slower than batch 4), and the best of 3 is the
+# engine on an idle machine, faster than a deployment sharing the cores ever sees (measured:
+# docs/simulator.md, Fidelity).
+QUICK = BenchSizes(prefill_lengths=(64, 128), decode_batches=(1, 4), decode_context=32, decode_steps=6,
+                   long_context=768, extend_tokens=16, extend_context=48, mixed_requests=6, mixed_prompt=(8, 64),
+                   mixed_output=(2, 12), repeats=3, statistic="median")
 
 
 def hf_model_from_source(source: ModelSource):
@@ -76,13 +87,17 @@ def hf_model_from_source(source: ModelSource):
     return model.eval()
 
 
-def _best_pair(engine_fn: Callable[[], float], hf_fn: Callable[[], float], repeats: int) -> tuple[float, float]:
-    """Best of `repeats` timings each, alternating engine and HF so both see the same machine load."""
-    te = th = float("inf")
+def _best_pair(engine_fn: Callable[[], float], hf_fn: Callable[[], float], repeats: int,
+               statistic: str = "best") -> tuple[float, float]:
+    """Best (or median) of `repeats` timings each, alternating engine and HF so both see the same
+    machine load."""
+    te: list[float] = []
+    th: list[float] = []
     for _ in range(max(repeats, 1)):
-        te = min(te, engine_fn())
-        th = min(th, hf_fn())
-    return te, th
+        te.append(engine_fn())
+        th.append(hf_fn())
+    pick = statistics.median if statistic == "median" else min
+    return pick(te), pick(th)
 
 
 def _ratio(engine: float, hf: float) -> float:
@@ -103,13 +118,15 @@ def run_bench(spec: str = "builtin:tiny-llama", sizes: BenchSizes = BenchSizes()
 
     longest = max(max(sizes.prefill_lengths), sizes.mixed_prompt[1] + sizes.mixed_output[1],
                   sizes.extend_context + sizes.extend_tokens + 8)
-    slots = max(max(sizes.decode_batches) * (sizes.decode_context + sizes.decode_steps + 4), batch * longest)
+    slots = max(max(sizes.decode_batches) * (max(sizes.decode_context, sizes.long_context) + sizes.decode_steps + 4),
+                batch * longest)
     kv_bytes = (slots + 64 * batch) * source.config.kv_bytes_per_token(4) * 2
     progress("loading engine and HF model")
     engine = Engine(source, EngineConfig(kv_cache_bytes=kv_bytes, prefix_cache=False))
     hf = hf_model_from_source(source)
     out: dict[str, Any] = {"model": spec, "threads": torch.get_num_threads(), "device": str(engine.device),
                            "batch_invariant": engine.numerics.invariant,
+                           "statistic": f"{sizes.statistic} of {sizes.repeats}",
                            "loadavg_start": [round(x, 2) for x in os.getloadavg()]}
 
     # --- prefill -------------------------------------------------------------------------------
@@ -133,7 +150,7 @@ def run_bench(spec: str = "builtin:tiny-llama", sizes: BenchSizes = BenchSizes()
                 hf(ids, use_cache=True, logits_to_keep=1)
                 return time.perf_counter() - t
 
-        te, th = _best_pair(eng_once, hf_once, sizes.repeats)
+        te, th = _best_pair(eng_once, hf_once, sizes.repeats, sizes.statistic)
         out["prefill"][str(n)] = {"engine_tok_s": round(n / te, 1), "hf_tok_s": round(n / th, 1),
                                   "ratio": _ratio(th, te)}
 
@@ -143,20 +160,30 @@ def run_bench(spec: str = "builtin:tiny-llama", sizes: BenchSizes = BenchSizes()
         progress(f"decode batch {b}")
         prompts = [prompt(sizes.decode_context) for _ in range(b)]
         te, th = _best_pair(lambda: _engine_decode(engine, prompts, sizes.decode_steps),
-                            lambda: _hf_decode(hf, prompts, sizes.decode_steps), sizes.repeats)
+                            lambda: _hf_decode(hf, prompts, sizes.decode_steps), sizes.repeats, sizes.statistic)
         toks = b * sizes.decode_steps
         out["decode"][str(b)] = {"engine_tok_s": round(toks / te, 1), "hf_tok_s": round(toks / th, 1),
                                  "ratio": _ratio(th, te), "engine_step_ms": round(te / sizes.decode_steps * 1e3, 2),
                                  "hf_step_ms": round(th / sizes.decode_steps * 1e3, 2)}
+
+    # --- decode over a long context (engine only: a calibration point, not a comparison) ---------
+    if sizes.long_context > sizes.decode_context:
+        b = max(sizes.decode_batches)
+        progress(f"decode batch {b} over {sizes.long_context} tokens of context")
+        prompts = [prompt(sizes.long_context) for _ in range(b)]
+        runs = [_engine_decode(engine, prompts, sizes.decode_steps) for _ in range(sizes.repeats)]
+        te = statistics.median(runs) if sizes.statistic == "median" else min(runs)
+        out["decode_long"] = {"context": sizes.long_context, "batch": b,
+                              "engine_step_ms": round(te / sizes.decode_steps * 1e3, 2)}
 
     # --- extend vs decode ----------------------------------------------------------------------
     progress(f"extend {sizes.extend_tokens} tokens vs one decode step")
     ctx_prompt = prompt(sizes.extend_context)
     known = prompt(sizes.extend_tokens)
     ext_s, hf_ext = _best_pair(lambda: _engine_extend(engine, ctx_prompt, known),
-                               lambda: _hf_extend(hf, ctx_prompt, known), sizes.repeats + 1)
+                               lambda: _hf_extend(hf, ctx_prompt, known), sizes.repeats + 1, sizes.statistic)
     step_s, hf_step = _best_pair(lambda: _engine_decode(engine, [ctx_prompt], 1),
-                                 lambda: _hf_decode(hf, [ctx_prompt], 1), sizes.repeats + 1)
+                                 lambda: _hf_decode(hf, [ctx_prompt], 1), sizes.repeats + 1, sizes.statistic)
     out["extend"] = {"tokens": sizes.extend_tokens, "context": sizes.extend_context,
                      "extend_ms": round(ext_s * 1e3, 2), "decode_step_ms": round(step_s * 1e3, 2),
                      "extend_over_step": round(ext_s / step_s, 2),

@@ -47,6 +47,7 @@ class BenchFacts:
     decode_points: tuple[tuple[int, float], ...] = ()    # (batch, tokens/s)
     threads: int = 1                                      # CPU threads the benchmark ran with (`threads`)
     extend: tuple[int, int, float] | None = None          # (tokens, context, seconds) of one extend step
+    decode_long: tuple[int, int, float] | None = None     # (batch, context, seconds) of one long-context decode step
 
 
 @dataclass(frozen=True)
@@ -73,8 +74,13 @@ class Calibration:
                 # every measured point against the fitted model: how well two numbers explain them
                 "prefill_check": {str(n): {"measured": v, "model": round(m.prefill_tokens_per_s(n), 1)}
                                   for n, v in f.prefill_points},
+                "kv_read_factor": round(self.efficiency.kv_read_factor, 3),
                 "decode_check": {str(b): {"measured": v, "model": round(m.decode_tokens_per_s(b, f.decode_context), 1)}
-                                 for b, v in f.decode_points}}
+                                 for b, v in f.decode_points},
+                "decode_long_check": None if f.decode_long is None else {
+                    "batch": f.decode_long[0], "context": f.decode_long[1],
+                    "measured_step_ms": round(f.decode_long[2] * 1e3, 2),
+                    "model_step_ms": round(m.decode_step_s(f.decode_long[0], f.decode_long[0] * f.decode_long[1]) * 1e3, 2)}}
 
 
 def _walk(obj: Any, path: tuple[str, ...] = ()):
@@ -126,8 +132,14 @@ def _engine_bench_layout(data: Any, path: Path) -> BenchFacts | None:
     extend = None
     if isinstance(ext, dict) and all(isinstance(ext.get(k), (int, float)) for k in ("tokens", "context", "extend_ms")):
         extend = (int(ext["tokens"]), int(ext["context"]), float(ext["extend_ms"]) / 1e3)
+    lng = data.get("decode_long")
+    long_pt = None
+    if isinstance(lng, dict) and all(isinstance(lng.get(k), (int, float)) and lng[k] > 0
+                                     for k in ("batch", "context", "engine_step_ms")):
+        long_pt = (int(lng["batch"]), int(lng["context"]), float(lng["engine_step_ms"]) / 1e3)
     return BenchFacts(str(path), p_pts[-1][1], d_pts[0][1], p_pts[-1][0], d_pts[0][0], int(ctx),
-                      arch if isinstance(arch, str) else None, 1, tuple(p_pts), tuple(d_pts), threads, extend)
+                      arch if isinstance(arch, str) else None, 1, tuple(p_pts), tuple(d_pts), threads, extend,
+                      long_pt)
 
 
 def load_bench(path: str | Path) -> BenchFacts:
@@ -210,9 +222,17 @@ def fit(facts: BenchFacts, arch: ModelArch | None = None, base: DeviceClass | No
             s_ = (step - w1 * x) / B
             if x > 0 and s_ >= 0:
                 bytes_s, seq_s = 1 / x, s_
+    kv_factor = 1.0
+    if facts.decode_long is not None:
+        # A step over a long context: what the weights and per-sequence costs do not explain is the
+        # KV it reads. CPU paged attention reads (gathers, pads) it at well under the weights' rate.
+        Bl, Cl, tl = facts.decode_long
+        kv_s = tl - ovh - arch.weight_bytes / bytes_s - Bl * seq_s
+        if kv_s > 0:
+            kv_factor = kv_s * bytes_s / (Bl * Cl * kvb)
     b = base or DeviceClass("calibrated", 0, 1024, 0, 100, 0.0)
     dev = replace(b, name=f"{b.name}@calibrated", tflops=flops_s / 1e12 / n, hbm_tbps=bytes_s / 1e12 / n)
-    eff = replace(UNIT, step_overhead_s=ovh, seq_overhead_s=seq_s, job_overhead_s=job_ovh)
+    eff = replace(UNIT, step_overhead_s=ovh, seq_overhead_s=seq_s, job_overhead_s=job_ovh, kv_read_factor=kv_factor)
     if facts.extend is not None and job_ovh > 0:
         # the measured extend step (handed-off IDs over a context) against the roofline alone: what
         # is left is the extend call's own fixed cost, often well under a prompt prefill's

@@ -38,11 +38,14 @@ class Efficiency:
                                     # CPU engine: a prefill call costs more than a decode step's overhead)
     extend_overhead_s: float | None = None   # the same for a step whose chunks are all extends (handed-off
                                              # token IDs); None: job_overhead_s
+    kv_read_factor: float = 1.0     # KV bytes read per step cost this many times their bytes at the
+                                    # achieved bandwidth (calibrated CPU engines: gathered, padded reads)
 
     def to_dict(self) -> dict:
         return {"prefill_mfu": self.prefill_mfu, "decode_mbu": self.decode_mbu,
                 "step_overhead_s": self.step_overhead_s, "seq_overhead_s": self.seq_overhead_s,
-                "job_overhead_s": self.job_overhead_s, "extend_overhead_s": self.extend_overhead_s}
+                "job_overhead_s": self.job_overhead_s, "extend_overhead_s": self.extend_overhead_s,
+                "kv_read_factor": self.kv_read_factor}
 
 
 class DeviceModel:
@@ -56,7 +59,7 @@ class DeviceModel:
         self.bytes_s = device.hbm_tbps * 1e12 * devices * eff.decode_mbu
         self.fpt = arch.flops_per_token
         self.apf = ATTN_FLOPS_PER_KV_BYTE * arch.kv_bytes_per_token
-        self.kvb = arch.kv_bytes_per_token
+        self.kvb = arch.kv_bytes_per_token * eff.kv_read_factor  # bytes-equivalent read per context token
         self.wt = arch.weight_bytes
         self.ovh = eff.step_overhead_s
         self.seq_ovh = eff.seq_overhead_s

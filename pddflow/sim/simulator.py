@@ -387,6 +387,11 @@ class Simulation:
 
     def _relay_landed(self, run: Run) -> None:
         self._leg_done(run)
+        # A worker takes landed KV in between its steps (runtime/worker.py: admit, then one step),
+        # so a busy decoder starts on it, and shows its first token, at its next step boundary.
+        self.engines[run.r_inst].submit_control(lambda _now: self._relay_import(run))
+
+    def _relay_import(self, run: Run) -> None:
         if run.r_hold is not None:
             self.stores[run.r_inst].commit(run.r_hold, run.req.hashes)
         if run.r_state != "transfer" or run.done:
@@ -451,8 +456,13 @@ class Simulation:
         run.m_flow = None
         if run.m_state != "transfer":
             return
-        run.m_state = "landed"
         run.m_transfer_s = self.loop.now - run.m_sent_at
+        self.engines[run.m_inst].submit_control(lambda _now: self._main_import(run))  # as _relay_landed
+
+    def _main_import(self, run: Run) -> None:
+        if run.m_state != "transfer":
+            return
+        run.m_state = "landed"
         self.stores[run.m_inst].commit(run.m_hold, run.req.hashes)
         if run.done and run.path.has_handoff and not run.dec.singular and run.req.done_hashes:
             # The relay finished first. As in the runtime it still sent main every token ID, and main

@@ -73,6 +73,7 @@ def test_bench_engine_quick_json(tiny_llama_dir):
     assert out["mixed"]["output_tokens"] > 0 and out["mixed"]["ratio"] > 0
     assert set(out["prefill"]) == {"64", "128"} and {"1", "4"} <= set(out["decode"])
     assert out["extend"]["extend_ms"] > 0 and out["batch_invariant"] is True
+    assert out["decode_long"]["batch"] == 4 and out["decode_long"]["engine_step_ms"] > 0
 
 
 def test_module_import_is_light():

@@ -56,6 +56,26 @@ def test_engine_bench_layout(tmp_path):
     assert set(checks["decode_check"]) == {"1", "8"} and set(checks["prefill_check"]) == {"128", "512"}
 
 
+def test_long_context_decode_point_fits_the_kv_read_cost(tmp_path):
+    """`decode_long` (the engine at its largest batch over a long context) fixes how a step grows
+    with the KV it reads; the short points still fit exactly."""
+    doc = {"model": "builtin:tiny-llama",
+           "prefill": {"64": {"engine_tok_s": 800.0}, "128": {"engine_tok_s": 1000.0}},
+           "decode": {"context": 32, "1": {"engine_tok_s": 50.0}, "4": {"engine_tok_s": 170.0}},
+           "decode_long": {"context": 768, "batch": 4, "engine_step_ms": 60.0}}
+    f = tmp_path / "engine.json"
+    f.write_text(json.dumps(doc))
+    cal = fit(load_bench(f))
+    m = DeviceModel(cal.device, 1, cal.arch, cal.efficiency)
+    assert m.decode_step_s(4, 4 * 768) == pytest.approx(0.060, rel=1e-6)
+    assert m.decode_tokens_per_s(1, 32) == pytest.approx(50, rel=0.03)   # the KV term moves the short
+    assert m.decode_tokens_per_s(4, 32) == pytest.approx(170, rel=0.05)  # points a little
+    assert cal.efficiency.kv_read_factor > 1 and cal.to_dict()["decode_long_check"]["measured_step_ms"] == 60.0
+    del doc["decode_long"]
+    f.write_text(json.dumps(doc))
+    assert fit(load_bench(f)).efficiency.kv_read_factor == 1.0
+
+
 def test_missing_keys_fail_clearly(tmp_path):
     f = tmp_path / "bench.json"
     f.write_text(json.dumps({"prefill": {"tokens_per_s": 10}}))
