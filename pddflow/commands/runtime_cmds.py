@@ -164,23 +164,19 @@ def bench_serve(
 
 def _print_serve(out: dict) -> None:
     from rich.console import Console
-    from rich.table import Table
+
+    from pddflow.commands.tables import metric_table, percentile_rows
 
     con = Console()
-    t = Table(title=f"bench serve: {out['workload']['requests']} requests, WAN {out['workload']['wan_gbps']:g} Gbps")
-    t.add_column("metric")
-    for r in out["graphs"]:
-        t.add_column(Path(r["graph"]).stem, justify="right")
-    def row(name, f):
-        t.add_row(name, *[f(r) for r in out["graphs"]])
-    for q in ("p50", "p90", "p99"):
-        row(f"TTFT {q} (s)", lambda r, q=q: f"{r['ttft_s'][q]:.3f}")
-    for q in ("p50", "p90", "p99"):
-        row(f"TPOT {q} (ms)", lambda r, q=q: f"{r['tpot_ms'][q]:.1f}")
-    row("SLA goodput (req/s)", lambda r: f"{r['slo_goodput_rps']:.3f}")
-    row("WAN MB (share of full KV)", lambda r: f"{r['wan_bytes'] / 1e6:.1f} ({r['wan_share_of_full_kv'] or 0:.0%})")
-    row("relay token share", lambda r: f"{r['relay_token_share']:.1%}")
-    row("errors", lambda r: str(r["errors"]))
+    t = metric_table(f"bench serve: {out['workload']['requests']} requests, WAN {out['workload']['wan_gbps']:g} Gbps",
+                     [Path(r["graph"]).stem for r in out["graphs"]], out["graphs"], [
+        *percentile_rows("TTFT {q} (s)", "ttft_s", ".3f"),
+        *percentile_rows("TPOT {q} (ms)", "tpot_ms", ".1f"),
+        ("SLA goodput (req/s)", lambda r: f"{r['slo_goodput_rps']:.3f}"),
+        ("WAN MB (share of full KV)", lambda r: f"{r['wan_bytes'] / 1e6:.1f} ({r['wan_share_of_full_kv'] or 0:.0%})"),
+        ("relay token share", lambda r: f"{r['relay_token_share']:.1%}"),
+        ("errors", lambda r: str(r["errors"])),
+    ])
     con.print(t)
     for g, rt in out["ratios_vs_first"].items():
         con.print(f"{Path(g).stem} / {Path(out['graphs'][0]['graph']).stem}: " +

@@ -321,35 +321,29 @@ def _json_default(o):
 
 def _print_table(results: list[dict], wl) -> None:
     from rich.console import Console
-    from rich.table import Table
+
+    from pddflow.commands.tables import metric_table, percentile_rows
 
     con = Console()
-    t = Table(title=f"simulate: {wl.name}, {len(wl.requests)} requests")
-    t.add_column("metric")
-    for r in results:
-        t.add_column(r["graph"], justify="right")
-
-    def row(label, fn):
-        t.add_row(label, *[fn(r) for r in results])
-
-    row("GPUs / $ per hour", lambda r: f"{r['gpus']} / {r['cost_per_hour']:.1f}")
-    for q in ("p50", "p90", "p99"):
-        row(f"TTFT {q.upper()} (s)", lambda r, q=q: f"{r['ttft_s'][q]:.3f}")
-    for q in ("p50", "p90", "p99"):
-        row(f"TPOT {q.upper()} (ms)", lambda r, q=q: f"{r['tpot_ms'][q]:.2f}")
-    row("SLA attainment", lambda r: f"{100 * r['sla_attainment']:.1f}%")
-    row("SLA goodput (req/s)", lambda r: f"{r['slo_goodput_rps']:.3f}")
-    row("BCR (SLA req per $)", lambda r: f"{r['bcr']:.2f}")
-    row("WAN GB (full KV GB)", lambda r: f"{r['wan_bytes'] / 1e9:,.0f} ({r['wan_bytes_full_kv'] / 1e9:,.0f})")
-    row("WAN transfer P99 (s)", lambda r: "-" if math.isnan(r["wan_transfer_s"]["p99"]) else f"{r['wan_transfer_s']['p99']:.2f}")
-    row("relay token share", lambda r: f"{100 * r['relay_token_share']:.1f}%")
-    row("served hit (at transfer)", lambda r: "-" if r["hit_rate"]["at_transfer_mean"] is None
-        else f"{r['hit_rate']['at_transfer_mean']:.3f}")
-    row("variants", lambda r: ", ".join(f"{k} {v}" for k, v in r["variants"].items()))
-    row("handoffs", lambda r: ", ".join(f"{k} {v}" for k, v in r["handoffs"].items()) or "-")
-    row("singular", lambda r: str(r["singular"]))
-    row("failed", lambda r: str(r["failed"]))
-    row("wall (s)", lambda r: f"{r['wall_s']:.2f}")
+    t = metric_table(f"simulate: {wl.name}, {len(wl.requests)} requests", [r["graph"] for r in results], results, [
+        ("GPUs / $ per hour", lambda r: f"{r['gpus']} / {r['cost_per_hour']:.1f}"),
+        *percentile_rows("TTFT {q} (s)", "ttft_s", ".3f", upper=True),
+        *percentile_rows("TPOT {q} (ms)", "tpot_ms", ".2f", upper=True),
+        ("SLA attainment", lambda r: f"{100 * r['sla_attainment']:.1f}%"),
+        ("SLA goodput (req/s)", lambda r: f"{r['slo_goodput_rps']:.3f}"),
+        ("BCR (SLA req per $)", lambda r: f"{r['bcr']:.2f}"),
+        ("WAN GB (full KV GB)", lambda r: f"{r['wan_bytes'] / 1e9:,.0f} ({r['wan_bytes_full_kv'] / 1e9:,.0f})"),
+        ("WAN transfer P99 (s)", lambda r: "-" if math.isnan(r["wan_transfer_s"]["p99"])
+         else f"{r['wan_transfer_s']['p99']:.2f}"),
+        ("relay token share", lambda r: f"{100 * r['relay_token_share']:.1f}%"),
+        ("served hit (at transfer)", lambda r: "-" if r["hit_rate"]["at_transfer_mean"] is None
+         else f"{r['hit_rate']['at_transfer_mean']:.3f}"),
+        ("variants", lambda r: ", ".join(f"{k} {v}" for k, v in r["variants"].items())),
+        ("handoffs", lambda r: ", ".join(f"{k} {v}" for k, v in r["handoffs"].items()) or "-"),
+        ("singular", lambda r: str(r["singular"])),
+        ("failed", lambda r: str(r["failed"])),
+        ("wall (s)", lambda r: f"{r['wall_s']:.2f}"),
+    ])
     con.print(t)
     if len(results) > 1:
         base = results[0]
