@@ -14,6 +14,12 @@ and the sender holds the message until its arrival time, then writes it to the r
 loopback the write itself takes microseconds). Holding, not sleeping between sends, keeps the
 link pipelined: delay adds latency, the bucket alone bounds throughput. Jitter is drawn from the
 link's distribution with a random.Random seeded by (seed, lane), so a run repeats.
+
+`hold` reserves the bucket SHARE_BYTES at a time, waiting for each piece's departure before
+reserving the next, so concurrent messages interleave on the link the way frames of concurrent
+HTTP/2 calls share a connection (and TCP flows share a path): a warm turn's 1 MB transfer is not
+queued behind a cold turn's whole 8 MiB batch. A wan_flight sender gives every call its own lane,
+so only one call's messages stay in order behind each other.
 """
 
 from __future__ import annotations
@@ -28,6 +34,9 @@ from pddflow.channels.deadline import Deadline
 from pddflow.core.link import LinkModel
 
 
+SHARE_BYTES = 256 << 10  # a held message takes the bucket this much at a time
+
+
 @dataclass
 class LinkStats:
     messages: int = 0
@@ -38,7 +47,7 @@ class LinkStats:
 class _Lane:
     __slots__ = ("rng", "last_arrival")
 
-    def __init__(self, seed: int, lane: int):
+    def __init__(self, seed: int, lane: int | str):
         self.rng = random.Random(f"{seed}:{lane}")  # str seeds are hashed deterministically (sha512)
         self.last_arrival = 0.0
 
@@ -57,33 +66,63 @@ class EmulatedLink:
         self._clock, self._sleep = clock, sleep
         self._lock = threading.Lock()
         self._tat = float("-inf")  # theoretical arrival time of the bucket (GCRA)
-        self._lanes: dict[int, _Lane] = {}
+        self._lanes: dict[int | str, _Lane] = {}
         self.stats = LinkStats()
 
-    def schedule(self, nbytes: int, lane: int = 0, ready_at: float | None = None) -> tuple[float, float]:
+    def schedule(self, nbytes: int, lane: int | str = 0, ready_at: float | None = None) -> tuple[float, float]:
         """Reserve the link for nbytes offered on `lane` at ready_at (default now); return the
         emulated (departure, arrival) times in clock units.
 
         A backlogged sender passes the previous message's departure as ready_at: it would have
         handed this message to the NIC then, not after waiting out the previous one's delay."""
         with self._lock:
-            now = self._clock()
-            offered = now if ready_at is None else min(now, ready_at)
-            # GCRA form of a token bucket: tat is when the bucket will have paid for every byte
-            # reserved so far; a message may leave once tat - burst is not in the future.
-            tat = max(self._tat, offered) + nbytes / self.rate
-            depart = max(offered, tat - self.burst_s)
-            self._tat = tat
-            ln = self._lanes.get(lane)
-            if ln is None:
-                ln = self._lanes[lane] = _Lane(self.seed, lane)
-            delay = self.link.rtt_ms / 2e3 + self.link.jitter.sample_ms(ln.rng) / 1e3
-            arrival = max(ln.last_arrival, depart + delay)
-            ln.last_arrival = arrival
-            self.stats.messages += 1
-            self.stats.bytes += nbytes
-            self.stats.delay_s += delay
-            return depart, arrival
+            depart = self._reserve(nbytes, ready_at)
+            return depart, self._deliver(nbytes, lane, depart)
+
+    def hold(self, nbytes: int, lane: int | str = 0, deadline: Deadline | None = None,
+             ready_at: float | None = None) -> float:
+        """Schedule nbytes, sharing the bucket piece by piece with concurrent messages, and block
+        until they arrive; returns the departure time, to pass as the next message's ready_at
+        when the sender is backlogged."""
+        left, offered = nbytes, ready_at
+        while True:
+            piece = min(left, SHARE_BYTES)
+            left -= piece
+            with self._lock:
+                depart = self._reserve(piece, offered)
+                arrival = self._deliver(nbytes, lane, depart) if left <= 0 else depart
+            if left <= 0:
+                break
+            self.wait_until(depart, deadline, f"{nbytes} bytes")  # others may take the next piece
+            offered = depart  # backlogged: the next piece was ready when this one left
+        self.wait_until(arrival, deadline, f"{nbytes} bytes")
+        return depart
+
+    def end_lane(self, lane: int | str) -> None:
+        """Forget a lane (a finished call): its ordering and its random stream."""
+        with self._lock:
+            self._lanes.pop(lane, None)
+
+    def _reserve(self, nbytes: int, ready_at: float | None) -> float:
+        now = self._clock()
+        offered = now if ready_at is None else min(now, ready_at)
+        # GCRA form of a token bucket: tat is when the bucket will have paid for every byte
+        # reserved so far; a message may leave once tat - burst is not in the future.
+        tat = max(self._tat, offered) + nbytes / self.rate
+        self._tat = tat
+        return max(offered, tat - self.burst_s)
+
+    def _deliver(self, nbytes: int, lane: int | str, depart: float) -> float:
+        ln = self._lanes.get(lane)
+        if ln is None:
+            ln = self._lanes[lane] = _Lane(self.seed, lane)
+        delay = self.link.rtt_ms / 2e3 + self.link.jitter.sample_ms(ln.rng) / 1e3
+        arrival = max(ln.last_arrival, depart + delay)
+        ln.last_arrival = arrival
+        self.stats.messages += 1
+        self.stats.bytes += nbytes
+        self.stats.delay_s += delay
+        return arrival
 
     def wait_until(self, arrival: float, deadline: Deadline | None = None, what: str = "a message") -> None:
         """Sleep until `arrival`; ChannelTimeout at the deadline (not later) if that is sooner."""
@@ -93,14 +132,6 @@ class EmulatedLink:
         wait = arrival - self._clock()
         if wait > 0:
             self._sleep(wait)
-
-    def hold(self, nbytes: int, lane: int = 0, deadline: Deadline | None = None,
-             ready_at: float | None = None) -> float:
-        """Schedule nbytes and block until they arrive; returns the departure time, to pass as the
-        next message's ready_at when the sender is backlogged."""
-        depart, arrival = self.schedule(nbytes, lane, ready_at)
-        self.wait_until(arrival, deadline, f"{nbytes} bytes")
-        return depart
 
     def return_delay(self, lane: int = 0) -> float:
         """A one-way delay sample for a tiny message going back on `lane` (an acknowledgement);

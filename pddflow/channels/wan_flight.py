@@ -402,6 +402,8 @@ class WanFlightSender:
         self._outer = ThreadPoolExecutor(max_workers=max_inflight_sends, thread_name_prefix="wan_flight_send")
         self._jobs: dict[str, _Job] = {}
         self._link = EmulatedLink(params.emulate, seed=params.seed * 2) if params.emulate else None
+        self._calls: dict[int, int] = {}
+        self._lane_lock = threading.Lock()
         self._headers = [(AUTH_HEADER.encode(), bearer(params.token).encode())] if params.token else []
         self._roots = params.tls.roots() if params.tls is not None and params.tls.root_certs else None
         self._closed = False
@@ -629,13 +631,14 @@ class WanFlightSender:
         sent = 0
         ready: float | None = None
         schema = src.schema()
+        lane = self._lane(stream)  # this call's messages stay in order; other calls interleave
         try:
             while run is not None:
                 if job.abort.is_set():
                     break
                 batch = src.batch(run[0], run[1], schema)
                 if self._link is not None:
-                    ready = self._link.hold(batch.nbytes, lane=stream, deadline=dl, ready_at=ready)
+                    ready = self._link.hold(batch.nbytes, lane=lane, deadline=dl, ready_at=ready)
                 writer.write_batch(batch)
                 inflight.append(run)
                 sent += 1
@@ -657,7 +660,16 @@ class WanFlightSender:
             if isinstance(cause, _AcksEnded):
                 cause = fl.FlightInternalError(str(cause))  # no status either: treat as a dropped stream
             raise _translate(cause, dl, self.location) from None
+        finally:
+            if self._link is not None:
+                self._link.end_lane(lane)
         return sent
+
+    def _lane(self, stream: int) -> str:
+        """An emulation lane per DoPut call: `stream.call`, numbered per stream so a run repeats."""
+        with self._lane_lock:
+            self._calls[stream] = self._calls.get(stream, 0) + 1
+            return f"{stream}.{self._calls[stream]}"
 
     def _take_ack(self, job: _Job, inflight: deque, reader: Any, dl: Deadline) -> None:
         buf = reader.read()

@@ -48,6 +48,31 @@ def test_delay_adds_latency_not_throughput_loss():
     assert clock.t - t0 == pytest.approx(1.0 + 0.1, rel=1e-9)  # serialisation + one one-way delay
 
 
+def test_a_small_message_is_not_queued_behind_a_large_one():
+    """Held messages share the bucket piece by piece (as concurrent HTTP/2 calls share a
+    connection): a 100 kB message offered while an 8 MB one is being sent leaves after the large
+    one's current piece, not after all of it. Deterministic: the small send runs inside the large
+    send's first wait, on the same fake clock."""
+    from pddflow.channels.emulation import SHARE_BYTES
+
+    clock = FakeClock()
+    small: dict[str, float] = {}
+
+    def sleep(s: float) -> None:
+        if not small:  # the large send waits for its first piece to leave: the small one is offered now
+            small["t0"] = clock.t
+            em.hold(100_000, lane="small")
+            small["done"] = clock.t
+        clock.sleep(s)
+
+    em = EmulatedLink(_link(gbps=0.8, rtt_ms=0, jitter=Jitter()), burst_bytes=0, clock=clock, sleep=sleep)
+    t0 = clock.t
+    em.hold(8_000_000, lane="large")
+    rate = 0.8e9 / 8
+    assert small["done"] - small["t0"] <= (SHARE_BYTES + 100_000) / rate + 1e-9   # not 8 MB / rate
+    assert clock.t - t0 == pytest.approx(8_100_000 / rate, rel=1e-9)            # the link stayed full
+
+
 def test_arrivals_stay_in_order_per_lane_and_runs_repeat():
     def run(seed: int) -> list[float]:
         clock = FakeClock()
