@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 
 from pddflow.runtime.launcher import Deployment
+from pddflow.core.stats import percentile
 from pddflow.runtime.serve_workload import WorkloadSpec
 
 
@@ -38,10 +39,7 @@ class GraphResult:
 
 
 def _pct(xs: list[float], q: float) -> float:
-    if not xs:
-        return float("nan")
-    xs = sorted(xs)
-    return xs[min(len(xs) - 1, max(0, round(q * (len(xs) - 1))))]
+    return percentile(sorted(xs), q * 100)
 
 
 async def _turn(client: httpx.AsyncClient, base: str, model: str, prompt: list[int], max_tokens: int,
@@ -141,6 +139,7 @@ def summarize(res: GraphResult, sla_ttft_s: float, sla_tpot_s: float) -> dict:
         "relay_token_share": round(res.metrics.get("relay_token_share", 0.0), 4),
         "first_errors": res.errors[:3],
         "ttft_mean_s": round(statistics.fmean(ttft), 4) if ttft else None,
+        "ttft_samples_s": sorted(round(x, 4) for x in ttft),  # every request, to recompute any statistic
     }
 
 

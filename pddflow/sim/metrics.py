@@ -7,18 +7,10 @@ import math
 from collections import Counter
 from typing import TYPE_CHECKING
 
+from pddflow.core.stats import percentile
+
 if TYPE_CHECKING:
     from pddflow.sim.simulator import Run, Simulation
-
-
-def percentile(sorted_values: list[float], q: float) -> float:
-    """Linear-interpolated percentile (q in [0, 100]) of an ascending list; NaN when empty."""
-    if not sorted_values:
-        return math.nan
-    k = (len(sorted_values) - 1) * q / 100
-    lo = math.floor(k)
-    hi = min(lo + 1, len(sorted_values) - 1)
-    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (k - lo)
 
 
 def _pcts(values: list[float], scale: float = 1.0, digits: int = 4) -> dict[str, float]:
