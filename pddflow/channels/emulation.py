@@ -44,14 +44,6 @@ class LinkStats:
     delay_s: float = 0.0   # sum of sampled one-way delays
 
 
-class _Lane:
-    __slots__ = ("rng", "last_arrival")
-
-    def __init__(self, seed: int, lane: int | str):
-        self.rng = random.Random(f"{seed}:{lane}")  # str seeds are hashed deterministically (sha512)
-        self.last_arrival = 0.0
-
-
 class EmulatedLink:
     """One direction of `link`, shaping real sends. Thread-safe; lanes share the bandwidth."""
 
@@ -66,10 +58,12 @@ class EmulatedLink:
         self._clock, self._sleep = clock, sleep
         self._lock = threading.Lock()
         self._tat = float("-inf")  # theoretical arrival time of the bucket (GCRA)
-        self._lanes: dict[int | str, _Lane] = {}
+        self._last_arrival: dict[int | str, float] = {}   # per lane: its messages arrive in order
+        self._rngs: dict[int | str, random.Random] = {}     # per jitter stream (a TCP connection)
         self.stats = LinkStats()
 
-    def schedule(self, nbytes: int, lane: int | str = 0, ready_at: float | None = None) -> tuple[float, float]:
+    def schedule(self, nbytes: int, lane: int | str = 0, ready_at: float | None = None,
+                 jitter_lane: int | str | None = None) -> tuple[float, float]:
         """Reserve the link for nbytes offered on `lane` at ready_at (default now); return the
         emulated (departure, arrival) times in clock units.
 
@@ -77,20 +71,21 @@ class EmulatedLink:
         handed this message to the NIC then, not after waiting out the previous one's delay."""
         with self._lock:
             depart = self._reserve(nbytes, ready_at)
-            return depart, self._deliver(nbytes, lane, depart)
+            return depart, self._deliver(nbytes, lane, depart, jitter_lane)
 
     def hold(self, nbytes: int, lane: int | str = 0, deadline: Deadline | None = None,
-             ready_at: float | None = None) -> float:
+             ready_at: float | None = None, jitter_lane: int | str | None = None) -> float:
         """Schedule nbytes, sharing the bucket piece by piece with concurrent messages, and block
         until they arrive; returns the departure time, to pass as the next message's ready_at
-        when the sender is backlogged."""
+        when the sender is backlogged. `jitter_lane` (default: `lane`) names the random stream
+        the delay is drawn from, so a connection's samples continue across its calls."""
         left, offered = nbytes, ready_at
         while True:
             piece = min(left, SHARE_BYTES)
             left -= piece
             with self._lock:
                 depart = self._reserve(piece, offered)
-                arrival = self._deliver(nbytes, lane, depart) if left <= 0 else depart
+                arrival = self._deliver(nbytes, lane, depart, jitter_lane) if left <= 0 else depart
             if left <= 0:
                 break
             self.wait_until(depart, deadline, f"{nbytes} bytes")  # others may take the next piece
@@ -99,9 +94,9 @@ class EmulatedLink:
         return depart
 
     def end_lane(self, lane: int | str) -> None:
-        """Forget a lane (a finished call): its ordering and its random stream."""
+        """Forget a lane's ordering (a finished call)."""
         with self._lock:
-            self._lanes.pop(lane, None)
+            self._last_arrival.pop(lane, None)
 
     def _reserve(self, nbytes: int, ready_at: float | None) -> float:
         now = self._clock()
@@ -112,17 +107,20 @@ class EmulatedLink:
         self._tat = tat
         return max(offered, tat - self.burst_s)
 
-    def _deliver(self, nbytes: int, lane: int | str, depart: float) -> float:
-        ln = self._lanes.get(lane)
-        if ln is None:
-            ln = self._lanes[lane] = _Lane(self.seed, lane)
-        delay = self.link.rtt_ms / 2e3 + self.link.jitter.sample_ms(ln.rng) / 1e3
-        arrival = max(ln.last_arrival, depart + delay)
-        ln.last_arrival = arrival
+    def _deliver(self, nbytes: int, lane: int | str, depart: float, jitter_lane: int | str | None = None) -> float:
+        delay = self.link.rtt_ms / 2e3 + self.link.jitter.sample_ms(self._rng(lane if jitter_lane is None else jitter_lane)) / 1e3
+        arrival = max(self._last_arrival.get(lane, 0.0), depart + delay)
+        self._last_arrival[lane] = arrival
         self.stats.messages += 1
         self.stats.bytes += nbytes
         self.stats.delay_s += delay
         return arrival
+
+    def _rng(self, key: int | str) -> random.Random:
+        rng = self._rngs.get(key)
+        if rng is None:  # str seeds are hashed deterministically (sha512)
+            rng = self._rngs[key] = random.Random(f"{self.seed}:{key}")
+        return rng
 
     def wait_until(self, arrival: float, deadline: Deadline | None = None, what: str = "a message") -> None:
         """Sleep until `arrival`; ChannelTimeout at the deadline (not later) if that is sooner."""
@@ -136,12 +134,8 @@ class EmulatedLink:
     def return_delay(self, lane: int = 0) -> float:
         """A one-way delay sample for a tiny message going back on `lane` (an acknowledgement);
         drawn from its own seeded stream so the forward samples do not depend on it."""
-        key = -1 - lane
         with self._lock:
-            ln = self._lanes.get(key)
-            if ln is None:
-                ln = self._lanes[key] = _Lane(self.seed, key)
-            return self.link.rtt_ms / 2e3 + self.link.jitter.sample_ms(ln.rng) / 1e3
+            return self.link.rtt_ms / 2e3 + self.link.jitter.sample_ms(self._rng(-1 - lane)) / 1e3
 
 
 def link_from_params(params: dict | LinkModel | None, name: str = "emulated") -> LinkModel | None:

@@ -631,14 +631,15 @@ class WanFlightSender:
         sent = 0
         ready: float | None = None
         schema = src.schema()
-        lane = self._lane(stream)  # this call's messages stay in order; other calls interleave
+        lane = self._lane(stream)  # this call's messages stay in order; other calls interleave (delays
+        # are still drawn from the stream's own random sequence, as before calls had lanes)
         try:
             while run is not None:
                 if job.abort.is_set():
                     break
                 batch = src.batch(run[0], run[1], schema)
                 if self._link is not None:
-                    ready = self._link.hold(batch.nbytes, lane=lane, deadline=dl, ready_at=ready)
+                    ready = self._link.hold(batch.nbytes, lane=lane, deadline=dl, ready_at=ready, jitter_lane=stream)
                 writer.write_batch(batch)
                 inflight.append(run)
                 sent += 1
