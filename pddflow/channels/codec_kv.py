@@ -232,6 +232,8 @@ def token_range(i: int, token_start: int, token_end: int, block_size: int) -> tu
 
 # ------------------------------------------------------------------------------------- encoding
 
+_SUMS_INIT = threading.Lock()  # creating a KVSource's checksum arrays (once per source, brief)
+
 
 @dataclass
 class KVSource:
@@ -263,10 +265,14 @@ class KVSource:
         return cls(kv, layout, rows, bits, signed, check_algorithm(checksum))
 
     def sum(self, i: int) -> int:
-        """Block i's checksum (computed once)."""
-        if self._sums is None:
-            self._sums = np.zeros(self.kv.num_blocks, dtype=np.uint64)
-            self._have = np.zeros(self.kv.num_blocks, dtype=bool)
+        """Block i's checksum (computed once). Stream threads call this concurrently: the arrays
+        are created once under a lock (two threads creating them could pair one thread's sum
+        with the other's `have` flag and send a zero checksum, rejected on every resend)."""
+        if self._have is None:
+            with _SUMS_INIT:
+                if self._have is None:
+                    self._sums = np.zeros(self.kv.num_blocks, dtype=np.uint64)
+                    self._have = np.zeros(self.kv.num_blocks, dtype=bool)  # last: the readers' signal
         if not self._have[i]:  # type: ignore[index]
             lo, hi = token_range(i, self.kv.token_start, self.kv.token_end, self.kv.block_size)
             self._sums[i] = block_checksum(self.checksum, i, int(self.hashes[i]), lo, hi, self.rows[i])
