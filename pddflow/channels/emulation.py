@@ -19,7 +19,8 @@ link's distribution with a random.Random seeded by (seed, lane), so a run repeat
 reserving the next, so concurrent messages interleave on the link the way frames of concurrent
 HTTP/2 calls share a connection (and TCP flows share a path): a warm turn's 1 MB transfer is not
 queued behind a cold turn's whole 8 MiB batch. A wan_flight sender gives every call its own lane,
-so only one call's messages stay in order behind each other.
+so only one call's messages stay in order behind each other; delays are drawn per `jitter_lane`
+(its stream: one connection's seeded sequence, continued across calls).
 """
 
 from __future__ import annotations
