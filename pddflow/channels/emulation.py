@@ -109,7 +109,8 @@ class EmulatedLink:
         return max(offered, tat - self.burst_s)
 
     def _deliver(self, nbytes: int, lane: int | str, depart: float, jitter_lane: int | str | None = None) -> float:
-        delay = self.link.rtt_ms / 2e3 + self.link.jitter.sample_ms(self._rng(lane if jitter_lane is None else jitter_lane)) / 1e3
+        rng = self._rng(lane if jitter_lane is None else jitter_lane)
+        delay = self.link.rtt_ms / 2e3 + self.link.jitter.sample_ms(rng) / 1e3
         arrival = max(self._last_arrival.get(lane, 0.0), depart + delay)
         self._last_arrival[lane] = arrival
         self.stats.messages += 1
