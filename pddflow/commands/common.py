@@ -1,4 +1,5 @@
-"""Helpers every command uses: one way to fail without a traceback, one way to load a graph."""
+"""Helpers every command uses: one way to fail without a traceback, one way to load a graph, one
+check of `--cpu-pinning`."""
 
 from __future__ import annotations
 
@@ -26,3 +27,12 @@ def load_or_exit(graph: Path):
     if not checked.ok:
         fail(f"{graph} is not a valid graph ({len(checked.errors)} error(s)); see `pddflow validate {graph}`")
     return checked.plan
+
+
+def check_cpu_pinning(value: str) -> str:
+    """`--cpu-pinning` of deploy, bench serve and simulate: one of core/cpu_layout.MODES, or exit 2."""
+    from pddflow.core.cpu_layout import MODES
+
+    if value not in MODES:
+        fail(f"--cpu-pinning must be one of {', '.join(MODES)}, not {value!r}", code=2)
+    return value

@@ -11,7 +11,7 @@ from typing import Optional
 
 import typer
 
-from pddflow.commands.common import fail, load_or_exit
+from pddflow.commands.common import check_cpu_pinning, fail, load_or_exit
 
 
 def deploy(
@@ -43,7 +43,7 @@ def deploy(
     from pddflow.runtime.deployment import BACKENDS, DeployError, make_run_dir, remove_run_dir, wait_ready
     from pddflow.runtime.frontend import Frontend
     from pddflow.runtime.model_info import model_info
-    from pddflow.core.cpu_layout import MODES, host_cores, plan_layout
+    from pddflow.core.cpu_layout import host_cores, plan_layout
     from pddflow.runtime.wiring import wire
 
     if backend not in BACKENDS:
@@ -57,9 +57,7 @@ def deploy(
     except ModelSpecError as exc:
         fail(f"{graph}: model.weights: {exc}")
     err = Console(stderr=True)
-    if cpu_pinning not in MODES:
-        fail(f"--cpu-pinning must be one of {', '.join(MODES)}, not {cpu_pinning!r}", code=2)
-    cpus = plan_layout(plan, host_cores(), cpu_pinning)
+    cpus = plan_layout(plan, host_cores(), check_cpu_pinning(cpu_pinning))
     wiring = wire(plan, seed=seed, kv_cache_bytes=kv_cache_mb << 20, leg_timeout_s=leg_timeout, cpus=cpus)
     rd = make_run_dir(run_dir)
     be = BACKENDS[backend]()
@@ -127,10 +125,7 @@ def bench_serve(
     from pddflow.runtime.launcher import LaunchError
     from pddflow.runtime.serve_workload import TraceError, build
 
-    from pddflow.core.cpu_layout import MODES
-
-    if cpu_pinning not in MODES:
-        fail(f"--cpu-pinning must be one of {', '.join(MODES)}, not {cpu_pinning!r}", code=2)
+    check_cpu_pinning(cpu_pinning)
     graphs = graphs or [Path("graphs/cross_dc_pd.yaml"), Path("graphs/pdd.yaml")]
     plans = [load_or_exit(g) for g in graphs]
     try:

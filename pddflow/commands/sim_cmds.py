@@ -14,7 +14,7 @@ from typing import Optional
 
 import typer
 
-from pddflow.commands.common import fail, load_or_exit
+from pddflow.commands.common import check_cpu_pinning, fail, load_or_exit
 
 
 def simulate(
@@ -85,7 +85,6 @@ def simulate(
     from pddflow.sim.calibrate import CalibrationError, calibrated_plan, fit, load_bench
     from pddflow.sim.network import STREAM_GBPS
     from pddflow.sim.trace import TraceError, load_trace
-    from pddflow.core.cpu_layout import MODES as PINNING_MODES
 
     if workload not in ("auto", "trace", "agentic", "serve"):
         fail(f"unknown workload {workload!r}; use trace, agentic or serve", code=2)
@@ -128,8 +127,7 @@ def simulate(
     if cal is not None:
         sim_kwargs["efficiency"] = cal.efficiency
 
-    if pinning not in PINNING_MODES:
-        fail(f"--cpu-pinning must be one of {', '.join(PINNING_MODES)}, not {pinning!r}", code=2)
+    check_cpu_pinning(pinning)
     if cpu_cores is None and kind == "serve" and cal is not None and local:
         import os
 
