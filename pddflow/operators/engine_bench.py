@@ -96,8 +96,11 @@ def _best_pair(engine_fn: Callable[[], float], hf_fn: Callable[[], float], repea
     for _ in range(max(repeats, 1)):
         te.append(engine_fn())
         th.append(hf_fn())
-    pick = statistics.median if statistic == "median" else min
-    return pick(te), pick(th)
+    return _summary(te, statistic), _summary(th, statistic)
+
+
+def _summary(timings: list[float], statistic: str) -> float:
+    return statistics.median(timings) if statistic == "median" else min(timings)
 
 
 def _ratio(engine: float, hf: float) -> float:
@@ -172,7 +175,7 @@ def run_bench(spec: str = "builtin:tiny-llama", sizes: BenchSizes = BenchSizes()
         progress(f"decode batch {b} over {sizes.long_context} tokens of context")
         prompts = [prompt(sizes.long_context) for _ in range(b)]
         runs = [_engine_decode(engine, prompts, sizes.decode_steps) for _ in range(sizes.repeats)]
-        te = statistics.median(runs) if sizes.statistic == "median" else min(runs)
+        te = _summary(runs, sizes.statistic)
         out["decode_long"] = {"context": sizes.long_context, "batch": b,
                               "engine_step_ms": round(te / sizes.decode_steps * 1e3, 2)}
 

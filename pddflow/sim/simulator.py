@@ -18,7 +18,6 @@ A request's life (matching docs/structure.md):
 
 from __future__ import annotations
 
-import math
 import random
 import time
 from dataclasses import replace
@@ -100,12 +99,13 @@ class CpuShare:
         self.bench_share = max(1.0, (max(1, bench_threads) + self.background) / self.cores)
         self.penalty = (max(1, bench_threads) / self.threads) ** thread_exponent if bench_threads > self.threads else 1.0
         self.engines: list[Engine] = []
+        self.nice: dict[str, int] = {}
         self.weight: dict[str, float] = {}
         self.busy = 0
 
     def attach(self, eng: Engine, nice: int = 0) -> None:
         self.engines.append(eng)
-        self.weight[eng.name] = CFS_NICE_STEP ** -nice
+        self.nice[eng.name], self.weight[eng.name] = nice, CFS_NICE_STEP ** -nice
         eng.slowdown = lambda e=eng: self.factor(e)
         eng.on_busy = self._changed
 
@@ -127,7 +127,7 @@ class CpuShare:
     def to_dict(self) -> dict:
         return {"cores": self.cores, "threads_per_worker": self.threads, "thread_penalty": round(self.penalty, 4),
                 "background_threads": self.background, "instances": [e.name for e in self.engines],
-                "nice": {e.name: round(math.log(1 / self.weight[e.name], CFS_NICE_STEP)) for e in self.engines}}
+                "nice": dict(self.nice)}
 
 
 class HostCpus:
