@@ -94,6 +94,15 @@ def _serve_kv(rx: Any, args: argparse.Namespace, stop: threading.Event) -> None:
         _emit({"kv": out})
 
 
+def _serve_receiver(rx: Any, address: str, args: argparse.Namespace, stop: threading.Event) -> None:
+    """Announce a KV receiver's address, serve it until stdin closes, close it."""
+    _emit({"ready": True, "address": address, "pid": os.getpid()})
+    try:
+        _serve_kv(rx, args, stop)
+    finally:
+        rx.close()
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m pddflow.channels.peer")
     ap.add_argument("role", choices=["wan-recv", "rdma-recv", "tok-server", "tcp-recv"])
@@ -115,21 +124,13 @@ def main(argv: list[str] | None = None) -> int:
 
         rx = WanFlightReceiver(params=WanFlightParams(token=args.token, tls=_tls(args)),
                                alloc=_ReusedDest() if args.reuse_dest else None)
-        _emit({"ready": True, "address": rx.location, "pid": os.getpid()})
-        try:
-            _serve_kv(rx, args, stop)
-        finally:
-            rx.close()
+        _serve_receiver(rx, rx.location, args, stop)
     elif args.role == "rdma-recv":
         from pddflow.channels.rdma_tensor import RdmaTensorParams, RdmaTensorReceiver
 
         params = RdmaTensorParams(ring_slots=args.ring_slots, slot_mb=args.slot_mb, arena_mb=args.arena_mb)
         rx = RdmaTensorReceiver(params=params, alloc=_ReusedDest() if args.reuse_dest else None)
-        _emit({"ready": True, "address": rx.address, "pid": os.getpid()})
-        try:
-            _serve_kv(rx, args, stop)
-        finally:
-            rx.close()
+        _serve_receiver(rx, rx.address, args, stop)
     elif args.role == "tok-server":
         from pddflow.channels.codec_tokens import Control
         from pddflow.channels.errors import ChannelTimeout

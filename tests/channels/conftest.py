@@ -3,12 +3,16 @@ guard that makes any use of pickle in the test process fail loudly."""
 
 from __future__ import annotations
 
+import os
 import pickle
 import shutil
+import signal
+import time
 
 import numpy as np
 import pytest
 
+from pddflow.channels.errors import ChannelTimeout
 from pddflow.channels.peer import PeerProcess, kv_digest
 from pddflow.core.payloads import KVBlocks
 
@@ -92,3 +96,21 @@ def same_kv():
         assert got == kv_digest(sent)
 
     return check
+
+
+def _fails_at_deadline_while_stopped(send, pid: int, timeout_s: float = 1.5, within_s: float = 6.0) -> None:
+    """Stop the peer process (it stays connected but never answers), then `send(timeout_s)` must
+    raise ChannelTimeout at its deadline, not hang; the peer is resumed afterwards."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(ChannelTimeout):
+            send(timeout_s)
+        assert time.monotonic() - t0 < within_s
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+@pytest.fixture
+def fails_at_deadline_while_stopped():
+    return _fails_at_deadline_while_stopped
