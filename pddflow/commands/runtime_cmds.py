@@ -112,6 +112,8 @@ def bench_serve(
     seed: int = typer.Option(0, help="workload seed"),
     cpu_pinning: str = typer.Option("auto", help="passed to every `pddflow deploy` (auto: each emulated cluster "
                                     "on cores of its own; none: workers float over all cores)"),
+    per_request: bool = typer.Option(False, "--per-request", help="with --json: every request's session, turn, "
+                                     "start, TTFT and server-side timeline (KV sent/landed, first token)"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """Serve one multi-turn agentic workload (derived from a trace) on each graph in turn, under the
@@ -142,7 +144,7 @@ def bench_serve(
             task = bar.add_task(f"serving {g.name}", total=workload.requests)
             try:
                 results.append(run_graph(g, workload, rps, wan_gbps, timeout, lambda t=task: bar.advance(t), think,
-                                         extra=("--cpu-pinning", cpu_pinning)))
+                                         extra=("--cpu-pinning", cpu_pinning), per_request=per_request))
             except LaunchError as exc:
                 fail(f"{g}: {exc}")
     sla = plans[0].scheduler

@@ -27,6 +27,12 @@ class Sample:
     tpot_s: float | None
     tokens: int
     e2e_s: float
+    request_id: str = ""
+    session: int = 0
+    turn: int = 0
+    start_s: float = 0.0          # when the client sent it, from the run's start
+    prompt_tokens: int = 0
+    timeline: dict | None = None  # the frontend's /v1/requests/{id}/timeline, with --per-request
 
 
 @dataclass
@@ -49,6 +55,7 @@ async def _turn(client: httpx.AsyncClient, base: str, model: str, prompt: list[i
     t0 = time.perf_counter()
     first = last = None
     ids: list[int] = []
+    rid = ""
     async with client.stream("POST", f"{base}/v1/completions", json=body, timeout=timeout_s + 10) as r:
         if r.status_code != 200:
             raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread()).decode()[:200]}")
@@ -58,6 +65,7 @@ async def _turn(client: httpx.AsyncClient, base: str, model: str, prompt: list[i
             chunk = json.loads(line[6:])
             if "error" in chunk:
                 raise RuntimeError(chunk["error"]["message"])
+            rid = chunk.get("id", rid)
             got = chunk["choices"][0].get("token_ids", [])
             if got:
                 now = time.perf_counter()
@@ -67,23 +75,25 @@ async def _turn(client: httpx.AsyncClient, base: str, model: str, prompt: list[i
     if first is None:
         raise RuntimeError("no tokens")
     tpot = (last - first) / (len(ids) - 1) if len(ids) > 1 else None
-    return Sample(first - t0, tpot, len(ids), time.perf_counter() - t0), ids
+    return Sample(first - t0, tpot, len(ids), time.perf_counter() - t0, rid, prompt_tokens=len(prompt)), ids
 
 
 async def _session(client, base, model, spec, start_delay, timeout_s, res: GraphResult, tick,
-                   think_s: float = 0.0) -> None:
+                   think_s: float = 0.0, index: int = 0, t_run: float = 0.0) -> None:
     await asyncio.sleep(start_delay)
     context = list(spec.first_prompt)
     for turn, max_tokens in enumerate(spec.output_tokens):
         if turn:
             await asyncio.sleep(think_s)  # the agent runs its tool call before the next turn
             context += spec.user_turns[turn - 1]
+        start = time.perf_counter() - t_run
         try:
             sample, out = await _turn(client, base, model, context, max_tokens, timeout_s)
         except Exception as exc:  # noqa: BLE001 - a failed request is counted, the session goes on
             res.errors.append(str(exc))
             tick()
             return
+        sample.session, sample.turn, sample.start_s = index, turn, start
         res.samples.append(sample)
         context += out
         tick()
@@ -99,8 +109,17 @@ def _scrape(base: str) -> dict[str, float]:
     return out
 
 
+def _timelines(base: str, samples: list[Sample]) -> None:
+    """Attach each request's server-side timeline (the frontend keeps the most recent ones)."""
+    with httpx.Client(timeout=10) as client:
+        for s in samples:
+            r = client.get(f"{base}/v1/requests/{s.request_id}/timeline")
+            s.timeline = r.json() if r.status_code == 200 else None
+
+
 def run_graph(graph: Path, workload: WorkloadSpec, rps: float, wan_gbps: float | None, timeout_s: float,
-              tick: Callable[[], None], think_s: float = 1.0, extra: tuple[str, ...] = ()) -> GraphResult:
+              tick: Callable[[], None], think_s: float = 1.0, extra: tuple[str, ...] = (),
+              per_request: bool = False) -> GraphResult:
     res = GraphResult(str(graph))
     args = list(extra) + (["--wan-gbps", str(wan_gbps)] if wan_gbps else [])
     with tempfile.TemporaryDirectory(prefix="pddflow-bench-") as rd:
@@ -111,13 +130,15 @@ def run_graph(graph: Path, workload: WorkloadSpec, rps: float, wan_gbps: float |
             async def main() -> None:
                 async with httpx.AsyncClient() as client:
                     await asyncio.gather(*(
-                        _session(client, dep.base, model, s, i / rps, timeout_s, res, tick, think_s)
+                        _session(client, dep.base, model, s, i / rps, timeout_s, res, tick, think_s, i, t0)
                         for i, s in enumerate(workload.sessions)))
 
             t0 = time.perf_counter()
             asyncio.run(main())
             res.wall_s = time.perf_counter() - t0
             res.metrics = _scrape(dep.base)
+            if per_request:
+                _timelines(dep.base, res.samples)
         finally:
             dep.stop()
     return res
@@ -140,7 +161,18 @@ def summarize(res: GraphResult, sla_ttft_s: float, sla_tpot_s: float) -> dict:
         "first_errors": res.errors[:3],
         "ttft_mean_s": round(statistics.fmean(ttft), 4) if ttft else None,
         "ttft_samples_s": sorted(round(x, 4) for x in ttft),  # every request, to recompute any statistic
+        **({"per_request": [_request_row(s) for s in sorted(res.samples, key=lambda s: (s.session, s.turn))]}
+           if any(s.timeline is not None for s in res.samples) else {}),
     }
+
+
+def _request_row(s: Sample) -> dict:
+    """One request as `--per-request` reports it; `events` are ms from the frontend's arrival."""
+    tl = s.timeline or {}
+    return {"session": s.session, "turn": s.turn, "request_id": s.request_id, "start_s": round(s.start_s, 4),
+            "prompt_tokens": s.prompt_tokens, "output_tokens": s.tokens, "ttft_s": round(s.ttft_s, 4),
+            "e2e_s": round(s.e2e_s, 4), "variant": tl.get("variant"), "handoff": tl.get("handoff"),
+            "tokens_by_operator": tl.get("tokens_by_operator"), "events": tl.get("events", [])}
 
 
 def ratios(base: dict, other: dict) -> dict:

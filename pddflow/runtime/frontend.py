@@ -74,7 +74,9 @@ class Frontend:
         self.lost: set[str] = set()
         self.drift: list[str] = []
         self.live: dict[str, Live] = {}
-        self.done: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        # ended requests, kept for their timelines; a leg that outlives the request (main's KV landing
+        # after the relay finished) still adds its events here
+        self.done: OrderedDict[str, RequestState] = OrderedDict()
         self.loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
         self.server, _ = serve(FRONTEND, streams_in={"Reports": (pb.Report, pb.Empty, self._reports)},
@@ -99,7 +101,8 @@ class Frontend:
 
     def timeline(self, request_id: str) -> dict[str, Any] | None:
         live = self.live.get(request_id)
-        return live.state.timeline() if live else self.done.get(request_id)
+        st = live.state if live else self.done.get(request_id)
+        return st.timeline() if st else None
 
     async def generate(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams, deadline: float,
                        variant: str | None, handoff: str | None) -> AsyncIterator[list[int]]:
@@ -320,6 +323,8 @@ class Frontend:
                 self.metrics.wan_bytes.labels(ch.link).inc(e.values.get("bytes", 0.0))
                 self.metrics.wan_saved.labels(ch.link).inc(e.values.get("saved_bytes", 0.0))
         if live is None:
+            if (ended := self.done.get(e.seq_id.removesuffix(RESUMED))) is not None:
+                ended.event(name, instance=inst, **{k: v for k, v in e.values.items()})
             return
         live.state.event(name, instance=inst, **{k: v for k, v in e.values.items()})
         r = live.route
@@ -411,7 +416,7 @@ class Frontend:
         self.metrics.requests.labels(r.decision.variant, r.handoff or "none", outcome).inc()
         self.metrics.e2e.observe(time.monotonic() - st.arrival)
         self.live.pop(st.request_id, None)
-        self.done[st.request_id] = st.timeline()
+        self.done[st.request_id] = st
         while len(self.done) > TIMELINES_KEPT:
             self.done.popitem(last=False)
 

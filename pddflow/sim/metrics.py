@@ -102,6 +102,28 @@ def summarize(sim: Simulation, pricing: dict | None = None) -> dict:
     return result
 
 
+def request_rows(sim: Simulation) -> list[dict]:
+    """Every request, as `--per-request` reports it (times in simulated seconds from the start), to
+    set beside `pddflow bench serve --per-request` request by request."""
+    def t(x: float | None) -> float | None:
+        return None if x is None else round(x, 4)
+
+    rows = []
+    for r in sorted(sim.runs, key=lambda r: (r.req.session, r.req.turn, r.req.rid)):
+        rows.append({
+            "rid": r.req.rid, "session": r.req.session, "turn": r.req.turn, "start_s": t(r.arrival),
+            "prompt_tokens": r.req.prompt_tokens, "output_tokens": r.req.output_tokens,
+            "ttft_s": t(r.t_first - r.arrival) if r.t_first is not None else None,
+            "e2e_s": t(r.t_finish - r.arrival) if r.t_finish is not None else None,
+            "variant": r.dec.variant, "handoff": r.handoff, "relay_tokens": r.relay_tokens,
+            "prefill_hit_tokens": r.p_hit_tokens,
+            "prefill_done_s": t(r.t_prefill - r.arrival) if r.t_prefill is not None else None,
+            "kv_bytes": round(r.m_bytes), "kv_hit_blocks": r.m_hit,
+            "kv_sent_s": t(r.m_sent_at - r.arrival) if r.m_transfer_s is not None else None,
+            "kv_transfer_s": t(r.m_transfer_s), "failed": r.failed})
+    return rows
+
+
 def steady_window(runs: list[Run], trim: float = 0.05) -> tuple[float, float]:
     """Arrival-time window that rates are measured over: the first and last `trim` of arrivals are
     left out (ramp-up, and the drain of closed-loop sessions at the end)."""

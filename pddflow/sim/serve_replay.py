@@ -57,7 +57,7 @@ def replay(spec: WorkloadSpec, block_tokens: int, rps: float = 2.0, think_s: flo
         ids[(i, 0)] = rid
         reqs.append(SimRequest(rid, i / rps, len(ctx), s.output_tokens[0],
                                tuple(chain_block_hashes(ctx, block_tokens)) or (_root_hash(i),),
-                               done_hashes=done[i][0]))
+                               done_hashes=done[i][0], session=i, turn=0))
         rid += 1
     for i, s in enumerate(spec.sessions):
         for turn in range(1, len(s.output_tokens)):
@@ -65,7 +65,8 @@ def replay(spec: WorkloadSpec, block_tokens: int, rps: float = 2.0, think_s: flo
             ids[(i, turn)] = rid
             reqs.append(SimRequest(rid, i / rps, len(ctx), s.output_tokens[turn],
                                    tuple(chain_block_hashes(ctx, block_tokens)) or (_root_hash(i),),
-                                   parent=ids[(i, turn - 1)], gap_s=think_s, done_hashes=done[i][turn]))
+                                   parent=ids[(i, turn - 1)], gap_s=think_s, done_hashes=done[i][turn],
+                                   session=i, turn=turn))
             rid += 1
     meta = {"generator": "serve-workload", "sessions": len(spec.sessions), "scale": spec.scale, "rps": rps,
             "think_s": think_s, "requests": len(reqs)}

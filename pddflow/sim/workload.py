@@ -17,6 +17,8 @@ class SimRequest:
     # prompt + generated tokens' full-block hashes, when known (a replay that knows its outputs): the
     # instance that finishes the request caches them, so the session's next turn hits them too
     done_hashes: tuple[int, ...] = ()
+    session: int = -1                # multi-turn workloads: which session and turn (reports only)
+    turn: int = -1
 
 
 @dataclass

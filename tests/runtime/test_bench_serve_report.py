@@ -1,0 +1,38 @@
+"""`pddflow bench serve`'s report from measured samples: percentiles, and with --per-request the
+rows that set each request beside the simulator's."""
+
+from __future__ import annotations
+
+import pytest
+
+from pddflow.runtime.bench_serve import GraphResult, Sample, summarize
+
+
+def _result(with_timelines: bool) -> GraphResult:
+    res = GraphResult("graphs/pdd.yaml", wall_s=10.0,
+                      metrics={"pddflow_wan_bytes_sent_total": 100.0, "pddflow_wan_bytes_saved_total": 300.0})
+    for session in range(2):
+        for turn in range(3):
+            tl = {"variant": "p_rld_md", "handoff": "catch_up", "tokens_by_operator": {"relay": 2, "main": 6},
+                  "events": [{"event": "arrival", "t_ms": 0.0}, {"event": "first_token", "t_ms": 250.0}]}
+            res.samples.append(Sample(0.1 * (turn + 1), 0.02, 8, 0.5, f"r{session}{turn}", session, turn,
+                                      start_s=session * 0.5 + turn * 2.0, prompt_tokens=100 + 50 * turn,
+                                      timeline=tl if with_timelines else None))
+    res.samples.reverse()   # as they finish, not in session order
+    return res
+
+
+def test_summary_without_per_request_has_no_rows():
+    out = summarize(_result(False), sla_ttft_s=1.0, sla_tpot_s=0.05)
+    assert "per_request" not in out
+    assert out["requests"] == 6 and out["ttft_s"]["p50"] == pytest.approx(0.2)
+    assert out["wan_share_of_full_kv"] == 0.25
+
+
+def test_per_request_rows_in_session_turn_order():
+    rows = summarize(_result(True), sla_ttft_s=1.0, sla_tpot_s=0.05)["per_request"]
+    assert [(r["session"], r["turn"]) for r in rows] == [(s, t) for s in range(2) for t in range(3)]
+    r = rows[4]
+    assert r["request_id"] == "r11" and r["start_s"] == 2.5 and r["prompt_tokens"] == 150
+    assert r["ttft_s"] == 0.2 and r["variant"] == "p_rld_md" and r["handoff"] == "catch_up"
+    assert [e["event"] for e in r["events"]] == ["arrival", "first_token"]
