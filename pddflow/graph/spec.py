@@ -16,6 +16,8 @@ class ArchNumbers(_Strict):
     kv_bytes_per_token: int = Field(gt=0, description="KV cache bytes per token, all layers, K and V")
     flops_per_token: float = Field(gt=0, description="forward FLOPs per token (about 2 x active params)")
     weight_bytes: int = Field(gt=0, description="bytes of all weights at the serving dtype")
+    attn_flops_per_pair: float = Field(0.0, ge=0, description="attention FLOPs per (query, key) pair, all layers "
+                                       "(4 x layers x query heads x head_dim); 0: 8 x kv_bytes_per_token")
 
 
 class ModelSpec(_Strict):
