@@ -104,7 +104,8 @@ def bench_engine(
     threads: Optional[int] = typer.Option(None, "--threads", help="torch threads for both (default: torch's)"),
     mixed_repeats: int = typer.Option(1, "--mixed-repeats", help="run the mixed workload N times (alternating "
                                       "engine and HF), keep the best of each: for noisy shared machines"),
-    quick: bool = typer.Option(False, "--quick", help="tiny sizes: a smoke test, not a measurement"),
+    quick: bool = typer.Option(False, "--quick", help="short sizes, medians of 3 (about 30 s): what "
+                               "`pddflow simulate --calibrate` fits; not a comparison with HF"),
     json_out: bool = typer.Option(False, "--json", help="print results as JSON"),
 ) -> None:
     """Engine vs HF transformers on the same weights: prefill, decode, extend, mixed serving."""

@@ -66,14 +66,17 @@ def simulate(
                                      help="cached-token price as a share of uncached, for the sweep's revenue"),
     sweep_load: str = typer.Option("capacity", "--sweep-load",
                                    help="capacity: each sweep point at its SLA capacity (searched); fixed: at --rps"),
-    calibrate: Optional[Path] = typer.Option(None, "--calibrate",
-                                             help="`pddflow bench engine --json` output: fit the device model to "
-                                                  "this machine and simulate the graph's local (embedded) profile"),
+    calibrate: Optional[list[Path]] = typer.Option(None, "--calibrate",
+                                                   help="`pddflow bench engine --json` output: fit the device model "
+                                                        "to this machine and simulate the graph's local (embedded) "
+                                                        "profile; repeat it to fit the median of several runs"),
     profile: str = typer.Option("auto", "--profile", help="production | local (auto: local with --calibrate)"),
     stream_gbps: Optional[float] = typer.Option(None, "--stream-gbps", min=0.0,
                                                 help="WAN: Gbps one TCP stream sustains (a transfer gets streams x "
                                                      "this at most; 0 = no cap)"),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output on stdout"),
+    per_request: bool = typer.Option(False, "--per-request", help="with --json: every request's session, turn, "
+                                     "start, TTFT, variant and KV transfer (as `bench serve --per-request`)"),
     plot: Optional[Path] = typer.Option(None, "--plot", help="write PNG plots into this directory"),
     check_mirrors: bool = typer.Option(False, "--check-mirrors",
                                        help="compare every scheduler mirror with its cache after every event (slow)"),
@@ -82,7 +85,7 @@ def simulate(
     """Simulate graphs at cluster scale with the same Plan and scheduler the runtime uses: TTFT/TPOT
     percentiles, SLA goodput, cost, BCR, WAN bytes, relay token share, variants and handoffs."""
     from pddflow.sim.agentic import AgenticConfig, generate
-    from pddflow.sim.calibrate import CalibrationError, calibrated_plan, fit, load_bench
+    from pddflow.sim.calibrate import CalibrationError, calibrated_plan, fit, load_bench, merge
     from pddflow.sim.network import STREAM_GBPS
     from pddflow.sim.trace import TraceError, load_trace
 
@@ -112,9 +115,9 @@ def simulate(
 
         plans = [_replace(p, links={n: _replace(link, gbps=wan_gbps) for n, link in p.links.items()}) for p in plans]
     cal = None
-    if calibrate is not None:
+    if calibrate:
         try:
-            cal = fit(load_bench(calibrate))
+            cal = fit(merge([load_bench(c) for c in calibrate]))
         except CalibrationError as exc:
             fail(str(exc))
     local = profile == "local" or (profile == "auto" and cal is not None)
@@ -135,6 +138,8 @@ def simulate(
     if cpu_cores and not sweep:
         sim_kwargs["cpu_cores"] = cpu_cores
         sim_kwargs["bench_threads"] = cal.facts.threads if cal is not None else 1
+        if cal is not None and cal.facts.corun is not None:
+            sim_kwargs["corun"] = cal.facts.corun
         sim_kwargs["cpu_background"] = cpu_background
         sim_kwargs["cpu_pinning"] = pinning
 
@@ -176,6 +181,11 @@ def simulate(
     except TraceError as exc:
         fail(str(exc))
     results, sims = _run_all(plans, wl, seed, sim_kwargs, quiet)
+    if per_request:
+        from pddflow.sim.metrics import request_rows
+
+        for r, sim in zip(results, sims):
+            r["per_request"] = request_rows(sim)
     for r in results:
         r["workload"] = {"name": wl.name, **{k: v for k, v in wl.meta.items() if isinstance(v, (int, float, str))}}
         if cal is not None:
@@ -201,12 +211,13 @@ def _run_all(plans, wl, seed, sim_kwargs, quiet):
     bench_threads = sim_kwargs.pop("bench_threads", 1)
     background = sim_kwargs.pop("cpu_background", 0.0)
     pinning = sim_kwargs.pop("cpu_pinning", "auto")
+    corun = sim_kwargs.pop("corun", (1.0, 1.0))
     with _progress(quiet) as prog:
         for p in plans:
             task = prog.add_task(f"{p.name}", total=len(wl.requests)) if prog else None
             cpu = None
             if cores:   # one process per instance, on the cores the runtime would pin it to
-                cpu = HostCpus(p, cores, bench_threads, background, pinning)
+                cpu = HostCpus(p, cores, bench_threads, background, pinning, corun=corun)
             sim = Simulation(p, wl, seed=seed, cpu=cpu, **sim_kwargs)
             try:
                 sim.run(progress=(lambda done, total, t=task: prog.update(t, completed=done)) if prog else None)

@@ -41,6 +41,10 @@ class BenchSizes:
                                       # so a calibration sees how a step grows with the KV it reads
     extend_tokens: int = 100
     extend_context: int = 512
+    long_extend: tuple[int, int] = (128, 2048)   # engine only: (tokens, context) of a prefill over a long
+                                                 # cached context, so a calibration sees what attention costs
+    corun: bool = True                # engine only: prefill and decode step alone and while another
+                                      # process decodes on another core (corun_bench.py)
     mixed_requests: int = 32
     mixed_prompt: tuple[int, int] = (16, 1024)
     mixed_output: tuple[int, int] = (8, 256)
@@ -54,7 +58,7 @@ class BenchSizes:
 # engine on an idle machine, faster than a deployment sharing the cores ever sees (measured:
 # docs/simulator.md, Fidelity).
 QUICK = BenchSizes(prefill_lengths=(64, 128), decode_batches=(1, 4), decode_context=32, decode_steps=6,
-                   long_context=768, extend_tokens=16, extend_context=48, mixed_requests=6, mixed_prompt=(8, 64),
+                   long_context=768, extend_tokens=16, extend_context=48, long_extend=(128, 768), mixed_requests=6, mixed_prompt=(8, 64),
                    mixed_output=(2, 12), repeats=3, statistic="median")
 
 
@@ -120,7 +124,7 @@ def run_bench(spec: str = "builtin:tiny-llama", sizes: BenchSizes = BenchSizes()
         return [rng.randrange(min(vocab, 256)) for _ in range(n)]
 
     longest = max(max(sizes.prefill_lengths), sizes.mixed_prompt[1] + sizes.mixed_output[1],
-                  sizes.extend_context + sizes.extend_tokens + 8)
+                  sizes.extend_context + sizes.extend_tokens + 8, sum(sizes.long_extend) + 8)
     slots = max(max(sizes.decode_batches) * (max(sizes.decode_context, sizes.long_context) + sizes.decode_steps + 4),
                 batch * longest)
     kv_bytes = (slots + 64 * batch) * source.config.kv_bytes_per_token(4) * 2
@@ -191,6 +195,38 @@ def run_bench(spec: str = "builtin:tiny-llama", sizes: BenchSizes = BenchSizes()
                      "extend_ms": round(ext_s * 1e3, 2), "decode_step_ms": round(step_s * 1e3, 2),
                      "extend_over_step": round(ext_s / step_s, 2),
                      "hf_extend_ms": round(hf_ext * 1e3, 2), "hf_decode_step_ms": round(hf_step * 1e3, 2)}
+
+    # --- new tokens over a long cached context (engine only: a calibration point) ---------------
+    n, ctx = sizes.long_extend
+    if n > 0 and ctx > 0:
+        progress(f"{n} new tokens over {ctx} cached")
+        ctx_prompt, known = prompt(ctx), prompt(n)
+        runs = [_engine_extend(engine, ctx_prompt, known) for _ in range(sizes.repeats)]
+        out["extend_long"] = {"tokens": n, "context": ctx,
+                              "extend_ms": round(_summary(runs, sizes.statistic) * 1e3, 2)}
+
+    # --- co-run: the same steps while another process decodes on another core -------------------
+    if sizes.corun:
+        from pddflow.operators.corun_bench import measure
+
+        n_pre, b_dec = max(sizes.prefill_lengths), max(sizes.decode_batches)
+        dec_prompts = [prompt(sizes.decode_context) for _ in range(b_dec)]
+
+        def one_prefill() -> float:
+            seq = engine.add_sequence(prompt(n_pre), SamplingParams(max_tokens=1))
+            t = time.perf_counter()
+            engine.prefill(seq)
+            dt = time.perf_counter() - t
+            engine.free(seq)
+            return dt
+
+        corun = measure(spec, torch.get_num_threads(), one_prefill,
+                        lambda: _engine_decode(engine, dec_prompts, sizes.decode_steps) / sizes.decode_steps,
+                        sizes.repeats, lambda xs: _summary(xs, sizes.statistic), b_dec,
+                        max(sizes.long_context, sizes.decode_context), progress)
+        if corun is not None:
+            corun["prefill_tokens"], corun["decode_batch"] = n_pre, b_dec
+            out["corun"] = corun
 
     # --- mixed serving workload ----------------------------------------------------------------
     wl = random.Random(seed + 1)

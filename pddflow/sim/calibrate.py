@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,7 @@ from typing import Any
 from pddflow.core.arch import ARCHS, ModelArch
 from pddflow.core.device import DeviceClass
 from pddflow.graph.plan import Plan, _instances
-from pddflow.sim.device import ATTN_FLOPS_PER_KV_BYTE, Efficiency
+from pddflow.sim.device import DeviceModel, Efficiency
 
 UNIT = Efficiency(prefill_mfu=1.0, decode_mbu=1.0, step_overhead_s=0.0)
 
@@ -48,6 +49,8 @@ class BenchFacts:
     threads: int = 1                                      # CPU threads the benchmark ran with (`threads`)
     extend: tuple[int, int, float] | None = None          # (tokens, context, seconds) of one extend step
     decode_long: tuple[int, int, float] | None = None     # (batch, context, seconds) of one long-context decode step
+    extend_long: tuple[int, int, float] | None = None     # (tokens, context, seconds): new tokens over a long cached context
+    corun: tuple[float, float] | None = None              # (prefill, decode) slowdown while another core decodes
 
 
 @dataclass(frozen=True)
@@ -58,8 +61,6 @@ class Calibration:
     efficiency: Efficiency = UNIT
 
     def to_dict(self) -> dict:
-        from pddflow.sim.device import DeviceModel
-
         d, f = self.device, self.facts
         m = DeviceModel(d, f.devices, self.arch, self.efficiency)
         return {"source": f.source, "arch": self.arch.name,
@@ -74,7 +75,15 @@ class Calibration:
                 # every measured point against the fitted model: how well two numbers explain them
                 "prefill_check": {str(n): {"measured": v, "model": round(m.prefill_tokens_per_s(n), 1)}
                                   for n, v in f.prefill_points},
+                "attn_factor": round(self.efficiency.attn_factor, 3),
+                "extend_long_check": None if f.extend_long is None else {
+                    "tokens": f.extend_long[0], "context": f.extend_long[1],
+                    "measured_ms": round(f.extend_long[2] * 1e3, 2),
+                    "model_ms": round(m.step_s(f.extend_long[0], f.extend_long[0] * f.extend_long[1]
+                                               + f.extend_long[0] ** 2 / 2, sum(f.extend_long[:2])) * 1e3
+                                      + m.ext_ovh * 1e3, 2)},
                 "kv_read_factor": round(self.efficiency.kv_read_factor, 3),
+                "corun": None if f.corun is None else {"prefill_factor": f.corun[0], "decode_factor": f.corun[1]},
                 "decode_check": {str(b): {"measured": v, "model": round(m.decode_tokens_per_s(b, f.decode_context), 1)}
                                  for b, v in f.decode_points},
                 "decode_long_check": None if f.decode_long is None else {
@@ -137,9 +146,19 @@ def _engine_bench_layout(data: Any, path: Path) -> BenchFacts | None:
     if isinstance(lng, dict) and all(isinstance(lng.get(k), (int, float)) and lng[k] > 0
                                      for k in ("batch", "context", "engine_step_ms")):
         long_pt = (int(lng["batch"]), int(lng["context"]), float(lng["engine_step_ms"]) / 1e3)
+    xl = data.get("extend_long")
+    ext_long = None
+    if isinstance(xl, dict) and all(isinstance(xl.get(k), (int, float)) and xl[k] > 0
+                                    for k in ("tokens", "context", "extend_ms")):
+        ext_long = (int(xl["tokens"]), int(xl["context"]), float(xl["extend_ms"]) / 1e3)
+    co = data.get("corun")
+    corun = None
+    if isinstance(co, dict) and all(isinstance(co.get(k), (int, float)) and co[k] > 0
+                                    for k in ("prefill_factor", "decode_factor")):
+        corun = (float(co["prefill_factor"]), float(co["decode_factor"]))
     return BenchFacts(str(path), p_pts[-1][1], d_pts[0][1], p_pts[-1][0], d_pts[0][0], int(ctx),
                       arch if isinstance(arch, str) else None, 1, tuple(p_pts), tuple(d_pts), threads, extend,
-                      long_pt)
+                      long_pt, ext_long, corun)
 
 
 def load_bench(path: str | Path) -> BenchFacts:
@@ -173,48 +192,94 @@ def load_bench(path: str | Path) -> BenchFacts:
     return BenchFacts(str(path), pre, dec, int(prompt), max(1, int(batch)), int(ctx), arch, max(1, int(devices)))
 
 
-def fit(facts: BenchFacts, arch: ModelArch | None = None, base: DeviceClass | None = None) -> Calibration:
-    """The device class (per device) and step overheads whose roofline reproduces the measurements.
+def merge(facts: list[BenchFacts]) -> BenchFacts:
+    """Several calibrations of one machine as one: the median of every measured point. On a shared
+    machine one quick calibration can be 1.5x off the next; several spread over a run (before and
+    after it, say) steady the fit. Points measured by only some of them take those."""
+    if len(facts) == 1:
+        return facts[0]
 
-    Prefill: the longest measured prompt, all compute (a per-step overhead fitted from two lengths
-    came out larger than a whole decode step on the CPU engine: prefill and decode do not share one
-    fixed cost there, so none is fitted). Decode: with two batch sizes, the step splits into
-    weights-and-KV traffic (bandwidth) and a per-sequence cost; with one, it is all memory traffic.
-    `Calibration.to_dict()` lists every measured point against the fitted model."""
+    def med(xs: list[float]) -> float:
+        return statistics.median(xs)
+
+    def points(attr: str) -> tuple[tuple[int, float], ...]:
+        keys = sorted({k for f in facts for k, _ in getattr(f, attr)})
+        return tuple((k, med([v for f in facts for k2, v in getattr(f, attr) if k2 == k])) for k in keys)
+
+    def tuples(attr: str, keyed: int) -> tuple | None:
+        """The median of a (sizes..., values...) point; only points at the first one's sizes count."""
+        got = [g for f in facts if (g := getattr(f, attr)) is not None]
+        if not got:
+            return None
+        same = [g for g in got if g[:keyed] == got[0][:keyed]]
+        return tuple(got[0][:keyed]) + tuple(med([g[i] for g in same]) for i in range(keyed, len(got[0])))
+
+    head = facts[0]
+    for f in facts[1:]:
+        if (f.arch, f.devices, f.threads, f.decode_context) != (head.arch, head.devices, head.threads, head.decode_context):
+            raise CalibrationError(f"{f.source}: measured a different setup than {head.source} (model, devices, "
+                                   f"threads or decode context); merge only calibrations of one configuration")
+    pre, dec = points("prefill_points"), points("decode_points")
+    p_main = next(v for k, v in pre if k == head.prompt_tokens) if pre else med([f.prefill_tokens_per_s for f in facts])
+    d_main = next(v for k, v in dec if k == head.decode_batch) if dec else med([f.decode_tokens_per_s for f in facts])
+    return replace(head, source=" + ".join(f.source for f in facts), prefill_tokens_per_s=p_main,
+                   decode_tokens_per_s=d_main, prefill_points=pre, decode_points=dec,
+                   extend=tuples("extend", 2), decode_long=tuples("decode_long", 2),
+                   extend_long=tuples("extend_long", 2), corun=tuples("corun", 0))
+
+
+def fit(facts: BenchFacts, arch: ModelArch | None = None, base: DeviceClass | None = None) -> Calibration:
+    """The device class (per device) and step overheads whose roofline reproduces the measurements:
+    decode (`_fit_decode`), prefill (`_fit_prefill`), the extend's fixed cost and the attention
+    factor. `Calibration.to_dict()` lists every measured point against the fitted model."""
     if arch is None:
         name = facts.arch if facts.arch in ARCHS else "tiny-llama"
         arch = ARCHS.get(name)
     n = facts.devices
-    apf = ATTN_FLOPS_PER_KV_BYTE * arch.kv_bytes_per_token
+    bytes_s, seq_s, kv_factor = _fit_decode(facts, arch)
+    b = base or DeviceClass("calibrated", 0, 1024, 0, 100, 0.0)
+    # Prefill FLOP/s, its fixed cost, the extend's fixed cost and the attention factor depend on each
+    # other (a prompt's own attention is part of its FLOPs; the long-context extend is mostly
+    # attention): a few rounds of fitting each with the others fixed settle them.
+    attn_factor, cal = 1.0, None
+    for _ in range(8):
+        flops_s, job_ovh = _fit_prefill(facts, arch, arch.attention_flops_per_pair * attn_factor)
+        dev = replace(b, name=f"{b.name}@calibrated", tflops=flops_s / 1e12 / n, hbm_tbps=bytes_s / 1e12 / n)
+        eff = replace(UNIT, seq_overhead_s=seq_s, job_overhead_s=job_ovh, kv_read_factor=kv_factor,
+                      attn_factor=attn_factor)
+        if facts.extend is not None and job_ovh > 0:
+            # the measured extend step (handed-off IDs over a context) against the roofline: what
+            # is left is the extend call's own fixed cost, often well under a prompt prefill's
+            n_, ctx_, t_ = facts.extend
+            m = DeviceModel(dev, n, arch, eff)
+            eff = replace(eff, extend_overhead_s=max(0.0, t_ - m.step_s(n_, n_ * ctx_ + n_ * n_ / 2, ctx_ + n_)))
+        cal = Calibration(facts, dev, arch, eff)
+        if facts.extend_long is None:
+            break
+        # new tokens over a long cached context: what the matmuls and the fixed cost leave is attention
+        tokens, ctx_, t_ = facts.extend_long
+        m = DeviceModel(dev, n, arch, eff)
+        pairs = tokens * ctx_ + tokens * tokens / 2
+        attn_s = t_ - m.ext_ovh - tokens * arch.flops_per_token / m.flops_s
+        attn_factor = max(1.0, attn_s * m.flops_s / (pairs * arch.attention_flops_per_pair))
+    return cal
 
-    def flops(tokens: int) -> float:
-        return tokens * arch.flops_per_token + tokens * tokens / 2 * apf
 
-    L = facts.prompt_tokens
-    flops_s, ovh = flops(L) / (L / facts.prefill_tokens_per_s), 0.0
-    job_ovh = 0.0
-    if len(facts.prefill_points) >= 2:
-        # t(L) = job overhead + FLOPs(L) / FLOP/s through the two longest prompts, when both come out
-        # positive (a noisy short point, e.g. one that paid a warm-up, gives a negative overhead: then
-        # the longest prompt alone, all compute)
-        (L1, r1), (L2, r2) = sorted(facts.prefill_points)[-2:]
-        t1, t2 = L1 / r1, L2 / r2
-        df = flops(L2) - flops(L1)
-        if t2 > t1 and df > 0:
-            f_s = df / (t2 - t1)
-            o = t2 - flops(L2) / f_s
-            if o > 0:
-                flops_s, job_ovh = f_s, o
+def _fit_decode(facts: BenchFacts, arch: ModelArch) -> tuple[float, float, float]:
+    """Achieved bandwidth, cost per decoding sequence and KV read factor from the decode points.
+
+    With two batch sizes the step splits into weights-and-KV traffic (bandwidth) and a per-sequence
+    cost; with one, it is all memory traffic. A long-context point then prices the KV read."""
     B, C = facts.decode_batch, facts.decode_context
     kvb = arch.kv_bytes_per_token
-    step = B / facts.decode_tokens_per_s - ovh
+    step = B / facts.decode_tokens_per_s
     w1 = arch.weight_bytes + B * C * kvb
     bytes_s, seq_s = w1 / max(step, 1e-9), 0.0
     others = [p for p in facts.decode_points if p[0] != B]
     if others:
-        # step(b) - overhead = (W + b*C*kv) / BW + b * s: two batch sizes, two unknowns
+        # step(b) = (W + b*C*kv) / BW + b * s: two batch sizes, two unknowns
         B2, r2 = max(others)
-        step2 = B2 / r2 - ovh
+        step2 = B2 / r2
         w2 = arch.weight_bytes + B2 * C * kvb
         det = w1 * B2 - w2 * B
         if det > 0:
@@ -227,21 +292,39 @@ def fit(facts: BenchFacts, arch: ModelArch | None = None, base: DeviceClass | No
         # A step over a long context: what the weights and per-sequence costs do not explain is the
         # KV it reads. CPU paged attention reads (gathers, pads) it at well under the weights' rate.
         Bl, Cl, tl = facts.decode_long
-        kv_s = tl - ovh - arch.weight_bytes / bytes_s - Bl * seq_s
+        kv_s = tl - arch.weight_bytes / bytes_s - Bl * seq_s
         if kv_s > 0:
             kv_factor = kv_s * bytes_s / (Bl * Cl * kvb)
-    b = base or DeviceClass("calibrated", 0, 1024, 0, 100, 0.0)
-    dev = replace(b, name=f"{b.name}@calibrated", tflops=flops_s / 1e12 / n, hbm_tbps=bytes_s / 1e12 / n)
-    eff = replace(UNIT, step_overhead_s=ovh, seq_overhead_s=seq_s, job_overhead_s=job_ovh, kv_read_factor=kv_factor)
-    if facts.extend is not None and job_ovh > 0:
-        # the measured extend step (handed-off IDs over a context) against the roofline alone: what
-        # is left is the extend call's own fixed cost, often well under a prompt prefill's
-        from pddflow.sim.device import DeviceModel
+    return bytes_s, seq_s, kv_factor
 
-        n_, ctx_, t_ = facts.extend
-        m = DeviceModel(dev, n, arch, eff)
-        eff = replace(eff, extend_overhead_s=max(0.0, t_ - m.step_s(n_, n_ * ctx_ + n_ * n_ / 2, ctx_ + n_)))
-    return Calibration(facts, dev, arch, eff)
+
+def _fit_prefill(facts: BenchFacts, arch: ModelArch, apf: float) -> tuple[float, float]:
+    """Achieved FLOP/s and fixed cost per prefill call, from the prefill points (attention at `apf`
+    FLOPs-equivalent per pair).
+
+    The longest measured prompt, all compute (a per-step overhead fitted from two lengths came out
+    larger than a whole decode step on the CPU engine: prefill and decode do not share one fixed
+    cost there, so none is fitted). With two or more lengths: t(L) = job overhead + FLOPs(L) /
+    FLOP/s through the two longest, when both come out positive (a noisy short point, e.g. one that
+    paid a warm-up, gives a negative overhead: then the longest prompt alone, all compute)."""
+    def flops(tokens: int) -> float:
+        return tokens * arch.flops_per_token + tokens * tokens / 2 * apf
+
+    L = facts.prompt_tokens
+    flops_s, job_ovh = flops(L) / (L / facts.prefill_tokens_per_s), 0.0
+    if len(facts.prefill_points) >= 2:
+        (L1, r1), (L2, r2) = sorted(facts.prefill_points)[-2:]
+        t1, t2 = L1 / r1, L2 / r2
+        df = flops(L2) - flops(L1)
+        if t2 > t1 and df > 0:
+            f_s = df / (t2 - t1)
+            o = t2 - flops(L2) / f_s
+            if o > 0:
+                flops_s, job_ovh = f_s, o
+    return flops_s, job_ovh
+
+
+
 
 
 def calibrated_plan(plan: Plan, cal: Calibration, local: bool = True) -> Plan:

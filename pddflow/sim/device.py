@@ -22,11 +22,6 @@ from dataclasses import dataclass
 from pddflow.core.arch import ModelArch
 from pddflow.core.device import DeviceClass
 
-# Attention FLOPs per (query, key) pair per byte of KV per token: 4 x layers x q_heads x head_dim,
-# = 8 x kv_bytes_per_token for 16-bit KV with GQA 8 (Llama-3-70B: 2.6 MFLOP per pair).
-ATTN_FLOPS_PER_KV_BYTE = 8.0
-
-
 @dataclass(frozen=True)
 class Efficiency:
     prefill_mfu: float = 0.5        # achieved / peak FLOP/s
@@ -38,6 +33,9 @@ class Efficiency:
                                     # CPU engine: a prefill call costs more than a decode step's overhead)
     extend_overhead_s: float | None = None   # the same for a step whose chunks are all extends (handed-off
                                              # token IDs); None: job_overhead_s
+    attn_factor: float = 1.0        # attention FLOPs cost this many times their count at the achieved
+                                    # FLOP/s (calibrated CPU engines: paged attention runs well under
+                                    # the matmuls' rate)
     kv_read_factor: float = 1.0     # KV bytes read per step cost this many times their bytes at the
                                     # achieved bandwidth (calibrated CPU engines: gathered, padded reads)
 
@@ -45,7 +43,7 @@ class Efficiency:
         return {"prefill_mfu": self.prefill_mfu, "decode_mbu": self.decode_mbu,
                 "step_overhead_s": self.step_overhead_s, "seq_overhead_s": self.seq_overhead_s,
                 "job_overhead_s": self.job_overhead_s, "extend_overhead_s": self.extend_overhead_s,
-                "kv_read_factor": self.kv_read_factor}
+                "attn_factor": self.attn_factor, "kv_read_factor": self.kv_read_factor}
 
 
 class DeviceModel:
@@ -58,7 +56,7 @@ class DeviceModel:
         self.flops_s = device.tflops * 1e12 * devices * eff.prefill_mfu
         self.bytes_s = device.hbm_tbps * 1e12 * devices * eff.decode_mbu
         self.fpt = arch.flops_per_token
-        self.apf = ATTN_FLOPS_PER_KV_BYTE * arch.kv_bytes_per_token
+        self.apf = arch.attention_flops_per_pair * eff.attn_factor  # FLOPs-equivalent per (query, key) pair
         self.kvb = arch.kv_bytes_per_token * eff.kv_read_factor  # bytes-equivalent read per context token
         self.wt = arch.weight_bytes
         self.ovh = eff.step_overhead_s

@@ -71,7 +71,7 @@ class Engine:
         self.job_tokens = 0
         # shared-host CPU model (simulator.CpuShare): step times are multiplied by `slowdown()` at
         # planning time; `on_busy` hears every idle <-> busy transition. None: a dedicated device.
-        self.slowdown: Callable[[], float] | None = None
+        self.slowdown: Callable[[bool], float] | None = None   # argument: the step runs prefill/extend
         self.on_busy: Callable[[Engine], None] | None = None
 
     # ---- work arrives ---------------------------------------------------------------------------
@@ -237,7 +237,7 @@ class Engine:
                 self.on_busy(self)
             return
         if self.slowdown is not None:
-            f = self.slowdown()
+            f = self.slowdown(bool(self._step_jobs))
             if f != 1.0:
                 times = [now + (t - now) * f for t in times]
         for seq in first:

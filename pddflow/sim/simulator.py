@@ -90,10 +90,14 @@ class CpuShare:
 
     `background`: runnable threads of other tenants, assumed the same while the benchmark ran and
     now; the calibrated step already paid the benchmark's share (bench_threads + background over
-    the cores), so the factor is the ratio of the two shares."""
+    the cores), so the factor is the ratio of the two shares.
+
+    `host` (HostCpus) adds what other core groups cost this one: while a worker on other cores is
+    busy, a prefill/extend step takes `host.corun_prefill` times longer and a decode step
+    `host.corun_decode` (shared cache and memory bus; measured by `bench engine`'s co-run point)."""
 
     def __init__(self, cores: float, threads: int = 1, bench_threads: int = 1, thread_exponent: float = 1.0,
-                 background: float = 0.0):
+                 background: float = 0.0, host: HostCpus | None = None):
         self.cores, self.threads = max(cores, 1e-9), max(1, threads)
         self.background = max(0.0, background)
         self.bench_share = max(1.0, (max(1, bench_threads) + self.background) / self.cores)
@@ -102,27 +106,33 @@ class CpuShare:
         self.nice: dict[str, int] = {}
         self.weight: dict[str, float] = {}
         self.busy = 0
+        self.host = host
 
     def attach(self, eng: Engine, nice: int = 0) -> None:
         self.engines.append(eng)
         self.nice[eng.name], self.weight[eng.name] = nice, CFS_NICE_STEP ** -nice
-        eng.slowdown = lambda e=eng: self.factor(e)
+        eng.slowdown = lambda prefill=False, e=eng: self.factor(e, prefill)
         eng.on_busy = self._changed
 
-    def factor(self, eng: Engine | None = None) -> float:
+    def factor(self, eng: Engine | None = None, prefill: bool = False) -> float:
         mine = (self.weight[eng.name] if eng is not None else 1.0) * self.threads
         demand = sum(self.weight[e.name] for e in self.engines if e._busy) * self.threads + self.background
         given = min(self.threads, self.cores * mine / max(demand, mine))  # cores this engine gets
-        return self.penalty * (self.threads / given) / self.bench_share
+        f = self.penalty * (self.threads / given) / self.bench_share
+        if self.host is not None and self.host.others_busy(self):
+            f *= self.host.corun_prefill if prefill else self.host.corun_decode
+        return f
 
     def _changed(self, eng: Engine) -> None:
         busy = sum(1 for e in self.engines if e._busy)
         if busy == self.busy:
             return
-        self.busy = busy
+        was, self.busy = self.busy, busy
         for e in self.engines:
             if e is not eng:
                 e.replan()
+        if self.host is not None and (was == 0) != (busy == 0):
+            self.host.group_changed(self)
 
     def to_dict(self) -> dict:
         return {"cores": self.cores, "threads_per_worker": self.threads, "thread_penalty": round(self.penalty, 4),
@@ -137,9 +147,12 @@ class HostCpus:
     groups in proportion to their cores."""
 
     def __init__(self, plan: Plan, cores: float, bench_threads: int = 1, background: float = 0.0,
-                 pinning: str = "auto", thread_exponent: float = 1.0):
+                 pinning: str = "auto", thread_exponent: float = 1.0, corun: tuple[float, float] = (1.0, 1.0)):
         lay = plan_layout(plan, list(range(max(1, int(cores)))), pinning)
         self.mode, self.nice = lay.mode, lay.nice
+        # (prefill, decode) step slowdown while another core group is busy: 1 = cores never slow
+        # each other (`bench engine`'s co-run point measures it)
+        self.corun_prefill, self.corun_decode = (max(1.0, float(x)) for x in corun)
         groups: dict[tuple[int, ...], CpuShare] = {}
         self.share: dict[str, CpuShare] = {}
         for inst in plan.instances:
@@ -147,15 +160,28 @@ class HostCpus:
             if key not in groups:
                 n = float(len(key)) if key else cores
                 groups[key] = CpuShare(n, lay.threads[inst.id], bench_threads, thread_exponent,
-                                       background=background * n / max(cores, 1e-9))
+                                       background=background * n / max(cores, 1e-9), host=self)
             self.share[inst.id] = groups[key]
         self.groups = list(groups.values())
 
     def attach(self, instance: str, eng: Engine) -> None:
         self.share[instance].attach(eng, self.nice[instance])
 
+    def others_busy(self, group: CpuShare) -> bool:
+        return any(g.busy for g in self.groups if g is not group)
+
+    def group_changed(self, group: CpuShare) -> None:
+        """A group went idle or busy: the other groups' workers re-plan at their new co-run factor."""
+        if self.corun_prefill == 1.0 and self.corun_decode == 1.0:
+            return
+        for g in self.groups:
+            if g is not group:
+                for e in g.engines:
+                    e.replan()
+
     def to_dict(self) -> dict:
-        return {"layout": self.mode, "groups": [g.to_dict() for g in self.groups]}
+        return {"layout": self.mode, "corun": {"prefill": self.corun_prefill, "decode": self.corun_decode},
+                "groups": [g.to_dict() for g in self.groups]}
 
 
 class Simulation:
@@ -176,6 +202,7 @@ class Simulation:
         self.state = SchedulerState.for_plan(plan)
         self.bt = workload.block_tokens
         self.kvb = plan.model.arch.kv_bytes_per_token
+        self.page = plan.model.block_size     # KV travels in whole pages, as the runtime's blocks do
         eff = efficiency or Efficiency()
         per_dev = device_efficiency or {}
         self.links = {name: SharedLink(self.loop, link, random.Random(f"{seed}/{name}"),
@@ -381,7 +408,7 @@ class Simulation:
             return
         run.r_hold = hold
         run.r_state = "transfer"
-        nbytes = run.req.prompt_tokens * self.kvb
+        nbytes = self._kv_bytes(run.req.prompt_tokens, 0)
         dt = RDMA_LATENCY_S + nbytes / self.topo.rdma_bytes_per_s(run.path.entry, run.path.relay)
         self.loop.after(dt, self._relay_landed, run)
 
@@ -440,8 +467,7 @@ class Simulation:
         run.m_hold = hold
         run.m_state = "transfer"
         run.m_hit = hold.hit
-        missing = run.req.prompt_tokens - min(hold.hit * self.bt, run.req.prompt_tokens)
-        nbytes = float(missing * self.kvb)
+        nbytes = self._kv_bytes(run.req.prompt_tokens, hold.hit)
         run.m_bytes = nbytes
         run.m_sent_at = self.loop.now
         link = run.path.wan_link
@@ -450,6 +476,14 @@ class Simulation:
         else:
             dt = RDMA_LATENCY_S + nbytes / self.topo.rdma_bytes_per_s(run.path.entry, run.path.finisher)
             self.loop.after(dt, self._main_landed, run)
+
+    def _kv_bytes(self, prompt_tokens: int, hit_blocks: int) -> float:
+        """What prefill sends for a prompt whose first `hit_blocks` blocks the target has: as the
+        runtime (`runtime/worker.py: reused_blocks`), whole pages from the first one not reused, and
+        the block holding the prompt's last token always travels."""
+        reused = min(hit_blocks, (prompt_tokens - 1) // self.bt) * self.bt
+        end = -(-prompt_tokens // self.page) * self.page
+        return float(max(end - reused, 0) * self.kvb)
 
     def _main_landed(self, run: Run) -> None:
         self._leg_done(run)

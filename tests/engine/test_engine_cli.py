@@ -1,6 +1,8 @@
 """`pddflow generate` and `pddflow bench engine` through the typer app (in process)."""
 
 import json
+import os
+import subprocess
 
 import pytest
 from typer.testing import CliRunner
@@ -74,6 +76,17 @@ def test_bench_engine_quick_json(tiny_llama_dir):
     assert set(out["prefill"]) == {"64", "128"} and {"1", "4"} <= set(out["decode"])
     assert out["extend"]["extend_ms"] > 0 and out["batch_invariant"] is True
     assert out["decode_long"]["batch"] == 4 and out["decode_long"]["engine_step_ms"] > 0
+    assert out["extend_long"] == {"tokens": 128, "context": 768, "extend_ms": out["extend_long"]["extend_ms"]}
+    from pddflow.operators.corun_bench import cores_for_corun
+
+    if cores_for_corun() is None:
+        assert "corun" not in out
+    else:   # measured next to a decoding companion, which is gone again; our affinity is restored
+        co = out["corun"]
+        assert co["prefill_factor"] > 0 and co["decode_factor"] > 0 and co["companion"] == "decode batch 4 over 768 tokens"
+        assert len(os.sched_getaffinity(0)) >= 2
+        ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+        assert "pddflow.operators.corun_bench" not in ps
 
 
 def test_module_import_is_light():

@@ -76,6 +76,27 @@ def test_long_context_decode_point_fits_the_kv_read_cost(tmp_path):
     assert fit(load_bench(f)).efficiency.kv_read_factor == 1.0
 
 
+def test_long_extend_point_fits_the_attention_cost(tmp_path):
+    """`extend_long` (new tokens over a long cached context) fixes what attention costs against the
+    matmuls; the prefill points and the long point are all reproduced."""
+    doc = {"model": "builtin:tiny-llama",
+           "prefill": {"64": {"engine_tok_s": 800.0}, "128": {"engine_tok_s": 1000.0}},
+           "decode": {"context": 32, "1": {"engine_tok_s": 50.0}, "4": {"engine_tok_s": 170.0}},
+           "extend": {"tokens": 16, "context": 48, "extend_ms": 25.0},
+           "extend_long": {"tokens": 128, "context": 768, "extend_ms": 200.0}}
+    f = tmp_path / "engine.json"
+    f.write_text(json.dumps(doc))
+    cal = fit(load_bench(f))
+    m = DeviceModel(cal.device, 1, cal.arch, cal.efficiency)
+    assert cal.efficiency.attn_factor > 1.5
+    assert m.prefill_tokens_per_s(128) == pytest.approx(1000, rel=1e-3)
+    assert m.prefill_tokens_per_s(64) == pytest.approx(800, rel=1e-3)
+    assert cal.to_dict()["extend_long_check"]["model_ms"] == pytest.approx(200.0, rel=0.02)
+    del doc["extend_long"]
+    f.write_text(json.dumps(doc))
+    assert fit(load_bench(f)).efficiency.attn_factor == 1.0
+
+
 def test_missing_keys_fail_clearly(tmp_path):
     f = tmp_path / "bench.json"
     f.write_text(json.dumps({"prefill": {"tokens_per_s": 10}}))
@@ -98,3 +119,46 @@ def test_fixed_load_sweep_rows():
     for r in rows:   # cheaper cached tokens never earn more
         assert r["usd_per_gpu_hour@0.1"] <= r["usd_per_gpu_hour@0.25"]
     assert rows[0]["usd_per_gpu_hour@0.1"] == pytest.approx(rows[0]["usd_per_gpu_hour@0.25"], rel=0.05)
+
+
+def test_tiny_llama_preset_is_the_builtin_model():
+    """The calibration fits the built-in model with the tiny-llama preset: its numbers must be that
+    model's, or the fitted split between weights, KV and attention is wrong (it was: 30M params,
+    8 KV heads, attention 8x the KV bytes)."""
+    from pddflow.core.arch import ARCHS
+    from pddflow.operators.config import TINY_LLAMA as c
+
+    a = ARCHS.get("tiny-llama")
+    assert a.kv_bytes_per_token == c.kv_bytes_per_token(4)
+    assert a.weight_bytes == pytest.approx(c.num_params() * 4, rel=1e-3)
+    assert a.flops_per_token == pytest.approx(2 * c.num_params(), rel=1e-2)  # the input embedding is a lookup
+    assert a.attention_flops_per_pair == 4 * c.num_layers * c.num_heads * c.head_dim
+
+
+def test_several_calibrations_merge_to_the_median_of_each_point(tmp_path):
+    from pddflow.sim.calibrate import merge
+
+    def doc(pre: float, dec: float, corun: float | None = None) -> Path:
+        d = {"model": "builtin:tiny-llama", "threads": 1,
+             "prefill": {"64": {"engine_tok_s": pre * 0.8}, "128": {"engine_tok_s": pre}},
+             "decode": {"context": 32, "1": {"engine_tok_s": dec}, "4": {"engine_tok_s": dec * 3.5}},
+             "decode_long": {"context": 768, "batch": 4, "engine_step_ms": 6000 / dec}}
+        if corun:
+            d["corun"] = {"prefill_factor": corun, "decode_factor": corun}
+        f = tmp_path / f"e{pre}_{dec}.json"
+        f.write_text(json.dumps(d))
+        return f
+
+    facts = merge([load_bench(doc(1000, 40, 1.1)), load_bench(doc(1200, 60)), load_bench(doc(900, 50, 1.3))])
+    assert facts.prefill_tokens_per_s == 1000 and dict(facts.prefill_points)[64] == 800
+    assert facts.decode_tokens_per_s == 50 and dict(facts.decode_points)[4] == 175
+    assert facts.decode_long == (4, 768, pytest.approx(6000 / 50 / 1e3))
+    assert facts.corun == pytest.approx((1.2, 1.2))   # only the two that measured it
+    one = load_bench(doc(1000, 40))
+    assert merge([one]) is one
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"model": "builtin:tiny-llama", "threads": 2,
+                                 "prefill": {"128": {"engine_tok_s": 900}},
+                                 "decode": {"context": 32, "1": {"engine_tok_s": 40}}}))
+    with pytest.raises(CalibrationError, match="different setup"):
+        merge([one, load_bench(other)])

@@ -78,6 +78,10 @@ def test_replay_runs_on_the_local_profile_with_a_shared_cpu(tmp_path):
     assert sorted(sorted(e.name for e in g.engines) for g in cpu.groups) == [["main/0"], ["prefill/0", "relay/0"]]
     runs = sim.run()
     assert len(runs) == 6 and all(r.done and not r.failed for r in runs)
+    # as the runtime's reused_blocks: the block holding the prompt's last token always travels
+    page = plan.model.block_size * plan.model.arch.kv_bytes_per_token
+    assert sim._kv_bytes(32, hit_blocks=2) == page and sim._kv_bytes(33, hit_blocks=2) == page
+    assert sim._kv_bytes(33, hit_blocks=0) == 3 * page
 
 
 def _local_plan():
@@ -133,7 +137,7 @@ def test_cli_serve_workload(tmp_path):
                                  "decode": {"context": 32, "1": {"engine_tok_s": 17.2}, "4": {"engine_tok_s": 63.7}}}))
     out = subprocess.run([sys.executable, "-m", "pddflow.cli", "simulate", str(ROOT / "graphs" / "pdd.yaml"),
                           "--serve-workload", "--trace", str(trace), "--sessions", "3", "--turns", "3",
-                          "--wan-gbps", "0.05", "--calibrate", str(bench), "--json", "-q"],
+                          "--wan-gbps", "0.05", "--calibrate", str(bench), "--json", "-q", "--per-request"],
                          capture_output=True, text=True, timeout=120, cwd=ROOT, check=False)
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
@@ -141,6 +145,14 @@ def test_cli_serve_workload(tmp_path):
     groups = d["cpu_share"]["groups"]
     assert sorted(i for g in groups for i in g["instances"]) == ["main/0", "prefill/0", "relay/0"]
     assert all(g["threads_per_worker"] >= 1 for g in groups) and d["ttft_s"]["p50"] > 0
+    rows = d["per_request"]   # keyed like `bench serve --per-request`: session, turn
+    assert [(r["session"], r["turn"]) for r in rows] == [(s, t) for s in range(3) for t in range(3)]
+    assert all(r["ttft_s"] > 0 and r["prefill_done_s"] > 0 for r in rows)
+    first, later = rows[0], rows[1]
+    assert first["prefill_hit_tokens"] == 0 and later["prefill_hit_tokens"] > 0
+    # KV to main travels in whole pages: a cold prompt's last, partial block too
+    page = 16 * 32768
+    assert first["kv_bytes"] == -(-first["prompt_tokens"] // 16) * page and later["kv_bytes"] % page == 0
 
 
 def test_cpu_share_weights_a_lower_priority_decoder_like_cfs():
@@ -162,3 +174,29 @@ def test_cpu_share_weights_a_lower_priority_decoder_like_cfs():
     assert p.slowdown() == pytest.approx(1 + w) and r.slowdown() == pytest.approx((1 + w) / w)
     p._busy = False
     assert r.slowdown() == pytest.approx(1.0)
+
+
+def test_corun_slows_a_group_only_while_another_group_is_busy():
+    """Cores pinned apart still share cache and memory: with the co-run factors a prefill step on
+    cluster A's core takes longer while main decodes on B's, a decode step its own factor, and
+    nothing changes while B is idle; going busy makes the other group re-plan."""
+    from types import SimpleNamespace
+
+    plan = _local_plan()
+    cpu = HostCpus(plan, 2, corun=(1.2, 1.5))
+    replans = []
+    engines = {i.id: SimpleNamespace(name=i.id, _busy=False, replan=lambda n=i.id: replans.append(n))
+               for i in plan.instances}
+    for name, e in engines.items():
+        cpu.attach(name, e)
+    p, m = engines["prefill/0"], engines["main/0"]
+    p._busy = True
+    p.on_busy(p)
+    assert p.slowdown(True) == pytest.approx(1.0) and "main/0" in replans
+    replans.clear()
+    m._busy = True
+    m.on_busy(m)
+    assert sorted(replans) == ["prefill/0", "relay/0"]
+    assert p.slowdown(True) == pytest.approx(1.2) and p.slowdown(False) == pytest.approx(1.5)
+    assert m.slowdown(False) == pytest.approx(1.5)
+    assert HostCpus(plan, 2).to_dict()["corun"] == {"prefill": 1.0, "decode": 1.0}
