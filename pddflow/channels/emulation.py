@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from pddflow.channels.deadline import Deadline
-from pddflow.core.link import LinkModel
+from pddflow.core.link import LinkModel, jitter_stream
 
 
 SHARE_BYTES = 256 << 10  # a held message takes the bucket this much at a time
@@ -121,7 +121,7 @@ class EmulatedLink:
     def _rng(self, key: int | str) -> random.Random:
         rng = self._rngs.get(key)
         if rng is None:  # str seeds are hashed deterministically (sha512)
-            rng = self._rngs[key] = random.Random(f"{self.seed}:{key}")
+            rng = self._rngs[key] = jitter_stream(self.seed, key)
         return rng
 
     def wait_until(self, arrival: float, deadline: Deadline | None = None, what: str = "a message") -> None:

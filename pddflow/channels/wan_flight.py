@@ -46,7 +46,7 @@ from pddflow.channels.inbox import Inbox
 from pddflow.channels.proto import pddflow_pb2 as pb
 from pddflow.channels.security import AUTH_HEADER, TLSConfig, bearer, check_bearer
 from pddflow.channels.transfer import TransferReport
-from pddflow.core.link import LinkModel
+from pddflow.core.link import LinkModel, kv_link_seed
 from pddflow.core.payloads import KVBlocks
 
 Alloc = Callable[[str, int, KVLayout], Any]
@@ -401,7 +401,7 @@ class WanFlightSender:
                                         thread_name_prefix="wan_flight")
         self._outer = ThreadPoolExecutor(max_workers=max_inflight_sends, thread_name_prefix="wan_flight_send")
         self._jobs: dict[str, _Job] = {}
-        self._link = EmulatedLink(params.emulate, seed=params.seed * 2) if params.emulate else None
+        self._link = EmulatedLink(params.emulate, seed=kv_link_seed(params.seed)) if params.emulate else None
         self._calls: dict[int, int] = {}
         self._lane_lock = threading.Lock()
         self._headers = [(AUTH_HEADER.encode(), bearer(params.token).encode())] if params.token else []

@@ -165,6 +165,8 @@ def simulate(
     try:
         if kind == "serve":
             sim_kwargs["prefill_first_token"] = True   # compared with the runtime: its first-token path
+            # and its WAN delays: `bench serve` deploys with the default --seed 0
+            sim_kwargs["wan_jitter_seed"] = 0
             from pddflow.core.serve_sessions import TraceError as SessionTraceError
             from pddflow.sim.serve_replay import DEFAULT_TRACE, serve_workload as serve_wl
 

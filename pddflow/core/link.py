@@ -16,6 +16,18 @@ _STD_NORMAL = statistics.NormalDist()
 Z99 = _STD_NORMAL.inv_cdf(0.99)
 
 
+def jitter_stream(seed: int, key: int | str) -> random.Random:
+    """The seeded sequence one emulated connection draws its delays from (`channels/emulation.py`).
+    The simulator's replay of a deployment draws from the same sequence (common random numbers),
+    so with a few dozen requests both see the same delays, not two samples of a heavy tail."""
+    return random.Random(f"{seed}:{key}")
+
+
+def kv_link_seed(deploy_seed: int) -> int:
+    """The emulated-link seed of a deployment's KV (wan_flight) senders for `pddflow deploy --seed`."""
+    return 2 * deploy_seed
+
+
 @dataclass(frozen=True)
 class Jitter:
     """Extra one-way delay per transfer, on top of RTT.

@@ -66,7 +66,7 @@ class Leg:
     decoding: bool = False
     reported: int = 0                # output positions reported so far
     received: float = field(default_factory=time.monotonic)   # when the job arrived here
-    compute_ms: tuple[float, float] = (0.0, 0.0)             # prefill: (queued, ran) for its timeline
+    compute_ms: tuple[float, float, float] = (0.0, 0.0, 0.0)  # prefill: (queued, ran, its CPU) for its timeline
 
     @property
     def seq_id(self) -> str:
@@ -207,9 +207,10 @@ class Worker:
             if leg.handoff:
                 self._extend(leg)
                 return
-            t0 = time.monotonic()
+            t0, c0 = time.monotonic(), time.thread_time()
             first = self.engine.prefill(leg.seq)
-            leg.compute_ms = ((t0 - leg.received) * 1e3, (time.monotonic() - t0) * 1e3)
+            # wall and CPU time apart: a prefill that waited for its core shows wall >> CPU
+            leg.compute_ms = ((t0 - leg.received) * 1e3, (time.monotonic() - t0) * 1e3, (time.thread_time() - c0) * 1e3)
             self._emit(leg, [first], start=len(leg.seq.output_ids) - 1 + leg.job.output_offset)
             if self.op_type == "prefill":
                 self._ship_kv(leg)
@@ -262,7 +263,8 @@ class Worker:
             nbytes = kv.num_blocks * self.engine.block_bytes
             self.io.report(event=pb.Event(seq_id=seq.seq_id, name=f"kv_send:{kind}:{dst}", t_unix=time.time(),
                                           values={"bytes": nbytes, "saved_bytes": start_block * self.engine.block_bytes,
-                                                  "queued_ms": leg.compute_ms[0], "prefill_ms": leg.compute_ms[1]}))
+                                                  "queued_ms": leg.compute_ms[0], "prefill_ms": leg.compute_ms[1],
+                                                  "prefill_cpu_ms": leg.compute_ms[2]}))
             sent_at = time.monotonic()
             fut = self.io.sender(kind, dst).send_async(kv, timeout_s=timeout)
             fut.add_done_callback(lambda f, dst=dst, kind=kind, t0=sent_at, sid=seq.seq_id:

@@ -24,6 +24,7 @@ from dataclasses import replace
 from collections.abc import Callable
 
 from pddflow.core.cpu_layout import plan_layout
+from pddflow.core.link import jitter_stream, kv_link_seed
 from pddflow.graph.plan import Plan
 from pddflow.scheduler import InstanceLoad, LinkEstimate, RequestFeatures, SchedulerState, Topology, make_policy
 from pddflow.scheduler.base import Policy
@@ -188,7 +189,7 @@ class Simulation:
     def __init__(self, plan: Plan, workload: Workload, *, seed: int = 0, efficiency: Efficiency | None = None,
                  device_efficiency: dict[str, Efficiency] | None = None, policy: Policy | None = None,
                  strict_mirrors: bool = False, stream_gbps: float = STREAM_GBPS, cpu: HostCpus | None = None,
-                 prefill_first_token: bool = False):
+                 prefill_first_token: bool = False, wan_jitter_seed: int | None = None):
         self.plan, self.workload, self.seed = plan, workload, seed
         self.cpu = cpu
         # True: as the runtime does, prefill samples the first token and the client sees it as soon as
@@ -205,7 +206,12 @@ class Simulation:
         self.page = plan.model.block_size     # KV travels in whole pages, as the runtime's blocks do
         eff = efficiency or Efficiency()
         per_dev = device_efficiency or {}
-        self.links = {name: SharedLink(self.loop, link, random.Random(f"{seed}/{name}"),
+        # Replaying a deployment (`wan_jitter_seed`: its `--seed`): every WAN transfer draws its delay
+        # from the sequence the deployment's emulated KV link draws from, in send order (its
+        # one-batch transfers all take stream 0's), so both see the same few dozen delays.
+        self.links = {name: SharedLink(self.loop, link,
+                                       random.Random(f"{seed}/{name}") if wan_jitter_seed is None
+                                       else jitter_stream(kv_link_seed(wan_jitter_seed), 0),
                                        self._streams(name) * stream_gbps)
                       for name, link in plan.links.items()}
         self.engines: dict[str, Engine] = {}

@@ -105,3 +105,32 @@ def test_flow_cap_and_jitter():
     loop.run()
     delays = sorted(t - i * 30.0 for i, t in enumerate(times))
     assert 0.02 < delays[200] < 0.12 and delays[-1] > 0.5     # p50 near 50 ms, a heavy tail
+
+
+def test_replay_draws_the_emulated_links_delays():
+    """Common random numbers: a replay of a deployment (`wan_jitter_seed`) gives its k-th WAN
+    transfer the delay the deployment's emulated KV link drew for its k-th message on stream 0."""
+    from pathlib import Path
+
+    from pddflow.channels.emulation import EmulatedLink
+    from pddflow.core.link import LinkModel, kv_link_seed
+    from pddflow.graph import load_plan
+    from pddflow.sim.simulator import Simulation
+    from pddflow.sim.workload import Workload
+
+    plan = load_plan(str(Path(__file__).resolve().parents[2] / "graphs" / "pdd.yaml")).scaled_to_local()
+    model = next(iter(plan.links.values()))
+    sim = Simulation(plan, Workload("empty", [], plan.model.block_size), wan_jitter_seed=3)
+    link = next(iter(sim.links.values()))
+    clock = [0.0]
+    emu = EmulatedLink(LinkModel("x", "a", "b", 1e6, model.rtt_ms, model.jitter), seed=kv_link_seed(3),
+                       clock=lambda: clock[0], sleep=lambda s: clock.__setitem__(0, clock[0] + s))
+    for k in range(20):
+        clock[0] = 100.0 * k                     # far apart: each arrival is depart + one delay
+        depart, arrival = emu.schedule(1000)
+        link.loop.now = 100.0 * k
+        t = []
+        link.send(0.0, t.append)
+        link.loop.run()
+        assert t[0] - 100.0 * k == pytest.approx(model.rtt_ms / 1e3 + (arrival - depart - model.rtt_ms / 2e3),
+                                                 abs=1e-9), k
