@@ -142,14 +142,6 @@ def run_bench(spec: str = "builtin:tiny-llama", sizes: BenchSizes = BenchSizes()
         progress(f"prefill {n} tokens")
         _warm_prefill(engine, hf, prompt(min(n, 64)))
 
-        def eng_once() -> float:
-            seq = engine.add_sequence(prompt(n), SamplingParams(max_tokens=1))
-            t = time.perf_counter()
-            engine.prefill(seq)
-            dt = time.perf_counter() - t
-            engine.free(seq)
-            return dt
-
         def hf_once() -> float:
             ids = torch.tensor([prompt(n)])
             with torch.inference_mode():
@@ -157,7 +149,7 @@ def run_bench(spec: str = "builtin:tiny-llama", sizes: BenchSizes = BenchSizes()
                 hf(ids, use_cache=True, logits_to_keep=1)
                 return time.perf_counter() - t
 
-        te, th = _best_pair(eng_once, hf_once, sizes.repeats, sizes.statistic)
+        te, th = _best_pair(lambda: _engine_prefill(engine, prompt(n)), hf_once, sizes.repeats, sizes.statistic)
         out["prefill"][str(n)] = {"engine_tok_s": round(n / te, 1), "hf_tok_s": round(n / th, 1),
                                   "ratio": _ratio(th, te)}
 
@@ -212,15 +204,7 @@ def run_bench(spec: str = "builtin:tiny-llama", sizes: BenchSizes = BenchSizes()
         n_pre, b_dec = max(sizes.prefill_lengths), max(sizes.decode_batches)
         dec_prompts = [prompt(sizes.decode_context) for _ in range(b_dec)]
 
-        def one_prefill() -> float:
-            seq = engine.add_sequence(prompt(n_pre), SamplingParams(max_tokens=1))
-            t = time.perf_counter()
-            engine.prefill(seq)
-            dt = time.perf_counter() - t
-            engine.free(seq)
-            return dt
-
-        corun = measure(spec, torch.get_num_threads(), one_prefill,
+        corun = measure(spec, torch.get_num_threads(), lambda: _engine_prefill(engine, prompt(n_pre)),
                         lambda: _engine_decode(engine, dec_prompts, sizes.decode_steps) / sizes.decode_steps,
                         sizes.repeats, lambda xs: _summary(xs, sizes.statistic), b_dec,
                         max(sizes.long_context, sizes.decode_context), progress)
@@ -272,6 +256,16 @@ def _warm_prefill(engine: Engine, hf, ids: list[int]) -> None:
     engine.free(seq)
     with torch.inference_mode():
         hf(torch.tensor([ids]))
+
+
+def _engine_prefill(engine: Engine, ids: list[int]) -> float:
+    """Seconds of one prompt's prefill (its blocks freed after)."""
+    seq = engine.add_sequence(ids, SamplingParams(max_tokens=1))
+    t = time.perf_counter()
+    engine.prefill(seq)
+    dt = time.perf_counter() - t
+    engine.free(seq)
+    return dt
 
 
 def _engine_decode(engine: Engine, prompts: list[list[int]], steps: int) -> float:
