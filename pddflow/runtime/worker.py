@@ -4,6 +4,9 @@
 
 Its loop reads on one screen: admit what arrived (jobs, landed KV, first tokens, handoff IDs,
 aborts), run one model step (a prefill, an extend, or one continuous-batching decode step), report.
+A decoder takes landed KV only when the request can then run to its last token (its prompt and
+max_tokens fit beside every admitted request's, counting what the prefix cache can give back);
+otherwise the KV waits, first come first served, under the request's deadline.
 What a request does on this worker depends on the operator type (see the `_on_*` methods):
 
   prefill       prefill, report the first token, ship KV to the relay (RDMA) and to main (WAN,
@@ -31,6 +34,7 @@ from typing import Any
 
 from pddflow.core.cpu_layout import pin_self
 from pddflow.core.payloads import KVBlocks, SamplingParams, TokenIds
+from pddflow.operators.block_allocator import KVCacheFull
 from pddflow.runtime.proto import runtime_pb2 as pb
 from pddflow.runtime.rpc import WORKER, serve
 from pddflow.runtime.wiring import Wiring
@@ -97,6 +101,7 @@ class Worker:
         self.legs: dict[str, Leg] = {}
         self.early: dict[str, list[tuple[float, tuple]]] = {}
         self.compute_queue: list[Leg] = []    # prefills and extends, in arrival order
+        self.memory_wait: list[Leg] = []      # decoders: landed KV waiting for room to finish, FIFO
         self.mirrored = cache  # the router mirrors every cache it can route on
         self._last_status = 0.0
         self._status = pb.WorkerStatus(instance=instance, ready=False)
@@ -120,6 +125,7 @@ class Worker:
         while not self.stopping.is_set():
             try:
                 self.admit(block=not (self.compute_queue or self._decoding()))
+                self._land_waiting()
                 if self.compute_queue:
                     self.compute(self.compute_queue.pop(0))
                 elif batch := self._decoding()[: self.max_batch]:
@@ -297,6 +303,8 @@ class Worker:
                                           values={"blocks": blocks - len(have)}))
 
     def _land(self, leg: Leg) -> None:
+        if not self._room_for(leg):
+            return
         try:
             self.engine.import_kv(leg.seq, leg.kv)
         except Exception as exc:  # noqa: BLE001 - a bad transfer: recompute from token IDs
@@ -305,6 +313,45 @@ class Worker:
         leg.kv, leg.kv_ready = None, True
         self.io.report(event=pb.Event(seq_id=leg.seq_id, name="kv_landed", t_unix=time.time()))
         self._maybe_start(leg)
+
+    def _still_needs(self, leg: Leg) -> int:
+        """Blocks `leg` may still allocate here: its prompt and whole output, less what it holds."""
+        seq, bs = leg.seq, self.engine.block_size
+        return max(0, -(-(seq.num_prompt_tokens + seq.sampling.max_tokens) // bs) - len(seq.block_table))
+
+    def _room_for(self, leg: Leg) -> bool:
+        """Admit landed KV only when its leg can run to its last token after every admitted leg
+        has: a decode step that finds no free block would fail its request. Room is the free blocks
+        plus what the prefix cache can give back. Otherwise the leg waits, first come first served,
+        under its deadline; one that could never fit fails now, saying so."""
+        alloc, need = self.engine.allocator, self._still_needs(leg)
+        if need > alloc.num_blocks - len(leg.seq.block_table):
+            self._fail(leg, "compute", KVCacheFull(need, alloc.num_free, alloc.num_blocks, self.engine.block_bytes,
+                                                   f"{leg.seq_id} (its prompt and max_tokens)"))
+            return False
+        if not self.memory_wait or self.memory_wait[0] is leg:
+            committed = sum(self._still_needs(x) for x in self.legs.values() if x.kv_ready and x is not leg)
+            room = alloc.num_free + (self.engine.radix.evictable_count() if self.engine.config.prefix_cache else 0)
+            if need + committed <= room:
+                if self.memory_wait:
+                    self.memory_wait.pop(0)
+                return True
+        if leg not in self.memory_wait:
+            self.memory_wait.append(leg)
+            self.io.report(event=pb.Event(seq_id=leg.seq_id, name="kv_waits_for_memory", t_unix=time.time(),
+                                          values={"blocks": need}))
+        return False
+
+    def _land_waiting(self) -> None:
+        """Land waiting KV, oldest first, while it fits."""
+        while self.memory_wait:
+            leg = self.memory_wait[0]
+            if leg.seq_id not in self.legs:   # ended while it waited
+                self.memory_wait.pop(0)
+                continue
+            self._land(leg)
+            if self.memory_wait and self.memory_wait[0] is leg:
+                return
 
     def _kv_failed(self, leg: Leg, error: str) -> None:
         """The KV will not come: recompute the prompt from its token IDs (declared fallback)."""
@@ -422,6 +469,8 @@ class Worker:
         self.legs.pop(leg.seq_id, None)
         if leg in self.compute_queue:
             self.compute_queue.remove(leg)
+        if leg in self.memory_wait:
+            self.memory_wait.remove(leg)
         for r in self.io.kv_receivers:
             if not leg.kv_ready and reason:
                 r.cancel(leg.seq_id, reason)
