@@ -341,6 +341,11 @@ class Engine:
             raise KVCacheFull(n, self.allocator.num_free, self.allocator.num_blocks, self.block_bytes, what)
         return self.allocator.allocate(n)
 
+    def reserve(self, seq: Sequence, tokens: int) -> None:
+        """Allocate the blocks for `tokens` positions of `seq` now (evicting cached blocks if need
+        be), so its later steps never need a free block; unused ones are freed with it."""
+        self._ensure_blocks(seq, tokens)
+
     def _ensure_blocks(self, seq: Sequence, upto_tokens: int) -> None:
         need = -(-upto_tokens // self.block_size) - len(seq.block_table)
         if need > 0:

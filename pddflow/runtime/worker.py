@@ -4,9 +4,10 @@
 
 Its loop reads on one screen: admit what arrived (jobs, landed KV, first tokens, handoff IDs,
 aborts), run one model step (a prefill, an extend, or one continuous-batching decode step), report.
-A decoder takes landed KV only when the request can then run to its last token (its prompt and
-max_tokens fit beside every admitted request's, counting what the prefix cache can give back);
-otherwise the KV waits, first come first served, under the request's deadline.
+A decoder takes landed KV only when the request's prompt and whole output fit in its free blocks
+plus what the prefix cache can give back, and then allocates them all at once, so no decode step
+can run out of blocks; otherwise the KV waits, first come first served, under the request's
+deadline.
 What a request does on this worker depends on the operator type (see the `_on_*` methods):
 
   prefill       prefill, report the first token, ship KV to the relay (RDMA) and to main (WAN,
@@ -310,29 +311,29 @@ class Worker:
         except Exception as exc:  # noqa: BLE001 - a bad transfer: recompute from token IDs
             self._kv_failed(leg, f"cannot import KV: {exc}")
             return
+        self.engine.reserve(leg.seq, self._total_tokens(leg))   # fits: _room_for said so, nothing ran since
         leg.kv, leg.kv_ready = None, True
         self.io.report(event=pb.Event(seq_id=leg.seq_id, name="kv_landed", t_unix=time.time()))
         self._maybe_start(leg)
 
-    def _still_needs(self, leg: Leg) -> int:
-        """Blocks `leg` may still allocate here: its prompt and whole output, less what it holds."""
-        seq, bs = leg.seq, self.engine.block_size
-        return max(0, -(-(seq.num_prompt_tokens + seq.sampling.max_tokens) // bs) - len(seq.block_table))
+    @staticmethod
+    def _total_tokens(leg: Leg) -> int:
+        return leg.seq.num_prompt_tokens + leg.seq.sampling.max_tokens
 
     def _room_for(self, leg: Leg) -> bool:
-        """Admit landed KV only when its leg can run to its last token after every admitted leg
-        has: a decode step that finds no free block would fail its request. Room is the free blocks
-        plus what the prefix cache can give back. Otherwise the leg waits, first come first served,
-        under its deadline; one that could never fit fails now, saying so."""
-        alloc, need = self.engine.allocator, self._still_needs(leg)
+        """Admit landed KV only when the request's prompt and whole output fit in the free blocks
+        plus what the prefix cache can give back (`_land` then allocates them all): a decode step
+        that found no free block would fail its request. Otherwise the leg waits, first come first
+        served, under its deadline; one that could never fit fails now, saying so."""
+        alloc, bs = self.engine.allocator, self.engine.block_size
+        need = max(0, -(-self._total_tokens(leg) // bs) - len(leg.seq.block_table))
         if need > alloc.num_blocks - len(leg.seq.block_table):
             self._fail(leg, "compute", KVCacheFull(need, alloc.num_free, alloc.num_blocks, self.engine.block_bytes,
                                                    f"{leg.seq_id} (its prompt and max_tokens)"))
             return False
         if not self.memory_wait or self.memory_wait[0] is leg:
-            committed = sum(self._still_needs(x) for x in self.legs.values() if x.kv_ready and x is not leg)
             room = alloc.num_free + (self.engine.radix.evictable_count() if self.engine.config.prefix_cache else 0)
-            if need + committed <= room:
+            if need <= room:
                 if self.memory_wait:
                     self.memory_wait.pop(0)
                 return True
@@ -359,6 +360,7 @@ class Worker:
             return
         try:
             self.engine.compute_to(leg.seq, leg.seq.num_prompt_tokens)
+            self.engine.reserve(leg.seq, self._total_tokens(leg))
         except Exception as exc:  # noqa: BLE001
             self._fail(leg, "compute", exc)
             return
