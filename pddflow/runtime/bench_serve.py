@@ -127,14 +127,14 @@ def run_graph(graph: Path, workload: WorkloadSpec, rps: float, wan_gbps: float |
         try:
             model = httpx.get(f"{dep.base}/v1/models", timeout=10).json()["data"][0]["id"]
 
-            async def main() -> None:
+            async def main(t0: float) -> None:
                 async with httpx.AsyncClient() as client:
                     await asyncio.gather(*(
                         _session(client, dep.base, model, s, i / rps, timeout_s, res, tick, think_s, i, t0)
                         for i, s in enumerate(workload.sessions)))
 
             t0 = time.perf_counter()
-            asyncio.run(main())
+            asyncio.run(main(t0))
             res.wall_s = time.perf_counter() - t0
             res.metrics = _scrape(dep.base)
             if per_request:

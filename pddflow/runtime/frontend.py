@@ -322,11 +322,12 @@ class Frontend:
             elif ch is not None and ch.link:  # counted when the transfer starts, even if later cancelled
                 self.metrics.wan_bytes.labels(ch.link).inc(e.values.get("bytes", 0.0))
                 self.metrics.wan_saved.labels(ch.link).inc(e.values.get("saved_bytes", 0.0))
+        # an ended request's timeline still takes its legs' late events
+        st = live.state if live is not None else self.done.get(e.seq_id.removesuffix(RESUMED))
+        if st is not None:
+            st.event(name, instance=inst, **dict(e.values))
         if live is None:
-            if (ended := self.done.get(e.seq_id.removesuffix(RESUMED))) is not None:
-                ended.event(name, instance=inst, **{k: v for k, v in e.values.items()})
             return
-        live.state.event(name, instance=inst, **{k: v for k, v in e.values.items()})
         r = live.route
         if name == "kv_landed" and inst == r.main and r.relay and r.handoff and not live.state.finished:
             live.state.event("handoff_start", mode=r.handoff)

@@ -79,9 +79,7 @@ class Calibration:
                 "extend_long_check": None if f.extend_long is None else {
                     "tokens": f.extend_long[0], "context": f.extend_long[1],
                     "measured_ms": round(f.extend_long[2] * 1e3, 2),
-                    "model_ms": round(m.step_s(f.extend_long[0], f.extend_long[0] * f.extend_long[1]
-                                               + f.extend_long[0] ** 2 / 2, sum(f.extend_long[:2])) * 1e3
-                                      + m.ext_ovh * 1e3, 2)},
+                    "model_ms": round(m.extend_s(f.extend_long[0], f.extend_long[1]) * 1e3, 2)},
                 "kv_read_factor": round(self.efficiency.kv_read_factor, 3),
                 "corun": None if f.corun is None else {"prefill_factor": f.corun[0], "decode_factor": f.corun[1]},
                 "decode_check": {str(b): {"measured": v, "model": round(m.decode_tokens_per_s(b, f.decode_context), 1)}
@@ -137,28 +135,24 @@ def _engine_bench_layout(data: Any, path: Path) -> BenchFacts | None:
     ctx = dec.get("context", p_pts[-1][0])
     threads = data.get("threads")
     threads = int(threads) if isinstance(threads, int) and not isinstance(threads, bool) and threads > 0 else 1
-    ext = data.get("extend")
-    extend = None
-    if isinstance(ext, dict) and all(isinstance(ext.get(k), (int, float)) for k in ("tokens", "context", "extend_ms")):
-        extend = (int(ext["tokens"]), int(ext["context"]), float(ext["extend_ms"]) / 1e3)
-    lng = data.get("decode_long")
-    long_pt = None
-    if isinstance(lng, dict) and all(isinstance(lng.get(k), (int, float)) and lng[k] > 0
-                                     for k in ("batch", "context", "engine_step_ms")):
-        long_pt = (int(lng["batch"]), int(lng["context"]), float(lng["engine_step_ms"]) / 1e3)
-    xl = data.get("extend_long")
-    ext_long = None
-    if isinstance(xl, dict) and all(isinstance(xl.get(k), (int, float)) and xl[k] > 0
-                                    for k in ("tokens", "context", "extend_ms")):
-        ext_long = (int(xl["tokens"]), int(xl["context"]), float(xl["extend_ms"]) / 1e3)
-    co = data.get("corun")
-    corun = None
-    if isinstance(co, dict) and all(isinstance(co.get(k), (int, float)) and co[k] > 0
-                                    for k in ("prefill_factor", "decode_factor")):
-        corun = (float(co["prefill_factor"]), float(co["decode_factor"]))
+    extend = _entry(data, "extend", ("tokens", "context", "extend_ms"), positive=False)
+    long_pt = _entry(data, "decode_long", ("batch", "context", "engine_step_ms"))
+    ext_long = _entry(data, "extend_long", ("tokens", "context", "extend_ms"))
+    corun = _entry(data, "corun", ("prefill_factor", "decode_factor"))
     return BenchFacts(str(path), p_pts[-1][1], d_pts[0][1], p_pts[-1][0], d_pts[0][0], int(ctx),
                       arch if isinstance(arch, str) else None, 1, tuple(p_pts), tuple(d_pts), threads, extend,
                       long_pt, ext_long, corun)
+
+
+def _entry(data: dict, key: str, fields: tuple[str, ...], positive: bool = True) -> tuple | None:
+    """`data[key]`'s `fields` as a tuple: sizes (`tokens`, `context`, `batch`) as ints, times in
+    `_ms` as seconds, the rest as floats; None unless every field is a number (and > 0 if `positive`)."""
+    d = data.get(key)
+    if not isinstance(d, dict) or not all(isinstance(d.get(k), (int, float)) and (d[k] > 0 or not positive)
+                                          for k in fields):
+        return None
+    return tuple(int(d[k]) if k in ("tokens", "context", "batch") else
+                 float(d[k]) / 1e3 if k.endswith("_ms") else float(d[k]) for k in fields)
 
 
 def load_bench(path: str | Path) -> BenchFacts:
@@ -251,8 +245,7 @@ def fit(facts: BenchFacts, arch: ModelArch | None = None, base: DeviceClass | No
             # the measured extend step (handed-off IDs over a context) against the roofline: what
             # is left is the extend call's own fixed cost, often well under a prompt prefill's
             n_, ctx_, t_ = facts.extend
-            m = DeviceModel(dev, n, arch, eff)
-            eff = replace(eff, extend_overhead_s=max(0.0, t_ - m.step_s(n_, n_ * ctx_ + n_ * n_ / 2, ctx_ + n_)))
+            eff = replace(eff, extend_overhead_s=max(0.0, t_ - DeviceModel(dev, n, arch, eff).chunk_s(n_, ctx_)))
         cal = Calibration(facts, dev, arch, eff)
         if facts.extend_long is None:
             break

@@ -72,9 +72,17 @@ class DeviceModel:
     def decode_step_s(self, batch: int, ctx_sum: float) -> float:
         return self.step_s(batch, ctx_sum, ctx_sum, batch)
 
+    def chunk_s(self, tokens: int, cached: int = 0) -> float:
+        """`tokens` new tokens over `cached` ones in one step, without the call's fixed cost."""
+        return self.step_s(tokens, tokens * cached + tokens * tokens / 2, cached + tokens)
+
     def prefill_s(self, tokens: int, cached: int = 0) -> float:
         """One whole prompt in one step (for estimates, not the simulation loop)."""
-        return self.step_s(tokens, tokens * cached + tokens * tokens / 2, cached + tokens) + self.job_ovh
+        return self.chunk_s(tokens, cached) + self.job_ovh
+
+    def extend_s(self, tokens: int, cached: int) -> float:
+        """An extend over handed-off IDs (or a prompt over a cached prefix) in one step."""
+        return self.chunk_s(tokens, cached) + self.ext_ovh
 
     def prefill_tokens_per_s(self, prompt_tokens: int) -> float:
         return prompt_tokens / self.prefill_s(prompt_tokens)
