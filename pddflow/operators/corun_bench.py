@@ -24,6 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 RESTART_STEPS = 500
+READY_TIMEOUT_S = 120.0   # the companion loads the model before it says "ready"
 
 
 def cores_for_corun() -> tuple[int, int] | None:
@@ -39,7 +40,8 @@ def measure(spec: str, threads: int, prefill: Callable[[], float], decode_step: 
             progress: Callable[[str], None] = lambda _m: None) -> dict[str, Any] | None:
     """Prefill and decode-step seconds (`prefill()`, `decode_step()` each time one run) alone and
     while the companion decodes `batch` sequences over `context` tokens (a deployment's main
-    decoder: a few sessions, hundreds of tokens each); None where two cores are not available."""
+    decoder: a few sessions, hundreds of tokens each); None where two cores are not available,
+    `{"skipped": why}` when the companion does not start."""
     cores = cores_for_corun()
     if cores is None:
         return None
@@ -51,9 +53,9 @@ def measure(spec: str, threads: int, prefill: Callable[[], float], decode_step: 
                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         os.sched_setaffinity(0, {mine})
-        ready = companion.stdout.readline() if companion.stdout else ""
-        if ready.strip() != "ready":
-            raise RuntimeError(f"co-run companion did not start (exit {companion.poll()})")
+        if not _started(companion, READY_TIMEOUT_S):
+            return {"skipped": f"the decoding companion did not start within {READY_TIMEOUT_S:.0f} s "
+                               f"(exit status {companion.poll()})"}
         samples: dict[str, dict[str, list[float]]] = {"alone": {"p": [], "d": []}, "corun": {"p": [], "d": []}}
         for i in range(max(repeats, 1)):
             for mode in ("alone", "corun"):
@@ -72,6 +74,16 @@ def measure(spec: str, threads: int, prefill: Callable[[], float], decode_step: 
             "prefill_ms": {"alone": round(p_alone * 1e3, 2), "corun": round(p_co * 1e3, 2)},
             "decode_step_ms": {"alone": round(d_alone * 1e3, 2), "corun": round(d_co * 1e3, 2)},
             "prefill_factor": round(p_co / p_alone, 3), "decode_factor": round(d_co / d_alone, 3)}
+
+
+def _started(companion: subprocess.Popen, timeout_s: float) -> bool:
+    """Wait, at most `timeout_s`, for the companion's "ready" line."""
+    import select
+
+    if companion.stdout is None:
+        return False
+    ready, _, _ = select.select([companion.stdout], [], [], timeout_s)
+    return bool(ready) and companion.stdout.readline().strip() == "ready"
 
 
 def _companion(spec: str, cpu: int, threads: int, batch_size: int, context: int) -> None:

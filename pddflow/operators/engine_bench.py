@@ -209,7 +209,8 @@ def run_bench(spec: str = "builtin:tiny-llama", sizes: BenchSizes = BenchSizes()
                         sizes.repeats, lambda xs: _summary(xs, sizes.statistic), b_dec,
                         max(sizes.long_context, sizes.decode_context), progress)
         if corun is not None:
-            corun["prefill_tokens"], corun["decode_batch"] = n_pre, b_dec
+            if "skipped" not in corun:
+                corun["prefill_tokens"], corun["decode_batch"] = n_pre, b_dec
             out["corun"] = corun
 
     # --- mixed serving workload ----------------------------------------------------------------

@@ -96,3 +96,21 @@ def test_module_import_is_light():
     code = "import sys, pddflow.commands.engine_cmds; print('torch' in sys.modules, 'transformers' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False False"
+
+
+def test_corun_companion_start_has_a_deadline():
+    """A companion that never says "ready" (hung, or crashed) is given up on at the deadline."""
+    import sys
+    import time
+
+    from pddflow.operators.corun_bench import _started
+
+    silent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], stdout=subprocess.PIPE, text=True)
+    t = time.monotonic()
+    try:
+        assert _started(silent, 0.5) is False and time.monotonic() - t < 5
+    finally:
+        silent.kill()
+        silent.wait()
+    crashed = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"], stdout=subprocess.PIPE, text=True)
+    assert _started(crashed, 10) is False and crashed.wait() == 3
