@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import resource
 import statistics
 import tempfile
 import time
@@ -42,6 +44,11 @@ class GraphResult:
     errors: list[str] = field(default_factory=list)
     wall_s: float = 0.0
     metrics: dict[str, float] = field(default_factory=dict)
+    # CPU seconds the serving path took besides the workers while the workload ran: the deployment's
+    # frontend process (API, routing, streaming) and this client. On the embedded deployment they
+    # share the workers' cores; `pddflow simulate --calibrate` reads them as a load per token.
+    frontend_cpu_s: float | None = None
+    client_cpu_s: float | None = None
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -117,6 +124,20 @@ def _timelines(base: str, samples: list[Sample]) -> None:
             s.timeline = r.json() if r.status_code == 200 else None
 
 
+def _process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of one process (its threads, not its children); None off Linux."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _own_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
+
+
 def run_graph(graph: Path, workload: WorkloadSpec, rps: float, wan_gbps: float | None, timeout_s: float,
               tick: Callable[[], None], think_s: float = 1.0, extra: tuple[str, ...] = (),
               per_request: bool = False) -> GraphResult:
@@ -133,9 +154,13 @@ def run_graph(graph: Path, workload: WorkloadSpec, rps: float, wan_gbps: float |
                         _session(client, dep.base, model, s, i / rps, timeout_s, res, tick, think_s, i, t0)
                         for i, s in enumerate(workload.sessions)))
 
+            f0, c0 = _process_cpu_s(dep.proc.pid), _own_cpu_s()
             t0 = time.perf_counter()
             asyncio.run(main(t0))
             res.wall_s = time.perf_counter() - t0
+            f1 = _process_cpu_s(dep.proc.pid)
+            res.client_cpu_s = _own_cpu_s() - c0
+            res.frontend_cpu_s = f1 - f0 if f0 is not None and f1 is not None else None
             res.metrics = _scrape(dep.base)
             if per_request:
                 _timelines(dep.base, res.samples)
@@ -159,11 +184,23 @@ def summarize(res: GraphResult, sla_ttft_s: float, sla_tpot_s: float) -> dict:
         "wan_share_of_full_kv": round(sent / (sent + saved), 4) if sent + saved else None,
         "relay_token_share": round(res.metrics.get("relay_token_share", 0.0), 4),
         "first_errors": res.errors[:3],
+        "host_cpu": _host_cpu(res),
         "ttft_mean_s": round(statistics.fmean(ttft), 4) if ttft else None,
         "ttft_samples_s": sorted(round(x, 4) for x in ttft),  # every request, to recompute any statistic
         **({"per_request": [_request_row(s) for s in sorted(res.samples, key=lambda s: (s.session, s.turn))]}
            if any(s.timeline is not None for s in res.samples) else {}),
     }
+
+
+def _host_cpu(res: GraphResult) -> dict | None:
+    """The serving path's CPU besides the workers (frontend process, this client), in all and per
+    streamed token."""
+    if res.frontend_cpu_s is None or res.client_cpu_s is None:
+        return None
+    tokens = sum(s.tokens for s in res.samples)
+    total = res.frontend_cpu_s + res.client_cpu_s
+    return {"frontend_s": round(res.frontend_cpu_s, 3), "client_s": round(res.client_cpu_s, 3),
+            "output_tokens": tokens, "ms_per_token": round(total / tokens * 1e3, 4) if tokens else None}
 
 
 def _request_row(s: Sample) -> dict:

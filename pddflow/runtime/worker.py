@@ -72,6 +72,7 @@ class Leg:
     reported: int = 0                # output positions reported so far
     received: float = field(default_factory=time.monotonic)   # when the job arrived here
     compute_ms: tuple[float, float, float] = (0.0, 0.0, 0.0)  # prefill: (queued, ran, its CPU) for its timeline
+    cached_tokens: int = 0                                     # prefill: prompt tokens its prefix cache gave
 
     @property
     def seq_id(self) -> str:
@@ -214,6 +215,7 @@ class Worker:
             if leg.handoff:
                 self._extend(leg)
                 return
+            leg.cached_tokens = self.engine.reuse_prefix(leg.seq)   # (prefill would; the report says how many)
             t0, c0 = time.monotonic(), time.thread_time()
             first = self.engine.prefill(leg.seq)
             # wall and CPU time apart: a prefill that waited for its core shows wall >> CPU
@@ -266,12 +268,15 @@ class Worker:
         for dst, start_block in targets:
             kind = self.io.kv_kind_to(dst)
             timeout = max(0.1, min(leg.deadline - time.monotonic(), self.io.deadline_s(kind, dst)))
+            t0, c0 = time.monotonic(), time.thread_time()
             kv = self.engine.export_kv(seq, start_block=start_block)
+            export = ((time.monotonic() - t0) * 1e3, (time.thread_time() - c0) * 1e3)
             nbytes = kv.num_blocks * self.engine.block_bytes
             self.io.report(event=pb.Event(seq_id=seq.seq_id, name=f"kv_send:{kind}:{dst}", t_unix=time.time(),
                                           values={"bytes": nbytes, "saved_bytes": start_block * self.engine.block_bytes,
                                                   "queued_ms": leg.compute_ms[0], "prefill_ms": leg.compute_ms[1],
-                                                  "prefill_cpu_ms": leg.compute_ms[2]}))
+                                                  "prefill_cpu_ms": leg.compute_ms[2], "cached_tokens": leg.cached_tokens,
+                                                  "export_ms": export[0], "export_cpu_ms": export[1]}))
             sent_at = time.monotonic()
             fut = self.io.sender(kind, dst).send_async(kv, timeout_s=timeout)
             fut.add_done_callback(lambda f, dst=dst, kind=kind, t0=sent_at, sid=seq.seq_id:

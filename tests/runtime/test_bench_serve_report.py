@@ -25,6 +25,7 @@ def _result(with_timelines: bool) -> GraphResult:
 def test_summary_without_per_request_has_no_rows():
     out = summarize(_result(False), sla_ttft_s=1.0, sla_tpot_s=0.05)
     assert "per_request" not in out
+    assert out["host_cpu"] is None   # not measured (off Linux, or a result built by hand)
     assert out["requests"] == 6 and out["ttft_s"]["p50"] == pytest.approx(0.2)
     assert out["wan_share_of_full_kv"] == 0.25
 
@@ -36,3 +37,23 @@ def test_per_request_rows_in_session_turn_order():
     assert r["request_id"] == "r11" and r["start_s"] == 2.5 and r["prompt_tokens"] == 150
     assert r["ttft_s"] == 0.2 and r["variant"] == "p_rld_md" and r["handoff"] == "catch_up"
     assert [e["event"] for e in r["events"]] == ["arrival", "first_token"]
+
+
+def test_host_cpu_per_streamed_token():
+    res = _result(False)
+    res.frontend_cpu_s, res.client_cpu_s = 0.06, 0.036
+    host = summarize(res, sla_ttft_s=1.0, sla_tpot_s=0.05)["host_cpu"]
+    assert host == {"frontend_s": 0.06, "client_s": 0.036, "output_tokens": 48, "ms_per_token": 2.0}
+
+
+def test_process_cpu_reads_a_live_process():
+    import os
+
+    from pddflow.runtime.bench_serve import _process_cpu_s
+
+    sum(i * i for i in range(300_000))   # some CPU of our own
+    got = _process_cpu_s(os.getpid())
+    if got is None:
+        pytest.skip("no /proc here")
+    assert got > 0
+    assert _process_cpu_s(2**22 + 12345) is None   # no such process

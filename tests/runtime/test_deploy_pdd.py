@@ -143,3 +143,5 @@ def test_metrics_timeline_and_no_leaks(pdd, client):
         time.sleep(0.2)
     assert "kv_sent:wan_flight:main/0" in by and "kv_sent:rdma_tensor:relay/0" in by
     assert by["kv_send:wan_flight:main/0"]["prefill_ms"] > 0 and by["kv_send:wan_flight:main/0"]["queued_ms"] >= 0
+    send = by["kv_send:rdma_tensor:relay/0"]   # what a bench serve report calibrates the simulator with
+    assert send["prefill_cpu_ms"] > 0 and send["cached_tokens"] >= 0 and send["export_ms"] >= 0
