@@ -3,12 +3,20 @@
 One round: calibrate (`pddflow bench engine --quick`), serve the workload for real (`pddflow bench
 serve --per-request`: both graphs, one after the other), calibrate again, then simulate exactly
 that workload (`pddflow simulate --serve-workload --per-request`) fitted to the median of the two
-calibrations. Reported per round and graph: TTFT P50 / P90 and TPOT P50, real and simulated, and
-the relative error; at the end, how many figures fall within the tolerance (25%: the simulator
-issue's bar) and the median error of each figure over the rounds. Run nothing else on the machine
-meanwhile: the deployment and the calibrations are timing measurements.
+calibrations, twice: on the engine calibrations alone, and with the deployment calibration added
+(`--calibrate` of an earlier `bench serve` report: the deployment's own prefill CPU and the serving
+path's CPU per token). The deployment calibration never comes from the run it predicts: round k
+serves workload seed `--seed + k - 1` and is calibrated on round k-1's report (round 1 on a probe
+run of seed `--seed - 1`, same size), so every prediction is of a workload the simulator's
+calibration has not seen. With it each prefill also draws its cost from the measured spread, and
+the prediction is the median of `--replications` such replays.
 
-    python benchmarks/fidelity.py --rounds 3 [--out DIR] [--json]
+Reported per round and graph: TTFT P50 / P90 and TPOT P50, real and simulated, and the relative
+error; at the end, how many figures fall within the tolerance (25%: the simulator issue's bar) and
+the median error of each figure over the rounds, for both simulations. Run nothing else on the
+machine meanwhile: the deployment and the calibrations are timing measurements.
+
+    python benchmarks/fidelity.py --rounds 3 [--out DIR] [--json] [--no-deployment-calibration]
 """
 
 from __future__ import annotations
@@ -32,29 +40,53 @@ def _pddflow(args: list[str], out: Path) -> dict:
     return json.loads(res.stdout)
 
 
-def one_round(i: int, a: argparse.Namespace, out: Path) -> dict:
-    wl = ["--sessions", str(a.sessions), "--turns", str(a.turns), "--wan-gbps", str(a.wan_gbps)]
-    graphs = ["graphs/cross_dc_pd.yaml", "graphs/pdd.yaml"]
-    print(f"round {i}: calibrating, serving {' and '.join(graphs)}, calibrating again", file=sys.stderr)
+GRAPHS = ["graphs/cross_dc_pd.yaml", "graphs/pdd.yaml"]
+
+
+def _workload(a: argparse.Namespace, seed: int) -> list[str]:
+    return ["--sessions", str(a.sessions), "--turns", str(a.turns), "--wan-gbps", str(a.wan_gbps), "--seed", str(seed)]
+
+
+def probe(a: argparse.Namespace, out: Path) -> Path:
+    """A bench serve run of another workload (seed - 1), only to calibrate round 1's deployment."""
+    print(f"probe: serving workload seed {a.seed - 1} to calibrate the deployment", file=sys.stderr)
+    path = out / "probe.json"
+    _pddflow(["bench", "serve", *GRAPHS, *_workload(a, a.seed - 1), "--json", "--per-request"], path)
+    return path
+
+
+def one_round(i: int, a: argparse.Namespace, out: Path, deployment: Path | None) -> dict:
+    seed = a.seed + i - 1
+    wl = _workload(a, seed)
+    print(f"round {i}: calibrating, serving {' and '.join(GRAPHS)} (workload seed {seed}), calibrating again",
+          file=sys.stderr)
     eng = ["bench", "engine", "--quick", "--threads", "1", "--json"]
     _pddflow(eng, out / f"engine_before_{i}.json")
-    real = _pddflow(["bench", "serve", *graphs, *wl, "--json", "--per-request"], out / f"real_{i}.json")
+    real = _pddflow(["bench", "serve", *GRAPHS, *wl, "--json", "--per-request"], out / f"real_{i}.json")
     _pddflow(eng, out / f"engine_after_{i}.json")
-    sim = _pddflow(["simulate", *graphs, "--serve-workload", *wl, "--json", "-q", "--per-request",
-                    "--calibrate", str(out / f"engine_before_{i}.json"),
-                    "--calibrate", str(out / f"engine_after_{i}.json")], out / f"sim_{i}.json")
+    base = ["simulate", *GRAPHS, "--serve-workload", *wl, "--json", "-q", "--per-request",
+            "--calibrate", str(out / f"engine_before_{i}.json"), "--calibrate", str(out / f"engine_after_{i}.json")]
+    sims = {"engine": _pddflow(base, out / f"sim_engine_{i}.json")}
+    if deployment is not None:
+        sims["deployment"] = _pddflow(base + ["--calibrate", str(deployment), "--replications", str(a.replications)],
+                                      out / f"sim_{i}.json")
     rows = []
-    for r, s in zip(real["graphs"], sim["graphs"]):
-        row = {"round": i, "graph": Path(r["graph"]).stem, "errors": r["errors"]}
-        for metric, q in FIGURES:
-            got, want = s[metric][q], r[metric][q]
-            row[f"{metric}_{q}"] = {"real": want, "sim": got, "error": round((got - want) / want, 4) if want else None}
+    for k, r in enumerate(real["graphs"]):
+        row = {"round": i, "seed": seed, "graph": Path(r["graph"]).stem, "errors": r["errors"]}
+        for name, sim in sims.items():
+            s = sim["graphs"][k]
+            for metric, q in FIGURES:
+                got, want = s[metric][q], r[metric][q]
+                row.setdefault(name, {})[f"{metric}_{q}"] = {
+                    "real": want, "sim": got, "error": round((got - want) / want, 4) if want else None}
         rows.append(row)
-    return {"round": i, "rows": rows, "calibration": sim["graphs"][0].get("calibration", {})}
+    last = sims.get("deployment", sims["engine"])
+    return {"round": i, "rows": rows, "calibration": [g.get("calibration", {}) for g in last["graphs"]],
+            "serving_load": [g.get("serving_load") for g in last["graphs"]]}
 
 
-def summary(rounds: list[dict], tolerance: float) -> dict:
-    rows = [row for rd in rounds for row in rd["rows"]]
+def summary(rounds: list[dict], tolerance: float, sim: str) -> dict:
+    rows = [row[sim] | {"graph": row["graph"]} for rd in rounds for row in rd["rows"] if sim in row]
     out: dict = {"rounds": len(rounds), "tolerance": tolerance, "figures": {}}
     ttft_ok = ttft_all = 0
     for graph in dict.fromkeys(r["graph"] for r in rows):
@@ -75,6 +107,11 @@ def main() -> None:
     ap.add_argument("--sessions", type=int, default=6)
     ap.add_argument("--turns", type=int, default=6)
     ap.add_argument("--wan-gbps", type=float, default=0.05)
+    ap.add_argument("--seed", type=int, default=1, help="round k serves workload seed SEED + k - 1")
+    ap.add_argument("--replications", type=int, default=5,
+                    help="with the deployment calibration: replays per prediction (other draws of its prefill spread)")
+    ap.add_argument("--no-deployment-calibration", action="store_true",
+                    help="simulate on the engine calibrations only (no probe run, no bench serve calibration)")
     ap.add_argument("--tolerance", type=float, default=0.25, help="relative error that counts as within")
     ap.add_argument("--out", type=Path, help="keep every round's raw JSON here (default: a temporary directory)")
     ap.add_argument("--json", action="store_true")
@@ -84,21 +121,30 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="pddflow-fidelity-") as tmp:
         out = a.out or Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
-        rounds = [one_round(i, a, out) for i in range(1, a.rounds + 1)]
-    result = {"workload": {"sessions": a.sessions, "turns": a.turns, "wan_gbps": a.wan_gbps},
-              "rounds": rounds, "summary": summary(rounds, a.tolerance)}
+        deployment = None if a.no_deployment_calibration else probe(a, out)
+        rounds = []
+        for i in range(1, a.rounds + 1):
+            rounds.append(one_round(i, a, out, deployment))
+            if deployment is not None:
+                deployment = out / f"real_{i}.json"   # the next round's deployment calibration
+    sims = ("engine",) if a.no_deployment_calibration else ("engine", "deployment")
+    result = {"workload": {"sessions": a.sessions, "turns": a.turns, "wan_gbps": a.wan_gbps, "first_seed": a.seed},
+              "rounds": rounds, "summary": {name: summary(rounds, a.tolerance, name) for name in sims}}
     if a.json:
         print(json.dumps(result, indent=2))
         return
     for rd in rounds:
         for row in rd["rows"]:
-            cells = [f"{m} {q} {row[f'{m}_{q}']['real']:.3f} -> {row[f'{m}_{q}']['sim']:.3f} "
-                     f"({row[f'{m}_{q}']['error']:+.0%})" for m, q in FIGURES]
-            print(f"round {rd['round']} {row['graph']:<12} " + " | ".join(cells))
-    s = result["summary"]
-    print(f"TTFT figures within {s['tolerance']:.0%}: {s['ttft_within']}")
-    for name, f in s["figures"].items():
-        print(f"  {name}: median error {f['median_error']:+.0%}, within {f['within']}/{f['of']}")
+            for name in sims:
+                f = row[name]
+                cells = [f"{m} {q} {f[f'{m}_{q}']['real']:.3f} -> {f[f'{m}_{q}']['sim']:.3f} "
+                         f"({f[f'{m}_{q}']['error']:+.0%})" for m, q in FIGURES]
+                print(f"round {rd['round']} {row['graph']:<12} {name:<10} " + " | ".join(cells))
+    for name in sims:
+        s = result["summary"][name]
+        print(f"{name} calibration: TTFT figures within {s['tolerance']:.0%}: {s['ttft_within']}")
+        for fig, f in s["figures"].items():
+            print(f"  {fig}: median error {f['median_error']:+.0%}, within {f['within']}/{f['of']}")
 
 
 if __name__ == "__main__":

@@ -69,7 +69,10 @@ def simulate(
     calibrate: Optional[list[Path]] = typer.Option(None, "--calibrate",
                                                    help="`pddflow bench engine --json` output: fit the device model "
                                                         "to this machine and simulate the graph's local (embedded) "
-                                                        "profile; repeat it to fit the median of several runs"),
+                                                        "profile; repeat it to fit the median of several runs. "
+                                                        "`pddflow bench serve --json --per-request` output may be "
+                                                        "added: the deployment's own prefill CPU and the serving "
+                                                        "path's CPU per token (frontend, client) on this machine"),
     profile: str = typer.Option("auto", "--profile", help="production | local (auto: local with --calibrate)"),
     stream_gbps: Optional[float] = typer.Option(None, "--stream-gbps", min=0.0,
                                                 help="WAN: Gbps one TCP stream sustains (a transfer gets streams x "
@@ -78,6 +81,10 @@ def simulate(
     per_request: bool = typer.Option(False, "--per-request", help="with --json: every request's session, turn, "
                                      "start, TTFT, variant and KV transfer (as `bench serve --per-request`)"),
     plot: Optional[Path] = typer.Option(None, "--plot", help="write PNG plots into this directory"),
+    replications: int = typer.Option(1, "--replications", min=1,
+                                     help="replay the same workload N times with other draws of the random "
+                                          "parts (WAN jitter, the deployment calibration's prefill spread) and "
+                                          "report each TTFT/TPOT percentile as the median over them"),
     check_mirrors: bool = typer.Option(False, "--check-mirrors",
                                        help="compare every scheduler mirror with its cache after every event (slow)"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
@@ -85,7 +92,8 @@ def simulate(
     """Simulate graphs at cluster scale with the same Plan and scheduler the runtime uses: TTFT/TPOT
     percentiles, SLA goodput, cost, BCR, WAN bytes, relay token share, variants and handoffs."""
     from pddflow.sim.agentic import AgenticConfig, generate
-    from pddflow.sim.calibrate import CalibrationError, calibrated_plan, fit, load_bench, merge
+    from pddflow.sim.calibrate import (CalibrationError, calibrated_plan, fit, is_serve_report, load_bench, load_serve,
+                                       merge)
     from pddflow.sim.network import STREAM_GBPS
     from pddflow.sim.trace import TraceError, load_trace
 
@@ -114,15 +122,26 @@ def simulate(
         from dataclasses import replace as _replace
 
         plans = [_replace(p, links={n: _replace(link, gbps=wan_gbps) for n, link in p.links.items()}) for p in plans]
-    cal = None
+    cal, serve = None, None
     if calibrate:
+        serve_files = [c for c in calibrate if is_serve_report(c)]
+        engine_files = [c for c in calibrate if c not in serve_files]
+        if not engine_files:
+            fail(f"{', '.join(map(str, serve_files))}: `pddflow bench serve` output calibrates the deployment on "
+                 f"top of an engine fit; also pass `pddflow bench engine --json` output with --calibrate", code=2)
+        if serve_files and kind != "serve":
+            fail(f"{', '.join(map(str, serve_files))}: a `pddflow bench serve` report calibrates the replay of its "
+                 f"workload on the embedded deployment; add --serve-workload, or drop it from --calibrate", code=2)
         try:
-            cal = fit(merge([load_bench(c) for c in calibrate]))
+            cal = fit(merge([load_bench(c) for c in engine_files]))
+            serve = load_serve(serve_files) if serve_files else None
         except CalibrationError as exc:
             fail(str(exc))
     local = profile == "local" or (profile == "auto" and cal is not None)
+    # each graph's deployment may have measured its own prefill CPU and serving load (bench serve)
+    cals = [cal.for_graph(serve, p.source) for p in plans] if cal is not None else []
     if cal is not None:
-        plans = [calibrated_plan(p, cal, local=local) for p in plans]
+        plans = [calibrated_plan(p, c, local=local) for p, c in zip(plans, cals)]
     elif local:
         plans = [p.scaled_to_local() for p in plans]
     sim_kwargs = {"stream_gbps": STREAM_GBPS if stream_gbps is None else stream_gbps,
@@ -138,7 +157,9 @@ def simulate(
     if cpu_cores and not sweep:
         sim_kwargs["cpu_cores"] = cpu_cores
         sim_kwargs["bench_threads"] = cal.facts.threads if cal is not None else 1
-        if cal is not None and cal.facts.corun is not None:
+        # the co-run point is a benchmark's guess at what the other workers cost a step; a bench
+        # serve calibration measured the deployment's own prefills, which supersedes it
+        if cal is not None and cal.facts.corun is not None and serve is None:
             sim_kwargs["corun"] = cal.facts.corun
         sim_kwargs["cpu_background"] = cpu_background
         sim_kwargs["cpu_pinning"] = pinning
@@ -182,7 +203,12 @@ def simulate(
             wl = generate(base)
     except TraceError as exc:
         fail(str(exc))
-    results, sims = _run_all(plans, wl, seed, sim_kwargs, quiet)
+    # per plan: its calibration's prefill costs and (a deployment calibration, replaying bench serve)
+    # its prefills' measured spread and its serving path's CPU
+    per_plan = [{"efficiency": c.efficiency, "prefill_spread": c.prefill_spread,
+                 "relay_handovers": c.relay_handovers, "serving_cpu_per_token": c.serving_cpu_per_token_s}
+                for c in cals] if cals else None
+    results, sims = _run_all(plans, wl, seed, sim_kwargs, quiet, per_plan, replications)
     if per_request:
         from pddflow.sim.metrics import request_rows
 
@@ -190,10 +216,11 @@ def simulate(
             r["per_request"] = request_rows(sim)
     for r in results:
         r["workload"] = {"name": wl.name, **{k: v for k, v in wl.meta.items() if isinstance(v, (int, float, str))}}
-        if cal is not None:
-            r["calibration"] = cal.to_dict()
-        if sims and sims[0].cpu is not None:
-            r["cpu_share"] = sims[0].cpu.to_dict()
+    for r, c in zip(results, cals):
+        r["calibration"] = c.to_dict()
+    for r, sim in zip(results, sims):
+        if sim.cpu is not None:
+            r["cpu_share"] = sim.cpu.to_dict()
     if plot is not None:
         _plots(plot, sims)
     if as_json:
@@ -203,8 +230,9 @@ def simulate(
     _print_table(results, wl)
 
 
-def _run_all(plans, wl, seed, sim_kwargs, quiet):
+def _run_all(plans, wl, seed, sim_kwargs, quiet, per_plan=None, replications=1):
     from pddflow.sim.metrics import summarize
+    from pddflow.sim.serve_replay import SERVING_ROUNDS, SERVING_TOLERANCE, serving_load
     from pddflow.sim.simulator import HostCpus, Simulation
 
     results, sims = [], []
@@ -215,19 +243,53 @@ def _run_all(plans, wl, seed, sim_kwargs, quiet):
     pinning = sim_kwargs.pop("cpu_pinning", "auto")
     corun = sim_kwargs.pop("corun", (1.0, 1.0))
     with _progress(quiet) as prog:
-        for p in plans:
+        for i, p in enumerate(plans):
+            kw = dict(sim_kwargs, **(per_plan[i] if per_plan else {}))
+            per_token = kw.pop("serving_cpu_per_token", 0.0)
             task = prog.add_task(f"{p.name}", total=len(wl.requests)) if prog else None
-            cpu = None
-            if cores:   # one process per instance, on the cores the runtime would pin it to
-                cpu = HostCpus(p, cores, bench_threads, background, pinning, corun=corun)
-            sim = Simulation(p, wl, seed=seed, cpu=cpu, **sim_kwargs)
-            try:
-                sim.run(progress=(lambda done, total, t=task: prog.update(t, completed=done)) if prog else None)
-            except ValueError as exc:
-                fail(f"{p.source}: {exc}")
-            results.append(summarize(sim))
+
+            def replay(serving: float, sim_seed: int) -> Simulation:
+                # one process per instance, on the cores the runtime would pin it to
+                cpu = HostCpus(p, cores, bench_threads, background, pinning, corun=corun, serving=serving) if cores else None
+                sim = Simulation(p, wl, seed=sim_seed, cpu=cpu, **kw)
+                try:
+                    sim.run(progress=(lambda done, total, t=task: prog.update(t, completed=done)) if prog else None)
+                except ValueError as exc:
+                    fail(f"{p.source}: {exc}")
+                return sim
+
+            # the serving path's load follows the token rate, which follows the load: replay until
+            # the two agree (a few rounds; each replay of a serve workload takes well under a second)
+            serving, rounds = 0.0, 0
+            while True:
+                sim = replay(serving, seed)
+                rounds += 1
+                want = serving_load(sim, per_token) if cores and per_token else 0.0
+                if abs(want - serving) <= SERVING_TOLERANCE * max(want, 1e-9) or rounds >= SERVING_ROUNDS:
+                    break
+                serving = want
+            result = summarize(sim)
+            if replications > 1:   # the same workload, other draws of the random parts
+                result = _pool([result] + [summarize(replay(serving, seed + r)) for r in range(1, replications)])
+            if cores and per_token:
+                result["serving_load"] = {"cpu_ms_per_token": round(per_token * 1e3, 4),
+                                          "cores": round(serving, 4), "replays": rounds}
+            results.append(result)
             sims.append(sim)
     return results, sims
+
+
+def _pool(results: list[dict]) -> dict:
+    """Replications of one graph as one result: the first's, with every TTFT and TPOT percentile
+    the median over the replications (each kept under `replications`)."""
+    import statistics
+
+    out = dict(results[0])
+    for key in ("ttft_s", "tpot_ms"):
+        out[key] = {q: round(statistics.median(r[key][q] for r in results), 4) for q in ("p50", "p90", "p99")}
+    out["replications"] = {"n": len(results), **{f"{key}_{q}": [r[key][q] for r in results]
+                                                 for key in ("ttft_s", "tpot_ms") for q in ("p50", "p90")}}
+    return out
 
 
 class _NoProgress:

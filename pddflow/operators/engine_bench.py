@@ -43,6 +43,9 @@ class BenchSizes:
     extend_context: int = 512
     long_extend: tuple[int, int] = (128, 2048)   # engine only: (tokens, context) of a prefill over a long
                                                  # cached context, so a calibration sees what attention costs
+    # engine only: (new tokens, cached tokens) prompts over a cached prefix, as a prefill worker runs
+    # them in a multi-turn workload; a calibration fits its prefill cost over all of them
+    prefill_grid: tuple[tuple[int, int], ...] = ((128, 0), (512, 0), (128, 512), (512, 512), (128, 2048), (512, 2048))
     corun: bool = True                # engine only: prefill and decode step alone and while another
                                       # process decodes on another core (corun_bench.py)
     mixed_requests: int = 32
@@ -58,7 +61,10 @@ class BenchSizes:
 # engine on an idle machine, faster than a deployment sharing the cores ever sees (measured:
 # docs/simulator.md, Fidelity).
 QUICK = BenchSizes(prefill_lengths=(64, 128), decode_batches=(1, 4), decode_context=32, decode_steps=6,
-                   long_context=768, extend_tokens=16, extend_context=48, long_extend=(128, 768), mixed_requests=6, mixed_prompt=(8, 64),
+                   long_context=768, extend_tokens=16, extend_context=48, long_extend=(128, 768),
+                   prefill_grid=((32, 0), (256, 0), (512, 0), (32, 256), (128, 256), (256, 256), (32, 768),
+                                 (128, 768), (256, 768)),
+                   mixed_requests=6, mixed_prompt=(8, 64),
                    mixed_output=(2, 12), repeats=3, statistic="median")
 
 
@@ -197,6 +203,10 @@ def run_bench(spec: str = "builtin:tiny-llama", sizes: BenchSizes = BenchSizes()
         out["extend_long"] = {"tokens": n, "context": ctx,
                               "extend_ms": round(_summary(runs, sizes.statistic) * 1e3, 2)}
 
+    # --- prompts over a cached prefix (engine only: the calibration grid) ---------------------
+    if sizes.prefill_grid:
+        out["prefill_grid"] = _prefill_grid(source, sizes, prompt, kv_bytes, progress)
+
     # --- co-run: the same steps while another process decodes on another core -------------------
     if sizes.corun:
         from pddflow.operators.corun_bench import measure
@@ -249,6 +259,34 @@ def run_bench(spec: str = "builtin:tiny-llama", sizes: BenchSizes = BenchSizes()
                     "hf_generated_tokens": hf_generated, "hf_padded_prompt_tokens": padded_prompt}
     out["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     return out
+
+
+def _prefill_grid(source: ModelSource, sizes: BenchSizes, prompt: Callable[[int], list[int]], kv_bytes: int,
+                  progress: Callable[[str], None]) -> dict[str, Any]:
+    """Each (new, cached) of the grid: a prompt whose first `cached` tokens are in the prefix cache,
+    prefilled as a prefill worker does (reuse the cached blocks, compute the rest). The prefix is
+    prefilled once; every repeat appends fresh tokens to it."""
+    need = max(n + c for n, c in sizes.prefill_grid) + 64
+    kv = max(kv_bytes, 4 * need * source.config.kv_bytes_per_token(4))
+    engine = Engine(source, EngineConfig(kv_cache_bytes=kv, prefix_cache=True))
+    points = []
+    for new, cached in sizes.prefill_grid:
+        progress(f"prefill {new} tokens over {cached} cached")
+        prefix = prompt(cached)
+        if cached:
+            _engine_prefill(engine, prefix + prompt(1))   # leaves the prefix's full blocks cached
+        runs = []
+        for _ in range(sizes.repeats + 1):                # the first one warms this shape
+            seq = engine.add_sequence(prefix + prompt(new), SamplingParams(max_tokens=1))
+            got = engine.reuse_prefix(seq)
+            if got != cached - cached % engine.block_size:
+                raise RuntimeError(f"prefix cache gave {got} of {cached} cached tokens")
+            t = time.perf_counter()
+            engine.prefill(seq)
+            runs.append(time.perf_counter() - t)
+            engine.free(seq)
+        points.append({"tokens": new, "cached": got, "prefill_ms": round(_summary(runs[1:], sizes.statistic) * 1e3, 2)})
+    return {"statistic": f"{sizes.statistic} of {sizes.repeats}", "points": points}
 
 
 def _warm_prefill(engine: Engine, hf, ids: list[int]) -> None:

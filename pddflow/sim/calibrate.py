@@ -7,6 +7,10 @@ DeviceClass to be used with unit efficiencies (no MFU/MBU discount: they are alr
 simulated embedded deployment (the graph's `local` profile, every device class replaced) can then
 be compared with `pddflow bench serve` on the real one.
 
+A `pddflow bench serve --json --per-request` report adds what only the deployment itself shows
+(`load_serve`, `Calibration.for_graph`): its prefills' CPU time against this fit, and the frontend's
+and client's CPU per streamed token.
+
 Key names are matched loosely so the benchmark's exact layout can evolve: a number whose key path
 mentions `prefill` and tokens per second (`tokens_per_s`, `tok_s`, `tps`, `throughput`), and the
 same for `decode`. Optional context: prompt length (`prompt`/`input` tokens) for prefill, `batch`
@@ -22,12 +26,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from pddflow.core.arch import ARCHS, ModelArch
 from pddflow.core.device import DeviceClass
 from pddflow.graph.plan import Plan, _instances
 from pddflow.sim.device import DeviceModel, Efficiency
 
 UNIT = Efficiency(prefill_mfu=1.0, decode_mbu=1.0, step_overhead_s=0.0)
+MIN_SERVE_PREFILLS = 5   # fewer prefills in a bench serve file: its host factor is not used
 
 
 class CalibrationError(ValueError):
@@ -51,6 +58,25 @@ class BenchFacts:
     decode_long: tuple[int, int, float] | None = None     # (batch, context, seconds) of one long-context decode step
     extend_long: tuple[int, int, float] | None = None     # (tokens, context, seconds): new tokens over a long cached context
     corun: tuple[float, float] | None = None              # (prefill, decode) slowdown while another core decodes
+    prefill_grid: tuple[tuple[int, int, float], ...] = ()  # (new tokens, cached tokens, seconds) of prompts over a cached prefix
+
+
+@dataclass(frozen=True)
+class ServeFacts:
+    """What `pddflow bench serve --json --per-request` measured of one graph's embedded deployment:
+    the serving path's CPU besides the workers (frontend process and client) per streamed token,
+    and every prefill's CPU time with its prompt and cached tokens."""
+    source: str
+    cpu_per_token_s: float | None                     # frontend + client CPU seconds per output token
+    prefills: tuple[tuple[int, int, float], ...] = ()  # (prompt tokens, cached tokens, CPU seconds)
+    # seconds from a prefill's end to its KV delivered to a same-host decoder (export, then the
+    # rdma_tensor send to the relay): the KV copy and both processes' threads on busy cores
+    handovers: tuple[float, ...] = ()
+
+
+def graph_key(source: str | Path) -> str:
+    """How a bench serve report and a simulated plan name the same graph: its file's stem."""
+    return Path(str(source)).stem
 
 
 @dataclass(frozen=True)
@@ -59,6 +85,49 @@ class Calibration:
     device: DeviceClass
     arch: ModelArch
     efficiency: Efficiency = UNIT
+    serve: ServeFacts | None = None
+    prefill_host_factor: float = 1.0       # deployment prefill CPU / the engine benchmark's (from `serve`)
+    prefill_spread: tuple[float, ...] = ()  # each measured prefill over the scaled model (median 1)
+
+    @property
+    def relay_handovers(self) -> tuple[float, ...]:
+        return self.serve.handovers if self.serve is not None else ()
+
+    @property
+    def serving_cpu_per_token_s(self) -> float:
+        return (self.serve.cpu_per_token_s or 0.0) if self.serve is not None else 0.0
+
+    def for_graph(self, serve: dict[str, ServeFacts] | None, graph: str | Path) -> Calibration:
+        """This calibration inside `graph`'s deployment: its own bench serve facts when `serve`
+        measured that graph, else every measured graph's pooled."""
+        if not serve:
+            return self
+        mine = serve.get(graph_key(graph))
+        if mine is None:
+            tokens = [f.cpu_per_token_s for f in serve.values() if f.cpu_per_token_s is not None]
+            mine = ServeFacts(" + ".join(f.source for f in serve.values()),
+                              statistics.median(tokens) if tokens else None,
+                              tuple(p for f in serve.values() for p in f.prefills),
+                              tuple(sorted(h for f in serve.values() for h in f.handovers)))
+        return self.with_serve(mine)
+
+    def with_serve(self, serve: ServeFacts) -> Calibration:
+        """This calibration inside the deployment: every prefill-like cost (FLOP/s, the prefill and
+        extend calls' fixed costs) scaled by the median of the deployment's prefill CPU over what
+        this fit predicts for the same prompt and cached tokens. The engine benchmark runs alone;
+        in the deployment the same prefill also shares caches and memory with the other workers,
+        the frontend and the KV channels' threads (1.04-1.28x here, docs/simulator.md). The
+        measured spread around that median and the relay handovers stay in `serve` for the replay."""
+        m = DeviceModel(self.device, self.facts.devices, self.arch, self.efficiency)
+        ratios = [cpu / m.prefill_s(p - c, c) for p, c, cpu in serve.prefills if p > c]
+        enough = len(ratios) >= MIN_SERVE_PREFILLS
+        f = statistics.median(ratios) if enough else 1.0
+        spread = tuple(sorted(round(r / f, 4) for r in ratios)) if enough else ()
+        eff = self.efficiency
+        eff = replace(eff, job_overhead_s=eff.job_overhead_s * f,
+                      extend_overhead_s=None if eff.extend_overhead_s is None else eff.extend_overhead_s * f)
+        return replace(self, device=replace(self.device, tflops=self.device.tflops / f), efficiency=eff,
+                       serve=serve, prefill_host_factor=f, prefill_spread=spread)
 
     def to_dict(self) -> dict:
         d, f = self.device, self.facts
@@ -75,12 +144,23 @@ class Calibration:
                 # every measured point against the fitted model: how well two numbers explain them
                 "prefill_check": {str(n): {"measured": v, "model": round(m.prefill_tokens_per_s(n), 1)}
                                   for n, v in f.prefill_points},
+                "prefill_grid_check": [{"tokens": n, "cached": c, "measured_ms": round(t * 1e3, 2),
+                                        "model_ms": round(m.prefill_s(n, c) * 1e3, 2)} for n, c, t in f.prefill_grid],
                 "attn_factor": round(self.efficiency.attn_factor, 3),
                 "extend_long_check": None if f.extend_long is None else {
                     "tokens": f.extend_long[0], "context": f.extend_long[1],
                     "measured_ms": round(f.extend_long[2] * 1e3, 2),
                     "model_ms": round(m.extend_s(f.extend_long[0], f.extend_long[1]) * 1e3, 2)},
                 "kv_read_factor": round(self.efficiency.kv_read_factor, 3),
+                "deployment": None if self.serve is None else {
+                    "source": self.serve.source, "prefills": len(self.serve.prefills),
+                    "prefill_host_factor": round(self.prefill_host_factor, 4),
+                    "prefill_spread": {q: round(_quantile(self.prefill_spread, q), 3) for q in (0.1, 0.5, 0.9)}
+                    if self.prefill_spread else None,
+                    "relay_handover_ms": {q: round(_quantile(self.serve.handovers, q) * 1e3, 1) for q in (0.1, 0.5, 0.9)}
+                    if self.serve.handovers else None,
+                    "serving_cpu_ms_per_token": None if self.serve.cpu_per_token_s is None
+                    else round(self.serve.cpu_per_token_s * 1e3, 4)},
                 "corun": None if f.corun is None else {"prefill_factor": f.corun[0], "decode_factor": f.corun[1]},
                 "decode_check": {str(b): {"measured": v, "model": round(m.decode_tokens_per_s(b, f.decode_context), 1)}
                                  for b, v in f.decode_points},
@@ -139,19 +219,26 @@ def _engine_bench_layout(data: Any, path: Path) -> BenchFacts | None:
     long_pt = _entry(data, "decode_long", ("batch", "context", "engine_step_ms"))
     ext_long = _entry(data, "extend_long", ("tokens", "context", "extend_ms"))
     corun = _entry(data, "corun", ("prefill_factor", "decode_factor"))
+    raw = data["prefill_grid"].get("points") if isinstance(data.get("prefill_grid"), dict) else None
+    grid = (_fields(g, ("tokens", "cached", "prefill_ms")) for g in raw) if isinstance(raw, list) else ()
+    grid_pts = tuple(sorted(g for g in grid if g is not None and g[0] > 0 and g[2] > 0))
     return BenchFacts(str(path), p_pts[-1][1], d_pts[0][1], p_pts[-1][0], d_pts[0][0], int(ctx),
                       arch if isinstance(arch, str) else None, 1, tuple(p_pts), tuple(d_pts), threads, extend,
-                      long_pt, ext_long, corun)
+                      long_pt, ext_long, corun, grid_pts)
 
 
 def _entry(data: dict, key: str, fields: tuple[str, ...], positive: bool = True) -> tuple | None:
-    """`data[key]`'s `fields` as a tuple: sizes (`tokens`, `context`, `batch`) as ints, times in
+    """`data[key]`'s `fields` (`_fields`)."""
+    return _fields(data.get(key), fields, positive)
+
+
+def _fields(d: Any, fields: tuple[str, ...], positive: bool = False) -> tuple | None:
+    """`d`'s `fields` as a tuple: sizes (`tokens`, `context`, `batch`, `cached`) as ints, times in
     `_ms` as seconds, the rest as floats; None unless every field is a number (and > 0 if `positive`)."""
-    d = data.get(key)
     if not isinstance(d, dict) or not all(isinstance(d.get(k), (int, float)) and (d[k] > 0 or not positive)
                                           for k in fields):
         return None
-    return tuple(int(d[k]) if k in ("tokens", "context", "batch") else
+    return tuple(int(d[k]) if k in ("tokens", "context", "batch", "cached") else
                  float(d[k]) / 1e3 if k.endswith("_ms") else float(d[k]) for k in fields)
 
 
@@ -186,6 +273,53 @@ def load_bench(path: str | Path) -> BenchFacts:
     return BenchFacts(str(path), pre, dec, int(prompt), max(1, int(batch)), int(ctx), arch, max(1, int(devices)))
 
 
+def _quantile(xs: tuple[float, ...], q: float) -> float:
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def is_serve_report(path: str | Path) -> bool:
+    """Whether `path` holds `pddflow bench serve --json` output (else: an engine benchmark)."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return False
+    return isinstance(data, dict) and isinstance(data.get("graphs"), list) and "workload" in data
+
+
+def load_serve(paths: list[Path]) -> dict[str, ServeFacts]:
+    """The deployment facts in one or more `pddflow bench serve --json --per-request` files, per
+    graph (`graph_key`): the median serving CPU per token over the files and every prefill."""
+    per_token: dict[str, list[float]] = {}
+    prefills: dict[str, list[tuple[int, int, float]]] = {}
+    handovers: dict[str, list[float]] = {}
+    sources: dict[str, list[str]] = {}
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        for g in data["graphs"]:
+            if not isinstance(g, dict) or not isinstance(g.get("graph"), str):
+                continue
+            key = graph_key(g["graph"])
+            sources.setdefault(key, []).append(str(path))
+            host = g.get("host_cpu")
+            if isinstance(host, dict) and isinstance(host.get("ms_per_token"), (int, float)):
+                per_token.setdefault(key, []).append(host["ms_per_token"] / 1e3)
+            for r in g.get("per_request") or []:
+                events = {str(e.get("event", "")): e for e in reversed(r.get("events", [])) if isinstance(e, dict)}
+                send = next((e for name, e in reversed(events.items()) if name.startswith("kv_send")), None)
+                if send and all(isinstance(send.get(k), (int, float)) for k in ("prefill_cpu_ms", "cached_tokens")):
+                    prefills.setdefault(key, []).append(
+                        (int(r["prompt_tokens"]), int(send["cached_tokens"]), send["prefill_cpu_ms"] / 1e3))
+                for name, e in events.items():   # the relay's copy: export, send, the receiver's ack
+                    sent = events.get(name.replace("kv_send:", "kv_sent:", 1))
+                    if name.startswith("kv_send:rdma_tensor:") and sent and isinstance(e.get("export_ms"), (int, float)):
+                        handovers.setdefault(key, []).append((sent["t_ms"] - e["t_ms"] + e["export_ms"]) / 1e3)
+    if not per_token and not prefills:
+        raise CalibrationError(f"{', '.join(map(str, paths))}: no `host_cpu` and no per-request prefill times; "
+                               f"pass `pddflow bench serve --json --per-request` output of this version")
+    return {k: ServeFacts(" + ".join(sorted(set(src))), statistics.median(per_token[k]) if k in per_token else None,
+                          tuple(prefills.get(k, ())), tuple(sorted(handovers.get(k, ())))) for k, src in sources.items()}
+
+
 def merge(facts: list[BenchFacts]) -> BenchFacts:
     """Several calibrations of one machine as one: the median of every measured point. On a shared
     machine one quick calibration can be 1.5x off the next; several spread over a run (before and
@@ -208,6 +342,11 @@ def merge(facts: list[BenchFacts]) -> BenchFacts:
         same = [g for g in got if g[:keyed] == got[0][:keyed]]
         return tuple(got[0][:keyed]) + tuple(med([g[i] for g in same]) for i in range(keyed, len(got[0])))
 
+    def grid() -> tuple[tuple[int, int, float], ...]:
+        shapes = sorted({g[:2] for f in facts for g in f.prefill_grid})
+        return tuple((n, c, med([t for f in facts for n2, c2, t in f.prefill_grid if (n2, c2) == (n, c)]))
+                     for n, c in shapes)
+
     head = facts[0]
     for f in facts[1:]:
         if (f.arch, f.devices, f.threads, f.decode_context) != (head.arch, head.devices, head.threads, head.decode_context):
@@ -219,7 +358,7 @@ def merge(facts: list[BenchFacts]) -> BenchFacts:
     return replace(head, source=" + ".join(f.source for f in facts), prefill_tokens_per_s=p_main,
                    decode_tokens_per_s=d_main, prefill_points=pre, decode_points=dec,
                    extend=tuples("extend", 2), decode_long=tuples("decode_long", 2),
-                   extend_long=tuples("extend_long", 2), corun=tuples("corun", 0))
+                   extend_long=tuples("extend_long", 2), corun=tuples("corun", 0), prefill_grid=grid())
 
 
 def fit(facts: BenchFacts, arch: ModelArch | None = None, base: DeviceClass | None = None) -> Calibration:
@@ -236,8 +375,12 @@ def fit(facts: BenchFacts, arch: ModelArch | None = None, base: DeviceClass | No
     # other (a prompt's own attention is part of its FLOPs; the long-context extend is mostly
     # attention): a few rounds of fitting each with the others fixed settle them.
     attn_factor, cal = 1.0, None
+    grid = _fit_prefill_grid(facts, arch)
     for _ in range(8):
-        flops_s, job_ovh = _fit_prefill(facts, arch, arch.attention_flops_per_pair * attn_factor)
+        if grid is not None:
+            flops_s, job_ovh, attn_factor = grid
+        else:
+            flops_s, job_ovh = _fit_prefill(facts, arch, arch.attention_flops_per_pair * attn_factor)
         dev = replace(b, name=f"{b.name}@calibrated", tflops=flops_s / 1e12 / n, hbm_tbps=bytes_s / 1e12 / n)
         eff = replace(UNIT, seq_overhead_s=seq_s, job_overhead_s=job_ovh, kv_read_factor=kv_factor,
                       attn_factor=attn_factor)
@@ -247,7 +390,7 @@ def fit(facts: BenchFacts, arch: ModelArch | None = None, base: DeviceClass | No
             n_, ctx_, t_ = facts.extend
             eff = replace(eff, extend_overhead_s=max(0.0, t_ - DeviceModel(dev, n, arch, eff).chunk_s(n_, ctx_)))
         cal = Calibration(facts, dev, arch, eff)
-        if facts.extend_long is None:
+        if facts.extend_long is None or grid is not None:
             break
         # new tokens over a long cached context: what the matmuls and the fixed cost leave is attention
         tokens, ctx_, t_ = facts.extend_long
@@ -289,6 +432,34 @@ def _fit_decode(facts: BenchFacts, arch: ModelArch) -> tuple[float, float, float
         if kv_s > 0:
             kv_factor = kv_s * bytes_s / (Bl * Cl * kvb)
     return bytes_s, seq_s, kv_factor
+
+
+def _prefill_points(facts: BenchFacts) -> list[tuple[int, int, float]]:
+    """Every measured prompt prefill as (new tokens, cached tokens, seconds): the cold lengths and
+    the grid over a cached prefix."""
+    return [(n, 0, n / r) for n, r in facts.prefill_points] + list(facts.prefill_grid)
+
+
+def _fit_prefill_grid(facts: BenchFacts, arch: ModelArch) -> tuple[float, float, float] | None:
+    """FLOP/s, fixed cost per prefill call and attention factor from a grid of prompts over cached
+    prefixes (`bench engine`'s `prefill_grid`), by least squares in relative error over every
+    prefill point: t = job overhead + new x FLOPs per token / FLOP/s + pairs x attention FLOPs x
+    factor / FLOP/s. Three unknowns over the shapes a multi-turn workload runs: fitting two cold
+    lengths and one long extend exactly extrapolated 10-40% fast to the prompts in between
+    (docs/simulator.md, Fidelity). None without enough points or when the fit is unphysical (the
+    caller falls back to the exact fits)."""
+    pts = _prefill_points(facts)
+    if not facts.prefill_grid or len(pts) < 4:
+        return None
+    apf = arch.attention_flops_per_pair
+    rows = [((1.0, n * arch.flops_per_token, (n * c + n * n / 2) * apf), t) for n, c, t in pts]
+    for cols in ((0, 1, 2), (1, 2)):      # with a fixed cost, then (if it came out negative) without
+        x = np.array([[r[i] / t for i in cols] for r, t in rows])
+        coef = dict(zip(cols, np.linalg.lstsq(x, np.ones(len(rows)), rcond=None)[0]))
+        ovh, per_flop, attn = coef.get(0, 0.0), coef[1], coef[2]
+        if per_flop > 0 and attn > 0 and ovh >= 0:
+            return float(1 / per_flop), float(ovh), float(attn / per_flop)
+    return None
 
 
 def _fit_prefill(facts: BenchFacts, arch: ModelArch, apf: float) -> tuple[float, float]:

@@ -27,12 +27,14 @@ class Job:
     """`tokens` new tokens to compute over a context that already holds `ctx` tokens (a prompt's
     uncached part, or an extend over handed-off token IDs)."""
 
-    __slots__ = ("run", "tokens", "ctx", "sched", "done", "on_done", "kind")
+    __slots__ = ("run", "tokens", "ctx", "sched", "done", "on_done", "kind", "started", "factor")
 
-    def __init__(self, run, tokens: int, ctx: int, on_done: Callable, kind: str = "prefill"):
+    def __init__(self, run, tokens: int, ctx: int, on_done: Callable, kind: str = "prefill", factor: float = 1.0):
         self.run, self.tokens, self.ctx, self.on_done, self.kind = run, max(1, tokens), ctx, on_done, kind
+        self.factor = factor                 # this job's cost against the model (measured spread, 1 = model)
         self.sched = 0
         self.done = 0
+        self.started: float | None = None   # when its first chunk's step began
 
 
 class Seq:
@@ -195,24 +197,30 @@ class Engine:
         if self.jobs:
             budget, new, pairs, kv = self.chunk, b, float(c), float(c)
             job_ovh = 0.0
+            weighted = 0.0                  # the step's jobs' cost factors, weighted by their tokens
             sj = self._step_jobs
             jobs = self.jobs
             while budget > 0 and jobs:
                 job = jobs[0]
                 n = min(budget, job.tokens - job.sched)
                 pos = job.ctx + job.sched
+                if job.started is None:
+                    job.started = now
                 pairs += n * pos + n * n / 2
                 kv += pos + n
                 new += n
                 budget -= n
                 job.sched += n
+                weighted += n * job.factor
                 job_ovh = max(job_ovh, m.ext_ovh if job.kind == "extend" else m.job_ovh)
                 sj.append((job, n))
                 if job.sched >= job.tokens:
                     jobs.popleft()
                 else:
                     break
-            times = [now + m.step_s(new, pairs, kv, b) + job_ovh]
+            jobs_new = new - b
+            f = weighted / jobs_new if jobs_new > 0 else 1.0
+            times = [now + (m.step_s(new, pairs, kv, b) + job_ovh) * f]
         elif b:
             while heap and (running.get(heap[0][1]) is None or running[heap[0][1]].finish_step != heap[0][0]):
                 heappop(heap)

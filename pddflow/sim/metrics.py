@@ -118,6 +118,9 @@ def request_rows(sim: Simulation) -> list[dict]:
             "variant": r.dec.variant, "handoff": r.handoff, "relay_tokens": r.relay_tokens,
             "prefill_hit_tokens": r.p_hit_tokens,
             "prefill_done_s": t(r.t_prefill - r.arrival) if r.t_prefill is not None else None,
+            # as the runtime's kv_send event: waiting for the prefill engine, then computing
+            "prefill_queued_s": t(r.t_prefill_start - r.arrival) if r.t_prefill_start is not None else None,
+            "prefill_s": t(r.t_prefill - r.t_prefill_start) if r.t_prefill_start is not None else None,
             "kv_bytes": round(r.m_bytes), "kv_hit_blocks": r.m_hit,
             "kv_sent_s": t(r.m_sent_at - r.arrival) if r.m_transfer_s is not None else None,
             "kv_transfer_s": t(r.m_transfer_s), "failed": r.failed})

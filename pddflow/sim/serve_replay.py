@@ -23,6 +23,8 @@ from pddflow.core.serve_sessions import WorkloadSpec, build
 from pddflow.sim.workload import SimRequest, Workload
 
 DEFAULT_TRACE = Path("../shared/traces/mooncake_conversation_trace.jsonl")
+SERVING_ROUNDS = 6          # replays at most, to settle the serving path's load
+SERVING_TOLERANCE = 0.02    # ... until it moves less than this share between two replays
 
 
 def _placeholder(session: int, turn: int, i: int) -> int:
@@ -87,3 +89,14 @@ def serve_workload(trace: Path, sessions: int, turns: int, block_tokens: int, *,
                 name=f"serve-workload({sessions}x{turns}, rps={rps:g}, think={think_s:g}s)")
     wl.meta.update({"trace": str(trace), "turns": turns, "max_output": max_output, "seed": seed})
     return wl
+
+
+def serving_load(sim, cpu_per_token_s: float) -> float:
+    """Cores' worth of CPU the frontend and the client take in this replay: its output tokens per
+    second, first arrival to last finish, times their CPU per token (`pddflow bench serve` measures
+    it, `host_cpu`)."""
+    done = [r for r in sim.runs if r.done and not r.failed]
+    if not done or cpu_per_token_s <= 0:
+        return 0.0
+    span = max(r.t_finish for r in done) - min(r.arrival for r in sim.runs)
+    return sum(r.req.output_tokens for r in done) / max(span, 1e-9) * cpu_per_token_s

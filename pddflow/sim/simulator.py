@@ -41,14 +41,14 @@ from pddflow.sim.workload import SimRequest, Workload
 class Run:
     """One request in flight and what happened to it."""
 
-    __slots__ = ("req", "dec", "path", "arrival", "t_prefill", "t_first", "t_finish", "done", "failed",
+    __slots__ = ("req", "dec", "path", "arrival", "t_prefill", "t_prefill_start", "t_first", "t_finish", "done", "failed",
                  "p_inst", "p_hold", "p_legs", "r_inst", "r_hold", "r_seq", "r_state", "m_inst", "m_hold",
                  "m_flow", "m_state", "m_bytes", "m_hit", "ids_sent", "relay_tokens", "handoff", "rounds", "p_hit_tokens", "m_sent_at", "m_transfer_s")
 
     def __init__(self, req: SimRequest, dec: Decision, path: PathInfo):
         self.req, self.dec, self.path = req, dec, path
         self.arrival = req.arrival_s
-        self.t_prefill = self.t_first = self.t_finish = None
+        self.t_prefill = self.t_prefill_start = self.t_first = self.t_finish = None
         self.done = False
         self.failed: str | None = None
         self.p_inst = dec.target(path.entry)
@@ -95,12 +95,17 @@ class CpuShare:
 
     `host` (HostCpus) adds what other core groups cost this one: while a worker on other cores is
     busy, a prefill/extend step takes `host.corun_prefill` times longer and a decode step
-    `host.corun_decode` (shared cache and memory bus; measured by `bench engine`'s co-run point)."""
+    `host.corun_decode` (shared cache and memory bus; measured by `bench engine`'s co-run point).
+
+    `serving`: runnable threads' worth of the serving path (the frontend process and the benchmark
+    client, unpinned) on these cores while the workload runs. Unlike `background` the calibration
+    benchmark did not see it, so it only adds to the demand."""
 
     def __init__(self, cores: float, threads: int = 1, bench_threads: int = 1, thread_exponent: float = 1.0,
-                 background: float = 0.0, host: HostCpus | None = None):
+                 background: float = 0.0, host: HostCpus | None = None, serving: float = 0.0):
         self.cores, self.threads = max(cores, 1e-9), max(1, threads)
         self.background = max(0.0, background)
+        self.serving = max(0.0, serving)
         self.bench_share = max(1.0, (max(1, bench_threads) + self.background) / self.cores)
         self.penalty = (max(1, bench_threads) / self.threads) ** thread_exponent if bench_threads > self.threads else 1.0
         self.engines: list[Engine] = []
@@ -117,7 +122,7 @@ class CpuShare:
 
     def factor(self, eng: Engine | None = None, prefill: bool = False) -> float:
         mine = (self.weight[eng.name] if eng is not None else 1.0) * self.threads
-        demand = sum(self.weight[e.name] for e in self.engines if e._busy) * self.threads + self.background
+        demand = sum(self.weight[e.name] for e in self.engines if e._busy) * self.threads + self.background + self.serving
         given = min(self.threads, self.cores * mine / max(demand, mine))  # cores this engine gets
         f = self.penalty * (self.threads / given) / self.bench_share
         if self.host is not None and self.host.others_busy(self):
@@ -137,18 +142,20 @@ class CpuShare:
 
     def to_dict(self) -> dict:
         return {"cores": self.cores, "threads_per_worker": self.threads, "thread_penalty": round(self.penalty, 4),
-                "background_threads": self.background, "instances": [e.name for e in self.engines],
+                "background_threads": self.background, "serving_threads": round(self.serving, 4), "instances": [e.name for e in self.engines],
                 "nice": dict(self.nice)}
 
 
 class HostCpus:
     """The embedded deployment's host, laid out as the runtime lays it out (core/cpu_layout.py):
     workers pinned to the same cores share them (one CpuShare per such group), groups never slow
-    each other. `background` (other tenants, the frontend, the client: unpinned) is spread over the
-    groups in proportion to their cores."""
+    each other. `background` (other tenants, present during the calibration too) and `serving` (the
+    frontend and the client: cores' worth of CPU they take while the workload runs) are unpinned,
+    spread over the groups in proportion to their cores."""
 
     def __init__(self, plan: Plan, cores: float, bench_threads: int = 1, background: float = 0.0,
-                 pinning: str = "auto", thread_exponent: float = 1.0, corun: tuple[float, float] = (1.0, 1.0)):
+                 pinning: str = "auto", thread_exponent: float = 1.0, corun: tuple[float, float] = (1.0, 1.0),
+                 serving: float = 0.0):
         lay = plan_layout(plan, list(range(max(1, int(cores)))), pinning)
         self.mode, self.nice = lay.mode, lay.nice
         # (prefill, decode) step slowdown while another core group is busy: 1 = cores never slow
@@ -161,7 +168,8 @@ class HostCpus:
             if key not in groups:
                 n = float(len(key)) if key else cores
                 groups[key] = CpuShare(n, lay.threads[inst.id], bench_threads, thread_exponent,
-                                       background=background * n / max(cores, 1e-9), host=self)
+                                       background=background * n / max(cores, 1e-9), host=self,
+                                       serving=serving * n / max(cores, 1e-9))
             self.share[inst.id] = groups[key]
         self.groups = list(groups.values())
 
@@ -182,6 +190,7 @@ class HostCpus:
 
     def to_dict(self) -> dict:
         return {"layout": self.mode, "corun": {"prefill": self.corun_prefill, "decode": self.corun_decode},
+                "serving_cores": round(sum(g.serving for g in self.groups), 4),
                 "groups": [g.to_dict() for g in self.groups]}
 
 
@@ -189,8 +198,19 @@ class Simulation:
     def __init__(self, plan: Plan, workload: Workload, *, seed: int = 0, efficiency: Efficiency | None = None,
                  device_efficiency: dict[str, Efficiency] | None = None, policy: Policy | None = None,
                  strict_mirrors: bool = False, stream_gbps: float = STREAM_GBPS, cpu: HostCpus | None = None,
-                 prefill_first_token: bool = False, wan_jitter_seed: int | None = None):
+                 prefill_first_token: bool = False, wan_jitter_seed: int | None = None,
+                 prefill_spread: tuple[float, ...] = (), relay_handovers: tuple[float, ...] = ()):
         self.plan, self.workload, self.seed = plan, workload, seed
+        # Each prefill costs the model's time x a factor drawn from `prefill_spread` (median 1: a
+        # deployment calibration's measured prefills over the model). A deployment's prefills
+        # spread 0.8-1.7x around their median; queues in a closed loop grow from the long ones.
+        self.prefill_spread = tuple(prefill_spread)
+        self._spread_rng = random.Random(f"{seed}/prefill-spread")
+        # Seconds from a prefill's end to its KV on a same-host relay, drawn from a deployment's
+        # measured ones (export, the rdma_tensor copy, both sides' threads on busy cores); empty:
+        # the RDMA model (microseconds)
+        self.relay_handovers = tuple(relay_handovers)
+        self._handover_rng = random.Random(f"{seed}/relay-handover")
         self.cpu = cpu
         # True: as the runtime does, prefill samples the first token and the client sees it as soon as
         # a decoder holds the KV (relay landed, or main landed on a takeover / P->MD path, or the
@@ -364,11 +384,13 @@ class Simulation:
         run.p_hold = hold
         cached = min(hold.hit * self.bt, run.req.prompt_tokens)
         run.p_hit_tokens = cached
-        self.engines[run.p_inst].submit_job(Job(run, run.req.prompt_tokens - cached, cached, self._prefill_done))
+        factor = self._spread_rng.choice(self.prefill_spread) if self.prefill_spread else 1.0
+        self.engines[run.p_inst].submit_job(Job(run, run.req.prompt_tokens - cached, cached, self._prefill_done,
+                                                factor=factor))
 
     def _prefill_done(self, job: Job, t: float) -> None:
         run = job.run
-        run.t_prefill = t
+        run.t_prefill, run.t_prefill_start = t, job.started
         store = self.stores[run.p_inst]
         store.commit(run.p_hold, run.req.hashes)
         path = run.path
@@ -416,6 +438,8 @@ class Simulation:
         run.r_state = "transfer"
         nbytes = self._kv_bytes(run.req.prompt_tokens, 0)
         dt = RDMA_LATENCY_S + nbytes / self.topo.rdma_bytes_per_s(run.path.entry, run.path.relay)
+        if self.relay_handovers:
+            dt = self._handover_rng.choice(self.relay_handovers)
         self.loop.after(dt, self._relay_landed, run)
 
     def _relay_landed(self, run: Run) -> None:

@@ -77,6 +77,9 @@ def test_bench_engine_quick_json(tiny_llama_dir):
     assert out["extend"]["extend_ms"] > 0 and out["batch_invariant"] is True
     assert out["decode_long"]["batch"] == 4 and out["decode_long"]["engine_step_ms"] > 0
     assert out["extend_long"] == {"tokens": 128, "context": 768, "extend_ms": out["extend_long"]["extend_ms"]}
+    grid = out["prefill_grid"]["points"]   # prompts over a cached prefix, the prefix really reused
+    assert {(p["tokens"], p["cached"]) for p in grid} >= {(32, 0), (128, 256), (256, 768)}
+    assert all(p["prefill_ms"] > 0 for p in grid)
     from pddflow.operators.corun_bench import cores_for_corun
 
     if cores_for_corun() is None:

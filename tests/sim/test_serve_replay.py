@@ -17,20 +17,9 @@ from pddflow.sim.simulator import HostCpus, Simulation
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _trace(tmp_path: Path, n: int = 12) -> Path:
-    f = tmp_path / "trace.jsonl"
-    lines = []
-    for i in range(n):
-        inp = 512 * (3 + i % 5) - 100
-        lines.append(json.dumps({"timestamp": i * 100, "input_length": inp, "output_length": 40 + 37 * i,
-                                 "hash_ids": [0] + [1000 * i + k for k in range(1, -(-inp // 512))]}))
-    f.write_text("\n".join(lines) + "\n")
-    return f
-
-
 @pytest.mark.parametrize("seed", [0, 7])
-def test_replay_matches_the_bench_workload(tmp_path, seed):
-    trace = _trace(tmp_path)
+def test_replay_matches_the_bench_workload(serve_trace, seed):
+    trace = serve_trace
     spec = build(trace, 3, 4, 1 / 32, vocab=256, seed=seed, max_output=128)
     wl = serve_workload(trace, 3, 4, 16, seed=seed, rps=2.0, think_s=1.0)
     assert len(wl.requests) == spec.requests == 12
@@ -63,10 +52,10 @@ def test_replay_matches_the_bench_workload(tmp_path, seed):
                 assert r.done_hashes[:len(r.hashes)] == r.hashes
 
 
-def test_replay_runs_on_the_local_profile_with_a_shared_cpu(tmp_path):
+def test_replay_runs_on_the_local_profile_with_a_shared_cpu(serve_trace):
     from dataclasses import replace
 
-    trace = _trace(tmp_path)
+    trace = serve_trace
     spec = build(trace, 2, 3, 1 / 32, vocab=256)
     plan = _local_plan()
     plan = replace(plan, links={n: replace(link, gbps=0.05) for n, link in plan.links.items()})
@@ -129,8 +118,8 @@ def test_prefill_overhead_fit_reproduces_both_prefill_points(tmp_path):
     assert m.prefill_tokens_per_s(128) == pytest.approx(267.9, rel=1e-6)
 
 
-def test_cli_serve_workload(tmp_path):
-    trace = _trace(tmp_path)
+def test_cli_serve_workload(tmp_path, serve_trace):
+    trace = serve_trace
     bench = tmp_path / "engine.json"
     bench.write_text(json.dumps({"model": "builtin:tiny-llama", "threads": 1,
                                  "prefill": {"64": {"engine_tok_s": 344.2}, "128": {"engine_tok_s": 456.8}},

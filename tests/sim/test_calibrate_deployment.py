@@ -1,0 +1,203 @@
+"""Calibration beyond two prefill lengths: the prefill grid of `pddflow bench engine`, and the
+deployment's own facts from a `pddflow bench serve --json --per-request` report (its prefills' CPU
+against the engine fit, the serving path's CPU per token)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pddflow.core.arch import ARCHS
+from pddflow.sim.calibrate import CalibrationError, fit, is_serve_report, load_bench, load_serve
+from pddflow.sim.device import DeviceModel
+
+ROOT = Path(__file__).resolve().parents[2]
+SPREAD = (1.0, 0.8, 1.5, 1.0, 0.9, 1.2)   # median 1
+ENGINE = {"model": "builtin:tiny-llama", "threads": 1,
+          "prefill": {"64": {"engine_tok_s": 1300.0}, "128": {"engine_tok_s": 1200.0}},
+          "decode": {"context": 32, "1": {"engine_tok_s": 60.0}, "4": {"engine_tok_s": 230.0}},
+          "extend": {"tokens": 16, "context": 48, "extend_ms": 25.0}}
+
+
+def _truth_ms(new: int, cached: int) -> float:
+    """A prefill cost of the model's own form: 12 ms fixed, 0.15 TFLOP/s, attention at 4x."""
+    arch = ARCHS.get("tiny-llama")
+    pairs = new * cached + new * new / 2
+    return 12.0 + (new * arch.flops_per_token + pairs * arch.attention_flops_per_pair * 4.0) / 0.15e12 * 1e3
+
+
+def _engine_with_grid(tmp_path: Path) -> Path:
+    doc = dict(ENGINE)
+    doc["prefill"] = {str(n): {"engine_tok_s": n / _truth_ms(n, 0) * 1e3} for n in (64, 128)}
+    shapes = [(32, 0), (256, 0), (512, 0), (32, 256), (128, 256), (256, 256), (32, 768), (128, 768), (256, 768)]
+    doc["prefill_grid"] = {"statistic": "median of 3",
+                           "points": [{"tokens": n, "cached": c, "prefill_ms": _truth_ms(n, c)} for n, c in shapes]}
+    f = tmp_path / "engine.json"
+    f.write_text(json.dumps(doc))
+    return f
+
+
+def test_prefill_grid_fits_fixed_cost_rate_and_attention(tmp_path):
+    """Two cold lengths cannot tell a fixed cost from attention; the grid over cached prefixes can,
+    and the fit then reproduces prompts it never measured."""
+    cal = fit(load_bench(_engine_with_grid(tmp_path)))
+    m = DeviceModel(cal.device, 1, cal.arch, cal.efficiency)
+    assert cal.efficiency.job_overhead_s == pytest.approx(0.012, rel=1e-3)
+    assert cal.efficiency.attn_factor == pytest.approx(4.0, rel=1e-3)
+    for new, cached in ((31, 208), (150, 600), (400, 100)):
+        assert m.prefill_s(new, cached) * 1e3 == pytest.approx(_truth_ms(new, cached), rel=1e-3)
+    check = cal.to_dict()["prefill_grid_check"]
+    assert len(check) == 9 and all(c["model_ms"] == pytest.approx(c["measured_ms"], rel=1e-3) for c in check)
+
+
+def test_without_a_grid_the_exact_fits_remain(tmp_path):
+    f = tmp_path / "engine.json"
+    f.write_text(json.dumps(ENGINE))
+    cal = fit(load_bench(f))
+    m = DeviceModel(cal.device, 1, cal.arch, cal.efficiency)
+    assert m.prefill_tokens_per_s(128) == pytest.approx(1200, rel=1e-6)
+    assert cal.to_dict()["prefill_grid_check"] == [] and cal.to_dict()["deployment"] is None
+
+
+def _serve_report(tmp_path: Path, factors: dict[str, float], per_token_ms: dict[str, float]) -> Path:
+    """A `bench serve --json --per-request` report whose prefills took `factor` x the engine fit,
+    spread around it as SPREAD."""
+    cal = fit(load_bench(_engine_with_grid(tmp_path)))
+    m = DeviceModel(cal.device, 1, cal.arch, cal.efficiency)
+    graphs = []
+    for name, factor in factors.items():
+        rows = []
+        for i, (prompt, cached) in enumerate([(211, 0), (360, 208), (497, 352), (72, 16), (635, 496), (239, 208)]):
+            cpu_ms = m.prefill_s(prompt - cached, cached) * 1e3 * factor * SPREAD[i]
+            send = {"t_ms": cpu_ms + 2.0, "prefill_cpu_ms": cpu_ms, "cached_tokens": cached, "prefill_ms": cpu_ms * 1.3,
+                    "export_ms": 2.0}
+            rows.append({"session": i, "turn": 0, "prompt_tokens": prompt, "events": [
+                {"event": "arrival", "t_ms": 0.0},
+                {"event": "kv_send:rdma_tensor:relay/0", **send}, {"event": "kv_send:wan_flight:main/0", **send},
+                {"event": "kv_sent:rdma_tensor:relay/0", "t_ms": cpu_ms + 2.0 + 10.0 * (i + 1)}]})
+        graphs.append({"graph": f"graphs/{name}.yaml", "per_request": rows,
+                       "host_cpu": {"frontend_s": 1.0, "client_s": 0.5, "output_tokens": 1000,
+                                    "ms_per_token": per_token_ms[name]}})
+    f = tmp_path / "serve.json"
+    f.write_text(json.dumps({"workload": {"sessions": 6}, "graphs": graphs}))
+    return f
+
+
+def test_deployment_calibration_per_graph(tmp_path):
+    """Each graph takes its own deployment's prefill factor and serving CPU; a graph the report did
+    not serve takes them pooled; the prefill-like costs scale, decode does not."""
+    serve = _serve_report(tmp_path, {"pdd": 1.3, "cross_dc_pd": 1.1}, {"pdd": 1.7, "cross_dc_pd": 1.4})
+    assert is_serve_report(serve) and not is_serve_report(_engine_with_grid(tmp_path))
+    facts = load_serve([serve])
+    base = fit(load_bench(_engine_with_grid(tmp_path)))
+    pdd = base.for_graph(facts, "graphs/pdd.yaml")
+    assert pdd.prefill_host_factor == pytest.approx(1.3, rel=1e-6)
+    assert pdd.serving_cpu_per_token_s == pytest.approx(1.7e-3)
+    m0, m1 = (DeviceModel(c.device, 1, c.arch, c.efficiency) for c in (base, pdd))
+    assert m1.prefill_s(150, 300) == pytest.approx(1.3 * m0.prefill_s(150, 300), rel=1e-9)
+    assert m1.decode_step_s(4, 2000) == pytest.approx(m0.decode_step_s(4, 2000), rel=0.01)
+    other = base.for_graph(facts, "graphs/same_dc_pd.yaml")
+    assert 1.1 < other.prefill_host_factor < 1.3 and other.serving_cpu_per_token_s == pytest.approx(1.55e-3)
+    d = pdd.to_dict()["deployment"]
+    assert d["prefills"] == 6 and d["prefill_host_factor"] == pytest.approx(1.3, rel=1e-4)
+    assert pdd.prefill_spread == pytest.approx(sorted(SPREAD))
+    # prefill end -> KV on the relay: export (2 ms) + send to ack (10, 20, ... 60 ms)
+    assert pdd.relay_handovers == pytest.approx([0.012, 0.022, 0.032, 0.042, 0.052, 0.062])
+    assert base.for_graph(None, "graphs/pdd.yaml") is base
+
+
+def test_prefill_spread_is_drawn_per_prefill(serve_trace):
+    """Each prefill costs the model x a factor drawn from the measured spread (seeded): a spread of
+    only 2.0 doubles every prefill; the draws repeat with the seed."""
+    from pddflow.graph import load_plan
+    from pddflow.sim.serve_replay import serve_workload
+    from pddflow.sim.simulator import Simulation
+
+    plan = load_plan(str(ROOT / "graphs" / "pdd.yaml")).scaled_to_local()
+    wl = serve_workload(serve_trace, 3, 2, plan.model.block_size, seed=0, rps=2.0, think_s=1.0)
+
+    def prefills(spread: tuple[float, ...], seed: int = 0) -> list[float]:
+        sim = Simulation(plan, wl, seed=seed, prefill_first_token=True, prefill_spread=spread)
+        sim.run()
+        return [r.t_prefill - r.t_prefill_start for r in sorted(sim.runs, key=lambda r: r.req.rid)]
+
+    base, doubled = prefills(()), prefills((2.0,))
+    assert doubled == pytest.approx([2 * x for x in base], rel=1e-9)
+    assert prefills((0.8, 1.0, 1.6), 3) == prefills((0.8, 1.0, 1.6), 3) != prefills((0.8, 1.0, 1.6), 4)
+
+
+def test_relay_handover_is_drawn_per_request(serve_trace):
+    """With measured handovers the relay holds a prefill's KV that long after the prefill ends
+    (instead of the RDMA model's microseconds), and shows its first token no earlier."""
+    from pddflow.graph import load_plan
+    from pddflow.sim.serve_replay import serve_workload
+    from pddflow.sim.simulator import Simulation
+
+    from dataclasses import replace
+
+    plan = load_plan(str(ROOT / "graphs" / "pdd.yaml")).scaled_to_local()
+    plan = replace(plan, links={n: replace(link, gbps=0.05) for n, link in plan.links.items()})  # relay paths
+    wl = serve_workload(serve_trace, 3, 2, plan.model.block_size, seed=0, rps=2.0, think_s=1.0)
+    sim = Simulation(plan, wl, seed=0, prefill_first_token=True, relay_handovers=(0.25,))
+    sim.run()
+    relayed = [r for r in sim.runs if r.path.relay is not None and r.r_state != "none"]
+    assert relayed and all(r.t_first - r.t_prefill >= 0.25 - 1e-9 for r in relayed)
+
+
+def test_serve_report_without_measurements_fails_clearly(tmp_path):
+    f = tmp_path / "old.json"
+    f.write_text(json.dumps({"workload": {}, "graphs": [{"graph": "graphs/pdd.yaml", "ttft_s": {"p50": 1.0}}]}))
+    with pytest.raises(CalibrationError, match="--per-request"):
+        load_serve([f])
+
+
+def _simulate(trace: Path, *calibrations: Path | str) -> subprocess.CompletedProcess:
+    """`pddflow simulate` of pdd.yaml on `trace`; Paths are --calibrate files, strings extra options."""
+    args = [sys.executable, "-m", "pddflow.cli", "simulate", str(ROOT / "graphs" / "pdd.yaml"), "--serve-workload",
+            "--trace", str(trace), "--sessions", "3", "--turns", "3",
+            "--wan-gbps", "0.05", "--json", "-q"]
+    for c in calibrations:
+        args += ["--calibrate", str(c)] if isinstance(c, Path) else [c]
+    return subprocess.run(args, capture_output=True, text=True, timeout=120, cwd=ROOT, check=False)
+
+
+def test_cli_serving_load_slows_the_replay(tmp_path, serve_trace):
+    """With a deployment calibration the frontend and client take cores' worth of CPU at the
+    replay's own token rate (replayed to a fixed point), so tokens come slower than without."""
+    engine = _engine_with_grid(tmp_path)
+    serve = _serve_report(tmp_path, {"pdd": 1.0}, {"pdd": 20.0})
+    plain, loaded = _simulate(serve_trace, engine), _simulate(serve_trace, engine, serve)
+    assert plain.returncode == 0 and loaded.returncode == 0, plain.stderr + loaded.stderr
+    a, b = json.loads(plain.stdout), json.loads(loaded.stdout)
+    assert "serving_load" not in a and a["cpu_share"]["serving_cores"] == 0
+    load = b["serving_load"]
+    assert load["cpu_ms_per_token"] == 20.0 and load["cores"] > 0.05 and 2 <= load["replays"] <= 6
+    assert b["cpu_share"]["serving_cores"] == load["cores"]
+    assert b["tpot_ms"]["p50"] > a["tpot_ms"]["p50"] * 1.02
+
+
+def test_cli_replications_report_the_median(tmp_path, serve_trace):
+    engine = _engine_with_grid(tmp_path)
+    out = _simulate(serve_trace, engine, _serve_report(tmp_path, {"pdd": 1.2}, {"pdd": 1.5}), "--replications", "3")
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    reps = d["replications"]
+    assert reps["n"] == 3 and len(reps["ttft_s_p90"]) == 3
+    assert d["ttft_s"]["p90"] == pytest.approx(sorted(reps["ttft_s_p90"])[1], abs=1e-4)
+
+
+def test_cli_serve_report_alone_is_refused(tmp_path, serve_trace):
+    out = _simulate(serve_trace, _serve_report(tmp_path, {"pdd": 1.0}, {"pdd": 1.0}))
+    assert out.returncode == 2 and "bench engine" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_cli_serve_report_needs_the_serve_workload(tmp_path):
+    serve = _serve_report(tmp_path, {"pdd": 1.0}, {"pdd": 1.0})
+    out = subprocess.run([sys.executable, "-m", "pddflow.cli", "simulate", str(ROOT / "graphs" / "pdd.yaml"),
+                          "-n", "50", "--calibrate", str(_engine_with_grid(tmp_path)), "--calibrate", str(serve), "-q"],
+                         capture_output=True, text=True, timeout=120, cwd=ROOT, check=False)
+    assert out.returncode == 2 and "--serve-workload" in out.stderr and "Traceback" not in out.stderr
