@@ -265,7 +265,9 @@ def _prefill_grid(source: ModelSource, sizes: BenchSizes, prompt: Callable[[int]
                   progress: Callable[[str], None]) -> dict[str, Any]:
     """Each (new, cached) of the grid: a prompt whose first `cached` tokens are in the prefix cache,
     prefilled as a prefill worker does (reuse the cached blocks, compute the rest). The prefix is
-    prefilled once; every repeat appends fresh tokens to it."""
+    prefilled once; every repeat appends fresh tokens to it. A second engine (the benchmark's own
+    runs without a prefix cache, so its repeats measure compute), freed on return: for a large
+    model, one more copy of its fused weights while this section runs."""
     need = max(n + c for n, c in sizes.prefill_grid) + 64
     kv = max(kv_bytes, 4 * need * source.config.kv_bytes_per_token(4))
     engine = Engine(source, EngineConfig(kv_cache_bytes=kv, prefix_cache=True))

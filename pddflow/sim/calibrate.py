@@ -304,13 +304,16 @@ def load_serve(paths: list[Path]) -> dict[str, ServeFacts]:
             if isinstance(host, dict) and isinstance(host.get("ms_per_token"), (int, float)):
                 per_token.setdefault(key, []).append(host["ms_per_token"] / 1e3)
             for r in g.get("per_request") or []:
-                events = {str(e.get("event", "")): e for e in reversed(r.get("events", [])) if isinstance(e, dict)}
-                send = next((e for name, e in reversed(events.items()) if name.startswith("kv_send")), None)
+                events = [e for e in r.get("events", []) if isinstance(e, dict)]
+                first = {}   # each event's first occurrence, by name
+                for e in events:
+                    first.setdefault(str(e.get("event", "")), e)
+                send = next((e for name, e in first.items() if name.startswith("kv_send")), None)
                 if send and all(isinstance(send.get(k), (int, float)) for k in ("prefill_cpu_ms", "cached_tokens")):
                     prefills.setdefault(key, []).append(
                         (int(r["prompt_tokens"]), int(send["cached_tokens"]), send["prefill_cpu_ms"] / 1e3))
-                for name, e in events.items():   # the relay's copy: export, send, the receiver's ack
-                    sent = events.get(name.replace("kv_send:", "kv_sent:", 1))
+                for name, e in first.items():   # the relay's copy: export, send, the receiver's ack
+                    sent = first.get(name.replace("kv_send:", "kv_sent:", 1))
                     if name.startswith("kv_send:rdma_tensor:") and sent and isinstance(e.get("export_ms"), (int, float)):
                         handovers.setdefault(key, []).append((sent["t_ms"] - e["t_ms"] + e["export_ms"]) / 1e3)
     if not per_token and not prefills:
