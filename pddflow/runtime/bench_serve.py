@@ -49,6 +49,7 @@ class GraphResult:
     # share the workers' cores; `pddflow simulate --calibrate` reads them as a load per token.
     frontend_cpu_s: float | None = None
     client_cpu_s: float | None = None
+    decode: dict[str, dict] = field(default_factory=dict)   # instance -> its decode steps over the run
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -124,6 +125,20 @@ def _timelines(base: str, samples: list[Sample]) -> None:
             s.timeline = r.json() if r.status_code == 200 else None
 
 
+def _decode_steps(base: str, since: dict[str, dict] | None = None) -> dict[str, dict]:
+    """Each decoding worker's decode steps (count, CPU seconds, sequences, context tokens) from the
+    frontend's /health, less `since`. Workers report their status every 0.5 s (runtime/worker.py:
+    STATUS_EVERY_S): wait twice that first, so the figures include the run's last steps."""
+    time.sleep(1.0)
+    workers = httpx.get(f"{base}/health", timeout=10).json().get("workers", {})
+    out = {}
+    for inst, w in workers.items():
+        d, d0 = w.get("decode") or {}, (since or {}).get(inst, {})
+        if d.get("steps"):
+            out[inst] = {k: round(d[k] - d0.get(k, 0), 4) for k in ("steps", "cpu_s", "seqs", "context_tokens")}
+    return {i: d for i, d in out.items() if d["steps"] > 0}
+
+
 def _process_cpu_s(pid: int) -> float | None:
     """User + system CPU seconds of one process (its threads, not its children); None off Linux."""
     try:
@@ -155,12 +170,14 @@ def run_graph(graph: Path, workload: WorkloadSpec, rps: float, wan_gbps: float |
                         for i, s in enumerate(workload.sessions)))
 
             f0, c0 = _process_cpu_s(dep.proc.pid), _own_cpu_s()
+            decode0 = _decode_steps(dep.base)
             t0 = time.perf_counter()
             asyncio.run(main(t0))
             res.wall_s = time.perf_counter() - t0
             f1 = _process_cpu_s(dep.proc.pid)
             res.client_cpu_s = _own_cpu_s() - c0
             res.frontend_cpu_s = f1 - f0 if f0 is not None and f1 is not None else None
+            res.decode = _decode_steps(dep.base, decode0)
             res.metrics = _scrape(dep.base)
             if per_request:
                 _timelines(dep.base, res.samples)
@@ -185,6 +202,7 @@ def summarize(res: GraphResult, sla_ttft_s: float, sla_tpot_s: float) -> dict:
         "relay_token_share": round(res.metrics.get("relay_token_share", 0.0), 4),
         "first_errors": res.errors[:3],
         "host_cpu": _host_cpu(res),
+        "decode_steps": res.decode or None,
         "ttft_mean_s": round(statistics.fmean(ttft), 4) if ttft else None,
         "ttft_samples_s": sorted(round(x, 4) for x in ttft),  # every request, to recompute any statistic
         **({"per_request": [_request_row(s) for s in sorted(res.samples, key=lambda s: (s.session, s.turn))]}

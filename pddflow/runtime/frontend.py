@@ -91,7 +91,10 @@ class Frontend:
         workers = {i: {"ready": (s := self.status.get(i)) is not None and s.ready and i not in self.lost,
                        "kv_blocks_used": s.kv_blocks_used if s else None,
                        "cached_blocks": s.cached_blocks if s else None,
-                       "running": s.running if s else None}
+                       "running": s.running if s else None,
+                       # decode steps since start: a simulator calibrates the deployment's decode cost with it
+                       "decode": {"steps": s.decode_steps, "cpu_s": round(s.decode_cpu_s, 4), "seqs": s.decode_seqs,
+                                  "context_tokens": s.decode_context_tokens} if s else None}
                    for i in self.wiring.workers}
         ready = all(w["ready"] for w in workers.values())
         return ready, {"workers": workers, "live_requests": len(self.live), "mirror_drift": self.drift}

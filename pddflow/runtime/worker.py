@@ -107,6 +107,7 @@ class Worker:
         self.mirrored = cache  # the router mirrors every cache it can route on
         self._last_status = 0.0
         self._status = pb.WorkerStatus(instance=instance, ready=False)
+        self.decode_totals = [0, 0.0, 0, 0]   # steps, loop-thread CPU s, sequences, context tokens
         self.rpc, _ = serve(WORKER, {
             "Submit": (pb.Job, pb.Reply, lambda m: self._enqueue(("job", m))),
             "Feed": (pb.Tokens, pb.Reply, lambda m: self._enqueue(("first", m.seq_id, m.ids[0]))),
@@ -230,12 +231,17 @@ class Worker:
             self._fail(leg, "compute", exc)
 
     def decode(self, batch: list[Leg]) -> None:
+        seqs = [leg.seq for leg in batch]
+        context = sum(s.num_computed for s in seqs)
+        c0 = time.thread_time()
         try:
-            toks = self.engine.decode([leg.seq for leg in batch])
+            toks = self.engine.decode(seqs)
         except Exception as exc:  # noqa: BLE001
             for leg in batch:
                 self._fail(leg, "compute", exc)
             return
+        t = self.decode_totals
+        t[0], t[1], t[2], t[3] = t[0] + 1, t[1] + time.thread_time() - c0, t[2] + len(seqs), t[3] + context
         for leg, tok in zip(batch, toks):
             self._emit(leg, [tok], start=len(leg.seq.output_ids) - 1 + leg.job.output_offset)
             if leg.handing_off == "catch_up" and not leg.released:
@@ -509,7 +515,9 @@ class Worker:
         return pb.WorkerStatus(instance=self.instance, ready=True, running=len(self._decoding()),
                                waiting=len(self.compute_queue) + sum(1 for x in self.legs.values() if not x.decoding),
                                kv_blocks_used=alloc.num_blocks - alloc.num_free, kv_blocks_total=alloc.num_blocks,
-                               cached_blocks=len(cached), cache_digest=digest)
+                               cached_blocks=len(cached), cache_digest=digest,
+                               decode_steps=self.decode_totals[0], decode_cpu_s=self.decode_totals[1],
+                               decode_seqs=self.decode_totals[2], decode_context_tokens=self.decode_totals[3])
 
     def publish(self) -> None:
         if self.mirrored:

@@ -72,6 +72,8 @@ class ServeFacts:
     # seconds from a prefill's end to its KV delivered to a same-host decoder (export, then the
     # rdma_tensor send to the relay): the KV copy and both processes' threads on busy cores
     handovers: tuple[float, ...] = ()
+    # each decoding worker's decode steps over the run: (steps, CPU seconds, sequences, context tokens)
+    decode: tuple[tuple[int, float, int, int], ...] = ()
 
 
 def graph_key(source: str | Path) -> str:
@@ -88,6 +90,7 @@ class Calibration:
     serve: ServeFacts | None = None
     prefill_host_factor: float = 1.0       # deployment prefill CPU / the engine benchmark's (from `serve`)
     prefill_spread: tuple[float, ...] = ()  # each measured prefill over the scaled model (median 1)
+    decode_host_factor: float = 1.0        # deployment decode-step CPU / the engine benchmark's (from `serve`)
 
     @property
     def relay_handovers(self) -> tuple[float, ...]:
@@ -108,7 +111,8 @@ class Calibration:
             mine = ServeFacts(" + ".join(f.source for f in serve.values()),
                               statistics.median(tokens) if tokens else None,
                               tuple(p for f in serve.values() for p in f.prefills),
-                              tuple(sorted(h for f in serve.values() for h in f.handovers)))
+                              tuple(sorted(h for f in serve.values() for h in f.handovers)),
+                              tuple(d for f in serve.values() for d in f.decode))
         return self.with_serve(mine)
 
     def with_serve(self, serve: ServeFacts) -> Calibration:
@@ -123,11 +127,17 @@ class Calibration:
         enough = len(ratios) >= MIN_SERVE_PREFILLS
         f = statistics.median(ratios) if enough else 1.0
         spread = tuple(sorted(round(r / f, 4) for r in ratios)) if enough else ()
+        # decode steps, memory-bound on these engines: weights + the context's KV at the fitted
+        # bandwidth, plus the per-sequence cost; their CPU in the deployment over that
+        model_s = sum(n * (m.wt / m.bytes_s + m.ovh) + ctx * m.kvb / m.bytes_s + seqs * m.seq_ovh
+                      for n, _, seqs, ctx in serve.decode)
+        fd = sum(cpu for _, cpu, _, _ in serve.decode) / model_s if model_s > 0 else 1.0
         eff = self.efficiency
-        eff = replace(eff, job_overhead_s=eff.job_overhead_s * f,
+        eff = replace(eff, job_overhead_s=eff.job_overhead_s * f, seq_overhead_s=eff.seq_overhead_s * fd,
                       extend_overhead_s=None if eff.extend_overhead_s is None else eff.extend_overhead_s * f)
-        return replace(self, device=replace(self.device, tflops=self.device.tflops / f), efficiency=eff,
-                       serve=serve, prefill_host_factor=f, prefill_spread=spread)
+        device = replace(self.device, tflops=self.device.tflops / f, hbm_tbps=self.device.hbm_tbps / fd)
+        return replace(self, device=device, efficiency=eff, serve=serve, prefill_host_factor=f,
+                       prefill_spread=spread, decode_host_factor=fd)
 
     def to_dict(self) -> dict:
         d, f = self.device, self.facts
@@ -155,6 +165,8 @@ class Calibration:
                 "deployment": None if self.serve is None else {
                     "source": self.serve.source, "prefills": len(self.serve.prefills),
                     "prefill_host_factor": round(self.prefill_host_factor, 4),
+                    "decode_host_factor": round(self.decode_host_factor, 4),
+                    "decode_steps": sum(d[0] for d in self.serve.decode),
                     "prefill_spread": {q: round(_quantile(self.prefill_spread, q), 3) for q in (0.1, 0.5, 0.9)}
                     if self.prefill_spread else None,
                     "relay_handover_ms": {q: round(_quantile(self.serve.handovers, q) * 1e3, 1) for q in (0.1, 0.5, 0.9)}
@@ -292,6 +304,7 @@ def load_serve(paths: list[Path]) -> dict[str, ServeFacts]:
     per_token: dict[str, list[float]] = {}
     prefills: dict[str, list[tuple[int, int, float]]] = {}
     handovers: dict[str, list[float]] = {}
+    decode: dict[str, list[tuple[int, float, int, int]]] = {}
     sources: dict[str, list[str]] = {}
     for path in paths:
         data = json.loads(Path(path).read_text())
@@ -300,6 +313,11 @@ def load_serve(paths: list[Path]) -> dict[str, ServeFacts]:
                 continue
             key = graph_key(g["graph"])
             sources.setdefault(key, []).append(str(path))
+            for d in (g.get("decode_steps") or {}).values():
+                if isinstance(d, dict) and all(isinstance(d.get(k), (int, float)) for k in ("steps", "cpu_s", "seqs",
+                                                                                          "context_tokens")):
+                    decode.setdefault(key, []).append((int(d["steps"]), float(d["cpu_s"]), int(d["seqs"]),
+                                                       int(d["context_tokens"])))
             host = g.get("host_cpu")
             if isinstance(host, dict) and isinstance(host.get("ms_per_token"), (int, float)):
                 per_token.setdefault(key, []).append(host["ms_per_token"] / 1e3)
@@ -320,7 +338,8 @@ def load_serve(paths: list[Path]) -> dict[str, ServeFacts]:
         raise CalibrationError(f"{', '.join(map(str, paths))}: no `host_cpu` and no per-request prefill times; "
                                f"pass `pddflow bench serve --json --per-request` output of this version")
     return {k: ServeFacts(" + ".join(sorted(set(src))), statistics.median(per_token[k]) if k in per_token else None,
-                          tuple(prefills.get(k, ())), tuple(sorted(handovers.get(k, ())))) for k, src in sources.items()}
+                          tuple(prefills.get(k, ())), tuple(sorted(handovers.get(k, ()))), tuple(decode.get(k, ())))
+            for k, src in sources.items()}
 
 
 def merge(facts: list[BenchFacts]) -> BenchFacts:

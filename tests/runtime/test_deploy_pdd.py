@@ -128,6 +128,9 @@ def test_metrics_timeline_and_no_leaks(pdd, client):
         assert ev in names, [e.get("error") for e in tl["events"] if e["event"] == "leg_failed"]
     h = pdd.wait_idle()
     assert h["mirror_drift"] == []
+    steps = {inst: w["decode"] for inst, w in h["workers"].items() if w["decode"] and w["decode"]["steps"]}
+    assert set(steps) <= {"relay/0", "main/0"} and steps   # decoders count their steps, prefill has none
+    assert all(d["cpu_s"] > 0 and d["seqs"] >= d["steps"] and d["context_tokens"] >= d["seqs"] for d in steps.values())
     for inst, w in h["workers"].items():
         assert w["kv_blocks_used"] == w["cached_blocks"], (inst, w)  # only the prefix caches hold blocks
     # the ended request's timeline still takes its legs' late events (the WAN sender hears the

@@ -17,6 +17,7 @@ from pddflow.sim.device import DeviceModel
 
 ROOT = Path(__file__).resolve().parents[2]
 SPREAD = (1.0, 0.8, 1.5, 1.0, 0.9, 1.2)   # median 1
+DECODE_FACTOR = 1.6                        # the reports' decode steps over the engine fit
 ENGINE = {"model": "builtin:tiny-llama", "threads": 1,
           "prefill": {"64": {"engine_tok_s": 1300.0}, "128": {"engine_tok_s": 1200.0}},
           "decode": {"context": 32, "1": {"engine_tok_s": 60.0}, "4": {"engine_tok_s": 230.0}},
@@ -63,7 +64,8 @@ def test_without_a_grid_the_exact_fits_remain(tmp_path):
     assert cal.to_dict()["prefill_grid_check"] == [] and cal.to_dict()["deployment"] is None
 
 
-def _serve_report(tmp_path: Path, factors: dict[str, float], per_token_ms: dict[str, float]) -> Path:
+def _serve_report(tmp_path: Path, factors: dict[str, float], per_token_ms: dict[str, float],
+                  decode_factor: float = DECODE_FACTOR) -> Path:
     """A `bench serve --json --per-request` report whose prefills took `factor` x the engine fit,
     spread around it as SPREAD."""
     cal = fit(load_bench(_engine_with_grid(tmp_path)))
@@ -79,7 +81,11 @@ def _serve_report(tmp_path: Path, factors: dict[str, float], per_token_ms: dict[
                 {"event": "arrival", "t_ms": 0.0},
                 {"event": "kv_send:rdma_tensor:relay/0", **send}, {"event": "kv_send:wan_flight:main/0", **send},
                 {"event": "kv_sent:rdma_tensor:relay/0", "t_ms": cpu_ms + 2.0 + 10.0 * (i + 1)}]})
-        graphs.append({"graph": f"graphs/{name}.yaml", "per_request": rows,
+        decode = {}
+        for inst, (steps, seqs, ctx) in {"relay/0": (100, 150, 60_000), "main/0": (400, 1600, 800_000)}.items():
+            model_s = steps * (m.wt / m.bytes_s + m.ovh) + ctx * m.kvb / m.bytes_s + seqs * m.seq_ovh
+            decode[inst] = {"steps": steps, "cpu_s": model_s * decode_factor, "seqs": seqs, "context_tokens": ctx}
+        graphs.append({"graph": f"graphs/{name}.yaml", "per_request": rows, "decode_steps": decode,
                        "host_cpu": {"frontend_s": 1.0, "client_s": 0.5, "output_tokens": 1000,
                                     "ms_per_token": per_token_ms[name]}})
     f = tmp_path / "serve.json"
@@ -99,11 +105,14 @@ def test_deployment_calibration_per_graph(tmp_path):
     assert pdd.serving_cpu_per_token_s == pytest.approx(1.7e-3)
     m0, m1 = (DeviceModel(c.device, 1, c.arch, c.efficiency) for c in (base, pdd))
     assert m1.prefill_s(150, 300) == pytest.approx(1.3 * m0.prefill_s(150, 300), rel=1e-9)
-    assert m1.decode_step_s(4, 2000) == pytest.approx(m0.decode_step_s(4, 2000), rel=0.01)
+    # decode steps at the deployment's measured CPU over the fit (memory-bound steps scale exactly)
+    assert pdd.decode_host_factor == pytest.approx(DECODE_FACTOR, rel=1e-6)
+    assert m1.decode_step_s(4, 2000) == pytest.approx(DECODE_FACTOR * m0.decode_step_s(4, 2000), rel=1e-6)
     other = base.for_graph(facts, "graphs/same_dc_pd.yaml")
     assert 1.1 < other.prefill_host_factor < 1.3 and other.serving_cpu_per_token_s == pytest.approx(1.55e-3)
     d = pdd.to_dict()["deployment"]
     assert d["prefills"] == 6 and d["prefill_host_factor"] == pytest.approx(1.3, rel=1e-4)
+    assert d["decode_steps"] == 500 and d["decode_host_factor"] == pytest.approx(DECODE_FACTOR, rel=1e-4)
     assert pdd.prefill_spread == pytest.approx(sorted(SPREAD))
     # prefill end -> KV on the relay: export (2 ms) + send to ack (10, 20, ... 60 ms)
     assert pdd.relay_handovers == pytest.approx([0.012, 0.022, 0.032, 0.042, 0.052, 0.062])
@@ -169,7 +178,7 @@ def test_cli_serving_load_slows_the_replay(tmp_path, serve_trace):
     """With a deployment calibration the frontend and client take cores' worth of CPU at the
     replay's own token rate (replayed to a fixed point), so tokens come slower than without."""
     engine = _engine_with_grid(tmp_path)
-    serve = _serve_report(tmp_path, {"pdd": 1.0}, {"pdd": 20.0})
+    serve = _serve_report(tmp_path, {"pdd": 1.0}, {"pdd": 20.0}, decode_factor=1.0)   # the load alone
     plain, loaded = _simulate(serve_trace, engine), _simulate(serve_trace, engine, serve)
     assert plain.returncode == 0 and loaded.returncode == 0, plain.stderr + loaded.stderr
     a, b = json.loads(plain.stdout), json.loads(loaded.stdout)
