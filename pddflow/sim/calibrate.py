@@ -120,8 +120,10 @@ class Calibration:
         extend calls' fixed costs) scaled by the median of the deployment's prefill CPU over what
         this fit predicts for the same prompt and cached tokens. The engine benchmark runs alone;
         in the deployment the same prefill also shares caches and memory with the other workers,
-        the frontend and the KV channels' threads (1.04-1.28x here, docs/simulator.md). The
-        measured spread around that median and the relay handovers stay in `serve` for the replay."""
+        the frontend and the KV channels' threads (1.04-1.28x here, docs/simulator.md). Decode
+        steps (bandwidth, per-sequence cost) scale by the decoders' measured step CPU over what
+        the fit predicts for the same steps. The measured spread around the prefill median and the
+        relay handovers stay in `serve` for the replay."""
         m = DeviceModel(self.device, self.facts.devices, self.arch, self.efficiency)
         ratios = [cpu / m.prefill_s(p - c, c) for p, c, cpu in serve.prefills if p > c]
         enough = len(ratios) >= MIN_SERVE_PREFILLS
