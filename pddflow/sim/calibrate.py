@@ -30,6 +30,7 @@ import numpy as np
 
 from pddflow.core.arch import ARCHS, ModelArch
 from pddflow.core.device import DeviceClass
+from pddflow.core.stats import percentile
 from pddflow.graph.plan import Plan, _instances
 from pddflow.sim.device import DeviceModel, Efficiency
 
@@ -169,9 +170,10 @@ class Calibration:
                     "prefill_host_factor": round(self.prefill_host_factor, 4),
                     "decode_host_factor": round(self.decode_host_factor, 4),
                     "decode_steps": sum(d[0] for d in self.serve.decode),
-                    "prefill_spread": {q: round(_quantile(self.prefill_spread, q), 3) for q in (0.1, 0.5, 0.9)}
+                    "prefill_spread": {q: round(percentile(list(self.prefill_spread), q * 100), 3) for q in (0.1, 0.5, 0.9)}
                     if self.prefill_spread else None,
-                    "relay_handover_ms": {q: round(_quantile(self.serve.handovers, q) * 1e3, 1) for q in (0.1, 0.5, 0.9)}
+                    "relay_handover_ms": {q: round(percentile(list(self.serve.handovers), q * 100) * 1e3, 1)
+                                          for q in (0.1, 0.5, 0.9)}
                     if self.serve.handovers else None,
                     "serving_cpu_ms_per_token": None if self.serve.cpu_per_token_s is None
                     else round(self.serve.cpu_per_token_s * 1e3, 4)},
@@ -287,10 +289,6 @@ def load_bench(path: str | Path) -> BenchFacts:
     return BenchFacts(str(path), pre, dec, int(prompt), max(1, int(batch)), int(ctx), arch, max(1, int(devices)))
 
 
-def _quantile(xs: tuple[float, ...], q: float) -> float:
-    return xs[min(len(xs) - 1, int(q * len(xs)))]
-
-
 def is_serve_report(path: str | Path) -> bool:
     """Whether `path` holds `pddflow bench serve --json` output (else: an engine benchmark)."""
     try:
@@ -315,27 +313,33 @@ def load_serve(paths: list[Path]) -> dict[str, ServeFacts]:
                 continue
             key = graph_key(g["graph"])
             sources.setdefault(key, []).append(str(path))
-            for d in (g.get("decode_steps") or {}).values():
-                if isinstance(d, dict) and all(isinstance(d.get(k), (int, float)) for k in ("steps", "cpu_s", "seqs",
-                                                                                          "context_tokens")):
-                    decode.setdefault(key, []).append((int(d["steps"]), float(d["cpu_s"]), int(d["seqs"]),
-                                                       int(d["context_tokens"])))
+            steps = g.get("decode_steps")
+            for d in steps.values() if isinstance(steps, dict) else ():
+                got = _fields(d, ("steps", "cpu_s", "seqs", "context_tokens"))
+                if got is not None:
+                    decode.setdefault(key, []).append((int(got[0]), got[1], int(got[2]), int(got[3])))
             host = g.get("host_cpu")
             if isinstance(host, dict) and isinstance(host.get("ms_per_token"), (int, float)):
                 per_token.setdefault(key, []).append(host["ms_per_token"] / 1e3)
-            for r in g.get("per_request") or []:
-                events = [e for e in r.get("events", []) if isinstance(e, dict)]
+            rows = g.get("per_request")
+            for r in rows if isinstance(rows, list) else ():
+                if not isinstance(r, dict) or not isinstance(r.get("prompt_tokens"), int):
+                    continue
                 first = {}   # each event's first occurrence, by name
-                for e in events:
-                    first.setdefault(str(e.get("event", "")), e)
+                for e in r.get("events") or ():
+                    if isinstance(e, dict):
+                        first.setdefault(str(e.get("event", "")), e)
                 send = next((e for name, e in first.items() if name.startswith("kv_send")), None)
-                if send and all(isinstance(send.get(k), (int, float)) for k in ("prefill_cpu_ms", "cached_tokens")):
-                    prefills.setdefault(key, []).append(
-                        (int(r["prompt_tokens"]), int(send["cached_tokens"]), send["prefill_cpu_ms"] / 1e3))
+                got = _fields(send, ("prefill_cpu_ms", "cached_tokens"))
+                if got is not None:
+                    prefills.setdefault(key, []).append((r["prompt_tokens"], got[1], got[0]))
                 for name, e in first.items():   # the relay's copy: export, send, the receiver's ack
-                    sent = first.get(name.replace("kv_send:", "kv_sent:", 1))
-                    if name.startswith("kv_send:rdma_tensor:") and sent and isinstance(e.get("export_ms"), (int, float)):
-                        handovers.setdefault(key, []).append((sent["t_ms"] - e["t_ms"] + e["export_ms"]) / 1e3)
+                    if not name.startswith("kv_send:rdma_tensor:"):
+                        continue
+                    sent = _fields(first.get(name.replace("kv_send:", "kv_sent:", 1)), ("t_ms",))
+                    start = _fields(e, ("t_ms", "export_ms"))
+                    if sent is not None and start is not None:
+                        handovers.setdefault(key, []).append(sent[0] - start[0] + start[1])
     if not per_token and not prefills:
         raise CalibrationError(f"{', '.join(map(str, paths))}: no `host_cpu` and no per-request prefill times; "
                                f"pass `pddflow bench serve --json --per-request` output of this version")

@@ -162,6 +162,13 @@ def test_serve_report_without_measurements_fails_clearly(tmp_path):
     f.write_text(json.dumps({"workload": {}, "graphs": [{"graph": "graphs/pdd.yaml", "ttft_s": {"p50": 1.0}}]}))
     with pytest.raises(CalibrationError, match="--per-request"):
         load_serve([f])
+    # rows and events of the wrong shape are skipped, not a traceback
+    f.write_text(json.dumps({"workload": {}, "graphs": [{"graph": "graphs/pdd.yaml", "decode_steps": [1],
+                                                          "per_request": [1, {"prompt_tokens": "x"}, {
+                                                              "prompt_tokens": 5, "events": [
+                                                                  {"event": "kv_send:rdma_tensor:relay/0", "t_ms": "a"}]}]}]}))
+    with pytest.raises(CalibrationError, match="--per-request"):
+        load_serve([f])
 
 
 def _simulate(trace: Path, *calibrations: Path | str) -> subprocess.CompletedProcess:
