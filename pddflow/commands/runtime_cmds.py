@@ -12,6 +12,7 @@ from typing import Optional
 import typer
 
 from pddflow.commands.common import check_cpu_pinning, fail, load_or_exit
+from pddflow.core.device import LOCAL_KV_CACHE_MIB
 
 
 def deploy(
@@ -19,7 +20,7 @@ def deploy(
     host: str = typer.Option("127.0.0.1", help="address the HTTP API listens on"),
     port: int = typer.Option(8000, min=0, max=65535, help="port of the HTTP API"),
     backend: str = typer.Option("local", help="where instances run: local (every instance a process here)"),
-    kv_cache_mb: int = typer.Option(256, min=1, help="KV cache per worker, MiB (local profile)"),
+    kv_cache_mb: int = typer.Option(LOCAL_KV_CACHE_MIB, min=1, help="KV cache per worker, MiB (local profile)"),
     startup_timeout: float = typer.Option(180.0, min=1.0, help="seconds to wait for every worker to be ready"),
     leg_timeout: float = typer.Option(60.0, min=0.1, help="default deadline of one request's leg on a worker, s"),
     seed: int = typer.Option(0, help="seed of the WAN emulation (jitter) so runs repeat"),

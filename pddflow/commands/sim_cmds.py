@@ -185,7 +185,8 @@ def simulate(
 
     try:
         if kind == "serve":
-            sim_kwargs["prefill_first_token"] = True   # compared with the runtime: its first-token path
+            sim_kwargs["prefill_first_token"] = True   # compared with the runtime: its first-token path,
+            sim_kwargs["exclusive_jobs"] = True        # its one model call at a time
             # and its WAN delays: `bench serve` deploys with the default --seed 0
             sim_kwargs["wan_jitter_seed"] = 0
             from pddflow.core.serve_sessions import TraceError as SessionTraceError
@@ -206,7 +207,8 @@ def simulate(
     # per plan: its calibration's prefill costs and (a deployment calibration, replaying bench serve)
     # its prefills' measured spread and its serving path's CPU
     per_plan = [{"efficiency": c.efficiency, "prefill_spread": c.prefill_spread,
-                 "relay_handovers": c.relay_handovers, "serving_cpu_per_token": c.serving_cpu_per_token_s}
+                 "relay_handovers": c.relay_handovers, "prefill_shipping": c.prefill_shipping,
+                 "serving_cpu_per_token": c.serving_cpu_per_token_s, "decode_wall_over_cpu": c.decode_wall_ratios}
                 for c in cals] if cals else None
     results, sims = _run_all(plans, wl, seed, sim_kwargs, quiet, per_plan, replications)
     if per_request:
@@ -232,7 +234,7 @@ def simulate(
 
 def _run_all(plans, wl, seed, sim_kwargs, quiet, per_plan=None, replications=1):
     from pddflow.sim.metrics import summarize
-    from pddflow.sim.serve_replay import SERVING_ROUNDS, SERVING_TOLERANCE, serving_load
+    from pddflow.sim.serve_replay import SERVING_ROUNDS, SERVING_TOLERANCE, decode_wall_factors, serving_load
     from pddflow.sim.simulator import HostCpus, Simulation
 
     results, sims = [], []
@@ -246,34 +248,46 @@ def _run_all(plans, wl, seed, sim_kwargs, quiet, per_plan=None, replications=1):
         for i, p in enumerate(plans):
             kw = dict(sim_kwargs, **(per_plan[i] if per_plan else {}))
             per_token = kw.pop("serving_cpu_per_token", 0.0)
+            wall_ratios = kw.pop("decode_wall_over_cpu", {}) if cores else {}
             task = prog.add_task(f"{p.name}", total=len(wl.requests)) if prog else None
 
-            def replay(serving: float, sim_seed: int) -> Simulation:
+            def replay(serving: float, sim_seed: int, walls: dict[str, float]) -> Simulation:
                 # one process per instance, on the cores the runtime would pin it to
                 cpu = HostCpus(p, cores, bench_threads, background, pinning, corun=corun, serving=serving) if cores else None
-                sim = Simulation(p, wl, seed=sim_seed, cpu=cpu, **kw)
+                sim = Simulation(p, wl, seed=sim_seed, cpu=cpu, decode_wall_factors=walls, **kw)
                 try:
                     sim.run(progress=(lambda done, total, t=task: prog.update(t, completed=done)) if prog else None)
                 except ValueError as exc:
                     fail(f"{p.source}: {exc}")
                 return sim
 
-            # the serving path's load follows the token rate, which follows the load: replay until
-            # the two agree (a few rounds; each replay of a serve workload takes well under a second)
-            serving, rounds = 0.0, 0
+            # the serving path's load follows the token rate, which follows the load, and the decode
+            # wall factors follow the host model's share of the measured wall: replay until all
+            # settle (a few rounds; each replay of a serve workload takes well under a second)
+            serving, walls, rounds = 0.0, {}, 0
             while True:
-                sim = replay(serving, seed)
+                sim = replay(serving, seed, walls)
                 rounds += 1
                 want = serving_load(sim, per_token) if cores and per_token else 0.0
-                if abs(want - serving) <= SERVING_TOLERANCE * max(want, 1e-9) or rounds >= SERVING_ROUNDS:
+                want_walls = decode_wall_factors(sim, wall_ratios, walls)
+                settled = abs(want - serving) <= SERVING_TOLERANCE * max(want, 1e-9) and all(
+                    abs(f - walls.get(i, 1.0)) <= SERVING_TOLERANCE * f for i, f in want_walls.items())
+                if settled or rounds >= SERVING_ROUNDS:
                     break
-                serving = want
+                serving, walls = want, want_walls
             result = summarize(sim)
             if replications > 1:   # the same workload, other draws of the random parts
-                result = _pool([result] + [summarize(replay(serving, seed + r)) for r in range(1, replications)])
+                result = _pool([result] + [summarize(replay(serving, seed + r, walls)) for r in range(1, replications)])
             if cores and per_token:
                 result["serving_load"] = {"cpu_ms_per_token": round(per_token * 1e3, 4),
                                           "cores": round(serving, 4), "replays": rounds}
+            if wall_ratios:
+                result["decode_wall"] = {i: {"measured_wall_over_cpu": round(r, 4),
+                                             "simulated_wall_over_model": round(
+                                                 sim.engines[i].decode_wall_s / sim.engines[i].decode_model_s, 4)
+                                             if i in sim.engines and sim.engines[i].decode_model_s > 0 else None,
+                                             "factor": round(walls.get(i, 1.0), 4)}
+                                         for i, r in sorted(wall_ratios.items())}
             results.append(result)
             sims.append(sim)
     return results, sims

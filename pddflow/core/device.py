@@ -5,6 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 GIB = 1024**3
+# KV memory of one worker in the embedded deployment (`pddflow deploy --kv-cache-mb`), which the
+# simulator gives each instance when it replays that deployment (`simulate --calibrate`)
+LOCAL_KV_CACHE_MIB = 256
 
 
 @dataclass(frozen=True)

@@ -126,8 +126,8 @@ def _timelines(base: str, samples: list[Sample]) -> None:
 
 
 def _decode_steps(base: str, since: dict[str, dict] | None = None) -> dict[str, dict]:
-    """Each decoding worker's decode steps (count, CPU seconds, sequences, context tokens) from the
-    frontend's /health, less `since`. Workers report their status every 0.5 s (runtime/worker.py:
+    """Each decoding worker's decode steps (count, CPU seconds, wall seconds of the loop iterations
+    that ran them, sequences, context tokens) from the frontend's /health, less `since`. Workers report their status every 0.5 s (runtime/worker.py:
     STATUS_EVERY_S): wait twice that first, so the figures include the run's last steps."""
     time.sleep(1.0)
     workers = httpx.get(f"{base}/health", timeout=10).json().get("workers", {})
@@ -135,7 +135,8 @@ def _decode_steps(base: str, since: dict[str, dict] | None = None) -> dict[str, 
     for inst, w in workers.items():
         d, d0 = w.get("decode") or {}, (since or {}).get(inst, {})
         if d.get("steps"):
-            out[inst] = {k: round(d[k] - d0.get(k, 0), 4) for k in ("steps", "cpu_s", "seqs", "context_tokens")}
+            out[inst] = {k: round(d[k] - d0.get(k, 0), 4) for k in ("steps", "cpu_s", "wall_s", "seqs", "context_tokens")
+                         if k in d}
     return {i: d for i, d in out.items() if d["steps"] > 0}
 
 

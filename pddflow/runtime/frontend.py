@@ -93,7 +93,8 @@ class Frontend:
                        "cached_blocks": s.cached_blocks if s else None,
                        "running": s.running if s else None,
                        # decode steps since start: a simulator calibrates the deployment's decode cost with it
-                       "decode": {"steps": s.decode_steps, "cpu_s": round(s.decode_cpu_s, 4), "seqs": s.decode_seqs,
+                       "decode": {"steps": s.decode_steps, "cpu_s": round(s.decode_cpu_s, 4),
+                                  "wall_s": round(s.decode_wall_s, 4), "seqs": s.decode_seqs,
                                   "context_tokens": s.decode_context_tokens} if s else None}
                    for i in self.wiring.workers}
         ready = all(w["ready"] for w in workers.values())

@@ -10,6 +10,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from pddflow.core.device import LOCAL_KV_CACHE_MIB
 from pddflow.graph.plan import Plan
 from pddflow.core.cpu_layout import CpuLayout, host_cores, plan_layout
 
@@ -30,7 +31,7 @@ class Wiring:
     workers: dict[str, Endpoints] = field(default_factory=dict)
     auth_token: str = ""                       # bearer token for every cross-cluster channel
     seed: int = 0
-    kv_cache_bytes: int = 256 << 20            # per worker, local profile
+    kv_cache_bytes: int = LOCAL_KV_CACHE_MIB << 20   # per worker, local profile
     leg_timeout_s: float = 60.0                # a leg's default deadline
     # Cross-cluster endpoints are reached through the emulated link's relay (real address -> relay
     # address), so the link can be cut like a real WAN; `links` names the endpoints behind each link.
@@ -65,7 +66,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wire(plan: Plan, seed: int = 0, kv_cache_bytes: int = 256 << 20, leg_timeout_s: float = 60.0,
+def wire(plan: Plan, seed: int = 0, kv_cache_bytes: int = LOCAL_KV_CACHE_MIB << 20, leg_timeout_s: float = 60.0,
          cpus: CpuLayout | None = None) -> Wiring:
     """Endpoints for every instance of a (local-scale) plan: a receiver where an edge lands."""
     dep = f"pddflow-{uuid.uuid4().hex[:8]}"

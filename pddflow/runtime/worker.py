@@ -107,7 +107,7 @@ class Worker:
         self.mirrored = cache  # the router mirrors every cache it can route on
         self._last_status = 0.0
         self._status = pb.WorkerStatus(instance=instance, ready=False)
-        self.decode_totals = [0, 0.0, 0, 0]   # steps, loop-thread CPU s, sequences, context tokens
+        self.decode_totals = [0, 0.0, 0, 0, 0.0]   # steps, loop-thread CPU s, sequences, context tokens, wall s
         self.rpc, _ = serve(WORKER, {
             "Submit": (pb.Job, pb.Reply, lambda m: self._enqueue(("job", m))),
             "Feed": (pb.Tokens, pb.Reply, lambda m: self._enqueue(("first", m.seq_id, m.ids[0]))),
@@ -127,14 +127,22 @@ class Worker:
         self.io.report(status=self._status)
         while not self.stopping.is_set():
             try:
-                self.admit(block=not (self.compute_queue or self._decoding()))
+                t0 = time.monotonic()
+                idle = not (self.compute_queue or self._decoding())
+                self.admit(block=idle)
+                if idle:             # an idle wait for work is nobody's step
+                    t0 = time.monotonic()
                 self._land_waiting()
+                decoded = False
                 if self.compute_queue:
                     self.compute(self.compute_queue.pop(0))
                 elif batch := self._decoding()[: self.max_batch]:
                     self.decode(batch)
+                    decoded = True
                 self.expire()
                 self.publish()
+                if decoded:          # the iteration's wall, for the simulator's calibration
+                    self.decode_totals[4] += time.monotonic() - t0
             except Exception:  # noqa: BLE001 - a bug in one request's handling must not take the worker down
                 traceback.print_exc()
 
@@ -517,7 +525,8 @@ class Worker:
                                kv_blocks_used=alloc.num_blocks - alloc.num_free, kv_blocks_total=alloc.num_blocks,
                                cached_blocks=len(cached), cache_digest=digest,
                                decode_steps=self.decode_totals[0], decode_cpu_s=self.decode_totals[1],
-                               decode_seqs=self.decode_totals[2], decode_context_tokens=self.decode_totals[3])
+                               decode_seqs=self.decode_totals[2], decode_context_tokens=self.decode_totals[3],
+                               decode_wall_s=self.decode_totals[4])
 
     def publish(self) -> None:
         if self.mirrored:

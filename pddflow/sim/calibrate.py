@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from pddflow.core.arch import ARCHS, ModelArch
-from pddflow.core.device import DeviceClass
+from pddflow.core.device import LOCAL_KV_CACHE_MIB, DeviceClass
 from pddflow.core.stats import percentile
 from pddflow.graph.plan import Plan, _instances
 from pddflow.sim.device import DeviceModel, Efficiency
@@ -75,6 +75,20 @@ class ServeFacts:
     handovers: tuple[float, ...] = ()
     # each decoding worker's decode steps over the run: (steps, CPU seconds, sequences, context tokens)
     decode: tuple[tuple[int, float, int, int], ...] = ()
+    # seconds the prefill worker spends shipping each prefill's KV (exporting every copy) before its
+    # loop can start the next prefill: from the prefill's end to its last kv_send
+    shipping: tuple[float, ...] = ()
+    # per decoding worker: (instance, wall seconds of the loop iterations that ran decode steps, their
+    # CPU seconds); wall over CPU is what the host and the worker's other threads add to a step
+    decode_wall: tuple[tuple[str, float, float], ...] = ()
+
+    def decode_wall_ratios(self) -> dict[str, float]:
+        """Each decoding instance's decode wall time over its CPU time, over every run measured."""
+        wall: dict[str, list[float]] = {}
+        for inst, w, c in self.decode_wall:
+            acc = wall.setdefault(inst, [0.0, 0.0])
+            acc[0], acc[1] = acc[0] + w, acc[1] + c
+        return {i: w / c for i, (w, c) in wall.items() if c > 0 and w > 0}
 
 
 def graph_key(source: str | Path) -> str:
@@ -98,6 +112,14 @@ class Calibration:
         return self.serve.handovers if self.serve is not None else ()
 
     @property
+    def prefill_shipping(self) -> tuple[float, ...]:
+        return self.serve.shipping if self.serve is not None else ()
+
+    @property
+    def decode_wall_ratios(self) -> dict[str, float]:
+        return self.serve.decode_wall_ratios() if self.serve is not None else {}
+
+    @property
     def serving_cpu_per_token_s(self) -> float:
         return (self.serve.cpu_per_token_s or 0.0) if self.serve is not None else 0.0
 
@@ -113,7 +135,9 @@ class Calibration:
                               statistics.median(tokens) if tokens else None,
                               tuple(p for f in serve.values() for p in f.prefills),
                               tuple(sorted(h for f in serve.values() for h in f.handovers)),
-                              tuple(d for f in serve.values() for d in f.decode))
+                              tuple(d for f in serve.values() for d in f.decode),
+                              tuple(sorted(x for f in serve.values() for x in f.shipping)),
+                              tuple(d for f in serve.values() for d in f.decode_wall))
         return self.with_serve(mine)
 
     def with_serve(self, serve: ServeFacts) -> Calibration:
@@ -175,6 +199,11 @@ class Calibration:
                     "relay_handover_ms": {q: round(percentile(list(self.serve.handovers), q * 100) * 1e3, 1)
                                           for q in (0.1, 0.5, 0.9)}
                     if self.serve.handovers else None,
+                    "prefill_shipping_ms": {q: round(percentile(list(self.serve.shipping), q * 100) * 1e3, 1)
+                                            for q in (0.1, 0.5, 0.9)}
+                    if self.serve.shipping else None,
+                    "decode_wall_over_cpu": {i: round(r, 4) for i, r in sorted(self.decode_wall_ratios.items())}
+                    or None,
                     "serving_cpu_ms_per_token": None if self.serve.cpu_per_token_s is None
                     else round(self.serve.cpu_per_token_s * 1e3, 4)},
                 "corun": None if f.corun is None else {"prefill_factor": f.corun[0], "decode_factor": f.corun[1]},
@@ -305,6 +334,8 @@ def load_serve(paths: list[Path]) -> dict[str, ServeFacts]:
     prefills: dict[str, list[tuple[int, int, float]]] = {}
     handovers: dict[str, list[float]] = {}
     decode: dict[str, list[tuple[int, float, int, int]]] = {}
+    decode_wall: dict[str, list[tuple[str, float, float]]] = {}
+    shipping: dict[str, list[float]] = {}
     sources: dict[str, list[str]] = {}
     for path in paths:
         data = json.loads(Path(path).read_text())
@@ -314,10 +345,13 @@ def load_serve(paths: list[Path]) -> dict[str, ServeFacts]:
             key = graph_key(g["graph"])
             sources.setdefault(key, []).append(str(path))
             steps = g.get("decode_steps")
-            for d in steps.values() if isinstance(steps, dict) else ():
+            for inst, d in steps.items() if isinstance(steps, dict) else ():
                 got = _fields(d, ("steps", "cpu_s", "seqs", "context_tokens"))
                 if got is not None:
                     decode.setdefault(key, []).append((int(got[0]), got[1], int(got[2]), int(got[3])))
+                    wall = _fields(d, ("wall_s",))   # (older reports have none)
+                    if wall is not None:
+                        decode_wall.setdefault(key, []).append((str(inst), wall[0], got[1]))
             host = g.get("host_cpu")
             if isinstance(host, dict) and isinstance(host.get("ms_per_token"), (int, float)):
                 per_token.setdefault(key, []).append(host["ms_per_token"] / 1e3)
@@ -333,6 +367,11 @@ def load_serve(paths: list[Path]) -> dict[str, ServeFacts]:
                 got = _fields(send, ("prefill_cpu_ms", "cached_tokens"))
                 if got is not None:
                     prefills.setdefault(key, []).append((r["prompt_tokens"], got[1], got[0]))
+                sends = [t for name, e in first.items() if name.startswith("kv_send")
+                         if (t := _fields(e, ("t_ms", "export_ms"))) is not None]
+                if sends:   # seconds; the prefill ended one export before its first send
+                    t0, export0 = min(sends)
+                    shipping.setdefault(key, []).append(max(t for t, _ in sends) - (t0 - export0))
                 for name, e in first.items():   # the relay's copy: export, send, the receiver's ack
                     if not name.startswith("kv_send:rdma_tensor:"):
                         continue
@@ -344,7 +383,8 @@ def load_serve(paths: list[Path]) -> dict[str, ServeFacts]:
         raise CalibrationError(f"{', '.join(map(str, paths))}: no `host_cpu` and no per-request prefill times; "
                                f"pass `pddflow bench serve --json --per-request` output of this version")
     return {k: ServeFacts(" + ".join(sorted(set(src))), statistics.median(per_token[k]) if k in per_token else None,
-                          tuple(prefills.get(k, ())), tuple(sorted(handovers.get(k, ()))), tuple(decode.get(k, ())))
+                          tuple(prefills.get(k, ())), tuple(sorted(handovers.get(k, ()))), tuple(decode.get(k, ())),
+                          tuple(sorted(shipping.get(k, ()))), tuple(decode_wall.get(k, ())))
             for k, src in sources.items()}
 
 
@@ -519,13 +559,17 @@ def _fit_prefill(facts: BenchFacts, arch: ModelArch, apf: float) -> tuple[float,
 
 
 
-def calibrated_plan(plan: Plan, cal: Calibration, local: bool = True) -> Plan:
+def calibrated_plan(plan: Plan, cal: Calibration, local: bool = True,
+                    kv_cache_bytes: int = LOCAL_KV_CACHE_MIB << 20) -> Plan:
     """`plan` as the embedded deployment runs it: the local profile's replicas, the benchmark's
-    model architecture, every device class replaced by the calibrated one (memory and price kept)."""
+    model architecture, every device class replaced by the calibrated one (price kept). Local: each
+    worker runs on what the benchmark measured, with the deployment's KV memory per worker (its
+    decoders make KV wait for room: at bench serve's load that gate sets the batches)."""
     p = plan.scaled_to_local() if local else plan
     devices = {k: replace(v, tflops=cal.device.tflops, hbm_tbps=cal.device.hbm_tbps)
                for k, v in p.device_classes.items()}
-    if local:   # each local worker runs on what the benchmark measured, not on devices_per_replica GPUs
-        ops = {k: replace(op, devices_per_replica=cal.facts.devices) for k, op in p.operators.items()}
+    if local:
+        ops = {k: replace(op, devices_per_replica=cal.facts.devices, kv_budget_bytes=float(kv_cache_bytes))
+               for k, op in p.operators.items()}
         p = replace(p, operators=ops, instances=_instances(ops))
     return replace(p, device_classes=devices, model=replace(p.model, arch=cal.arch))

@@ -5,6 +5,10 @@ event; a run of pure decode steps with an unchanged batch is planned at once (th
 every step are computed, one event is scheduled at the first finish) and cut short at the next
 boundary if new work arrives. The result is the same as one event per step; the event count is not.
 
+With `exclusive_jobs` (the embedded runtime's worker loop: one model call at a time) a job runs
+alone and whole, its chunks back to back, and the decode batch waits for it: no chunk mixes
+requests, and a job step is not a decode step.
+
 Hooks on a sequence: `on_first(seq, t)` when its first token is emitted, `on_finish(seq, t)` when its
 last is. Hooks on a job: `on_done(job, t)`. Controls run at the next boundary, when token counts are
 exact (the relay's handoff reads how many tokens it has generated there).
@@ -27,11 +31,13 @@ class Job:
     """`tokens` new tokens to compute over a context that already holds `ctx` tokens (a prompt's
     uncached part, or an extend over handed-off token IDs)."""
 
-    __slots__ = ("run", "tokens", "ctx", "sched", "done", "on_done", "kind", "started", "factor")
+    __slots__ = ("run", "tokens", "ctx", "sched", "done", "on_done", "kind", "started", "factor", "after_s")
 
-    def __init__(self, run, tokens: int, ctx: int, on_done: Callable, kind: str = "prefill", factor: float = 1.0):
+    def __init__(self, run, tokens: int, ctx: int, on_done: Callable, kind: str = "prefill", factor: float = 1.0,
+                 after_s: float = 0.0):
         self.run, self.tokens, self.ctx, self.on_done, self.kind = run, max(1, tokens), ctx, on_done, kind
         self.factor = factor                 # this job's cost against the model (measured spread, 1 = model)
+        self.after_s = after_s               # exclusive: the engine stays busy this long after it (shipping KV)
         self.sched = 0
         self.done = 0
         self.started: float | None = None   # when its first chunk's step began
@@ -51,8 +57,12 @@ class Seq:
 
 
 class Engine:
-    def __init__(self, loop: EventLoop, name: str, model: DeviceModel, max_batch: int, chunk_tokens: int):
+    def __init__(self, loop: EventLoop, name: str, model: DeviceModel, max_batch: int, chunk_tokens: int,
+                 exclusive_jobs: bool = False):
         self.loop, self.name, self.model = loop, name, model
+        self.exclusive_jobs = exclusive_jobs
+        self._job_alone = False            # the planned step is one exclusive job (no decode step)
+        self._busy_until = 0.0             # an exclusive job's work after it is done (shipping its KV)
         self.max_batch, self.chunk = max(1, max_batch), max(1, chunk_tokens)
         self.running: dict[int, Seq] = {}
         self.waiting: deque[Seq] = deque()
@@ -75,6 +85,13 @@ class Engine:
         # planning time; `on_busy` hears every idle <-> busy transition. None: a dedicated device.
         self.slowdown: Callable[[bool], float] | None = None   # argument: the step runs prefill/extend
         self.on_busy: Callable[[Engine], None] | None = None
+        # decode-only steps take this many times their time besides the host model (a deployment
+        # calibration's measured wall over CPU that the CPU model does not explain); and what they
+        # took: simulated wall seconds, and the same steps at the model's time (no host, no factor)
+        self.decode_wall_factor = 1.0
+        self.decode_wall_s = 0.0
+        self.decode_model_s = 0.0
+        self._plan_f = 1.0
 
     # ---- work arrives ---------------------------------------------------------------------------
     def submit_job(self, job: Job) -> None:
@@ -150,11 +167,15 @@ class Engine:
         self._in_boundary = True
         k = self._k
         if k:
-            b = len(self.running)
-            self.steps += k
+            b = 0 if self._job_alone else len(self.running)   # an exclusive job: decoders waited
+            if not self._job_alone:
+                self.steps += k
             self.ctx_sum += b * k
             self.decode_tokens += b * k
             self.busy_s += now - self._t_plan
+            if b and not self._step_jobs:   # a run of decode-only steps
+                self.decode_wall_s += now - self._t_plan
+                self.decode_model_s += (now - self._t_plan) / self._plan_f
             if self._step_jobs:
                 done = self._step_jobs
                 self._step_jobs = []
@@ -163,6 +184,8 @@ class Engine:
                     self.job_tokens += n
                     if job.done >= job.tokens:
                         job.on_done(job, now)
+                        if self.exclusive_jobs and job.after_s > 0:
+                            self._busy_until = now + job.after_s
             heap, running, steps = self._finish, self.running, self.steps
             while heap and heap[0][0] <= steps:
                 fs, rid = heappop(heap)
@@ -181,9 +204,16 @@ class Engine:
         self._plan(now)
 
     def _plan(self, now: float) -> None:
+        if self._busy_until > now:          # still shipping the last job's KV: no step until then
+            self.busy_s += self._busy_until - now
+            self._k, self._times, self._t_plan = 0, [self._busy_until], self._busy_until
+            self._ver += 1
+            self.loop.at(self._busy_until, self._boundary, self._ver)
+            return
         running, heap, steps = self.running, self._finish, self.steps
         first: list[Seq] = []
-        while self.waiting and len(running) < self.max_batch:
+        # an exclusive job runs before the batch changes: new sequences join the next decode step
+        while self.waiting and len(running) < self.max_batch and not (self.exclusive_jobs and self.jobs):
             seq = self.waiting.popleft()
             seq.join_step = steps
             seq.finish_step = steps + max(1, seq.output - seq.tokens0)
@@ -194,7 +224,18 @@ class Engine:
                 first.append(seq)
         b, c = len(running), self.ctx_sum
         m = self.model
-        if self.jobs:
+        self._job_alone = False
+        if self.jobs and self.exclusive_jobs:
+            job = self.jobs.popleft()
+            n, pos = job.tokens - job.sched, job.ctx + job.sched
+            if job.started is None:
+                job.started = now
+            job.sched = job.tokens
+            self._step_jobs.append((job, n))
+            self._job_alone = True
+            call = m.extend_s(n, pos) if job.kind == "extend" else m.prefill_s(n, pos)
+            times = [now + call * job.factor]
+        elif self.jobs:
             budget, new, pairs, kv = self.chunk, b, float(c), float(c)
             job_ovh = 0.0
             weighted = 0.0                  # the step's jobs' cost factors, weighted by their tokens
@@ -244,10 +285,12 @@ class Engine:
             if self.on_busy is not None:
                 self.on_busy(self)
             return
-        if self.slowdown is not None:
-            f = self.slowdown(bool(self._step_jobs))
-            if f != 1.0:
-                times = [now + (t - now) * f for t in times]
+        f = self.slowdown(bool(self._step_jobs)) if self.slowdown is not None else 1.0
+        if not self._step_jobs:
+            f *= self.decode_wall_factor
+        self._plan_f = f
+        if f != 1.0:
+            times = [now + (t - now) * f for t in times]
         for seq in first:
             seq.on_first(seq, times[0])
         self._k = len(times)

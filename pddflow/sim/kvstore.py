@@ -3,7 +3,9 @@ engine uses) plus reservations for blocks in flight and output tokens, in blocks
 
 A request `acquire`s a hold (matched prefix locked, missing blocks and output reserved), `commit`s
 it when its blocks land (they enter the cache, still locked) and `release`s it when done (cached
-blocks stay, evictable LRU). Every insert and eviction is forwarded as an event to the scheduler's
+blocks stay, evictable LRU). A decoder does as the runtime's does (runtime/worker.py: `_adopt_prefix`
+when the job arrives, `_room_for` when the KV lands): it `pin`s the cached prefix first and
+`reserve`s the rest when the KV is here, so memory is not held while the KV crosses the WAN. Every insert and eviction is forwarded as an event to the scheduler's
 mirror of this cache, and the two are checked against each other.
 """
 
@@ -66,25 +68,39 @@ class KVStore:
     def acquire(self, hashes: tuple[int, ...], extra_blocks: int) -> Hold | None:
         """Lock the cached prefix and reserve the rest plus `extra_blocks`; None when memory is short
         now (call again after a release). Raise ValueError if it can never fit."""
+        hold = self.pin(hashes)
+        try:
+            if self.reserve(hold, extra_blocks):
+                return hold
+        except ValueError:
+            self._unlock(hold)
+            raise
+        self._unlock(hold)
+        return None
+
+    def pin(self, hashes: tuple[int, ...]) -> Hold:
+        """Lock the cached prefix of `hashes` (it cannot be evicted from now on); reserve nothing."""
         matched = self.cache.match(hashes) if self.cache is not None else []
-        missing = len(hashes) - len(matched)
-        need = missing + extra_blocks
-        if need + len(matched) > self.capacity:
-            raise ValueError(f"{self.name}: a request needs {need + len(matched)} KV blocks, the budget holds {self.capacity}")
         for b in matched:
             b.refs += 1
             if b.refs == 1:
                 self._locked += 1
+        return Hold(matched, 0, len(matched), len(hashes) - len(matched))
+
+    def reserve(self, hold: Hold, extra_blocks: int) -> bool:
+        """Reserve a pinned hold's missing prompt blocks plus `extra_blocks`, evicting unlocked
+        cached blocks if needed; False when memory is short now. ValueError if it can never fit."""
+        need = hold.missing + extra_blocks
+        if need + len(hold.blocks) > self.capacity:
+            raise ValueError(f"{self.name}: a request needs {need + len(hold.blocks)} KV blocks, "
+                             f"the budget holds {self.capacity}")
         if not self._make_room(need):
-            for b in matched:
-                b.refs -= 1
-                if b.refs == 0:
-                    self._locked -= 1
-            return None
+            return False
         self.reserved += need
+        hold.reserved += need
         if self.used > self.peak_used:
             self.peak_used = self.used
-        return Hold(matched, need, len(matched), missing)
+        return True
 
     def commit(self, hold: Hold, hashes: tuple[int, ...]) -> int:
         """The prompt's blocks are here: insert them (locked). Returns how many were new to the cache."""
@@ -136,11 +152,7 @@ class KVStore:
         return len(new)
 
     def release(self, hold: Hold) -> None:
-        for b in hold.blocks:
-            b.refs -= 1
-            if b.refs == 0:
-                self._locked -= 1
-        hold.blocks = []
+        self._unlock(hold)
         self.reserved -= hold.reserved
         hold.reserved = 0
         self._wake()
@@ -150,6 +162,12 @@ class KVStore:
         self.waiters.append(retry)
 
     # ---- internals ------------------------------------------------------------------------------
+    def _unlock(self, hold: Hold) -> None:
+        for b in hold.blocks:
+            b.refs -= 1
+            if b.refs == 0:
+                self._locked -= 1
+        hold.blocks = []
     def _make_room(self, need: int) -> bool:
         over = self.used + need - self.capacity
         if over > 0 and self.cache is not None:

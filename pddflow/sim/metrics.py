@@ -93,6 +93,9 @@ def summarize(sim: Simulation, pricing: dict | None = None) -> dict:
                      "at_transfer_mean": round(sum(hit_real) / len(hit_real), 4) if hit_real else None,
                      "workload_unbounded_mean": round(sum(h := wl.unbounded_hit_rates()) / max(len(h), 1), 4)},
         "utilization": {op: round(busy[op] / (count[op] * horizon), 4) for op in sorted(busy)},
+        # as `pddflow bench serve` reports its workers': decode steps and the sequences they carried
+        "decode_steps": {iid: {"steps": e.steps, "seqs": e.decode_tokens}
+                         for iid, e in sorted(sim.engines.items()) if e.decode_tokens},
         "per_variant": {v: {"requests": sum(1 for r in done if r.dec.variant == v),
                             "ttft_s": _pcts([ttft(r) for r in done if r.dec.variant == v])}
                         for v in sorted(variants)},
@@ -123,7 +126,9 @@ def request_rows(sim: Simulation) -> list[dict]:
             "prefill_s": t(r.t_prefill - r.t_prefill_start) if r.t_prefill_start is not None else None,
             "kv_bytes": round(r.m_bytes), "kv_hit_blocks": r.m_hit,
             "kv_sent_s": t(r.m_sent_at - r.arrival) if r.m_transfer_s is not None else None,
-            "kv_transfer_s": t(r.m_transfer_s), "failed": r.failed})
+            "kv_transfer_s": t(r.m_transfer_s),
+            # as the runtime's kv_waits_for_memory events: landed KV waiting for a decoder's memory
+            "memory_waits": r.memory_waits, "memory_wait_s": t(r.memory_wait_s), "failed": r.failed})
     return rows
 
 

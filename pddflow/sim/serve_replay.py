@@ -100,3 +100,24 @@ def serving_load(sim, cpu_per_token_s: float) -> float:
         return 0.0
     span = max(r.t_finish for r in done) - min(r.arrival for r in sim.runs)
     return sum(r.req.output_tokens for r in done) / max(span, 1e-9) * cpu_per_token_s
+
+
+WALL_FACTOR_BOUNDS = (0.5, 3.0)
+
+
+def decode_wall_factors(sim, measured: dict[str, float], current: dict[str, float]) -> dict[str, float]:
+    """The per-instance decode factors that bring this replay's decode wall over model time to what
+    the deployment measured (its decoders' wall over CPU seconds, `decode_wall_over_cpu`): the
+    host model (`HostCpus`) explains part of it (cores shared with other workers), the factor the
+    rest (the worker's other threads, the frontend and client processes on its cores, the loop's
+    own work between steps). Bounded to WALL_FACTOR_BOUNDS."""
+    lo, hi = WALL_FACTOR_BOUNDS
+    out = dict(current)
+    for inst, ratio in measured.items():
+        eng = sim.engines.get(inst)
+        if eng is None or eng.decode_model_s <= 0:
+            continue
+        simulated = eng.decode_wall_s / eng.decode_model_s
+        out[inst] = min(hi, max(lo, current.get(inst, 1.0) * ratio / simulated))
+    return out
+

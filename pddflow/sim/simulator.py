@@ -7,7 +7,10 @@ A request's life (matching docs/structure.md):
 2. the entry instance locks its cached prefix, reserves the rest, prefills the uncached tokens
    (colocated: then decodes them itself);
 3. the KV goes to the relay over RDMA (whole prompt) and to the finishing decoder (only the blocks
-   its cache lacks at that moment, over the WAN or RDMA), both at once;
+   its cache lacks, over the WAN or RDMA), both at once. As in the runtime, the finisher pins its
+   cached prefix when the request arrives, and a decoder reserves memory for the rest of the prompt
+   and the whole output only when the KV lands (at a step boundary, first come first served);
+   until then the KV waits;
 4. the relay decodes as soon as its copy lands (eager tokens); when the finisher's copy lands the
    relay hands over token IDs, one-shot or in catch-up rounds, and the finisher extends over them
    and decodes to the end. If the finisher's copy lands before the relay has started, the finisher
@@ -43,7 +46,8 @@ class Run:
 
     __slots__ = ("req", "dec", "path", "arrival", "t_prefill", "t_prefill_start", "t_first", "t_finish", "done", "failed",
                  "p_inst", "p_hold", "p_legs", "r_inst", "r_hold", "r_seq", "r_state", "m_inst", "m_hold",
-                 "m_flow", "m_state", "m_bytes", "m_hit", "ids_sent", "relay_tokens", "handoff", "rounds", "p_hit_tokens", "m_sent_at", "m_transfer_s")
+                 "m_flow", "m_state", "m_bytes", "m_hit", "ids_sent", "relay_tokens", "handoff", "rounds", "p_hit_tokens", "m_sent_at", "m_transfer_s",
+                 "memory_waits", "memory_wait_s")
 
     def __init__(self, req: SimRequest, dec: Decision, path: PathInfo):
         self.req, self.dec, self.path = req, dec, path
@@ -57,11 +61,11 @@ class Run:
         self.r_inst = dec.target(path.relay) if path.relay else None
         self.r_hold: Hold | None = None
         self.r_seq: Seq | None = None
-        self.r_state = "none"          # none | memory | transfer | decoding | released | cancelled
+        self.r_state = "none"          # none | transfer | memory (landed, waits for room) | decoding | released | cancelled
         self.m_inst = dec.target(path.finisher)
         self.m_hold: Hold | None = None
         self.m_flow: Flow | None = None
-        self.m_state = "none"          # none | memory | transfer | landed | released | cancelled
+        self.m_state = "none"          # none | transfer | memory (landed, waits for room) | landed | released | cancelled
         self.m_bytes = 0.0
         self.m_hit = 0
         self.ids_sent = 0
@@ -71,6 +75,8 @@ class Run:
         self.p_hit_tokens = 0
         self.m_sent_at = 0.0
         self.m_transfer_s: float | None = None
+        self.memory_waits = 0           # legs whose landed KV waited for decoder memory, and how long
+        self.memory_wait_s = 0.0
 
 
 CFS_NICE_STEP = 1.25   # Linux CFS: one nice level is about 1.25x less CPU weight
@@ -199,7 +205,9 @@ class Simulation:
                  device_efficiency: dict[str, Efficiency] | None = None, policy: Policy | None = None,
                  strict_mirrors: bool = False, stream_gbps: float = STREAM_GBPS, cpu: HostCpus | None = None,
                  prefill_first_token: bool = False, wan_jitter_seed: int | None = None,
-                 prefill_spread: tuple[float, ...] = (), relay_handovers: tuple[float, ...] = ()):
+                 prefill_spread: tuple[float, ...] = (), relay_handovers: tuple[float, ...] = (),
+                 exclusive_jobs: bool = False, prefill_shipping: tuple[float, ...] = (),
+                 decode_wall_factors: dict[str, float] | None = None):
         self.plan, self.workload, self.seed = plan, workload, seed
         # Each prefill costs the model's time x a factor drawn from `prefill_spread` (median 1: a
         # deployment calibration's measured prefills over the model). A deployment's prefills
@@ -217,6 +225,15 @@ class Simulation:
         # prefill itself when colocated); decoders then start at token 2. False: the first token is
         # the first decode step's (the model the cluster-scale results in docs/simulator.md used).
         self.pft = prefill_first_token
+        # True: every engine runs as the runtime's worker loop does, one model call at a time (a
+        # prefill or extend whole and alone, decoders waiting); False: chunked prefill mixed into
+        # the decode batch, as production engines run (sim/engine.py)
+        self.exclusive_jobs = exclusive_jobs
+        # Seconds a prefill engine stays busy after each prefill, drawn from a deployment's measured
+        # ones (its worker exports every KV copy in its loop before the next prefill: a few ms, and
+        # 50-150 ms now and then on a busy host); only with `exclusive_jobs`
+        self.prefill_shipping = tuple(prefill_shipping)
+        self._shipping_rng = random.Random(f"{seed}/prefill-shipping")
         self.loop = EventLoop()
         self.topo = Topology(plan)
         self.policy = policy or make_policy(plan)
@@ -241,9 +258,11 @@ class Simulation:
             model = DeviceModel(plan.device_classes[inst.device], inst.devices, plan.model.arch,
                                 per_dev.get(inst.device, eff))
             self.engines[inst.id] = Engine(self.loop, inst.id, model, int(op.params.get("max_batch", 64)),
-                                           int(op.params.get("chunk_tokens", 512)))
+                                           int(op.params.get("chunk_tokens", 512)), exclusive_jobs)
             if cpu is not None:
                 cpu.attach(inst.id, self.engines[inst.id])
+            # a deployment calibration's decode wall beyond the host model (serve_replay.decode_wall_factors)
+            self.engines[inst.id].decode_wall_factor = (decode_wall_factors or {}).get(inst.id, 1.0)
             cached = bool(op.params.get("radix_cache", False) or op.params.get("prefix_cache", False))
             cap = int(op.kv_budget_bytes // (self.kvb * self.bt))
             self.stores[inst.id] = KVStore(inst.id, cap, cached, self.state.mirrors.get(inst.id), strict_mirrors)
@@ -333,6 +352,10 @@ class Simulation:
         run = Run(req, dec, self.topo.paths[dec.variant])
         run.arrival = self.loop.now
         self.runs.append(run)
+        path = run.path
+        if not path.colocated and path.finisher != path.relay:
+            # the finisher adopts its cached prefix when the job arrives (runtime: _adopt_prefix)
+            run.m_hold = self.stores[run.m_inst].pin(req.hashes)
         self._prefill(run)
 
     def _refresh_state(self) -> None:
@@ -347,25 +370,22 @@ class Simulation:
             self.state.links[name] = replace(est, bytes_per_s=link.new_flow_rate())
 
     # ---- 2. prefill -----------------------------------------------------------------------------
-    def _acquire(self, run: Run, inst: str, extra_tokens: int, then: Callable[[Hold], None],
-                 on_cancel: Callable[[], None] | None = None) -> bool:
-        """Reserve KV on `inst` now or as soon as memory frees (FIFO); False if the request can never
-        fit. A request that ends while waiting gets `on_cancel` instead of `then`."""
+    def _acquire(self, run: Run, inst: str, extra_tokens: int, then: Callable[[Hold], None]) -> None:
+        """Reserve KV on `inst` now or as soon as memory frees (FIFO); fail the request if it can
+        never fit. A request that ended while waiting is dropped."""
         store = self.stores[inst]
         extra = -(-extra_tokens // self.bt)
         try:
             hold = store.acquire(run.req.hashes, extra)
         except ValueError as exc:
             self._fail(run, str(exc))
-            return False
+            return
         if hold is not None:
             then(hold)
-            return True
+            return
 
         def retry() -> bool:
             if run.done or run.failed:
-                if on_cancel is not None:
-                    on_cancel()
                 return True
             h = store.acquire(run.req.hashes, extra)
             if h is None:
@@ -374,7 +394,6 @@ class Simulation:
             return True
 
         store.wait(retry)
-        return True
 
     def _prefill(self, run: Run) -> None:
         extra = run.req.output_tokens if run.path.colocated else 0
@@ -385,8 +404,9 @@ class Simulation:
         cached = min(hold.hit * self.bt, run.req.prompt_tokens)
         run.p_hit_tokens = cached
         factor = self._spread_rng.choice(self.prefill_spread) if self.prefill_spread else 1.0
+        after = self._shipping_rng.choice(self.prefill_shipping) if self.prefill_shipping else 0.0
         self.engines[run.p_inst].submit_job(Job(run, run.req.prompt_tokens - cached, cached, self._prefill_done,
-                                                factor=factor))
+                                                factor=factor, after_s=after))
 
     def _prefill_done(self, job: Job, t: float) -> None:
         run = job.run
@@ -408,14 +428,11 @@ class Simulation:
             return
         if path.relay is not None:
             run.p_legs += 1
-            run.r_state = "memory"
-            self._acquire(run, run.r_inst, run.req.output_tokens, lambda h: self._relay_send(run, h),
-                          lambda: self._leg_cancelled(run, "r_state"))
+            run.r_hold = self.stores[run.r_inst].pin(run.req.hashes)
+            self._relay_send(run)
         if path.finisher != path.relay:
             run.p_legs += 1
-            run.m_state = "memory"
-            self._acquire(run, run.m_inst, run.req.output_tokens, lambda h: self._main_send(run, h),
-                          lambda: self._leg_cancelled(run, "m_state"))
+            self._main_send(run)
 
     def _leg_done(self, run: Run) -> None:
         """One outgoing copy of the prompt KV has left the entry instance."""
@@ -424,17 +441,36 @@ class Simulation:
             self.stores[run.p_inst].release(run.p_hold)
             run.p_hold = None
 
-    def _leg_cancelled(self, run: Run, which: str) -> None:
-        setattr(run, which, "cancelled")
-        self._leg_done(run)
+    def _land(self, run: Run, inst: str, hold: Hold, waiting: Callable[[], bool], then: Callable[[], None],
+              drop: Callable[[], None]) -> None:
+        """Landed KV on a decoder: reserve the rest of the prompt and the whole output on `inst`,
+        now or, behind KV that landed earlier, as soon as memory frees (runtime/worker.py:
+        `_room_for`). `waiting()` says the leg still wants the memory; if not, `drop()` it."""
+        store = self.stores[inst]
+        extra = -(-run.req.output_tokens // self.bt)
+
+        landed = self.loop.now
+
+        def attempt() -> bool:
+            if not waiting():
+                drop()
+                return True
+            try:
+                if not store.reserve(hold, extra):
+                    return False
+            except ValueError as exc:
+                self._fail(run, str(exc))
+                return True
+            run.memory_wait_s += self.loop.now - landed
+            then()
+            return True
+
+        if store.waiters or not attempt():
+            run.memory_waits += 1
+            store.wait(attempt)
 
     # ---- 3a. the relay's copy -----------------------------------------------------------------------
-    def _relay_send(self, run: Run, hold: Hold) -> None:
-        if run.r_state != "memory":          # cancelled while waiting for memory
-            self.stores[run.r_inst].release(hold)
-            self._leg_done(run)
-            return
-        run.r_hold = hold
+    def _relay_send(self, run: Run) -> None:
         run.r_state = "transfer"
         nbytes = self._kv_bytes(run.req.prompt_tokens, 0)
         dt = RDMA_LATENCY_S + nbytes / self.topo.rdma_bytes_per_s(run.path.entry, run.path.relay)
@@ -449,11 +485,15 @@ class Simulation:
         self.engines[run.r_inst].submit_control(lambda _now: self._relay_import(run))
 
     def _relay_import(self, run: Run) -> None:
-        if run.r_hold is not None:
-            self.stores[run.r_inst].commit(run.r_hold, run.req.hashes)
-        if run.r_state != "transfer" or run.done:
+        if run.r_state != "transfer" or run.done or run.r_hold is None:
             self._relay_release(run)
             return
+        run.r_state = "memory"
+        self._land(run, run.r_inst, run.r_hold, lambda: run.r_state == "memory" and not run.done,
+                   lambda: self._relay_start(run), lambda: self._relay_release(run))
+
+    def _relay_start(self, run: Run) -> None:
+        self.stores[run.r_inst].commit(run.r_hold, run.req.hashes)
         run.r_state = "decoding"
         if self.pft and run.req.output_tokens > 1:
             if run.t_first is None:
@@ -489,15 +529,10 @@ class Simulation:
             self._main_release(run)
 
     # ---- 3b. the finisher's copy ----------------------------------------------------------------------
-    def _main_send(self, run: Run, hold: Hold) -> None:
-        if run.m_state != "memory":
-            self.stores[run.m_inst].release(hold)
-            self._leg_done(run)
-            return
-        run.m_hold = hold
+    def _main_send(self, run: Run) -> None:
         run.m_state = "transfer"
-        run.m_hit = hold.hit
-        nbytes = self._kv_bytes(run.req.prompt_tokens, hold.hit)
+        run.m_hit = run.m_hold.hit
+        nbytes = self._kv_bytes(run.req.prompt_tokens, run.m_hit)
         run.m_bytes = nbytes
         run.m_sent_at = self.loop.now
         link = run.path.wan_link
@@ -524,8 +559,13 @@ class Simulation:
         self.engines[run.m_inst].submit_control(lambda _now: self._main_import(run))  # as _relay_landed
 
     def _main_import(self, run: Run) -> None:
-        if run.m_state != "transfer":
+        if run.m_state != "transfer" or run.m_hold is None:
             return
+        run.m_state = "memory"
+        self._land(run, run.m_inst, run.m_hold, lambda: run.m_state == "memory",
+                   lambda: self._main_start(run), lambda: self._main_release(run))
+
+    def _main_start(self, run: Run) -> None:
         run.m_state = "landed"
         self.stores[run.m_inst].commit(run.m_hold, run.req.hashes)
         if run.done and run.path.has_handoff and not run.dec.singular and run.req.done_hashes:

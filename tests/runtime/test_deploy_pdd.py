@@ -131,6 +131,8 @@ def test_metrics_timeline_and_no_leaks(pdd, client):
     steps = {inst: w["decode"] for inst, w in h["workers"].items() if w["decode"] and w["decode"]["steps"]}
     assert set(steps) <= {"relay/0", "main/0"} and steps   # decoders count their steps, prefill has none
     assert all(d["cpu_s"] > 0 and d["seqs"] >= d["steps"] and d["context_tokens"] >= d["seqs"] for d in steps.values())
+    # the loop iterations that ran them took at least their CPU in wall time
+    assert all(d["wall_s"] >= d["cpu_s"] * 0.95 for d in steps.values()), steps
     for inst, w in h["workers"].items():
         assert w["kv_blocks_used"] == w["cached_blocks"], (inst, w)  # only the prefix caches hold blocks
     # the ended request's timeline still takes its legs' late events (the WAN sender hears the

@@ -65,7 +65,7 @@ def test_without_a_grid_the_exact_fits_remain(tmp_path):
 
 
 def _serve_report(tmp_path: Path, factors: dict[str, float], per_token_ms: dict[str, float],
-                  decode_factor: float = DECODE_FACTOR) -> Path:
+                  decode_factor: float = DECODE_FACTOR, wall_over_cpu: dict[str, float] | None = None) -> Path:
     """A `bench serve --json --per-request` report whose prefills took `factor` x the engine fit,
     spread around it as SPREAD."""
     cal = fit(load_bench(_engine_with_grid(tmp_path)))
@@ -77,14 +77,17 @@ def _serve_report(tmp_path: Path, factors: dict[str, float], per_token_ms: dict[
             cpu_ms = m.prefill_s(prompt - cached, cached) * 1e3 * factor * SPREAD[i]
             send = {"t_ms": cpu_ms + 2.0, "prefill_cpu_ms": cpu_ms, "cached_tokens": cached, "prefill_ms": cpu_ms * 1.3,
                     "export_ms": 2.0}
+            wan = {**send, "t_ms": cpu_ms + 7.0 + i, "export_ms": 5.0 + i}   # exported after the relay's copy
             rows.append({"session": i, "turn": 0, "prompt_tokens": prompt, "events": [
                 {"event": "arrival", "t_ms": 0.0},
-                {"event": "kv_send:rdma_tensor:relay/0", **send}, {"event": "kv_send:wan_flight:main/0", **send},
+                {"event": "kv_send:rdma_tensor:relay/0", **send}, {"event": "kv_send:wan_flight:main/0", **wan},
                 {"event": "kv_sent:rdma_tensor:relay/0", "t_ms": cpu_ms + 2.0 + 10.0 * (i + 1)}]})
         decode = {}
         for inst, (steps, seqs, ctx) in {"relay/0": (100, 150, 60_000), "main/0": (400, 1600, 800_000)}.items():
             model_s = steps * (m.wt / m.bytes_s + m.ovh) + ctx * m.kvb / m.bytes_s + seqs * m.seq_ovh
             decode[inst] = {"steps": steps, "cpu_s": model_s * decode_factor, "seqs": seqs, "context_tokens": ctx}
+            if wall_over_cpu and inst in wall_over_cpu:
+                decode[inst]["wall_s"] = decode[inst]["cpu_s"] * wall_over_cpu[inst]
         graphs.append({"graph": f"graphs/{name}.yaml", "per_request": rows, "decode_steps": decode,
                        "host_cpu": {"frontend_s": 1.0, "client_s": 0.5, "output_tokens": 1000,
                                     "ms_per_token": per_token_ms[name]}})
@@ -116,6 +119,10 @@ def test_deployment_calibration_per_graph(tmp_path):
     assert pdd.prefill_spread == pytest.approx(sorted(SPREAD))
     # prefill end -> KV on the relay: export (2 ms) + send to ack (10, 20, ... 60 ms)
     assert pdd.relay_handovers == pytest.approx([0.012, 0.022, 0.032, 0.042, 0.052, 0.062])
+    # prefill end -> its last KV copy exported (the worker's loop is busy until then): 7, 8, ... 12 ms
+    assert pdd.prefill_shipping == pytest.approx([0.007, 0.008, 0.009, 0.010, 0.011, 0.012])
+    q = d["prefill_shipping_ms"]
+    assert 7.0 <= q[0.1] < q[0.5] < q[0.9] <= 12.0
     assert base.for_graph(None, "graphs/pdd.yaml") is base
 
 
@@ -157,6 +164,27 @@ def test_relay_handover_is_drawn_per_request(serve_trace):
     assert relayed and all(r.t_first - r.t_prefill >= 0.25 - 1e-9 for r in relayed)
 
 
+def test_prefill_shipping_holds_the_prefill_engine(serve_trace):
+    """With the runtime's one call at a time, a prefill worker ships each prompt's KV before it
+    starts the next: no prefill starts within the drawn shipping time of the previous one's end."""
+    from pddflow.graph import load_plan
+    from pddflow.sim.serve_replay import serve_workload
+    from pddflow.sim.simulator import Simulation
+
+    plan = load_plan(str(ROOT / "graphs" / "pdd.yaml")).scaled_to_local()
+    wl = serve_workload(serve_trace, 4, 2, plan.model.block_size, seed=0, rps=20.0, think_s=1.0)
+
+    def prefills(shipping: tuple[float, ...]) -> list[tuple[float, float]]:
+        sim = Simulation(plan, wl, seed=0, prefill_first_token=True, exclusive_jobs=True, prefill_shipping=shipping)
+        sim.run()
+        return sorted((r.t_prefill_start, r.t_prefill) for r in sim.runs)
+
+    shipped = prefills((0.2,))
+    assert all(b[0] >= a[1] + 0.2 - 1e-9 for a, b in zip(shipped, shipped[1:]))
+    plain = prefills(())
+    assert any(b[0] < a[1] + 0.2 for a, b in zip(plain, plain[1:]))   # the sessions do queue back to back
+
+
 def test_serve_report_without_measurements_fails_clearly(tmp_path):
     f = tmp_path / "old.json"
     f.write_text(json.dumps({"workload": {}, "graphs": [{"graph": "graphs/pdd.yaml", "ttft_s": {"p50": 1.0}}]}))
@@ -194,6 +222,24 @@ def test_cli_serving_load_slows_the_replay(tmp_path, serve_trace):
     assert load["cpu_ms_per_token"] == 20.0 and load["cores"] > 0.05 and 2 <= load["replays"] <= 6
     assert b["cpu_share"]["serving_cores"] == load["cores"]
     assert b["tpot_ms"]["p50"] > a["tpot_ms"]["p50"] * 1.02
+
+
+def test_cli_decode_wall_beyond_the_host_model_slows_decode(tmp_path, serve_trace):
+    """A deployment whose main decoder measured 1.8x its CPU in wall time (its other threads, the
+    frontend on its core): the replay settles a factor that makes its simulated decode wall over
+    model time 1.8 as well, and tokens come slower than with the host model alone."""
+    engine = _engine_with_grid(tmp_path)
+    plain = _simulate(serve_trace, engine, _serve_report(tmp_path, {"pdd": 1.0}, {"pdd": 1.0}, decode_factor=1.0))
+    walled = _simulate(serve_trace, engine, _serve_report(tmp_path, {"pdd": 1.0}, {"pdd": 1.0}, decode_factor=1.0,
+                                                          wall_over_cpu={"main/0": 1.8}))
+    assert plain.returncode == 0 and walled.returncode == 0, plain.stderr + walled.stderr
+    a, b = json.loads(plain.stdout), json.loads(walled.stdout)
+    assert "decode_wall" not in a
+    w = b["decode_wall"]["main/0"]
+    assert w["measured_wall_over_cpu"] == 1.8 and w["factor"] > 1.3
+    assert w["simulated_wall_over_model"] == pytest.approx(1.8, rel=0.05)
+    assert b["calibration"]["deployment"]["decode_wall_over_cpu"] == {"main/0": 1.8}
+    assert b["tpot_ms"]["p50"] > a["tpot_ms"]["p50"] * 1.2
 
 
 def test_cli_replications_report_the_median(tmp_path, serve_trace):

@@ -68,6 +68,34 @@ def test_prefill_chunks_and_first_token():
     assert done[0][1] > 2 * t1                              # three chunks, not one
 
 
+def test_exclusive_jobs_run_alone_and_whole_as_the_runtime_loop():
+    """As the runtime's worker loop: one call at a time. Two prompts queued together finish one
+    after the other at their own whole-prefill cost (no chunk packs both), a decoding sequence makes
+    no progress while a job runs, and a job's shipping time keeps the engine busy after it."""
+    m = _model()
+    loop = EventLoop()
+    eng = Engine(loop, "p", m, max_batch=8, chunk_tokens=512, exclusive_jobs=True)
+    done, finished = {}, {}
+    eng.submit_seq(Seq(None, 0, 1000, 0, 3, None, lambda s, t: finished.__setitem__(s.rid, t)))
+    loop.at(1e-9, eng.submit_job, Job("a", 300, 0, lambda j, t: done.__setitem__("a", t), after_s=0.5))
+    loop.at(1e-9, eng.submit_job, Job("b", 200, 100, lambda j, t: done.__setitem__("b", t)))
+    loop.run()
+    step1 = m.decode_step_s(1, 1000)
+    assert done["a"] == pytest.approx(step1 + m.prefill_s(300, 0), rel=1e-9)
+    assert done["b"] == pytest.approx(done["a"] + 0.5 + m.prefill_s(200, 100), rel=1e-9)
+    # the sequence's first step ran before the jobs arrived; its other two wait for both jobs
+    assert finished[0] == pytest.approx(done["b"] + m.decode_step_s(1, 1001) + m.decode_step_s(1, 1002), rel=1e-9)
+    assert eng.decode_tokens == 3 and eng.steps == 3
+
+    packed = EventLoop()
+    mixed = Engine(packed, "p", m, max_batch=8, chunk_tokens=512)
+    ends = {}
+    mixed.submit_job(Job("a", 300, 0, lambda j, t: ends.__setitem__("a", t)))
+    mixed.submit_job(Job("b", 200, 100, lambda j, t: ends.__setitem__("b", t)))
+    packed.run()
+    assert ends["a"] == ends["b"]                          # production engines: one chunk carries both
+
+
 def _link(gbps=8.0, jitter=Jitter(0, 0, "constant")):
     return LinkModel("A-B", "A", "B", gbps, rtt_ms=0.0, jitter=jitter)
 
