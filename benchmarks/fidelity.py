@@ -7,9 +7,14 @@ calibrations, twice: on the engine calibrations alone, and with the deployment c
 (`--calibrate` of an earlier `bench serve` report: the deployment's own prefill CPU and the serving
 path's CPU per token). The deployment calibration never comes from the run it predicts: round k
 serves workload seed `--seed + k - 1` and is calibrated on round k-1's report (round 1 on a probe
-run of seed `--seed - 1`, same size), so every prediction is of a workload the simulator's
-calibration has not seen. With it each prefill also draws its cost from the measured spread, and
-the prediction is the median of `--replications` such replays.
+run of seed `--seed - 1`, same size). The seed changes every prompt's tokens, not the lengths
+(bench serve takes the same trace records), so consecutive runs are repeats of one workload shape.
+With the deployment calibration each prefill also draws its cost from the measured spread, and the
+prediction is the median of `--replications` such replays.
+
+The baseline, side by side: `previous_run` predicts each round by the real figures of the run
+before it (the one the deployment calibration comes from). How often the real deployment lands
+within the tolerance of its own previous run is the noise floor of the comparison.
 
 Reported per round and graph: TTFT P50 / P90 and TPOT P50, real and simulated, and the relative
 error; at the end, how many figures fall within the tolerance (25%: the simulator issue's bar) and
@@ -17,6 +22,7 @@ the median error of each figure over the rounds, for both simulations. Run nothi
 machine meanwhile: the deployment and the calibrations are timing measurements.
 
     python benchmarks/fidelity.py --rounds 3 [--out DIR] [--json] [--no-deployment-calibration]
+    python benchmarks/fidelity.py --resimulate DIR [--seed S ...]   # saved rounds, this simulator
 """
 
 from __future__ import annotations
@@ -57,19 +63,28 @@ def probe(a: argparse.Namespace, out: Path) -> Path:
 
 def one_round(i: int, a: argparse.Namespace, out: Path, deployment: Path | None) -> dict:
     seed = a.seed + i - 1
-    wl = _workload(a, seed)
     print(f"round {i}: calibrating, serving {' and '.join(GRAPHS)} (workload seed {seed}), calibrating again",
           file=sys.stderr)
     eng = ["bench", "engine", "--quick", "--threads", "1", "--json"]
     _pddflow(eng, out / f"engine_before_{i}.json")
-    real = _pddflow(["bench", "serve", *GRAPHS, *wl, "--json", "--per-request"], out / f"real_{i}.json")
+    _pddflow(["bench", "serve", *GRAPHS, *_workload(a, seed), "--json", "--per-request"], out / f"real_{i}.json")
     _pddflow(eng, out / f"engine_after_{i}.json")
+    return simulate_round(i, a, out, out, deployment)
+
+
+def simulate_round(i: int, a: argparse.Namespace, runs: Path, out: Path, deployment: Path | None) -> dict:
+    """Round i's simulations from its measurements in `runs` (engine calibrations, real report),
+    written to `out`, and every figure against the real one."""
+    seed = a.seed + i - 1
+    wl = _workload(a, seed)
+    real = json.loads((runs / f"real_{i}.json").read_text())
     base = ["simulate", *GRAPHS, "--serve-workload", *wl, "--json", "-q", "--per-request",
-            "--calibrate", str(out / f"engine_before_{i}.json"), "--calibrate", str(out / f"engine_after_{i}.json")]
+            "--calibrate", str(runs / f"engine_before_{i}.json"), "--calibrate", str(runs / f"engine_after_{i}.json")]
     sims = {"engine": _pddflow(base, out / f"sim_engine_{i}.json")}
     if deployment is not None:
         sims["deployment"] = _pddflow(base + ["--calibrate", str(deployment), "--replications", str(a.replications)],
                                       out / f"sim_{i}.json")
+        sims["previous_run"] = json.loads(deployment.read_text())
     rows = []
     for k, r in enumerate(real["graphs"]):
         row = {"round": i, "seed": seed, "graph": Path(r["graph"]).stem, "errors": r["errors"]}
@@ -80,9 +95,27 @@ def one_round(i: int, a: argparse.Namespace, out: Path, deployment: Path | None)
                 row.setdefault(name, {})[f"{metric}_{q}"] = {
                     "real": want, "sim": got, "error": round((got - want) / want, 4) if want else None}
         rows.append(row)
-    last = sims.get("deployment", sims["engine"])
+    last = sims.get("deployment", sims["engine"])   # (a simulation's calibration, never the previous run's)
     return {"round": i, "rows": rows, "calibration": [g.get("calibration", {}) for g in last["graphs"]],
             "serving_load": [g.get("serving_load") for g in last["graphs"]]}
+
+
+def resimulate(a: argparse.Namespace, runs: Path, out: Path) -> list[dict]:
+    """Every round saved in `runs` (an earlier `--out`) simulated again with this tree's simulator:
+    a simulator change checked against real runs in seconds, without serving anything."""
+    rounds, i = [], 1
+    deployment = runs / "probe.json" if not a.no_deployment_calibration else None
+    if deployment is not None and not deployment.exists():
+        sys.exit(f"{runs}: no probe.json; add --no-deployment-calibration to simulate on the engine calibrations only")
+    while (runs / f"real_{i}.json").exists():
+        print(f"round {i}: simulating the saved run (workload seed {a.seed + i - 1})", file=sys.stderr)
+        rounds.append(simulate_round(i, a, runs, out, deployment))
+        if deployment is not None:
+            deployment = runs / f"real_{i}.json"
+        i += 1
+    if not rounds:
+        sys.exit(f"{runs}: no real_1.json; pass a directory an earlier `--out` filled")
+    return rounds
 
 
 def summary(rounds: list[dict], tolerance: float, sim: str) -> dict:
@@ -114,6 +147,9 @@ def main() -> None:
                     help="simulate on the engine calibrations only (no probe run, no bench serve calibration)")
     ap.add_argument("--tolerance", type=float, default=0.25, help="relative error that counts as within")
     ap.add_argument("--out", type=Path, help="keep every round's raw JSON here (default: a temporary directory)")
+    ap.add_argument("--resimulate", type=Path, metavar="DIR",
+                    help="serve nothing: simulate again the rounds an earlier --out DIR holds (give the same "
+                         "--seed, --sessions, --turns and --wan-gbps); simulations go to --out")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     if a.rounds < 1:
@@ -121,13 +157,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="pddflow-fidelity-") as tmp:
         out = a.out or Path(tmp)
         out.mkdir(parents=True, exist_ok=True)
-        deployment = None if a.no_deployment_calibration else probe(a, out)
-        rounds = []
-        for i in range(1, a.rounds + 1):
-            rounds.append(one_round(i, a, out, deployment))
-            if deployment is not None:
-                deployment = out / f"real_{i}.json"   # the next round's deployment calibration
-    sims = ("engine",) if a.no_deployment_calibration else ("engine", "deployment")
+        if a.resimulate is not None:
+            rounds = resimulate(a, a.resimulate, out)
+        else:
+            deployment = None if a.no_deployment_calibration else probe(a, out)
+            rounds = []
+            for i in range(1, a.rounds + 1):
+                rounds.append(one_round(i, a, out, deployment))
+                if deployment is not None:
+                    deployment = out / f"real_{i}.json"   # the next round's deployment calibration
+    sims = ("engine",) if a.no_deployment_calibration else ("engine", "deployment", "previous_run")
     result = {"workload": {"sessions": a.sessions, "turns": a.turns, "wan_gbps": a.wan_gbps, "first_seed": a.seed},
               "rounds": rounds, "summary": {name: summary(rounds, a.tolerance, name) for name in sims}}
     if a.json:
@@ -139,10 +178,11 @@ def main() -> None:
                 f = row[name]
                 cells = [f"{m} {q} {f[f'{m}_{q}']['real']:.3f} -> {f[f'{m}_{q}']['sim']:.3f} "
                          f"({f[f'{m}_{q}']['error']:+.0%})" for m, q in FIGURES]
-                print(f"round {rd['round']} {row['graph']:<12} {name:<10} " + " | ".join(cells))
+                print(f"round {rd['round']} {row['graph']:<12} {name:<12} " + " | ".join(cells))
     for name in sims:
         s = result["summary"][name]
-        print(f"{name} calibration: TTFT figures within {s['tolerance']:.0%}: {s['ttft_within']}")
+        what = "the real run before" if name == "previous_run" else f"the {name} calibration"
+        print(f"predicted by {what}: TTFT figures within {s['tolerance']:.0%}: {s['ttft_within']}")
         for fig, f in s["figures"].items():
             print(f"  {fig}: median error {f['median_error']:+.0%}, within {f['within']}/{f['of']}")
 
