@@ -47,7 +47,7 @@ class Run:
     __slots__ = ("req", "dec", "path", "arrival", "t_prefill", "t_prefill_start", "t_first", "t_finish", "done", "failed",
                  "p_inst", "p_hold", "p_legs", "r_inst", "r_hold", "r_seq", "r_state", "m_inst", "m_hold",
                  "m_flow", "m_state", "m_bytes", "m_hit", "ids_sent", "relay_tokens", "handoff", "rounds", "p_hit_tokens", "m_sent_at", "m_transfer_s",
-                 "memory_waits", "memory_wait_s")
+                 "memory_waits", "memory_wait_s", "p_ship_s")
 
     def __init__(self, req: SimRequest, dec: Decision, path: PathInfo):
         self.req, self.dec, self.path = req, dec, path
@@ -77,6 +77,7 @@ class Run:
         self.m_transfer_s: float | None = None
         self.memory_waits = 0           # legs whose landed KV waited for decoder memory, and how long
         self.memory_wait_s = 0.0
+        self.p_ship_s = 0.0             # the prefill engine's time shipping this prompt's KV (drawn)
 
 
 CFS_NICE_STEP = 1.25   # Linux CFS: one nice level is about 1.25x less CPU weight
@@ -229,9 +230,9 @@ class Simulation:
         # prefill or extend whole and alone, decoders waiting); False: chunked prefill mixed into
         # the decode batch, as production engines run (sim/engine.py)
         self.exclusive_jobs = exclusive_jobs
-        # Seconds a prefill engine stays busy after each prefill, drawn from a deployment's measured
-        # ones (its worker exports every KV copy in its loop before the next prefill: a few ms, and
-        # 50-150 ms now and then on a busy host); only with `exclusive_jobs`
+        # Seconds per byte of KV a prefill engine stays busy after each prefill, drawn from a
+        # deployment's measured ones (its worker exports every KV copy in its loop before the next
+        # prefill: 0.1-6 ms per MB on this busy host); only with `exclusive_jobs`
         self.prefill_shipping = tuple(prefill_shipping)
         self._shipping_rng = random.Random(f"{seed}/prefill-shipping")
         self.loop = EventLoop()
@@ -404,9 +405,20 @@ class Simulation:
         cached = min(hold.hit * self.bt, run.req.prompt_tokens)
         run.p_hit_tokens = cached
         factor = self._spread_rng.choice(self.prefill_spread) if self.prefill_spread else 1.0
-        after = self._shipping_rng.choice(self.prefill_shipping) if self.prefill_shipping else 0.0
+        if self.prefill_shipping:
+            run.p_ship_s = self._shipping_rng.choice(self.prefill_shipping) * self._shipped_bytes(run)
         self.engines[run.p_inst].submit_job(Job(run, run.req.prompt_tokens - cached, cached, self._prefill_done,
-                                                factor=factor, after_s=after))
+                                                factor=factor, after_s=run.p_ship_s))
+
+    def _shipped_bytes(self, run: Run) -> float:
+        """The KV bytes a prefill sends: the whole prompt to the relay, the missing blocks to the finisher."""
+        path = run.path
+        if path.colocated:
+            return 0.0
+        out = self._kv_bytes(run.req.prompt_tokens, 0) if path.relay is not None else 0.0
+        if path.finisher != path.relay and run.m_hold is not None:
+            out += self._kv_bytes(run.req.prompt_tokens, run.m_hold.hit)
+        return out
 
     def _prefill_done(self, job: Job, t: float) -> None:
         run = job.run

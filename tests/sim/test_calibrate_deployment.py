@@ -76,8 +76,8 @@ def _serve_report(tmp_path: Path, factors: dict[str, float], per_token_ms: dict[
         for i, (prompt, cached) in enumerate([(211, 0), (360, 208), (497, 352), (72, 16), (635, 496), (239, 208)]):
             cpu_ms = m.prefill_s(prompt - cached, cached) * 1e3 * factor * SPREAD[i]
             send = {"t_ms": cpu_ms + 2.0, "prefill_cpu_ms": cpu_ms, "cached_tokens": cached, "prefill_ms": cpu_ms * 1.3,
-                    "export_ms": 2.0}
-            wan = {**send, "t_ms": cpu_ms + 7.0 + i, "export_ms": 5.0 + i}   # exported after the relay's copy
+                    "export_ms": 2.0, "bytes": 4e6}
+            wan = {**send, "t_ms": cpu_ms + 7.0 + i, "export_ms": 5.0 + i, "bytes": 1e6}   # after the relay's copy
             rows.append({"session": i, "turn": 0, "prompt_tokens": prompt, "events": [
                 {"event": "arrival", "t_ms": 0.0},
                 {"event": "kv_send:rdma_tensor:relay/0", **send}, {"event": "kv_send:wan_flight:main/0", **wan},
@@ -120,9 +120,10 @@ def test_deployment_calibration_per_graph(tmp_path):
     # prefill end -> KV on the relay: export (2 ms) + send to ack (10, 20, ... 60 ms)
     assert pdd.relay_handovers == pytest.approx([0.012, 0.022, 0.032, 0.042, 0.052, 0.062])
     # prefill end -> its last KV copy exported (the worker's loop is busy until then): 7, 8, ... 12 ms
-    assert pdd.prefill_shipping == pytest.approx([0.007, 0.008, 0.009, 0.010, 0.011, 0.012])
-    q = d["prefill_shipping_ms"]
-    assert 7.0 <= q[0.1] < q[0.5] < q[0.9] <= 12.0
+    # for 5 MB, per byte
+    assert pdd.prefill_shipping == pytest.approx([(0.007 + 0.001 * i) / 5e6 for i in range(6)])
+    q = d["prefill_shipping_ms_per_mb"]
+    assert 1.4 <= q[0.1] < q[0.5] < q[0.9] <= 2.4
     assert base.for_graph(None, "graphs/pdd.yaml") is base
 
 
@@ -166,7 +167,8 @@ def test_relay_handover_is_drawn_per_request(serve_trace):
 
 def test_prefill_shipping_holds_the_prefill_engine(serve_trace):
     """With the runtime's one call at a time, a prefill worker ships each prompt's KV before it
-    starts the next: no prefill starts within the drawn shipping time of the previous one's end."""
+    starts the next: no prefill starts within the drawn shipping time (per byte, times the bytes
+    it sends) of the previous one's end."""
     from pddflow.graph import load_plan
     from pddflow.sim.serve_replay import serve_workload
     from pddflow.sim.simulator import Simulation
@@ -174,15 +176,17 @@ def test_prefill_shipping_holds_the_prefill_engine(serve_trace):
     plan = load_plan(str(ROOT / "graphs" / "pdd.yaml")).scaled_to_local()
     wl = serve_workload(serve_trace, 4, 2, plan.model.block_size, seed=0, rps=20.0, think_s=1.0)
 
-    def prefills(shipping: tuple[float, ...]) -> list[tuple[float, float]]:
+    def prefills(shipping: tuple[float, ...]) -> list[tuple[float, float, float]]:
         sim = Simulation(plan, wl, seed=0, prefill_first_token=True, exclusive_jobs=True, prefill_shipping=shipping)
         sim.run()
-        return sorted((r.t_prefill_start, r.t_prefill) for r in sim.runs)
+        return sorted((r.t_prefill_start, r.t_prefill, r.p_ship_s, r.m_bytes) for r in sim.runs)
 
-    shipped = prefills((0.2,))
-    assert all(b[0] >= a[1] + 0.2 - 1e-9 for a, b in zip(shipped, shipped[1:]))
+    rate = 20e-9   # 20 ms per MB
+    shipped = prefills((rate,))
+    assert all(a[2] > 0 and a[2] >= rate * a[3] - 1e-12 for a in shipped)   # at least the finisher's copy
+    assert all(b[0] >= a[1] + a[2] - 1e-9 for a, b in zip(shipped, shipped[1:]))
     plain = prefills(())
-    assert any(b[0] < a[1] + 0.2 for a, b in zip(plain, plain[1:]))   # the sessions do queue back to back
+    assert any(b[0] < a[1] + s[2] for a, b, s in zip(plain, plain[1:], shipped))   # they do queue back to back
 
 
 def test_serve_report_without_measurements_fails_clearly(tmp_path):
