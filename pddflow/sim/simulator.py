@@ -460,7 +460,6 @@ class Simulation:
         `_room_for`). `waiting()` says the leg still wants the memory; if not, `drop()` it."""
         store = self.stores[inst]
         extra = -(-run.req.output_tokens // self.bt)
-
         landed = self.loop.now
 
         def attempt() -> bool:
