@@ -207,7 +207,8 @@ def simulate(
     # per plan: its calibration's prefill costs and (a deployment calibration, replaying bench serve)
     # its prefills' measured spread and its serving path's CPU
     per_plan = [{"efficiency": c.efficiency, "prefill_spread": c.prefill_spread,
-                 "relay_handovers": c.relay_handovers, "prefill_shipping": c.prefill_shipping,
+                 "relay_handovers": c.relay_handovers, "relay_handovers_queued": c.relay_handovers_queued,
+                 "prefill_shipping": c.prefill_shipping,
                  "serving_cpu_per_token": c.serving_cpu_per_token_s, "decode_wall_over_cpu": c.decode_wall_ratios}
                 for c in cals] if cals else None
     results, sims = _run_all(plans, wl, seed, sim_kwargs, quiet, per_plan, replications)

@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import random
 import time
-from dataclasses import replace
+from collections import Counter
 from collections.abc import Callable
+from dataclasses import replace
 
 from pddflow.core.cpu_layout import plan_layout
 from pddflow.core.link import jitter_stream, kv_link_seed
@@ -39,6 +40,8 @@ from pddflow.sim.events import EventLoop
 from pddflow.sim.kvstore import Hold, KVStore
 from pddflow.sim.network import IDS_BYTES_PER_TOKEN, RDMA_LATENCY_S, STREAM_GBPS, Flow, SharedLink
 from pddflow.sim.workload import SimRequest, Workload
+
+QUEUED_S = 0.05   # a prefill that waited this long for its engine ran in a busy period (calibrate.py too)
 
 
 class Run:
@@ -208,7 +211,8 @@ class Simulation:
                  prefill_first_token: bool = False, wan_jitter_seed: int | None = None,
                  prefill_spread: tuple[float, ...] = (), relay_handovers: tuple[float, ...] = (),
                  exclusive_jobs: bool = False, prefill_shipping: tuple[float, ...] = (),
-                 decode_wall_factors: dict[str, float] | None = None):
+                 decode_wall_factors: dict[str, float] | None = None,
+                 relay_handovers_queued: tuple[float, ...] = ()):
         self.plan, self.workload, self.seed = plan, workload, seed
         # Each prefill costs the model's time x a factor drawn from `prefill_spread` (median 1: a
         # deployment calibration's measured prefills over the model). A deployment's prefills
@@ -219,6 +223,11 @@ class Simulation:
         # measured ones (export, the rdma_tensor copy, both sides' threads on busy cores); empty:
         # the RDMA model (microseconds)
         self.relay_handovers = tuple(relay_handovers)
+        # ... of which those measured after prefills that had queued: a queued prefill draws from
+        # them, the others from the rest (a busy host copies slower)
+        queued = tuple(sorted(relay_handovers_queued))
+        rest = tuple(sorted((Counter(self.relay_handovers) - Counter(queued)).elements()))
+        self._handovers_by_load = (rest, queued) if queued and rest else None
         self._handover_rng = random.Random(f"{seed}/relay-handover")
         self.cpu = cpu
         # True: as the runtime does, prefill samples the first token and the client sees it as soon as
@@ -485,7 +494,10 @@ class Simulation:
         run.r_state = "transfer"
         nbytes = self._kv_bytes(run.req.prompt_tokens, 0)
         dt = RDMA_LATENCY_S + nbytes / self.topo.rdma_bytes_per_s(run.path.entry, run.path.relay)
-        if self.relay_handovers:
+        if self._handovers_by_load is not None:
+            busy = run.t_prefill_start is not None and run.t_prefill_start - run.arrival >= QUEUED_S
+            dt = self._handover_rng.choice(self._handovers_by_load[busy])
+        elif self.relay_handovers:
             dt = self._handover_rng.choice(self.relay_handovers)
         self.loop.after(dt, self._relay_landed, run)
 

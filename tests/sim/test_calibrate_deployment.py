@@ -75,13 +75,14 @@ def _serve_report(tmp_path: Path, factors: dict[str, float], per_token_ms: dict[
         rows = []
         for i, (prompt, cached) in enumerate([(211, 0), (360, 208), (497, 352), (72, 16), (635, 496), (239, 208)]):
             cpu_ms = m.prefill_s(prompt - cached, cached) * 1e3 * factor * SPREAD[i]
-            send = {"t_ms": cpu_ms + 2.0, "prefill_cpu_ms": cpu_ms, "cached_tokens": cached, "prefill_ms": cpu_ms * 1.3,
+            end = (100.0 if i >= 4 else 0.0) + cpu_ms * 1.3     # the last two queued 100 ms first
+            send = {"t_ms": end + 2.0, "prefill_cpu_ms": cpu_ms, "cached_tokens": cached, "prefill_ms": cpu_ms * 1.3,
                     "export_ms": 2.0, "bytes": 4e6}
-            wan = {**send, "t_ms": cpu_ms + 7.0 + i, "export_ms": 5.0 + i, "bytes": 1e6}   # after the relay's copy
+            wan = {**send, "t_ms": end + 7.0 + i, "export_ms": 5.0 + i, "bytes": 1e6}   # after the relay's copy
             rows.append({"session": i, "turn": 0, "prompt_tokens": prompt, "events": [
                 {"event": "arrival", "t_ms": 0.0},
                 {"event": "kv_send:rdma_tensor:relay/0", **send}, {"event": "kv_send:wan_flight:main/0", **wan},
-                {"event": "kv_sent:rdma_tensor:relay/0", "t_ms": cpu_ms + 2.0 + 10.0 * (i + 1)}]})
+                {"event": "kv_sent:rdma_tensor:relay/0", "t_ms": end + 2.0 + 10.0 * (i + 1)}]})
         decode = {}
         for inst, (steps, seqs, ctx) in {"relay/0": (100, 150, 60_000), "main/0": (400, 1600, 800_000)}.items():
             model_s = steps * (m.wt / m.bytes_s + m.ovh) + ctx * m.kvb / m.bytes_s + seqs * m.seq_ovh
@@ -119,6 +120,7 @@ def test_deployment_calibration_per_graph(tmp_path):
     assert pdd.prefill_spread == pytest.approx(sorted(SPREAD))
     # prefill end -> KV on the relay: export (2 ms) + send to ack (10, 20, ... 60 ms)
     assert pdd.relay_handovers == pytest.approx([0.012, 0.022, 0.032, 0.042, 0.052, 0.062])
+    assert pdd.relay_handovers_queued == pytest.approx([0.052, 0.062])   # the two prefills that queued
     # prefill end -> its last KV copy exported (the worker's loop is busy until then): 7, 8, ... 12 ms
     # for 5 MB, per byte
     assert pdd.prefill_shipping == pytest.approx([(0.007 + 0.001 * i) / 5e6 for i in range(6)])
@@ -163,6 +165,15 @@ def test_relay_handover_is_drawn_per_request(serve_trace):
     sim.run()
     relayed = [r for r in sim.runs if r.path.relay is not None and r.r_state != "none"]
     assert relayed and all(r.t_first - r.t_prefill >= 0.25 - 1e-9 for r in relayed)
+    # measured after queued prefills (a busy host): those draw from them, the others from the rest
+    busy = Simulation(plan, serve_workload(serve_trace, 4, 2, plan.model.block_size, seed=0, rps=1000.0, think_s=1.0),
+                      seed=0, prefill_first_token=True, prefill_spread=(10.0,),   # slow prefills: a queue
+                      relay_handovers=(0.01, 0.4), relay_handovers_queued=(0.4,))
+    busy.run()
+    relayed = [r for r in busy.runs if r.path.relay is not None and r.r_state != "none"]
+    queued = [r.t_prefill_start - r.arrival >= 0.05 for r in relayed]
+    assert any(queued) and not all(queued)
+    assert all((r.t_first - r.t_prefill >= 0.4 - 1e-9) == q for r, q in zip(relayed, queued))
 
 
 def test_prefill_shipping_holds_the_prefill_engine(serve_trace):
