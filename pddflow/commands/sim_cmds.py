@@ -249,7 +249,8 @@ def _run_all(plans, wl, seed, sim_kwargs, quiet, per_plan=None, replications=1):
         for i, p in enumerate(plans):
             kw = dict(sim_kwargs, **(per_plan[i] if per_plan else {}))
             per_token = kw.pop("serving_cpu_per_token", 0.0)
-            wall_ratios = kw.pop("decode_wall_over_cpu", {}) if cores else {}
+            wall_ratios = kw.pop("decode_wall_over_cpu", {})
+            wall_ratios = wall_ratios if cores else {}   # a wall-time term needs the host model
             task = prog.add_task(f"{p.name}", total=len(wl.requests)) if prog else None
 
             def replay(serving: float, sim_seed: int, walls: dict[str, float]) -> Simulation:

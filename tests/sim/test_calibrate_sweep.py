@@ -37,6 +37,23 @@ def test_fit_reproduces_the_measured_rates(tmp_path, doc):
     assert all(d.tflops == cal.device.tflops for d in plan.device_classes.values())
 
 
+def test_cli_calibrated_agentic_run_on_the_local_profile(tmp_path):
+    """docs/simulator.md's quick start: an engine benchmark alone, the agentic workload, no host
+    model: the local profile with the deployment's KV memory per worker, and a result."""
+    f = tmp_path / "engine.json"
+    f.write_text(json.dumps({"model": "builtin:tiny-llama", "threads": 1,
+                             "prefill": {"64": {"engine_tok_s": 1300.0}, "128": {"engine_tok_s": 1200.0}},
+                             "decode": {"context": 32, "1": {"engine_tok_s": 60.0}, "4": {"engine_tok_s": 230.0}}}))
+    out = subprocess.run([sys.executable, "-m", "pddflow.cli", "simulate", str(ROOT / "graphs" / "pdd.yaml"),
+                          "--calibrate", str(f), "--prompt-tokens", "400", "--output-tokens", "32", "--rps", "1",
+                          "-n", "40", "--json", "-q"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    d = json.loads(out.stdout)
+    assert d["completed"] == 40 and "decode_wall" not in d and d["calibration"]["deployment"] is None
+    plan = calibrated_plan(load_plan(str(ROOT / "graphs" / "pdd.yaml")), fit(load_bench(f)))
+    assert {op.kv_budget_bytes for op in plan.operators.values()} == {float(256 << 20)}
+
+
 def test_engine_bench_layout(tmp_path):
     """What `pddflow bench engine --json` writes: prefill keyed by prompt length, decode by batch."""
     doc = {"model": "builtin:tiny-llama", "device": "cpu",
