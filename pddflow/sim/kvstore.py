@@ -5,8 +5,9 @@ A request `acquire`s a hold (matched prefix locked, missing blocks and output re
 it when its blocks land (they enter the cache, still locked) and `release`s it when done (cached
 blocks stay, evictable LRU). A decoder does as the runtime's does (runtime/worker.py: `_adopt_prefix`
 when the job arrives, `_room_for` when the KV lands): it `pin`s the cached prefix first and
-`reserve`s the rest when the KV is here, so memory is not held while the KV crosses the WAN. Every insert and eviction is forwarded as an event to the scheduler's
-mirror of this cache, and the two are checked against each other.
+`reserve`s the rest when the KV is here, so memory is not held while the KV crosses the WAN.
+Every insert and eviction is forwarded as an event to the scheduler's mirror of this cache, and
+the two are checked against each other.
 """
 
 from __future__ import annotations
@@ -168,6 +169,7 @@ class KVStore:
             if b.refs == 0:
                 self._locked -= 1
         hold.blocks = []
+
     def _make_room(self, need: int) -> bool:
         over = self.used + need - self.capacity
         if over > 0 and self.cache is not None:

@@ -25,6 +25,7 @@ from pddflow.sim.workload import SimRequest, Workload
 DEFAULT_TRACE = Path("../shared/traces/mooncake_conversation_trace.jsonl")
 SERVING_ROUNDS = 6          # replays at most, to settle the serving path's load
 SERVING_TOLERANCE = 0.02    # ... until it moves less than this share between two replays
+WALL_FACTOR_BOUNDS = (0.5, 3.0)   # the decode wall factor's range (decode_wall_factors)
 
 
 def _placeholder(session: int, turn: int, i: int) -> int:
@@ -100,9 +101,6 @@ def serving_load(sim, cpu_per_token_s: float) -> float:
         return 0.0
     span = max(r.t_finish for r in done) - min(r.arrival for r in sim.runs)
     return sum(r.req.output_tokens for r in done) / max(span, 1e-9) * cpu_per_token_s
-
-
-WALL_FACTOR_BOUNDS = (0.5, 3.0)
 
 
 def decode_wall_factors(sim, measured: dict[str, float], current: dict[str, float]) -> dict[str, float]:
