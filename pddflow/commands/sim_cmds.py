@@ -284,10 +284,10 @@ def _run_all(plans, wl, seed, sim_kwargs, quiet, per_plan=None, replications=1):
                 result["serving_load"] = {"cpu_ms_per_token": round(per_token * 1e3, 4),
                                           "cores": round(serving, 4), "replays": rounds}
             if wall_ratios:
+                simulated = {i: e.decode_wall_over_model for i, e in sim.engines.items()}
                 result["decode_wall"] = {i: {"measured_wall_over_cpu": round(r, 4),
-                                             "simulated_wall_over_model": round(
-                                                 sim.engines[i].decode_wall_s / sim.engines[i].decode_model_s, 4)
-                                             if i in sim.engines and sim.engines[i].decode_model_s > 0 else None,
+                                             "simulated_wall_over_model": None if simulated.get(i) is None
+                                             else round(simulated[i], 4),
                                              "factor": round(walls.get(i, 1.0), 4)}
                                          for i, r in sorted(wall_ratios.items())}
             results.append(result)

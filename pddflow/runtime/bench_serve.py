@@ -127,8 +127,9 @@ def _timelines(base: str, samples: list[Sample]) -> None:
 
 def _decode_steps(base: str, since: dict[str, dict] | None = None) -> dict[str, dict]:
     """Each decoding worker's decode steps (count, CPU seconds, wall seconds of the loop iterations
-    that ran them, sequences, context tokens) from the frontend's /health, less `since`. Workers report their status every 0.5 s (runtime/worker.py:
-    STATUS_EVERY_S): wait twice that first, so the figures include the run's last steps."""
+    that ran them, sequences, context tokens) from the frontend's /health, less `since`. Workers
+    report their status every 0.5 s (runtime/worker.py: STATUS_EVERY_S): wait twice that first, so
+    the figures include the run's last steps."""
     time.sleep(1.0)
     workers = httpx.get(f"{base}/health", timeout=10).json().get("workers", {})
     out = {}

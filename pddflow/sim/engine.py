@@ -93,6 +93,11 @@ class Engine:
         self.decode_model_s = 0.0
         self._plan_f = 1.0
 
+    @property
+    def decode_wall_over_model(self) -> float | None:
+        """Decode-only steps' simulated wall time over their model time (None before any)."""
+        return self.decode_wall_s / self.decode_model_s if self.decode_model_s > 0 else None
+
     # ---- work arrives ---------------------------------------------------------------------------
     def submit_job(self, job: Job) -> None:
         self.jobs.append(job)

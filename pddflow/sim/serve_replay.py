@@ -112,10 +112,9 @@ def decode_wall_factors(sim, measured: dict[str, float], current: dict[str, floa
     lo, hi = WALL_FACTOR_BOUNDS
     out = dict(current)
     for inst, ratio in measured.items():
-        eng = sim.engines.get(inst)
-        if eng is None or eng.decode_model_s <= 0:
+        simulated = sim.engines[inst].decode_wall_over_model if inst in sim.engines else None
+        if simulated is None:
             continue
-        simulated = eng.decode_wall_s / eng.decode_model_s
         out[inst] = min(hi, max(lo, current.get(inst, 1.0) * ratio / simulated))
     return out
 

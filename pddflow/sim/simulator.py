@@ -227,7 +227,7 @@ class Simulation:
         # them, the others from the rest (a busy host copies slower)
         queued = tuple(sorted(relay_handovers_queued))
         rest = tuple(sorted((Counter(self.relay_handovers) - Counter(queued)).elements()))
-        self._handovers_by_load = (rest, queued) if queued and rest else None
+        self._handovers_by_load = (rest, queued) if queued and rest else (self.relay_handovers,) * 2
         self._handover_rng = random.Random(f"{seed}/relay-handover")
         self.cpu = cpu
         # True: as the runtime does, prefill samples the first token and the client sees it as soon as
@@ -494,11 +494,9 @@ class Simulation:
         run.r_state = "transfer"
         nbytes = self._kv_bytes(run.req.prompt_tokens, 0)
         dt = RDMA_LATENCY_S + nbytes / self.topo.rdma_bytes_per_s(run.path.entry, run.path.relay)
-        if self._handovers_by_load is not None:
+        if self.relay_handovers:
             busy = run.t_prefill_start is not None and run.t_prefill_start - run.arrival >= QUEUED_S
             dt = self._handover_rng.choice(self._handovers_by_load[busy])
-        elif self.relay_handovers:
-            dt = self._handover_rng.choice(self.relay_handovers)
         self.loop.after(dt, self._relay_landed, run)
 
     def _relay_landed(self, run: Run) -> None:
