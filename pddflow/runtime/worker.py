@@ -109,7 +109,9 @@ class Worker:
         self._status = pb.WorkerStatus(instance=instance, ready=False)
         self.decode_totals = [0, 0.0, 0, 0, 0.0]   # steps, loop-thread CPU s, sequences, context tokens, wall s
         self.rpc, _ = serve(WORKER, {
-            "Submit": (pb.Job, pb.Reply, lambda m: self._enqueue(("job", m))),
+            # a job carries when it reached this process: the loop reads its inbox between model
+            # calls, and a prefill's queue time starts when the job arrived, not when it was read
+            "Submit": (pb.Job, pb.Reply, lambda m: self._enqueue(("job", m, time.monotonic()))),
             "Feed": (pb.Tokens, pb.Reply, lambda m: self._enqueue(("first", m.seq_id, m.ids[0]))),
             "Handoff": (pb.StartHandoff, pb.Reply, lambda m: self._enqueue(("start_handoff", m.seq_id, m.mode))),
             "Abort": (pb.Cancel, pb.Reply, lambda m: self._enqueue(("abort", m.seq_id, m.reason))),
@@ -165,7 +167,7 @@ class Worker:
     def handle(self, item: tuple) -> None:
         kind = item[0]
         if kind == "job":
-            self._on_job(item[1])
+            self._on_job(item[1], item[2])
             return
         seq_id = item[1].seq_id if kind == "kv" else (item[2].seq_id if kind == "handoff_tokens" else item[1])
         leg = self.legs.get(seq_id)
@@ -199,11 +201,11 @@ class Worker:
         elif kind == "keep_decoding":
             leg.handing_off, leg.decoding = "", not leg.seq.finished
 
-    def _on_job(self, job: pb.Job) -> None:
+    def _on_job(self, job: pb.Job, received: float) -> None:
         s = job.sampling
         sampling = SamplingParams(max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
                                   seed=s.seed, stop_token_ids=tuple(s.stop_token_ids))
-        leg = Leg(job, time.monotonic() + (job.timeout_s or self.wiring.leg_timeout_s))
+        leg = Leg(job, received + (job.timeout_s or self.wiring.leg_timeout_s), received=received)
         try:
             leg.seq = self.engine.add_sequence(list(job.prompt_ids), sampling, job.seq_id)
         except ValueError as exc:
