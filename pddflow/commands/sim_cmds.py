@@ -209,7 +209,8 @@ def simulate(
     per_plan = [{"efficiency": c.efficiency, "prefill_spread": c.prefill_spread,
                  "relay_handovers": c.relay_handovers, "relay_handovers_queued": c.relay_handovers_queued,
                  "prefill_shipping": c.prefill_shipping,
-                 "serving_cpu_per_token": c.serving_cpu_per_token_s, "decode_wall_over_cpu": c.decode_wall_ratios}
+                 "serving_cpu_per_token": c.serving_cpu_per_token_s, "decode_wall_over_cpu": c.decode_wall_ratios,
+                 "prefill_wall_over_cpu": c.prefill_wall_ratios}
                 for c in cals] if cals else None
     results, sims = _run_all(plans, wl, seed, sim_kwargs, quiet, per_plan, replications)
     if per_request:
@@ -233,9 +234,12 @@ def simulate(
     _print_table(results, wl)
 
 
+WALL_KINDS = ("decode", "prefill")   # steps whose measured wall over CPU a deployment calibration settles
+
+
 def _run_all(plans, wl, seed, sim_kwargs, quiet, per_plan=None, replications=1):
     from pddflow.sim.metrics import summarize
-    from pddflow.sim.serve_replay import SERVING_ROUNDS, SERVING_TOLERANCE, decode_wall_factors, serving_load
+    from pddflow.sim.serve_replay import SERVING_ROUNDS, SERVING_TOLERANCE, serving_load, wall_factors
     from pddflow.sim.simulator import HostCpus, Simulation
 
     results, sims = [], []
@@ -249,31 +253,35 @@ def _run_all(plans, wl, seed, sim_kwargs, quiet, per_plan=None, replications=1):
         for i, p in enumerate(plans):
             kw = dict(sim_kwargs, **(per_plan[i] if per_plan else {}))
             per_token = kw.pop("serving_cpu_per_token", 0.0)
-            wall_ratios = kw.pop("decode_wall_over_cpu", {})
-            wall_ratios = wall_ratios if cores else {}   # a wall-time term needs the host model
+            # measured wall over CPU per kind of step and instance
+            measured = {kind: kw.pop(f"{kind}_wall_over_cpu", {}) for kind in WALL_KINDS}
+            if not cores:   # a wall-time term needs the host model
+                measured = {kind: {} for kind in WALL_KINDS}
             task = prog.add_task(f"{p.name}", total=len(wl.requests)) if prog else None
 
-            def replay(serving: float, sim_seed: int, walls: dict[str, float]) -> Simulation:
+            def replay(serving: float, sim_seed: int, walls: dict[str, dict[str, float]]) -> Simulation:
                 # one process per instance, on the cores the runtime would pin it to
                 cpu = HostCpus(p, cores, bench_threads, background, pinning, corun=corun, serving=serving) if cores else None
-                sim = Simulation(p, wl, seed=sim_seed, cpu=cpu, decode_wall_factors=walls, **kw)
+                sim = Simulation(p, wl, seed=sim_seed, cpu=cpu, decode_wall_factors=walls["decode"],
+                                 prefill_wall_factors=walls["prefill"], **kw)
                 try:
                     sim.run(progress=(lambda done, total, t=task: prog.update(t, completed=done)) if prog else None)
                 except ValueError as exc:
                     fail(f"{p.source}: {exc}")
                 return sim
 
-            # the serving path's load follows the token rate, which follows the load, and the decode
-            # wall factors follow the host model's share of the measured wall: replay until all
-            # settle (a few rounds; each replay of a serve workload takes well under a second)
-            serving, walls, rounds = 0.0, {}, 0
+            # the serving path's load follows the token rate, which follows the load, and the wall
+            # factors follow the host model's share of the measured wall: replay until all settle
+            # (a few rounds; each replay of a serve workload takes well under a second)
+            serving, walls, rounds = 0.0, {kind: {} for kind in WALL_KINDS}, 0
             while True:
                 sim = replay(serving, seed, walls)
                 rounds += 1
                 want = serving_load(sim, per_token) if cores and per_token else 0.0
-                want_walls = decode_wall_factors(sim, wall_ratios, walls)
+                want_walls = {kind: wall_factors(sim, kind, measured[kind], walls[kind]) for kind in WALL_KINDS}
                 settled = abs(want - serving) <= SERVING_TOLERANCE * max(want, 1e-9) and all(
-                    abs(f - walls.get(i, 1.0)) <= SERVING_TOLERANCE * f for i, f in want_walls.items())
+                    abs(f - walls[kind].get(i, 1.0)) <= SERVING_TOLERANCE * f
+                    for kind in WALL_KINDS for i, f in want_walls[kind].items())
                 if settled or rounds >= SERVING_ROUNDS:
                     break
                 serving, walls = want, want_walls
@@ -283,13 +291,14 @@ def _run_all(plans, wl, seed, sim_kwargs, quiet, per_plan=None, replications=1):
             if cores and per_token:
                 result["serving_load"] = {"cpu_ms_per_token": round(per_token * 1e3, 4),
                                           "cores": round(serving, 4), "replays": rounds}
-            if wall_ratios:
-                simulated = {i: e.decode_wall_over_model for i, e in sim.engines.items()}
-                result["decode_wall"] = {i: {"measured_wall_over_cpu": round(r, 4),
-                                             "simulated_wall_over_model": None if simulated.get(i) is None
-                                             else round(simulated[i], 4),
-                                             "factor": round(walls.get(i, 1.0), 4)}
-                                         for i, r in sorted(wall_ratios.items())}
+            for kind in WALL_KINDS:
+                if measured[kind]:
+                    simulated = {i: getattr(e, f"{kind}_wall_over_model") for i, e in sim.engines.items()}
+                    result[f"{kind}_wall"] = {i: {"measured_wall_over_cpu": round(r, 4),
+                                                  "simulated_wall_over_model": None if simulated.get(i) is None
+                                                  else round(simulated[i], 4),
+                                                  "factor": round(walls[kind].get(i, 1.0), 4)}
+                                              for i, r in sorted(measured[kind].items())}
             results.append(result)
             sims.append(sim)
     return results, sims

@@ -86,14 +86,26 @@ class ServeFacts:
     # the handovers of prefills that had queued (waited QUEUED_S or more): on a busy host the copy
     # to the relay is slower (median 17 against 11 ms here, P90 130 against 77 ms)
     handovers_queued: tuple[float, ...] = ()
+    # per prefill: (instance, its wall seconds, its CPU seconds); wall over CPU is what the host
+    # (the relay decoding beside it, the frontend, the channels' threads) adds to a prefill
+    prefill_wall: tuple[tuple[str, float, float], ...] = ()
 
     def decode_wall_ratios(self) -> dict[str, float]:
         """Each decoding instance's decode wall time over its CPU time, over every run measured."""
-        wall: dict[str, list[float]] = {}
-        for inst, w, c in self.decode_wall:
-            acc = wall.setdefault(inst, [0.0, 0.0])
-            acc[0], acc[1] = acc[0] + w, acc[1] + c
-        return {i: w / c for i, (w, c) in wall.items() if c > 0 and w > 0}
+        return _wall_over_cpu(self.decode_wall)
+
+    def prefill_wall_ratios(self) -> dict[str, float]:
+        """Each prefilling instance's prefill wall time over its CPU time, over every prefill measured."""
+        return _wall_over_cpu(self.prefill_wall)
+
+
+def _wall_over_cpu(rows: tuple[tuple[str, float, float], ...]) -> dict[str, float]:
+    """Per instance: the sum of its wall seconds over the sum of its CPU seconds."""
+    acc: dict[str, list[float]] = {}
+    for inst, w, c in rows:
+        a = acc.setdefault(inst, [0.0, 0.0])
+        a[0], a[1] = a[0] + w, a[1] + c
+    return {i: w / c for i, (w, c) in acc.items() if c > 0 and w > 0}
 
 
 def graph_key(source: str | Path) -> str:
@@ -129,6 +141,10 @@ class Calibration:
         return self.serve.decode_wall_ratios() if self.serve is not None else {}
 
     @property
+    def prefill_wall_ratios(self) -> dict[str, float]:
+        return self.serve.prefill_wall_ratios() if self.serve is not None else {}
+
+    @property
     def serving_cpu_per_token_s(self) -> float:
         return (self.serve.cpu_per_token_s or 0.0) if self.serve is not None else 0.0
 
@@ -147,7 +163,8 @@ class Calibration:
                               tuple(d for f in serve.values() for d in f.decode),
                               tuple(sorted(x for f in serve.values() for x in f.shipping)),
                               tuple(d for f in serve.values() for d in f.decode_wall),
-                              tuple(sorted(h for f in serve.values() for h in f.handovers_queued)))
+                              tuple(sorted(h for f in serve.values() for h in f.handovers_queued)),
+                              tuple(p for f in serve.values() for p in f.prefill_wall))
         return self.with_serve(mine)
 
     def with_serve(self, serve: ServeFacts) -> Calibration:
@@ -216,6 +233,8 @@ class Calibration:
                                                    for q in (0.1, 0.5, 0.9)}
                     if self.serve.shipping else None,
                     "decode_wall_over_cpu": {i: round(r, 4) for i, r in sorted(self.decode_wall_ratios.items())}
+                    or None,
+                    "prefill_wall_over_cpu": {i: round(r, 4) for i, r in sorted(self.prefill_wall_ratios.items())}
                     or None,
                     "serving_cpu_ms_per_token": None if self.serve.cpu_per_token_s is None
                     else round(self.serve.cpu_per_token_s * 1e3, 4)},
@@ -350,6 +369,7 @@ def load_serve(paths: list[Path]) -> dict[str, ServeFacts]:
     decode: dict[str, list[tuple[int, float, int, int]]] = {}
     decode_wall: dict[str, list[tuple[str, float, float]]] = {}
     shipping: dict[str, list[float]] = {}
+    prefill_wall: dict[str, list[tuple[str, float, float]]] = {}
     sources: dict[str, list[str]] = {}
     for path in paths:
         data = json.loads(Path(path).read_text())
@@ -381,6 +401,9 @@ def load_serve(paths: list[Path]) -> dict[str, ServeFacts]:
                 got = _fields(send, ("prefill_cpu_ms", "cached_tokens"))
                 if got is not None:
                     prefills.setdefault(key, []).append((r["prompt_tokens"], got[1], got[0]))
+                    wall = _fields(send, ("prefill_ms",))
+                    if wall is not None and isinstance(send.get("instance"), str):
+                        prefill_wall.setdefault(key, []).append((send["instance"], wall[0], got[0]))
                 sends = [t for name, e in first.items() if name.startswith("kv_send")
                          if (t := _fields(e, ("t_ms", "export_ms", "bytes"))) is not None]
                 if sends and sum(b for _, _, b in sends) > 0:   # the prefill ended one export before its first send
@@ -403,7 +426,7 @@ def load_serve(paths: list[Path]) -> dict[str, ServeFacts]:
     return {k: ServeFacts(" + ".join(sorted(set(src))), statistics.median(per_token[k]) if k in per_token else None,
                           tuple(prefills.get(k, ())), tuple(sorted(handovers.get(k, ()))), tuple(decode.get(k, ())),
                           tuple(sorted(shipping.get(k, ()))), tuple(decode_wall.get(k, ())),
-                          tuple(sorted(queued.get(k, ()))))
+                          tuple(sorted(queued.get(k, ()))), tuple(prefill_wall.get(k, ())))
             for k, src in sources.items()}
 
 

@@ -91,12 +91,24 @@ class Engine:
         self.decode_wall_factor = 1.0
         self.decode_wall_s = 0.0
         self.decode_model_s = 0.0
+        # the same for steps that run a prefill (the deployment's measured prefill wall over CPU)
+        self.prefill_wall_factor = 1.0
+        self.prefill_wall_s = 0.0
+        self.prefill_model_s = 0.0
         self._plan_f = 1.0
 
     @property
     def decode_wall_over_model(self) -> float | None:
         """Decode-only steps' simulated wall time over their model time (None before any)."""
         return self.decode_wall_s / self.decode_model_s if self.decode_model_s > 0 else None
+
+    @property
+    def prefill_wall_over_model(self) -> float | None:
+        """Prefill-only steps' simulated wall time over their model time (None before any)."""
+        return self.prefill_wall_s / self.prefill_model_s if self.prefill_model_s > 0 else None
+
+    def _prefills_only(self) -> bool:
+        return bool(self._step_jobs) and all(j.kind == "prefill" for j, _ in self._step_jobs)
 
     # ---- work arrives ---------------------------------------------------------------------------
     def submit_job(self, job: Job) -> None:
@@ -181,6 +193,9 @@ class Engine:
             if b and not self._step_jobs:   # a run of decode-only steps
                 self.decode_wall_s += now - self._t_plan
                 self.decode_model_s += (now - self._t_plan) / self._plan_f
+            elif self._job_alone and self._prefills_only():   # one prefill call, as the runtime times it
+                self.prefill_wall_s += now - self._t_plan
+                self.prefill_model_s += (now - self._t_plan) / self._plan_f
             if self._step_jobs:
                 done = self._step_jobs
                 self._step_jobs = []
@@ -293,6 +308,8 @@ class Engine:
         f = self.slowdown(bool(self._step_jobs)) if self.slowdown is not None else 1.0
         if not self._step_jobs:
             f *= self.decode_wall_factor
+        elif self._prefills_only():
+            f *= self.prefill_wall_factor
         self._plan_f = f
         if f != 1.0:
             times = [now + (t - now) * f for t in times]

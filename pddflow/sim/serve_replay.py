@@ -25,7 +25,7 @@ from pddflow.sim.workload import SimRequest, Workload
 DEFAULT_TRACE = Path("../shared/traces/mooncake_conversation_trace.jsonl")
 SERVING_ROUNDS = 6          # replays at most, to settle the serving path's load
 SERVING_TOLERANCE = 0.02    # ... until it moves less than this share between two replays
-WALL_FACTOR_BOUNDS = (0.5, 3.0)   # the decode wall factor's range (decode_wall_factors)
+WALL_FACTOR_BOUNDS = (0.5, 3.0)   # the wall factors' range (wall_factors)
 
 
 def _placeholder(session: int, turn: int, i: int) -> int:
@@ -103,18 +103,19 @@ def serving_load(sim, cpu_per_token_s: float) -> float:
     return sum(r.req.output_tokens for r in done) / max(span, 1e-9) * cpu_per_token_s
 
 
-def decode_wall_factors(sim, measured: dict[str, float], current: dict[str, float]) -> dict[str, float]:
-    """The per-instance decode factors that bring this replay's decode wall over model time to what
-    the deployment measured (its decoders' wall over CPU seconds, `decode_wall_over_cpu`): the
-    host model (`HostCpus`) explains part of it (cores shared with other workers), the factor the
-    rest (the worker's other threads, the frontend and client processes on its cores, the loop's
-    own work between steps). Bounded to WALL_FACTOR_BOUNDS."""
+def wall_factors(sim, kind: str, measured: dict[str, float], current: dict[str, float]) -> dict[str, float]:
+    """The per-instance `kind` ("decode" or "prefill") wall factors that bring this replay's wall
+    over model time of those steps to what the deployment measured (its workers' wall over CPU
+    seconds: `decode_wall_over_cpu`, `prefill_wall_over_cpu`): the host model (`HostCpus`) explains
+    part of it (cores shared with other workers), the factor the rest (the worker's other threads,
+    the frontend and client processes on its cores, the loop's own work between steps). Bounded to
+    WALL_FACTOR_BOUNDS."""
     lo, hi = WALL_FACTOR_BOUNDS
     out = dict(current)
     for inst, ratio in measured.items():
-        simulated = sim.engines[inst].decode_wall_over_model if inst in sim.engines else None
+        engine = sim.engines.get(inst)
+        simulated = getattr(engine, f"{kind}_wall_over_model") if engine is not None else None
         if simulated is None:
             continue
         out[inst] = min(hi, max(lo, current.get(inst, 1.0) * ratio / simulated))
     return out
-

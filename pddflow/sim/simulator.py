@@ -212,7 +212,8 @@ class Simulation:
                  prefill_spread: tuple[float, ...] = (), relay_handovers: tuple[float, ...] = (),
                  exclusive_jobs: bool = False, prefill_shipping: tuple[float, ...] = (),
                  decode_wall_factors: dict[str, float] | None = None,
-                 relay_handovers_queued: tuple[float, ...] = ()):
+                 relay_handovers_queued: tuple[float, ...] = (),
+                 prefill_wall_factors: dict[str, float] | None = None):
         self.plan, self.workload, self.seed = plan, workload, seed
         # Each prefill costs the model's time x a factor drawn from `prefill_spread` (median 1: a
         # deployment calibration's measured prefills over the model). A deployment's prefills
@@ -271,8 +272,9 @@ class Simulation:
                                            int(op.params.get("chunk_tokens", 512)), exclusive_jobs)
             if cpu is not None:
                 cpu.attach(inst.id, self.engines[inst.id])
-            # a deployment calibration's decode wall beyond the host model (serve_replay.decode_wall_factors)
+            # a deployment calibration's decode and prefill wall beyond the host model (serve_replay.wall_factors)
             self.engines[inst.id].decode_wall_factor = (decode_wall_factors or {}).get(inst.id, 1.0)
+            self.engines[inst.id].prefill_wall_factor = (prefill_wall_factors or {}).get(inst.id, 1.0)
             cached = bool(op.params.get("radix_cache", False) or op.params.get("prefix_cache", False))
             cap = int(op.kv_budget_bytes // (self.kvb * self.bt))
             self.stores[inst.id] = KVStore(inst.id, cap, cached, self.state.mirrors.get(inst.id), strict_mirrors)

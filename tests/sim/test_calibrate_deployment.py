@@ -65,9 +65,11 @@ def test_without_a_grid_the_exact_fits_remain(tmp_path):
 
 
 def _serve_report(tmp_path: Path, factors: dict[str, float], per_token_ms: dict[str, float],
-                  decode_factor: float = DECODE_FACTOR, wall_over_cpu: dict[str, float] | None = None) -> Path:
+                  decode_factor: float = DECODE_FACTOR, wall_over_cpu: dict[str, float] | None = None,
+                  prefill_wall_over_cpu: float | None = None) -> Path:
     """A `bench serve --json --per-request` report whose prefills took `factor` x the engine fit,
-    spread around it as SPREAD."""
+    spread around it as SPREAD, and 1.3x their CPU in wall time (`prefill_wall_over_cpu`: that
+    ratio, and the sends name their instance, as the runtime's do)."""
     cal = fit(load_bench(_engine_with_grid(tmp_path)))
     m = DeviceModel(cal.device, 1, cal.arch, cal.efficiency)
     graphs = []
@@ -75,9 +77,12 @@ def _serve_report(tmp_path: Path, factors: dict[str, float], per_token_ms: dict[
         rows = []
         for i, (prompt, cached) in enumerate([(211, 0), (360, 208), (497, 352), (72, 16), (635, 496), (239, 208)]):
             cpu_ms = m.prefill_s(prompt - cached, cached) * 1e3 * factor * SPREAD[i]
-            end = (100.0 if i >= 4 else 0.0) + cpu_ms * 1.3     # the last two queued 100 ms first
-            send = {"t_ms": end + 2.0, "prefill_cpu_ms": cpu_ms, "cached_tokens": cached, "prefill_ms": cpu_ms * 1.3,
+            wall_ms = cpu_ms * (prefill_wall_over_cpu or 1.3)
+            end = (100.0 if i >= 4 else 0.0) + wall_ms     # the last two queued 100 ms first
+            send = {"t_ms": end + 2.0, "prefill_cpu_ms": cpu_ms, "cached_tokens": cached, "prefill_ms": wall_ms,
                     "export_ms": 2.0, "bytes": 4e6}
+            if prefill_wall_over_cpu is not None:
+                send["instance"] = "prefill/0"
             wan = {**send, "t_ms": end + 7.0 + i, "export_ms": 5.0 + i, "bytes": 1e6}   # after the relay's copy
             rows.append({"session": i, "turn": 0, "prompt_tokens": prompt, "events": [
                 {"event": "arrival", "t_ms": 0.0},
@@ -127,6 +132,11 @@ def test_deployment_calibration_per_graph(tmp_path):
     q = d["prefill_shipping_ms_per_mb"]
     assert 1.4 <= q[0.1] < q[0.5] < q[0.9] <= 2.4
     assert base.for_graph(None, "graphs/pdd.yaml") is base
+    assert pdd.prefill_wall_ratios == {} and d["prefill_wall_over_cpu"] is None   # (the sends name no instance)
+    walled = base.for_graph(load_serve([_serve_report(tmp_path, {"pdd": 1.3}, {"pdd": 1.7}, prefill_wall_over_cpu=1.45)]),
+                            "graphs/pdd.yaml")
+    assert walled.prefill_wall_ratios == pytest.approx({"prefill/0": 1.45})
+    assert walled.to_dict()["deployment"]["prefill_wall_over_cpu"] == {"prefill/0": 1.45}
 
 
 def test_prefill_spread_is_drawn_per_prefill(serve_trace):
@@ -239,22 +249,26 @@ def test_cli_serving_load_slows_the_replay(tmp_path, serve_trace):
     assert b["tpot_ms"]["p50"] > a["tpot_ms"]["p50"] * 1.02
 
 
-def test_cli_decode_wall_beyond_the_host_model_slows_decode(tmp_path, serve_trace):
-    """A deployment whose main decoder measured 1.8x its CPU in wall time (its other threads, the
-    frontend on its core): the replay settles a factor that makes its simulated decode wall over
-    model time 1.8 as well, and tokens come slower than with the host model alone."""
+@pytest.mark.parametrize("kind", ["decode", "prefill"])
+def test_cli_wall_beyond_the_host_model_slows_its_steps(tmp_path, serve_trace, kind):
+    """A deployment whose main decoder (prefill) measured 1.8x its CPU in wall time (its other
+    threads, the relay decoding beside the prefill, the frontend on its core): the replay settles
+    a factor that makes its simulated decode (prefill) wall over model time 1.8 as well, and tokens
+    (first tokens) come later than with the host model alone."""
     engine = _engine_with_grid(tmp_path)
+    measured = {"wall_over_cpu": {"main/0": 1.8}} if kind == "decode" else {"prefill_wall_over_cpu": 1.8}
+    inst, figure = ("main/0", "tpot_ms") if kind == "decode" else ("prefill/0", "ttft_s")
     plain = _simulate(serve_trace, engine, _serve_report(tmp_path, {"pdd": 1.0}, {"pdd": 1.0}, decode_factor=1.0))
     walled = _simulate(serve_trace, engine, _serve_report(tmp_path, {"pdd": 1.0}, {"pdd": 1.0}, decode_factor=1.0,
-                                                          wall_over_cpu={"main/0": 1.8}))
+                                                          **measured))
     assert plain.returncode == 0 and walled.returncode == 0, plain.stderr + walled.stderr
     a, b = json.loads(plain.stdout), json.loads(walled.stdout)
-    assert "decode_wall" not in a
-    w = b["decode_wall"]["main/0"]
+    assert f"{kind}_wall" not in a
+    w = b[f"{kind}_wall"][inst]
     assert w["measured_wall_over_cpu"] == 1.8 and w["factor"] > 1.3
     assert w["simulated_wall_over_model"] == pytest.approx(1.8, rel=0.05)
-    assert b["calibration"]["deployment"]["decode_wall_over_cpu"] == {"main/0": 1.8}
-    assert b["tpot_ms"]["p50"] > a["tpot_ms"]["p50"] * 1.2
+    assert b["calibration"]["deployment"][f"{kind}_wall_over_cpu"] == {inst: 1.8}
+    assert b[figure]["p50"] > a[figure]["p50"] * 1.2
 
 
 def test_cli_replications_report_the_median(tmp_path, serve_trace):

@@ -96,6 +96,26 @@ def test_exclusive_jobs_run_alone_and_whole_as_the_runtime_loop():
     assert ends["a"] == ends["b"]                          # production engines: one chunk carries both
 
 
+def test_wall_factors_scale_their_own_steps():
+    """A deployment's measured wall beyond the host model: the prefill factor stretches prefill
+    calls only, the decode factor decode-only steps only; each engine reports its steps' wall over
+    model time, as the settling in `pddflow simulate` reads them."""
+    m = _model()
+    loop = EventLoop()
+    eng = Engine(loop, "p", m, max_batch=8, chunk_tokens=512, exclusive_jobs=True)
+    eng.prefill_wall_factor, eng.decode_wall_factor = 1.5, 2.0
+    done, finished = {}, {}
+    eng.submit_job(Job("a", 300, 0, lambda j, t: done.__setitem__("a", t)))
+    eng.submit_job(Job("x", 40, 300, lambda j, t: done.__setitem__("x", t), kind="extend"))
+    loop.at(1e-9, eng.submit_seq, Seq(None, 0, 1000, 0, 2, None, lambda s, t: finished.__setitem__(s.rid, t)))
+    loop.run()
+    assert done["a"] == pytest.approx(1.5 * m.prefill_s(300, 0), rel=1e-9)
+    assert done["x"] == pytest.approx(done["a"] + m.extend_s(40, 300), rel=1e-9)      # an extend: no factor
+    assert finished[0] == pytest.approx(done["x"] + 2.0 * (m.decode_step_s(1, 1000) + m.decode_step_s(1, 1001)),
+                                        rel=1e-9)
+    assert eng.prefill_wall_over_model == pytest.approx(1.5) and eng.decode_wall_over_model == pytest.approx(2.0)
+
+
 def _link(gbps=8.0, jitter=Jitter(0, 0, "constant")):
     return LinkModel("A-B", "A", "B", gbps, rtt_ms=0.0, jitter=jitter)
 
