@@ -60,6 +60,7 @@ class Leg:
     deadline: float
     seq: Any = None                  # engine Sequence
     kv: KVBlocks | None = None       # landed, not yet imported
+    kv_at: float = 0.0               # when that KV reached this process
     kv_ready: bool = False           # the prompt KV is in this worker's cache
     first: int | None = None         # first generated token (from prefill, via the frontend)
     handoff: list[TokenIds] = field(default_factory=list)  # main: IDs from the relay, not yet extended
@@ -181,7 +182,7 @@ class Worker:
             self.early.setdefault(seq_id, []).append((time.monotonic(), item))
             return
         if kind == "kv":
-            leg.kv = item[1]
+            leg.kv, leg.kv_at = item[1], item[2]
             self._land(leg)
         elif kind == "kv_error":
             self._kv_failed(leg, item[2])
@@ -327,14 +328,19 @@ class Worker:
     def _land(self, leg: Leg) -> None:
         if not self._room_for(leg):
             return
+        t0, c0 = time.monotonic(), time.thread_time()
         try:
             self.engine.import_kv(leg.seq, leg.kv)
         except Exception as exc:  # noqa: BLE001 - a bad transfer: recompute from token IDs
             self._kv_failed(leg, f"cannot import KV: {exc}")
             return
         self.engine.reserve(leg.seq, self._total_tokens(leg))   # fits: _room_for said so, nothing ran since
+        # what landing cost this loop: the wait from the KV reaching this process to the loop taking
+        # it (a step in progress, a core shared with busier workers, room in memory), then the import
+        values = {"waited_ms": (t0 - leg.kv_at) * 1e3, "import_ms": (time.monotonic() - t0) * 1e3,
+                  "import_cpu_ms": (time.thread_time() - c0) * 1e3, "bytes": float(leg.kv.data.nbytes)}
         leg.kv, leg.kv_ready = None, True
-        self.io.report(event=pb.Event(seq_id=leg.seq_id, name="kv_landed", t_unix=time.time()))
+        self.io.report(event=pb.Event(seq_id=leg.seq_id, name="kv_landed", t_unix=time.time(), values=values))
         self._maybe_start(leg)
 
     @staticmethod

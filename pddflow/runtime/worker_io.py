@@ -145,7 +145,7 @@ class WorkerIO:
             except ChannelError as exc:  # a transfer that failed at the receiver: the leg decides
                 self.inbox.put(("kv_error", getattr(exc, "seq_id", ""), str(exc)))
                 continue
-            self.inbox.put(("kv", kv))
+            self.inbox.put(("kv", kv, time.monotonic()))   # (when it reached this process)
 
     def _pump_tokens(self, endpoint: Any) -> None:
         while not self.closed.is_set():

@@ -150,3 +150,5 @@ def test_metrics_timeline_and_no_leaks(pdd, client):
     assert by["kv_send:wan_flight:main/0"]["prefill_ms"] > 0 and by["kv_send:wan_flight:main/0"]["queued_ms"] >= 0
     send = by["kv_send:rdma_tensor:relay/0"]   # what a bench serve report calibrates the simulator with
     assert send["prefill_cpu_ms"] > 0 and send["cached_tokens"] >= 0 and send["export_ms"] >= 0
+    landed = next(e for e in tl["events"] if e["event"] == "kv_landed" and e.get("instance") == "relay/0")
+    assert landed["bytes"] > 0 and landed["waited_ms"] >= 0 and landed["import_ms"] >= landed["import_cpu_ms"] * 0.5
