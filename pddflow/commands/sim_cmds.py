@@ -210,7 +210,7 @@ def simulate(
                  "relay_handovers": c.relay_handovers, "relay_handovers_queued": c.relay_handovers_queued,
                  "prefill_shipping": c.prefill_shipping,
                  "serving_cpu_per_token": c.serving_cpu_per_token_s, "decode_wall_over_cpu": c.decode_wall_ratios,
-                 "prefill_wall_over_cpu": c.prefill_wall_ratios}
+                 "prefill_wall_over_cpu": c.prefill_wall_ratios, "serving_latency_s": c.serving_latency_s}
                 for c in cals] if cals else None
     results, sims = _run_all(plans, wl, seed, sim_kwargs, quiet, per_plan, replications)
     if per_request:

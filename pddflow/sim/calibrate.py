@@ -89,6 +89,10 @@ class ServeFacts:
     # per prefill: (instance, its wall seconds, its CPU seconds); wall over CPU is what the host
     # (the relay decoding beside it, the frontend, the channels' threads) adds to a prefill
     prefill_wall: tuple[tuple[str, float, float], ...] = ()
+    # per request, seconds the serving path adds outside the workers: the client's request to the
+    # frontend and on to the prefill worker (frontend arrival to the job at the worker: the
+    # prefill's start less its queued_ms), and the first token from the frontend to the client
+    serving_latency: tuple[float, ...] = ()
 
     def decode_wall_ratios(self) -> dict[str, float]:
         """Each decoding instance's decode wall time over its CPU time, over every run measured."""
@@ -145,6 +149,13 @@ class Calibration:
         return self.serve.prefill_wall_ratios() if self.serve is not None else {}
 
     @property
+    def serving_latency_s(self) -> float:
+        """The median measured serving-path latency (a few ms; its median, as reports from before
+        queued_ms counted from the job's arrival overstate it for queued prefills)."""
+        lat = self.serve.serving_latency if self.serve is not None else ()
+        return statistics.median(lat) if lat else 0.0
+
+    @property
     def serving_cpu_per_token_s(self) -> float:
         return (self.serve.cpu_per_token_s or 0.0) if self.serve is not None else 0.0
 
@@ -164,7 +175,8 @@ class Calibration:
                               tuple(sorted(x for f in serve.values() for x in f.shipping)),
                               tuple(d for f in serve.values() for d in f.decode_wall),
                               tuple(sorted(h for f in serve.values() for h in f.handovers_queued)),
-                              tuple(p for f in serve.values() for p in f.prefill_wall))
+                              tuple(p for f in serve.values() for p in f.prefill_wall),
+                              tuple(sorted(x for f in serve.values() for x in f.serving_latency)))
         return self.with_serve(mine)
 
     def with_serve(self, serve: ServeFacts) -> Calibration:
@@ -236,6 +248,9 @@ class Calibration:
                     or None,
                     "prefill_wall_over_cpu": {i: round(r, 4) for i, r in sorted(self.prefill_wall_ratios.items())}
                     or None,
+                    "serving_latency_ms": {q: round(percentile(list(self.serve.serving_latency), q * 100) * 1e3, 2)
+                                           for q in (0.1, 0.5, 0.9)}
+                    if self.serve.serving_latency else None,
                     "serving_cpu_ms_per_token": None if self.serve.cpu_per_token_s is None
                     else round(self.serve.cpu_per_token_s * 1e3, 4)},
                 "corun": None if f.corun is None else {"prefill_factor": f.corun[0], "decode_factor": f.corun[1]},
@@ -370,6 +385,7 @@ def load_serve(paths: list[Path]) -> dict[str, ServeFacts]:
     decode_wall: dict[str, list[tuple[str, float, float]]] = {}
     shipping: dict[str, list[float]] = {}
     prefill_wall: dict[str, list[tuple[str, float, float]]] = {}
+    latency: dict[str, list[float]] = {}
     sources: dict[str, list[str]] = {}
     for path in paths:
         data = json.loads(Path(path).read_text())
@@ -404,6 +420,12 @@ def load_serve(paths: list[Path]) -> dict[str, ServeFacts]:
                     wall = _fields(send, ("prefill_ms",))
                     if wall is not None and isinstance(send.get("instance"), str):
                         prefill_wall.setdefault(key, []).append((send["instance"], wall[0], got[0]))
+                dispatch = _fields(send, ("t_ms", "export_ms", "prefill_ms", "queued_ms"))
+                first_token = _fields(first.get("first_token"), ("t_ms",))
+                if dispatch is not None and first_token is not None and isinstance(r.get("ttft_s"), (int, float)):
+                    sent_at, export, prefill, waited = dispatch
+                    latency.setdefault(key, []).append(max(0.0, sent_at - export - prefill - waited)
+                                                       + max(0.0, r["ttft_s"] - first_token[0]))
                 sends = [t for name, e in first.items() if name.startswith("kv_send")
                          if (t := _fields(e, ("t_ms", "export_ms", "bytes"))) is not None]
                 if sends and sum(b for _, _, b in sends) > 0:   # the prefill ended one export before its first send
@@ -426,7 +448,8 @@ def load_serve(paths: list[Path]) -> dict[str, ServeFacts]:
     return {k: ServeFacts(" + ".join(sorted(set(src))), statistics.median(per_token[k]) if k in per_token else None,
                           tuple(prefills.get(k, ())), tuple(sorted(handovers.get(k, ()))), tuple(decode.get(k, ())),
                           tuple(sorted(shipping.get(k, ()))), tuple(decode_wall.get(k, ())),
-                          tuple(sorted(queued.get(k, ()))), tuple(prefill_wall.get(k, ())))
+                          tuple(sorted(queued.get(k, ()))), tuple(prefill_wall.get(k, ())),
+                          tuple(sorted(latency.get(k, ()))))
             for k, src in sources.items()}
 
 

@@ -127,6 +127,9 @@ def request_rows(sim: Simulation) -> list[dict]:
             "kv_bytes": round(r.m_bytes), "kv_hit_blocks": r.m_hit,
             "kv_sent_s": t(r.m_sent_at - r.arrival) if r.m_transfer_s is not None else None,
             "kv_transfer_s": t(r.m_transfer_s),
+            # as the relay's kv_landed event: its copy reached the relay, the relay's loop took it
+            "relay_kv_sent_s": t(r.r_landed_at - r.arrival) if r.r_landed_at is not None else None,
+            "relay_kv_landed_s": t(r.r_started_at - r.arrival) if r.r_started_at is not None else None,
             # as the runtime's kv_waits_for_memory events: landed KV waiting for a decoder's memory
             "memory_waits": r.memory_waits, "memory_wait_s": t(r.memory_wait_s), "failed": r.failed})
     return rows

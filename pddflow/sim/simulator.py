@@ -50,7 +50,7 @@ class Run:
     __slots__ = ("req", "dec", "path", "arrival", "t_prefill", "t_prefill_start", "t_first", "t_finish", "done", "failed",
                  "p_inst", "p_hold", "p_legs", "r_inst", "r_hold", "r_seq", "r_state", "m_inst", "m_hold",
                  "m_flow", "m_state", "m_bytes", "m_hit", "ids_sent", "relay_tokens", "handoff", "rounds", "p_hit_tokens", "m_sent_at", "m_transfer_s",
-                 "memory_waits", "memory_wait_s", "p_ship_s")
+                 "memory_waits", "memory_wait_s", "p_ship_s", "r_landed_at", "r_started_at")
 
     def __init__(self, req: SimRequest, dec: Decision, path: PathInfo):
         self.req, self.dec, self.path = req, dec, path
@@ -65,6 +65,7 @@ class Run:
         self.r_hold: Hold | None = None
         self.r_seq: Seq | None = None
         self.r_state = "none"          # none | transfer | memory (landed, waits for room) | decoding | released | cancelled
+        self.r_landed_at = self.r_started_at = None   # the KV reached the relay; the relay's loop took it
         self.m_inst = dec.target(path.finisher)
         self.m_hold: Hold | None = None
         self.m_flow: Flow | None = None
@@ -213,7 +214,7 @@ class Simulation:
                  exclusive_jobs: bool = False, prefill_shipping: tuple[float, ...] = (),
                  decode_wall_factors: dict[str, float] | None = None,
                  relay_handovers_queued: tuple[float, ...] = (),
-                 prefill_wall_factors: dict[str, float] | None = None):
+                 prefill_wall_factors: dict[str, float] | None = None, serving_latency_s: float = 0.0):
         self.plan, self.workload, self.seed = plan, workload, seed
         # Each prefill costs the model's time x a factor drawn from `prefill_spread` (median 1: a
         # deployment calibration's measured prefills over the model). A deployment's prefills
@@ -230,6 +231,10 @@ class Simulation:
         rest = tuple(sorted((Counter(self.relay_handovers) - Counter(queued)).elements()))
         self._handovers_by_load = (rest, queued) if queued and rest else (self.relay_handovers,) * 2
         self._handover_rng = random.Random(f"{seed}/relay-handover")
+        # Seconds from a client sending a request to the deployment taking it, plus the first
+        # token's way back (a deployment calibration's measured serving path, a few ms): the
+        # request enters that long after it was sent, and its TTFT and end count from the send
+        self.serving_latency_s = max(0.0, serving_latency_s)
         self.cpu = cpu
         # True: as the runtime does, prefill samples the first token and the client sees it as soon as
         # a decoder holds the KV (relay landed, or main landed on a takeover / P->MD path, or the
@@ -357,12 +362,18 @@ class Simulation:
         self._arrive(req)
 
     def _arrive(self, req: SimRequest) -> None:
+        if self.serving_latency_s > 0:
+            self.loop.after(self.serving_latency_s, self._enter, req, self.loop.now)
+        else:
+            self._enter(req, self.loop.now)
+
+    def _enter(self, req: SimRequest, sent: float) -> None:
         self._arrived += 1
         self._refresh_state()
         feats = RequestFeatures(str(req.rid), req.prompt_tokens, req.hashes, req.output_tokens, self.bt)
         dec = self.policy.decide(feats, self.state)
         run = Run(req, dec, self.topo.paths[dec.variant])
-        run.arrival = self.loop.now
+        run.arrival = sent
         self.runs.append(run)
         path = run.path
         if not path.colocated and path.finisher != path.relay:
@@ -503,6 +514,7 @@ class Simulation:
 
     def _relay_landed(self, run: Run) -> None:
         self._leg_done(run)
+        run.r_landed_at = self.loop.now
         # A worker takes landed KV in between its steps (runtime/worker.py: admit, then one step),
         # so a busy decoder starts on it, and shows its first token, at its next step boundary.
         self.engines[run.r_inst].submit_control(lambda _now: self._relay_import(run))
@@ -518,6 +530,7 @@ class Simulation:
     def _relay_start(self, run: Run) -> None:
         self.stores[run.r_inst].commit(run.r_hold, run.req.hashes)
         run.r_state = "decoding"
+        run.r_started_at = self.loop.now
         if self.pft and run.req.output_tokens > 1:
             if run.t_first is None:
                 run.t_first = self.loop.now       # the relay emits prefill's first token on landing

@@ -78,16 +78,19 @@ def _serve_report(tmp_path: Path, factors: dict[str, float], per_token_ms: dict[
         for i, (prompt, cached) in enumerate([(211, 0), (360, 208), (497, 352), (72, 16), (635, 496), (239, 208)]):
             cpu_ms = m.prefill_s(prompt - cached, cached) * 1e3 * factor * SPREAD[i]
             wall_ms = cpu_ms * (prefill_wall_over_cpu or 1.3)
-            end = (100.0 if i >= 4 else 0.0) + wall_ms     # the last two queued 100 ms first
+            queued = 100.0 if i >= 4 else 0.0                # the last two queued 100 ms first
+            end = 3.0 + queued + wall_ms                     # (the job reached the worker 3 ms after the frontend)
             send = {"t_ms": end + 2.0, "prefill_cpu_ms": cpu_ms, "cached_tokens": cached, "prefill_ms": wall_ms,
-                    "export_ms": 2.0, "bytes": 4e6}
+                    "export_ms": 2.0, "bytes": 4e6, "queued_ms": queued}
             if prefill_wall_over_cpu is not None:
                 send["instance"] = "prefill/0"
             wan = {**send, "t_ms": end + 7.0 + i, "export_ms": 5.0 + i, "bytes": 1e6}   # after the relay's copy
-            rows.append({"session": i, "turn": 0, "prompt_tokens": prompt, "events": [
+            first_ms = end + 2.0 + 10.0 * (i + 1) + 1.0
+            rows.append({"session": i, "turn": 0, "prompt_tokens": prompt, "ttft_s": (first_ms + 4.0) / 1e3, "events": [
                 {"event": "arrival", "t_ms": 0.0},
                 {"event": "kv_send:rdma_tensor:relay/0", **send}, {"event": "kv_send:wan_flight:main/0", **wan},
-                {"event": "kv_sent:rdma_tensor:relay/0", "t_ms": end + 2.0 + 10.0 * (i + 1)}]})
+                {"event": "kv_sent:rdma_tensor:relay/0", "t_ms": end + 2.0 + 10.0 * (i + 1)},
+                {"event": "first_token", "t_ms": first_ms}]})   # the client saw it 4 ms later
         decode = {}
         for inst, (steps, seqs, ctx) in {"relay/0": (100, 150, 60_000), "main/0": (400, 1600, 800_000)}.items():
             model_s = steps * (m.wt / m.bytes_s + m.ovh) + ctx * m.kvb / m.bytes_s + seqs * m.seq_ovh
@@ -132,6 +135,8 @@ def test_deployment_calibration_per_graph(tmp_path):
     q = d["prefill_shipping_ms_per_mb"]
     assert 1.4 <= q[0.1] < q[0.5] < q[0.9] <= 2.4
     assert base.for_graph(None, "graphs/pdd.yaml") is base
+    # client -> worker (3 ms) and first token -> client (4 ms), whether the prefill queued or not
+    assert pdd.serving_latency_s == pytest.approx(0.007) and d["serving_latency_ms"][0.5] == pytest.approx(7.0)
     assert pdd.prefill_wall_ratios == {} and d["prefill_wall_over_cpu"] is None   # (the sends name no instance)
     walled = base.for_graph(load_serve([_serve_report(tmp_path, {"pdd": 1.3}, {"pdd": 1.7}, prefill_wall_over_cpu=1.45)]),
                             "graphs/pdd.yaml")

@@ -189,3 +189,21 @@ def test_corun_slows_a_group_only_while_another_group_is_busy():
     assert p.slowdown(True) == pytest.approx(1.2) and p.slowdown(False) == pytest.approx(1.5)
     assert m.slowdown(False) == pytest.approx(1.5)
     assert HostCpus(plan, 2).to_dict()["corun"] == {"prefill": 1.0, "decode": 1.0}
+
+
+def test_serving_latency_counts_from_the_send(serve_trace):
+    """A deployment calibration's serving path (client -> frontend -> prefill worker, first token
+    back): a request enters the deployment that long after its session sent it, and its TTFT and
+    end count from the send; with one session nothing else moves, so every TTFT grows by it."""
+    spec = build(serve_trace, 1, 3, 1 / 32, vocab=256)
+    plan = _local_plan()
+    wl = replay(spec, plan.model.block_size)
+    base = Simulation(plan, wl, prefill_first_token=True)
+    late = Simulation(plan, wl, prefill_first_token=True, serving_latency_s=0.02)
+    a, b = base.run(), late.run()
+    assert [r.req.rid for r in a] == [r.req.rid for r in b] and all(r.done and not r.failed for r in a + b)
+    for x, y in zip(a, b):
+        assert (y.t_first - y.arrival) - (x.t_first - x.arrival) == pytest.approx(0.02, abs=1e-9)
+        assert y.t_prefill_start - y.arrival == pytest.approx(x.t_prefill_start - x.arrival + 0.02, abs=1e-9)
+    # the closed loop: each later turn is sent a think time after the client saw the last token
+    assert b[-1].arrival - a[-1].arrival == pytest.approx(2 * 0.02, abs=1e-9)
