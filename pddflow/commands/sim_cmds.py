@@ -207,6 +207,7 @@ def simulate(
     # per plan: its calibration's prefill costs and (a deployment calibration, replaying bench serve)
     # its prefills' measured spread and its serving path's CPU
     per_plan = [{"efficiency": c.efficiency, "prefill_spread": c.prefill_spread,
+                 "prefill_size_trend": c.prefill_size_trend,
                  "relay_handovers": c.relay_handovers, "relay_handovers_queued": c.relay_handovers_queued,
                  "prefill_shipping": c.prefill_shipping,
                  "serving_cpu_per_token": c.serving_cpu_per_token_s, "decode_wall_over_cpu": c.decode_wall_ratios,

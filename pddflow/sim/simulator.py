@@ -214,12 +214,16 @@ class Simulation:
                  exclusive_jobs: bool = False, prefill_shipping: tuple[float, ...] = (),
                  decode_wall_factors: dict[str, float] | None = None,
                  relay_handovers_queued: tuple[float, ...] = (),
-                 prefill_wall_factors: dict[str, float] | None = None, serving_latency_s: float = 0.0):
+                 prefill_wall_factors: dict[str, float] | None = None, serving_latency_s: float = 0.0,
+                 prefill_size_trend: tuple[float, float] = (0.0, 1.0)):
         self.plan, self.workload, self.seed = plan, workload, seed
         # Each prefill costs the model's time x a factor drawn from `prefill_spread` (median 1: a
         # deployment calibration's measured prefills over the model). A deployment's prefills
         # spread 0.8-1.7x around their median; queues in a closed loop grow from the long ones.
         self.prefill_spread = tuple(prefill_spread)
+        # ... and (n / ref) ** exponent for n new tokens: the calibration's size trend (longer
+        # prompts measured cheaper than the model extrapolates)
+        self.prefill_size_trend = prefill_size_trend
         self._spread_rng = random.Random(f"{seed}/prefill-spread")
         # Seconds from a prefill's end to its KV on a same-host relay, drawn from a deployment's
         # measured ones (export, the rdma_tensor copy, both sides' threads on busy cores); empty:
@@ -427,6 +431,9 @@ class Simulation:
         cached = min(hold.hit * self.bt, run.req.prompt_tokens)
         run.p_hit_tokens = cached
         factor = self._spread_rng.choice(self.prefill_spread) if self.prefill_spread else 1.0
+        exponent, ref = self.prefill_size_trend
+        if exponent:
+            factor *= (max(1, run.req.prompt_tokens - cached) / ref) ** exponent
         if self.prefill_shipping:
             run.p_ship_s = self._shipping_rng.choice(self.prefill_shipping) * self._shipped_bytes(run)
         self.engines[run.p_inst].submit_job(Job(run, run.req.prompt_tokens - cached, cached, self._prefill_done,

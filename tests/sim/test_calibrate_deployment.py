@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from pddflow.core.arch import ARCHS
-from pddflow.sim.calibrate import CalibrationError, fit, is_serve_report, load_bench, load_serve
+from pddflow.sim.calibrate import CalibrationError, ServeFacts, fit, is_serve_report, load_bench, load_serve
 from pddflow.sim.device import DeviceModel
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -142,6 +142,27 @@ def test_deployment_calibration_per_graph(tmp_path):
                             "graphs/pdd.yaml")
     assert walled.prefill_wall_ratios == pytest.approx({"prefill/0": 1.45})
     assert walled.to_dict()["deployment"]["prefill_wall_over_cpu"] == {"prefill/0": 1.45}
+
+
+def test_prefill_size_trend_is_taken_out_of_the_spread(tmp_path):
+    """Deployment prefills that drift from the model with their size (here 1.2 x (n / 100) ** -0.1:
+    long prompts cheaper than the fit extrapolates) give that trend, not a wide spread; the replay
+    then costs a 2,700-token prefill at the trend, and prompts of one size give no trend."""
+    base = fit(load_bench(_engine_with_grid(tmp_path)))
+    m = DeviceModel(base.device, 1, base.arch, base.efficiency)
+    sizes = [30, 60, 100, 150, 250, 400, 800, 2700]
+    prefills = tuple((n + 16, 16, 1.2 * (n / 100) ** -0.1 * m.prefill_s(n, 16)) for n in sizes)
+    cal = base.with_serve(ServeFacts("t", None, prefills))
+    exponent, ref = cal.prefill_size_trend
+    assert exponent == pytest.approx(-0.1, abs=1e-6) and 30 < ref < 2700
+    assert cal.prefill_spread == pytest.approx([1.0] * len(sizes), abs=1e-3)
+    m1 = DeviceModel(cal.device, 1, cal.arch, cal.efficiency)
+    for n in (30, 2700):   # scaled model x trend = what was measured
+        assert m1.prefill_s(n, 16) * (n / ref) ** exponent == pytest.approx(1.2 * (n / 100) ** -0.1 * m.prefill_s(n, 16),
+                                                                            rel=1e-3)
+    assert cal.to_dict()["deployment"]["prefill_size_trend"]["exponent"] == pytest.approx(-0.1, abs=1e-4)
+    flat = base.with_serve(ServeFacts("t", None, tuple((116, 16, 1.3 * m.prefill_s(100, 16)) for _ in range(6))))
+    assert flat.prefill_size_trend == (0.0, 1.0) and flat.prefill_host_factor == pytest.approx(1.3)
 
 
 def test_prefill_spread_is_drawn_per_prefill(serve_trace):

@@ -207,3 +207,16 @@ def test_serving_latency_counts_from_the_send(serve_trace):
         assert y.t_prefill_start - y.arrival == pytest.approx(x.t_prefill_start - x.arrival + 0.02, abs=1e-9)
     # the closed loop: each later turn is sent a think time after the client saw the last token
     assert b[-1].arrival - a[-1].arrival == pytest.approx(2 * 0.02, abs=1e-9)
+
+
+def test_prefill_size_trend_scales_each_prefill(serve_trace):
+    """The calibration's size trend: a prefill of n new tokens costs (n / ref) ** exponent times
+    its drawn factor."""
+    spec = build(serve_trace, 1, 1, 1 / 32, vocab=256)
+    plan = _local_plan()
+    wl = replay(spec, plan.model.block_size)
+    n = wl.requests[0].prompt_tokens
+    runs = [Simulation(plan, wl, exclusive_jobs=True, prefill_spread=(1.0,), prefill_size_trend=trend).run()[0]
+            for trend in ((0.0, 1.0), (-0.5, n / 4))]
+    took = [r.t_prefill - r.t_prefill_start for r in runs]
+    assert took[1] == pytest.approx(took[0] * 4 ** -0.5, rel=1e-9)
