@@ -308,7 +308,7 @@ class Engine:
         f = self.slowdown(bool(self._step_jobs)) if self.slowdown is not None else 1.0
         if not self._step_jobs:
             f *= self.decode_wall_factor
-        elif self._prefills_only():
+        elif self.prefill_wall_factor != 1.0 and self._prefills_only():
             f *= self.prefill_wall_factor
         self._plan_f = f
         if f != 1.0:
