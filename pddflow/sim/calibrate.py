@@ -122,12 +122,12 @@ def _size_trend(shapes: list[tuple[float, float]]) -> tuple[float, float]:
     it pivots on. The engine benchmark fits prompts up to 512 tokens; here the 2,708-token prompt
     of the serve workload measured 0.87x the median ratio in every run: a third longer prefill in
     the replay without it (and the P90 of a closed loop waits behind it)."""
-    xs = [math.log(n) for n, r in shapes if n > 0 and r > 0]
-    ys = [math.log(r) for n, r in shapes if n > 0 and r > 0]
-    if len(xs) < MIN_SERVE_PREFILLS or max(xs) - min(xs) < math.log(SIZE_TREND_SPAN):
+    pts = [(math.log(n), math.log(r)) for n, r in shapes if n > 0 and r > 0]
+    xs = [x for x, _ in pts]
+    if len(pts) < MIN_SERVE_PREFILLS or max(xs) - min(xs) < math.log(SIZE_TREND_SPAN):
         return 0.0, 1.0
-    mx, my = statistics.fmean(xs), statistics.fmean(ys)
-    slope = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / sum((x - mx) ** 2 for x in xs)
+    mx, my = statistics.fmean(xs), statistics.fmean(y for _, y in pts)
+    slope = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x in xs)
     lo, hi = SIZE_TREND_BOUNDS
     return min(hi, max(lo, slope)), math.exp(mx)
 
@@ -214,7 +214,7 @@ class Calibration:
         m = DeviceModel(self.device, self.facts.devices, self.arch, self.efficiency)
         shapes = [(p - c, cpu / m.prefill_s(p - c, c)) for p, c, cpu in serve.prefills if p > c]
         enough = len(shapes) >= MIN_SERVE_PREFILLS
-        exponent, ref = _size_trend(shapes) if enough else (0.0, 1.0)
+        exponent, ref = _size_trend(shapes)   # (none from fewer than MIN_SERVE_PREFILLS)
         ratios = [r / (n / ref) ** exponent for n, r in shapes]   # the size trend taken out
         f = statistics.median(ratios) if enough else 1.0
         spread = tuple(sorted(round(r / f, 4) for r in ratios)) if enough else ()
