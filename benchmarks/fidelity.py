@@ -39,7 +39,9 @@ FIGURES = (("ttft_s", "p50"), ("ttft_s", "p90"), ("tpot_ms", "p50"))
 
 
 def _pddflow(args: list[str], out: Path) -> dict:
-    res = subprocess.run([sys.executable, "-m", "pddflow.cli", *args], capture_output=True, text=True, check=False)
+    res = subprocess.run(
+        [sys.executable, "-m", "pddflow.cli", *args], capture_output=True, text=True, check=False
+    )
     if res.returncode != 0:
         sys.exit(f"pddflow {' '.join(args)} failed ({res.returncode}):\n{res.stderr[-2000:]}")
     out.write_text(res.stdout)
@@ -50,40 +52,71 @@ GRAPHS = ["graphs/cross_dc_pd.yaml", "graphs/pdd.yaml"]
 
 
 def _workload(a: argparse.Namespace, seed: int) -> list[str]:
-    return ["--sessions", str(a.sessions), "--turns", str(a.turns), "--wan-gbps", str(a.wan_gbps), "--seed", str(seed)]
+    return [
+        "--sessions",
+        str(a.sessions),
+        "--turns",
+        str(a.turns),
+        "--wan-gbps",
+        str(a.wan_gbps),
+        "--seed",
+        str(seed),
+    ]
 
 
 def probe(a: argparse.Namespace, out: Path) -> Path:
     """A bench serve run of another workload (seed - 1), only to calibrate round 1's deployment."""
     print(f"probe: serving workload seed {a.seed - 1} to calibrate the deployment", file=sys.stderr)
     path = out / "probe.json"
-    _pddflow(["bench", "serve", *GRAPHS, *_workload(a, a.seed - 1), "--json", "--per-request"], path)
+    _pddflow(
+        ["bench", "serve", *GRAPHS, *_workload(a, a.seed - 1), "--json", "--per-request"], path
+    )
     return path
 
 
 def one_round(i: int, a: argparse.Namespace, out: Path, deployment: Path | None) -> dict:
     seed = a.seed + i - 1
-    print(f"round {i}: calibrating, serving {' and '.join(GRAPHS)} (workload seed {seed}), calibrating again",
-          file=sys.stderr)
+    print(
+        f"round {i}: calibrating, serving {' and '.join(GRAPHS)} (workload seed {seed}), calibrating again",
+        file=sys.stderr,
+    )
     eng = ["bench", "engine", "--quick", "--threads", "1", "--json"]
     _pddflow(eng, out / f"engine_before_{i}.json")
-    _pddflow(["bench", "serve", *GRAPHS, *_workload(a, seed), "--json", "--per-request"], out / f"real_{i}.json")
+    _pddflow(
+        ["bench", "serve", *GRAPHS, *_workload(a, seed), "--json", "--per-request"],
+        out / f"real_{i}.json",
+    )
     _pddflow(eng, out / f"engine_after_{i}.json")
     return simulate_round(i, a, out, out, deployment)
 
 
-def simulate_round(i: int, a: argparse.Namespace, runs: Path, out: Path, deployment: Path | None) -> dict:
+def simulate_round(
+    i: int, a: argparse.Namespace, runs: Path, out: Path, deployment: Path | None
+) -> dict:
     """Round i's simulations from its measurements in `runs` (engine calibrations, real report),
     written to `out`, and every figure against the real one."""
     seed = a.seed + i - 1
     wl = _workload(a, seed)
     real = json.loads((runs / f"real_{i}.json").read_text())
-    base = ["simulate", *GRAPHS, "--serve-workload", *wl, "--json", "-q", "--per-request",
-            "--calibrate", str(runs / f"engine_before_{i}.json"), "--calibrate", str(runs / f"engine_after_{i}.json")]
+    base = [
+        "simulate",
+        *GRAPHS,
+        "--serve-workload",
+        *wl,
+        "--json",
+        "-q",
+        "--per-request",
+        "--calibrate",
+        str(runs / f"engine_before_{i}.json"),
+        "--calibrate",
+        str(runs / f"engine_after_{i}.json"),
+    ]
     sims = {"engine": _pddflow(base, out / f"sim_engine_{i}.json")}
     if deployment is not None:
-        sims["deployment"] = _pddflow(base + ["--calibrate", str(deployment), "--replications", str(a.replications)],
-                                      out / f"sim_{i}.json")
+        sims["deployment"] = _pddflow(
+            base + ["--calibrate", str(deployment), "--replications", str(a.replications)],
+            out / f"sim_{i}.json",
+        )
         sims["previous_run"] = json.loads(deployment.read_text())
     rows = []
     for k, r in enumerate(real["graphs"]):
@@ -93,11 +126,20 @@ def simulate_round(i: int, a: argparse.Namespace, runs: Path, out: Path, deploym
             for metric, q in FIGURES:
                 got, want = s[metric][q], r[metric][q]
                 row.setdefault(name, {})[f"{metric}_{q}"] = {
-                    "real": want, "sim": got, "error": round((got - want) / want, 4) if want else None}
+                    "real": want,
+                    "sim": got,
+                    "error": round((got - want) / want, 4) if want else None,
+                }
         rows.append(row)
-    last = sims.get("deployment", sims["engine"])   # (a simulation's calibration, never the previous run's)
-    return {"round": i, "rows": rows, "calibration": [g.get("calibration", {}) for g in last["graphs"]],
-            "serving_load": [g.get("serving_load") for g in last["graphs"]]}
+    last = sims.get(
+        "deployment", sims["engine"]
+    )  # (a simulation's calibration, never the previous run's)
+    return {
+        "round": i,
+        "rows": rows,
+        "calibration": [g.get("calibration", {}) for g in last["graphs"]],
+        "serving_load": [g.get("serving_load") for g in last["graphs"]],
+    }
 
 
 def resimulate(a: argparse.Namespace, runs: Path, out: Path) -> list[dict]:
@@ -106,9 +148,13 @@ def resimulate(a: argparse.Namespace, runs: Path, out: Path) -> list[dict]:
     rounds, i = [], 1
     deployment = runs / "probe.json" if not a.no_deployment_calibration else None
     if deployment is not None and not deployment.exists():
-        sys.exit(f"{runs}: no probe.json; add --no-deployment-calibration to simulate on the engine calibrations only")
+        sys.exit(
+            f"{runs}: no probe.json; add --no-deployment-calibration to simulate on the engine calibrations only"
+        )
     while (runs / f"real_{i}.json").exists():
-        print(f"round {i}: simulating the saved run (workload seed {a.seed + i - 1})", file=sys.stderr)
+        print(
+            f"round {i}: simulating the saved run (workload seed {a.seed + i - 1})", file=sys.stderr
+        )
         rounds.append(simulate_round(i, a, runs, out, deployment))
         if deployment is not None:
             deployment = runs / f"real_{i}.json"
@@ -124,10 +170,17 @@ def summary(rounds: list[dict], tolerance: float, sim: str) -> dict:
     ttft_ok = ttft_all = 0
     for graph in dict.fromkeys(r["graph"] for r in rows):
         for metric, q in FIGURES:
-            errs = [r[f"{metric}_{q}"]["error"] for r in rows if r["graph"] == graph and r[f"{metric}_{q}"]["error"] is not None]
+            errs = [
+                r[f"{metric}_{q}"]["error"]
+                for r in rows
+                if r["graph"] == graph and r[f"{metric}_{q}"]["error"] is not None
+            ]
             within = sum(abs(e) <= tolerance for e in errs)
-            out["figures"][f"{graph} {metric} {q}"] = {"median_error": round(statistics.median(errs), 4) if errs else None,
-                                                      "within": within, "of": len(errs)}
+            out["figures"][f"{graph} {metric} {q}"] = {
+                "median_error": round(statistics.median(errs), 4) if errs else None,
+                "within": within,
+                "of": len(errs),
+            }
             if metric == "ttft_s":
                 ttft_ok, ttft_all = ttft_ok + within, ttft_all + len(errs)
     out["ttft_within"] = f"{ttft_ok}/{ttft_all}"
@@ -141,15 +194,30 @@ def main() -> None:
     ap.add_argument("--turns", type=int, default=6)
     ap.add_argument("--wan-gbps", type=float, default=0.05)
     ap.add_argument("--seed", type=int, default=1, help="round k serves workload seed SEED + k - 1")
-    ap.add_argument("--replications", type=int, default=5,
-                    help="with the deployment calibration: replays per prediction (other draws of its prefill spread)")
-    ap.add_argument("--no-deployment-calibration", action="store_true",
-                    help="simulate on the engine calibrations only (no probe run, no bench serve calibration)")
-    ap.add_argument("--tolerance", type=float, default=0.25, help="relative error that counts as within")
-    ap.add_argument("--out", type=Path, help="keep every round's raw JSON here (default: a temporary directory)")
-    ap.add_argument("--resimulate", type=Path, metavar="DIR",
-                    help="serve nothing: simulate again the rounds an earlier --out DIR holds (give the same "
-                         "--seed, --sessions, --turns and --wan-gbps); simulations go to --out")
+    ap.add_argument(
+        "--replications",
+        type=int,
+        default=5,
+        help="with the deployment calibration: replays per prediction (other draws of its prefill spread)",
+    )
+    ap.add_argument(
+        "--no-deployment-calibration",
+        action="store_true",
+        help="simulate on the engine calibrations only (no probe run, no bench serve calibration)",
+    )
+    ap.add_argument(
+        "--tolerance", type=float, default=0.25, help="relative error that counts as within"
+    )
+    ap.add_argument(
+        "--out", type=Path, help="keep every round's raw JSON here (default: a temporary directory)"
+    )
+    ap.add_argument(
+        "--resimulate",
+        type=Path,
+        metavar="DIR",
+        help="serve nothing: simulate again the rounds an earlier --out DIR holds (give the same "
+        "--seed, --sessions, --turns and --wan-gbps); simulations go to --out",
+    )
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     if a.rounds < 1:
@@ -165,10 +233,18 @@ def main() -> None:
             for i in range(1, a.rounds + 1):
                 rounds.append(one_round(i, a, out, deployment))
                 if deployment is not None:
-                    deployment = out / f"real_{i}.json"   # the next round's deployment calibration
+                    deployment = out / f"real_{i}.json"  # the next round's deployment calibration
     sims = ("engine",) if a.no_deployment_calibration else ("engine", "deployment", "previous_run")
-    result = {"workload": {"sessions": a.sessions, "turns": a.turns, "wan_gbps": a.wan_gbps, "first_seed": a.seed},
-              "rounds": rounds, "summary": {name: summary(rounds, a.tolerance, name) for name in sims}}
+    result = {
+        "workload": {
+            "sessions": a.sessions,
+            "turns": a.turns,
+            "wan_gbps": a.wan_gbps,
+            "first_seed": a.seed,
+        },
+        "rounds": rounds,
+        "summary": {name: summary(rounds, a.tolerance, name) for name in sims},
+    }
     if a.json:
         print(json.dumps(result, indent=2))
         return
@@ -176,8 +252,11 @@ def main() -> None:
         for row in rd["rows"]:
             for name in sims:
                 f = row[name]
-                cells = [f"{m} {q} {f[f'{m}_{q}']['real']:.3f} -> {f[f'{m}_{q}']['sim']:.3f} "
-                         f"({f[f'{m}_{q}']['error']:+.0%})" for m, q in FIGURES]
+                cells = [
+                    f"{m} {q} {f[f'{m}_{q}']['real']:.3f} -> {f[f'{m}_{q}']['sim']:.3f} "
+                    f"({f[f'{m}_{q}']['error']:+.0%})"
+                    for m, q in FIGURES
+                ]
                 print(f"round {rd['round']} {row['graph']:<12} {name:<12} " + " | ".join(cells))
     for name in sims:
         s = result["summary"][name]

@@ -18,8 +18,10 @@ app = typer.Typer(
     add_completion=False,
     pretty_exceptions_enable=False,
 )
-bench_app = typer.Typer(help="Measured benchmarks, each side by side with its baseline; --json for machines.",
-                        no_args_is_help=True)
+bench_app = typer.Typer(
+    help="Measured benchmarks, each side by side with its baseline; --json for machines.",
+    no_args_is_help=True,
+)
 app.add_typer(bench_app, name="bench")
 
 # Each module defines register(app, bench_app). Order is the order of `pddflow --help`.

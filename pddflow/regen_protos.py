@@ -20,7 +20,9 @@ def main() -> int:
     root = pathlib.Path(__file__).resolve().parent
     for rel in PROTOS:
         proto = root / rel
-        rc = protoc.main(["grpc_tools.protoc", f"-I{proto.parent}", f"--python_out={proto.parent}", str(proto)])
+        rc = protoc.main(
+            ["grpc_tools.protoc", f"-I{proto.parent}", f"--python_out={proto.parent}", str(proto)]
+        )
         if rc != 0:
             print(f"protoc failed on {proto} with exit code {rc}", file=sys.stderr)
             return rc

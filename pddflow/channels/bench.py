@@ -28,7 +28,13 @@ from typing import Any
 
 import numpy as np
 
-BLOCK_SHAPE = (32, 2, 16, 8, 128)  # a Llama-3-8B-like block: 32 layers, K/V, 16 tokens, 8 KV heads, dim 128
+BLOCK_SHAPE = (
+    32,
+    2,
+    16,
+    8,
+    128,
+)  # a Llama-3-8B-like block: 32 layers, K/V, 16 tokens, 8 KV heads, dim 128
 BLOCK_BYTES = int(np.prod(BLOCK_SHAPE)) * 2  # fp16: 2 MiB
 
 
@@ -52,7 +58,10 @@ def _pair(nbytes: int, runs: dict[str, Callable[[], float]], reps: int) -> dict[
     out = {}
     for k, ss in secs.items():
         rates = [_gbps(nbytes, x) for x in ss]
-        out[k] = {"gbps": round(statistics.median(rates), 3), "samples_gbps": [round(r, 3) for r in rates]}
+        out[k] = {
+            "gbps": round(statistics.median(rates), 3),
+            "samples_gbps": [round(r, 3) for r in rates],
+        }
     return out
 
 
@@ -62,7 +71,9 @@ def make_kv(size_mb: int) -> Any:
     n = max(1, (size_mb << 20) // BLOCK_BYTES)
     rng = np.random.default_rng(0)
     data = rng.integers(0, 1 << 16, size=(n, *BLOCK_SHAPE), dtype=np.uint16).view(np.float16)
-    return KVBlocks("bench-seq", [int(h) for h in rng.integers(0, 2**62, size=n)], 0, n * 16, 16, data)
+    return KVBlocks(
+        "bench-seq", [int(h) for h in rng.integers(0, 2**62, size=n)], 0, n * 16, 16, data
+    )
 
 
 def raw_tcp_runner(stack: ExitStack, kv: Any) -> Callable[[], float]:
@@ -84,7 +95,9 @@ def raw_tcp_runner(stack: ExitStack, kv: Any) -> Callable[[], float]:
     return run
 
 
-def wan_flight_runner(stack: ExitStack, kv: Any, streams: int, emulate: Any = None) -> Callable[[], float]:
+def wan_flight_runner(
+    stack: ExitStack, kv: Any, streams: int, emulate: Any = None
+) -> Callable[[], float]:
     from pddflow.channels.peer import PeerProcess
     from pddflow.channels.wan_flight import WanFlightParams, WanFlightSender
 
@@ -103,14 +116,26 @@ def wan_flight_runner(stack: ExitStack, kv: Any, streams: int, emulate: Any = No
     return run
 
 
-def rdma_tensor_runner(stack: ExitStack, kv: Any, ring_slots: int, slot_mb: float, direct: bool) -> Callable[[], float]:
+def rdma_tensor_runner(
+    stack: ExitStack, kv: Any, ring_slots: int, slot_mb: float, direct: bool
+) -> Callable[[], float]:
     """direct: the receiver's landing arena (the default); else the ring into a warm destination."""
     from pddflow.channels.peer import PeerProcess
     from pddflow.channels.rdma_tensor import RdmaTensorParams, RdmaTensorSender
 
     arena_mb = max(512.0, 2 * kv.data.nbytes / (1 << 20)) if direct else 0.0
-    params = RdmaTensorParams(ring_slots=ring_slots, slot_mb=slot_mb, arena_mb=arena_mb, deadline_s=600)
-    args = ["--no-digest", "--ring-slots", str(ring_slots), "--slot-mb", str(slot_mb), "--arena-mb", str(arena_mb)]
+    params = RdmaTensorParams(
+        ring_slots=ring_slots, slot_mb=slot_mb, arena_mb=arena_mb, deadline_s=600
+    )
+    args = [
+        "--no-digest",
+        "--ring-slots",
+        str(ring_slots),
+        "--slot-mb",
+        str(slot_mb),
+        "--arena-mb",
+        str(arena_mb),
+    ]
     rx = stack.enter_context(PeerProcess("rdma-recv", *args, *([] if direct else ["--reuse-dest"])))
     tx = stack.enter_context(RdmaTensorSender(rx.address, params=params))
 
@@ -118,7 +143,9 @@ def rdma_tensor_runner(stack: ExitStack, kv: Any, ring_slots: int, slot_mb: floa
         report = tx.send(kv, timeout_s=600)
         rx.line(120)
         if tx.last_mode != ("direct" if direct else "ring"):
-            raise RuntimeError(f"rdma_tensor travelled by {tx.last_mode}, expected {'direct' if direct else 'ring'}")
+            raise RuntimeError(
+                f"rdma_tensor travelled by {tx.last_mode}, expected {'direct' if direct else 'ring'}"
+            )
         return report.seconds
 
     return run
@@ -145,8 +172,12 @@ def bench_token_ids(samples: int) -> dict:
 
     rng = random.Random(0)
 
-    def handoff(i: int) -> TokenIds:  # 100 generated IDs from a 128K vocabulary, deep in a long prompt
-        return TokenIds(f"req-{i:016x}", 65536 + 100 * i, [rng.randrange(128_000) for _ in range(100)])
+    def handoff(
+        i: int,
+    ) -> TokenIds:  # 100 generated IDs from a 128K vocabulary, deep in a long prompt
+        return TokenIds(
+            f"req-{i:016x}", 65536 + 100 * i, [rng.randrange(128_000) for _ in range(100)]
+        )
 
     out: dict[str, Any] = {}
     with PeerProcess("tok-server", "--quiet") as srv:
@@ -183,46 +214,101 @@ def bench_token_ids(samples: int) -> dict:
     return out
 
 
-def run_all(size_mb: int = 256, reps: int = 5, streams: int = 4, shaped_gbps: float = 1.0,
-            shaped_rtt_ms: float = 20.0, ring_slots: int = 4, slot_mb: float = 2.0, rtt_samples: int = 1000,
-            progress: Callable[[str], None] = lambda s: None) -> dict:
+def run_all(
+    size_mb: int = 256,
+    reps: int = 5,
+    streams: int = 4,
+    shaped_gbps: float = 1.0,
+    shaped_rtt_ms: float = 20.0,
+    ring_slots: int = 4,
+    slot_mb: float = 2.0,
+    rtt_samples: int = 1000,
+    progress: Callable[[str], None] = lambda s: None,
+) -> dict:
     from pddflow.core.link import Jitter, LinkModel
 
     kv = make_kv(size_mb)
     nbytes = kv.data.nbytes
-    res: dict[str, Any] = {"size_mb": round(nbytes / (1 << 20), 1), "reps": reps, "host_cpus": os.cpu_count()}
-    progress(f"wan_flight ({streams} streams) vs raw TCP, {res['size_mb']} MiB, {reps} alternating runs each")
+    res: dict[str, Any] = {
+        "size_mb": round(nbytes / (1 << 20), 1),
+        "reps": reps,
+        "host_cpus": os.cpu_count(),
+    }
+    progress(
+        f"wan_flight ({streams} streams) vs raw TCP, {res['size_mb']} MiB, {reps} alternating runs each"
+    )
     with ExitStack() as stack:
-        pair = _pair(nbytes, {"raw_tcp": raw_tcp_runner(stack, kv),
-                              "wan_flight": wan_flight_runner(stack, kv, streams)}, reps)
+        pair = _pair(
+            nbytes,
+            {
+                "raw_tcp": raw_tcp_runner(stack, kv),
+                "wan_flight": wan_flight_runner(stack, kv, streams),
+            },
+            reps,
+        )
     res["raw_tcp"] = pair["raw_tcp"]
     res["wan_flight"] = {**pair["wan_flight"], "streams": streams, "checksum": "xsum64"}
-    progress(f"rdma_tensor (direct landing, and a {ring_slots} x {slot_mb} MiB ring) vs in-process memcpy")
+    progress(
+        f"rdma_tensor (direct landing, and a {ring_slots} x {slot_mb} MiB ring) vs in-process memcpy"
+    )
     with ExitStack() as stack:
-        pair = _pair(nbytes, {"memcpy": memcpy_runner(kv),
-                              "rdma_tensor": rdma_tensor_runner(stack, kv, ring_slots, slot_mb, direct=True),
-                              "rdma_tensor_ring": rdma_tensor_runner(stack, kv, ring_slots, slot_mb, direct=False)},
-                     reps)
+        pair = _pair(
+            nbytes,
+            {
+                "memcpy": memcpy_runner(kv),
+                "rdma_tensor": rdma_tensor_runner(stack, kv, ring_slots, slot_mb, direct=True),
+                "rdma_tensor_ring": rdma_tensor_runner(
+                    stack, kv, ring_slots, slot_mb, direct=False
+                ),
+            },
+            reps,
+        )
     res["memcpy"] = pair["memcpy"]
-    res["rdma_tensor"] = {**pair["rdma_tensor"], "mode": "direct (landing arena)", "transport": "shm", "checksum": None}
-    res["rdma_tensor_ring"] = {**pair["rdma_tensor_ring"], "mode": "ring", "ring_slots": ring_slots,
-                               "slot_mb": slot_mb, "transport": "shm", "checksum": None}
+    res["rdma_tensor"] = {
+        **pair["rdma_tensor"],
+        "mode": "direct (landing arena)",
+        "transport": "shm",
+        "checksum": None,
+    }
+    res["rdma_tensor_ring"] = {
+        **pair["rdma_tensor_ring"],
+        "mode": "ring",
+        "ring_slots": ring_slots,
+        "slot_mb": slot_mb,
+        "transport": "shm",
+        "checksum": None,
+    }
     progress(f"token_ids: {rtt_samples} round trips and the wire size of a handoff")
     res["token_ids"] = bench_token_ids(rtt_samples)
-    link = LinkModel("bench", "A", "B", gbps=shaped_gbps, rtt_ms=shaped_rtt_ms,
-                     jitter=Jitter(p50_ms=shaped_rtt_ms / 20, p99_ms=shaped_rtt_ms / 4))
+    link = LinkModel(
+        "bench",
+        "A",
+        "B",
+        gbps=shaped_gbps,
+        rtt_ms=shaped_rtt_ms,
+        jitter=Jitter(p50_ms=shaped_rtt_ms / 20, p99_ms=shaped_rtt_ms / 4),
+    )
     progress(f"wan_flight shaped at {shaped_gbps} Gbps, rtt {shaped_rtt_ms} ms")
     with ExitStack() as stack:
         run = wan_flight_runner(stack, kv, streams, emulate=link)
         seconds = run()
     shaped = _gbps(nbytes, seconds)
-    res["shaped"] = {"target_gbps": shaped_gbps, "gbps": round(shaped, 4), "seconds": round(seconds, 3),
-                     "rtt_ms": shaped_rtt_ms, "jitter_p50_ms": link.jitter.p50_ms, "jitter_p99_ms": link.jitter.p99_ms,
-                     "error_pct": round(100 * (shaped - shaped_gbps) / shaped_gbps, 2)}
+    res["shaped"] = {
+        "target_gbps": shaped_gbps,
+        "gbps": round(shaped, 4),
+        "seconds": round(seconds, 3),
+        "rtt_ms": shaped_rtt_ms,
+        "jitter_p50_ms": link.jitter.p50_ms,
+        "jitter_p99_ms": link.jitter.p99_ms,
+        "error_pct": round(100 * (shaped - shaped_gbps) / shaped_gbps, 2),
+    }
     w, t = res["wan_flight"]["gbps"], res["raw_tcp"]["gbps"]
     r, m = res["rdma_tensor"]["gbps"], res["memcpy"]["gbps"]
-    res["ratios"] = {"wan_flight_vs_raw_tcp": round(w / t, 3), "rdma_tensor_vs_memcpy": round(r / m, 3),
-                     "rdma_tensor_ring_vs_memcpy": round(res["rdma_tensor_ring"]["gbps"] / m, 3)}
+    res["ratios"] = {
+        "wan_flight_vs_raw_tcp": round(w / t, 3),
+        "rdma_tensor_vs_memcpy": round(r / m, 3),
+        "rdma_tensor_ring_vs_memcpy": round(res["rdma_tensor_ring"]["gbps"] / m, 3),
+    }
     tok = res["token_ids"]
     res["targets"] = {
         "wan_flight >= 0.5x raw_tcp": w >= 0.5 * t,

@@ -58,9 +58,9 @@ _ROW_META = struct.Struct("<QQQQ")  # block_index, block_hash bits, token_start,
 class KVLayout:
     """How one block of a KVBlocks tensor is laid out in memory."""
 
-    tensor_lib: str                 # "torch" or "numpy"
-    dtype: str                      # torch dtype name ("bfloat16") or numpy dtype name ("float16")
-    block_shape: tuple[int, ...]    # [num_layers, 2, block_size, num_kv_heads, head_dim]
+    tensor_lib: str  # "torch" or "numpy"
+    dtype: str  # torch dtype name ("bfloat16") or numpy dtype name ("float16")
+    block_shape: tuple[int, ...]  # [num_layers, 2, block_size, num_kv_heads, head_dim]
     itemsize: int
 
     @property
@@ -68,29 +68,48 @@ class KVLayout:
         return int(np.prod(self.block_shape, dtype=np.int64)) * self.itemsize
 
     @classmethod
-    def of(cls, data: Any) -> "KVLayout":
+    def of(cls, data: Any) -> KVLayout:
         if _is_torch(data):
             import torch  # noqa: F401  (only reached with a torch tensor in hand)
 
-            return cls("torch", str(data.dtype).removeprefix("torch."), tuple(int(s) for s in data.shape[1:]),
-                       int(data.element_size()))
+            return cls(
+                "torch",
+                str(data.dtype).removeprefix("torch."),
+                tuple(int(s) for s in data.shape[1:]),
+                int(data.element_size()),
+            )
         arr = np.asarray(data)
-        return cls("numpy", arr.dtype.name, tuple(int(s) for s in arr.shape[1:]), int(arr.dtype.itemsize))
+        return cls(
+            "numpy", arr.dtype.name, tuple(int(s) for s in arr.shape[1:]), int(arr.dtype.itemsize)
+        )
 
     def to_dict(self) -> dict:
-        return {"tensor_lib": self.tensor_lib, "dtype": self.dtype, "block_shape": list(self.block_shape),
-                "itemsize": self.itemsize}
+        return {
+            "tensor_lib": self.tensor_lib,
+            "dtype": self.dtype,
+            "block_shape": list(self.block_shape),
+            "itemsize": self.itemsize,
+        }
 
     @classmethod
-    def from_dict(cls, d: dict) -> "KVLayout":
-        return cls(str(d["tensor_lib"]), str(d["dtype"]), tuple(int(x) for x in d["block_shape"]), int(d["itemsize"]))
+    def from_dict(cls, d: dict) -> KVLayout:
+        return cls(
+            str(d["tensor_lib"]),
+            str(d["dtype"]),
+            tuple(int(x) for x in d["block_shape"]),
+            int(d["itemsize"]),
+        )
 
     def to_proto(self, pb: Any) -> Any:
-        return pb.KVLayout(tensor_lib=self.tensor_lib, dtype=self.dtype, block_shape=list(self.block_shape),
-                           block_bytes=self.block_bytes)
+        return pb.KVLayout(
+            tensor_lib=self.tensor_lib,
+            dtype=self.dtype,
+            block_shape=list(self.block_shape),
+            block_bytes=self.block_bytes,
+        )
 
     @classmethod
-    def from_proto(cls, msg: Any) -> "KVLayout":
+    def from_proto(cls, msg: Any) -> KVLayout:
         shape = tuple(int(x) for x in msg.block_shape)
         elems = int(np.prod(shape, dtype=np.int64)) if shape else 1
         if elems <= 0 or msg.block_bytes % elems:
@@ -113,7 +132,9 @@ class KVLayout:
         if lib == "torch":
             import torch
 
-            with warnings.catch_warnings():  # Arrow buffers are read-only; torch warns, the view is fine
+            with (
+                warnings.catch_warnings()
+            ):  # Arrow buffers are read-only; torch warns, the view is fine
                 warnings.simplefilter("ignore", UserWarning)
                 t = torch.from_numpy(rows)
             return t.view(_torch_dtype(self.dtype)).reshape(n, *self.block_shape)
@@ -137,7 +158,9 @@ def _numpy_dtype(name: str) -> np.dtype:
     try:
         return np.dtype(name)
     except TypeError as exc:
-        raise ChannelError(f"dtype {name!r} has no numpy equivalent; send it as a torch tensor") from exc
+        raise ChannelError(
+            f"dtype {name!r} has no numpy equivalent; send it as a torch tensor"
+        ) from exc
 
 
 def block_rows(data: Any) -> np.ndarray:
@@ -150,7 +173,9 @@ def block_rows(data: Any) -> np.ndarray:
         if t.device.type != "cpu":
             t = t.contiguous().cpu()
         if not t.is_contiguous():
-            raise ChannelError("KVBlocks.data must be contiguous (call .contiguous() on the producer side)")
+            raise ChannelError(
+                "KVBlocks.data must be contiguous (call .contiguous() on the producer side)"
+            )
         import torch
 
         n = t.shape[0]
@@ -158,7 +183,9 @@ def block_rows(data: Any) -> np.ndarray:
         return t.reshape(-1).view(torch.uint8).numpy().reshape(n, per)
     arr = np.asarray(data)
     if not arr.flags.c_contiguous:
-        raise ChannelError("KVBlocks.data must be C-contiguous (np.ascontiguousarray on the producer side)")
+        raise ChannelError(
+            "KVBlocks.data must be C-contiguous (np.ascontiguousarray on the producer side)"
+        )
     n = arr.shape[0]
     per = int(np.prod(arr.shape[1:], dtype=np.int64)) * arr.dtype.itemsize
     return arr.reshape(-1).view(np.uint8).reshape(n, per)
@@ -172,12 +199,18 @@ def hash_bits(hashes: Sequence[int]) -> tuple[np.ndarray, bool]:
     signed = any(h < 0 for h in hashes)
     for h in hashes:
         if not (-(1 << 63) <= h <= _U64) or (signed and h > (1 << 63) - 1):
-            raise ChannelError(f"block hash {h} does not fit 64 bits (signed and unsigned hashes mixed?)")
+            raise ChannelError(
+                f"block hash {h} does not fit 64 bits (signed and unsigned hashes mixed?)"
+            )
     return np.array([h & _U64 for h in hashes], dtype=np.uint64), signed
 
 
 def hashes_from_bits(bits: np.ndarray, signed: bool) -> list[int]:
-    return bits.astype(np.uint64).view(np.int64).tolist() if signed else bits.astype(np.uint64).tolist()
+    return (
+        bits.astype(np.uint64).view(np.int64).tolist()
+        if signed
+        else bits.astype(np.uint64).tolist()
+    )
 
 
 def _crc32(meta: tuple[int, int, int, int], kv: Any) -> int:
@@ -200,9 +233,9 @@ def _xsum64(meta: tuple[int, int, int, int], kv: Any) -> int:
     b = kv if isinstance(kv, np.ndarray) else np.frombuffer(kv, dtype=np.uint8)
     b = b.reshape(-1)
     n8 = b.shape[0] // 8
-    tail = b[n8 * 8:]
+    tail = b[n8 * 8 :]
     w = _weights(4 + n8 + (1 if tail.shape[0] else 0))
-    total = int(np.dot(b[: n8 * 8].view(np.uint64), w[4: 4 + n8])) if n8 else 0
+    total = int(np.dot(b[: n8 * 8].view(np.uint64), w[4 : 4 + n8])) if n8 else 0
     for k, m in enumerate(meta):
         total += (m & _U64) * int(w[k])
     if tail.shape[0]:
@@ -220,7 +253,9 @@ def check_algorithm(name: str) -> str:
     return name
 
 
-def block_checksum(alg: str, index: int, hash_bits_: int, token_start: int, token_end: int, kv: Any) -> int:
+def block_checksum(
+    alg: str, index: int, hash_bits_: int, token_start: int, token_end: int, kv: Any
+) -> int:
     """Checksum of one block's row: its metadata, then its K/V bytes."""
     return CHECKSUMS[alg]((index, hash_bits_, token_start & _U64, token_end & _U64), kv)
 
@@ -251,14 +286,18 @@ class KVSource:
     _have: np.ndarray | None = None
 
     @classmethod
-    def of(cls, kv: KVBlocks, checksum: str = DEFAULT_CHECKSUM) -> "KVSource":
+    def of(cls, kv: KVBlocks, checksum: str = DEFAULT_CHECKSUM) -> KVSource:
         if kv.num_blocks != _num_rows(kv.data):
-            raise ChannelError(f"KVBlocks {kv.seq_id!r}: {kv.num_blocks} block hashes but data has "
-                               f"{_num_rows(kv.data)} blocks")
+            raise ChannelError(
+                f"KVBlocks {kv.seq_id!r}: {kv.num_blocks} block hashes but data has "
+                f"{_num_rows(kv.data)} blocks"
+            )
         expect = -(-(kv.token_end - kv.token_start) // kv.block_size) if kv.block_size > 0 else -1
         if kv.num_blocks and expect != kv.num_blocks:
-            raise ChannelError(f"KVBlocks {kv.seq_id!r}: tokens [{kv.token_start}, {kv.token_end}) at block_size "
-                               f"{kv.block_size} make {expect} blocks, not {kv.num_blocks}")
+            raise ChannelError(
+                f"KVBlocks {kv.seq_id!r}: tokens [{kv.token_start}, {kv.token_end}) at block_size "
+                f"{kv.block_size} make {expect} blocks, not {kv.num_blocks}"
+            )
         layout = KVLayout.of(kv.data)
         rows = block_rows(kv.data)
         bits, signed = hash_bits(kv.block_hashes)
@@ -272,10 +311,14 @@ class KVSource:
             with _SUMS_INIT:
                 if self._have is None:
                     self._sums = np.zeros(self.kv.num_blocks, dtype=np.uint64)
-                    self._have = np.zeros(self.kv.num_blocks, dtype=bool)  # last: the readers' signal
+                    self._have = np.zeros(
+                        self.kv.num_blocks, dtype=bool
+                    )  # last: the readers' signal
         if not self._have[i]:  # type: ignore[index]
             lo, hi = token_range(i, self.kv.token_start, self.kv.token_end, self.kv.block_size)
-            self._sums[i] = block_checksum(self.checksum, i, int(self.hashes[i]), lo, hi, self.rows[i])
+            self._sums[i] = block_checksum(
+                self.checksum, i, int(self.hashes[i]), lo, hi, self.rows[i]
+            )
             self._have[i] = True  # type: ignore[index]
         return int(self._sums[i])
 
@@ -284,17 +327,31 @@ class KVSource:
 
     def meta(self) -> dict:
         kv = self.kv
-        return {"version": WIRE_VERSION, "seq_id": kv.seq_id, "num_blocks": kv.num_blocks,
-                "token_start": kv.token_start, "token_end": kv.token_end, "block_size": kv.block_size,
-                "hashes_signed": self.hashes_signed, "checksum": self.checksum, "layout": self.layout.to_dict()}
+        return {
+            "version": WIRE_VERSION,
+            "seq_id": kv.seq_id,
+            "num_blocks": kv.num_blocks,
+            "token_start": kv.token_start,
+            "token_end": kv.token_end,
+            "block_size": kv.block_size,
+            "hashes_signed": self.hashes_signed,
+            "checksum": self.checksum,
+            "layout": self.layout.to_dict(),
+        }
 
     def schema(self) -> pa.Schema:
         return kv_schema(self.layout.block_bytes, self.meta())
 
-    def batches(self, blocks: Iterable[int] | None = None, max_batch_bytes: int = 8 << 20) -> Iterator[pa.RecordBatch]:
+    def batches(
+        self, blocks: Iterable[int] | None = None, max_batch_bytes: int = 8 << 20
+    ) -> Iterator[pa.RecordBatch]:
         """Record batches over `blocks` (default: all), each a run of consecutive blocks of at most
         max_batch_bytes (at least one block); the kv column points into the tensor's memory."""
-        idx = list(range(self.kv.num_blocks)) if blocks is None else sorted(set(int(b) for b in blocks))
+        idx = (
+            list(range(self.kv.num_blocks))
+            if blocks is None
+            else sorted(set(int(b) for b in blocks))
+        )
         per = max(1, max_batch_bytes // max(1, self.layout.block_bytes))
         schema = self.schema()
         for run in _runs(idx, per):
@@ -303,8 +360,10 @@ class KVSource:
     def batch(self, lo: int, hi: int, schema: pa.Schema | None = None) -> pa.RecordBatch:
         kv, bb = self.kv, self.layout.block_bytes
         n = hi - lo
-        starts = np.array([token_range(i, kv.token_start, kv.token_end, kv.block_size)[0] for i in range(lo, hi)],
-                          dtype=np.int64)
+        starts = np.array(
+            [token_range(i, kv.token_start, kv.token_end, kv.block_size)[0] for i in range(lo, hi)],
+            dtype=np.int64,
+        )
         ends = np.minimum(starts + kv.block_size, kv.token_end).astype(np.int64)
         kv_buf = pa.py_buffer(self.rows[lo:hi].reshape(-1)) if n else pa.py_buffer(b"")
         cols = [
@@ -353,7 +412,9 @@ def schema_meta(schema: pa.Schema) -> dict:
         raise ChannelError("not a pddflow KV stream: schema metadata 'pddflow.kv' missing")
     meta = json.loads(raw)
     if meta.get("version") != WIRE_VERSION:
-        raise ChannelError(f"KV wire version {meta.get('version')} is not supported (this build speaks {WIRE_VERSION})")
+        raise ChannelError(
+            f"KV wire version {meta.get('version')} is not supported (this build speaks {WIRE_VERSION})"
+        )
     return meta
 
 
@@ -364,25 +425,36 @@ def schema_meta(schema: pa.Schema) -> dict:
 class BatchBlocks:
     """The columns of one received record batch, as zero-copy numpy views."""
 
-    index: np.ndarray      # uint32 [n]
-    hashes: np.ndarray     # uint64 [n]
+    index: np.ndarray  # uint32 [n]
+    hashes: np.ndarray  # uint64 [n]
     token_start: np.ndarray
     token_end: np.ndarray
-    sums: np.ndarray       # uint64 [n]
-    rows: np.ndarray       # uint8 [n, block_bytes]
+    sums: np.ndarray  # uint64 [n]
+    rows: np.ndarray  # uint8 [n, block_bytes]
 
     @classmethod
-    def of(cls, batch: pa.RecordBatch, block_bytes: int) -> "BatchBlocks":
-        if batch.schema.names != ["block_index", "block_hash", "token_start", "token_end", "checksum", "kv"]:
+    def of(cls, batch: pa.RecordBatch, block_bytes: int) -> BatchBlocks:
+        if batch.schema.names != [
+            "block_index",
+            "block_hash",
+            "token_start",
+            "token_end",
+            "checksum",
+            "kv",
+        ]:
             raise ChannelError(f"unexpected KV batch columns {batch.schema.names}")
         kv = batch.column(5)
         if kv.type != pa.binary(block_bytes):
-            raise ChannelError(f"KV batch kv column is {kv.type}, expected fixed_size_binary[{block_bytes}]")
+            raise ChannelError(
+                f"KV batch kv column is {kv.type}, expected fixed_size_binary[{block_bytes}]"
+            )
         n = batch.num_rows
         if kv.null_count:
             raise ChannelError("KV batch has null blocks")
         buf = kv.buffers()[1]
-        rows = np.frombuffer(buf, dtype=np.uint8, count=n * block_bytes, offset=kv.offset * block_bytes)
+        rows = np.frombuffer(
+            buf, dtype=np.uint8, count=n * block_bytes, offset=kv.offset * block_bytes
+        )
         cols = [batch.column(i).to_numpy(zero_copy_only=True) for i in range(5)]
         return cls(cols[0], cols[1], cols[2], cols[3], cols[4], rows.reshape(n, block_bytes))
 
@@ -390,8 +462,14 @@ class BatchBlocks:
         """Boolean mask: True where the row's checksum matches."""
         ok = np.empty(len(self.index), dtype=bool)
         for j in range(len(self.index)):
-            ok[j] = block_checksum(alg, int(self.index[j]), int(self.hashes[j]), int(self.token_start[j]),
-                                   int(self.token_end[j]), self.rows[j]) == int(self.sums[j])
+            ok[j] = block_checksum(
+                alg,
+                int(self.index[j]),
+                int(self.hashes[j]),
+                int(self.token_start[j]),
+                int(self.token_end[j]),
+                self.rows[j],
+            ) == int(self.sums[j])
         return ok
 
 
@@ -399,19 +477,33 @@ class KVLanding:
     """Receiver-side assembly of one KVBlocks set: verifies each block, copies good blocks into the
     destination tensor (the single copy on the receive path), tracks which blocks have landed."""
 
-    def __init__(self, seq_id: str, num_blocks: int, token_start: int, token_end: int, block_size: int,
-                 layout: KVLayout, hashes_signed: bool = False, dest: Any = None, tensor_lib: str | None = None,
-                 checksum: str = DEFAULT_CHECKSUM):
+    def __init__(
+        self,
+        seq_id: str,
+        num_blocks: int,
+        token_start: int,
+        token_end: int,
+        block_size: int,
+        layout: KVLayout,
+        hashes_signed: bool = False,
+        dest: Any = None,
+        tensor_lib: str | None = None,
+        checksum: str = DEFAULT_CHECKSUM,
+    ):
         self.seq_id, self.num_blocks = seq_id, num_blocks
         self.checksum = check_algorithm(checksum)
         self.token_start, self.token_end, self.block_size = token_start, token_end, block_size
         self.layout, self.hashes_signed = layout, hashes_signed
         self.data = dest if dest is not None else layout.empty(num_blocks, tensor_lib)
         if _num_rows(self.data) < num_blocks:
-            raise ChannelError(f"destination for {seq_id!r} holds {_num_rows(self.data)} blocks, need {num_blocks}")
+            raise ChannelError(
+                f"destination for {seq_id!r} holds {_num_rows(self.data)} blocks, need {num_blocks}"
+            )
         self.rows = block_rows(self.data)
         if self.rows.shape[1] != layout.block_bytes:
-            raise ChannelError(f"destination block is {self.rows.shape[1]} bytes, the sender's is {layout.block_bytes}")
+            raise ChannelError(
+                f"destination block is {self.rows.shape[1]} bytes, the sender's is {layout.block_bytes}"
+            )
         self.hashes = np.zeros(num_blocks, dtype=np.uint64)
         self.landed = np.zeros(num_blocks, dtype=bool)
         self._claimed = np.zeros(num_blocks, dtype=bool)
@@ -419,10 +511,19 @@ class KVLanding:
         self._lock = threading.Lock()
 
     @classmethod
-    def from_meta(cls, meta: dict, dest: Any = None, tensor_lib: str | None = None) -> "KVLanding":
-        return cls(meta["seq_id"], int(meta["num_blocks"]), int(meta["token_start"]), int(meta["token_end"]),
-                   int(meta["block_size"]), KVLayout.from_dict(meta["layout"]), bool(meta.get("hashes_signed")),
-                   dest, tensor_lib, str(meta.get("checksum", DEFAULT_CHECKSUM)))
+    def from_meta(cls, meta: dict, dest: Any = None, tensor_lib: str | None = None) -> KVLanding:
+        return cls(
+            meta["seq_id"],
+            int(meta["num_blocks"]),
+            int(meta["token_start"]),
+            int(meta["token_end"]),
+            int(meta["block_size"]),
+            KVLayout.from_dict(meta["layout"]),
+            bool(meta.get("hashes_signed")),
+            dest,
+            tensor_lib,
+            str(meta.get("checksum", DEFAULT_CHECKSUM)),
+        )
 
     @property
     def complete(self) -> bool:
@@ -442,7 +543,9 @@ class KVLanding:
         for j in range(len(blocks.index)):
             i = int(blocks.index[j])
             if i >= self.num_blocks:
-                raise ChannelError(f"{self.seq_id!r}: block index {i} out of range ({self.num_blocks} blocks)")
+                raise ChannelError(
+                    f"{self.seq_id!r}: block index {i} out of range ({self.num_blocks} blocks)"
+                )
             lo, hi = token_range(i, self.token_start, self.token_end, self.block_size)
             if int(blocks.token_start[j]) != lo or int(blocks.token_end[j]) != hi:
                 rejected.append(i)  # metadata disagrees with the set: treat as corrupt
@@ -457,8 +560,12 @@ class KVLanding:
                 self._claimed[i] = True
             ok = False
             try:
-                self.rows[i] = blocks.rows[j]  # outside the lock: streams land different blocks in parallel
-                ok = block_checksum(self.checksum, i, int(blocks.hashes[j]), lo, hi, self.rows[i]) == int(blocks.sums[j])
+                self.rows[i] = blocks.rows[
+                    j
+                ]  # outside the lock: streams land different blocks in parallel
+                ok = block_checksum(
+                    self.checksum, i, int(blocks.hashes[j]), lo, hi, self.rows[i]
+                ) == int(blocks.sums[j])
             finally:
                 with self._lock:
                     self._claimed[i] = False
@@ -469,8 +576,9 @@ class KVLanding:
             (accepted if ok else rejected).append(i)
         return accepted, rejected
 
-    def land_in_place(self, indices: Iterable[int], hash_bits_: np.ndarray,
-                      sums: Sequence[int] | None = None) -> tuple[list[int], list[int]]:
+    def land_in_place(
+        self, indices: Iterable[int], hash_bits_: np.ndarray, sums: Sequence[int] | None = None
+    ) -> tuple[list[int], list[int]]:
         """Blocks whose bytes a transport already wrote into self.rows (the shared-memory path).
         With sums, verify each against the set's metadata first; without, trust the transport."""
         accepted: list[int] = []
@@ -481,7 +589,9 @@ class KVLanding:
                 continue
             if sums is not None:
                 lo, hi = token_range(i, self.token_start, self.token_end, self.block_size)
-                if block_checksum(self.checksum, i, int(hash_bits_[i]), lo, hi, self.rows[i]) != int(sums[i]):
+                if block_checksum(
+                    self.checksum, i, int(hash_bits_[i]), lo, hi, self.rows[i]
+                ) != int(sums[i]):
                     rejected.append(i)
                     continue
             with self._lock:
@@ -500,10 +610,20 @@ class KVLanding:
 
     def result(self) -> KVBlocks:
         if not self.complete:
-            raise ChannelError(f"{self.seq_id!r}: {self.num_blocks - self.count} blocks still missing")
-        data = self.data if _num_rows(self.data) == self.num_blocks else self.data[: self.num_blocks]
-        return KVBlocks(self.seq_id, hashes_from_bits(self.hashes, self.hashes_signed), self.token_start,
-                        self.token_end, self.block_size, data)
+            raise ChannelError(
+                f"{self.seq_id!r}: {self.num_blocks - self.count} blocks still missing"
+            )
+        data = (
+            self.data if _num_rows(self.data) == self.num_blocks else self.data[: self.num_blocks]
+        )
+        return KVBlocks(
+            self.seq_id,
+            hashes_from_bits(self.hashes, self.hashes_signed),
+            self.token_start,
+            self.token_end,
+            self.block_size,
+            data,
+        )
 
 
 def bitmap_indices(bitmap: bytes, num_blocks: int) -> np.ndarray:
@@ -511,8 +631,13 @@ def bitmap_indices(bitmap: bytes, num_blocks: int) -> np.ndarray:
     return np.flatnonzero(bits)
 
 
-def decode_kv(batches: Iterable[pa.RecordBatch], schema: pa.Schema | None = None, *, dest: Any = None,
-              tensor_lib: str | None = None) -> KVBlocks:
+def decode_kv(
+    batches: Iterable[pa.RecordBatch],
+    schema: pa.Schema | None = None,
+    *,
+    dest: Any = None,
+    tensor_lib: str | None = None,
+) -> KVBlocks:
     """Assemble a KVBlocks from record batches (any order). Raises ChannelCorrupt naming the bad
     blocks if any checksum fails, ChannelError if blocks are missing."""
     landing: KVLanding | None = None
@@ -527,11 +652,15 @@ def decode_kv(batches: Iterable[pa.RecordBatch], schema: pa.Schema | None = None
             raise ChannelError("no KV batches to decode")
         landing = KVLanding.from_meta(schema_meta(schema), dest, tensor_lib)
     if bad:
-        raise ChannelCorrupt(f"{landing.seq_id!r}: checksum mismatch in blocks {sorted(set(bad))}", sorted(set(bad)))
+        raise ChannelCorrupt(
+            f"{landing.seq_id!r}: checksum mismatch in blocks {sorted(set(bad))}", sorted(set(bad))
+        )
     return landing.result()
 
 
-def encode_ipc(kv: KVBlocks, max_batch_bytes: int = 8 << 20, checksum: str = DEFAULT_CHECKSUM) -> pa.Buffer:
+def encode_ipc(
+    kv: KVBlocks, max_batch_bytes: int = 8 << 20, checksum: str = DEFAULT_CHECKSUM
+) -> pa.Buffer:
     """KVBlocks as one Arrow IPC stream (the file/socket form of the same batches Flight sends)."""
     src = KVSource.of(kv, checksum)
     sink = pa.BufferOutputStream()
@@ -561,5 +690,11 @@ def view_batch(batch: pa.RecordBatch, tensor_lib: str | None = None) -> KVBlocks
         raise ChannelError("view_batch needs consecutive blocks")
     start = int(blocks.token_start[0]) if len(idx) else int(meta["token_start"])
     end = int(blocks.token_end[-1]) if len(idx) else start
-    return KVBlocks(meta["seq_id"], hashes_from_bits(blocks.hashes, bool(meta.get("hashes_signed"))), start, end,
-                    int(meta["block_size"]), layout.view(blocks.rows, tensor_lib))
+    return KVBlocks(
+        meta["seq_id"],
+        hashes_from_bits(blocks.hashes, bool(meta.get("hashes_signed"))),
+        start,
+        end,
+        int(meta["block_size"]),
+        layout.view(blocks.rows, tensor_lib),
+    )

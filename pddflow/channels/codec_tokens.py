@@ -10,7 +10,7 @@ from pddflow.core.payloads import TokenIds
 
 
 class ControlKind(str, enum.Enum):
-    CANCEL = "cancel"    # stop work on the sequence and free its KV (a failed or moved leg)
+    CANCEL = "cancel"  # stop work on the sequence and free its KV (a failed or moved leg)
     RELEASE = "release"  # the receiver has what it needs; the sender may free the sequence's KV
 
     def __str__(self) -> str:

@@ -21,14 +21,18 @@ class Deadline:
         self.what = what
 
     @classmethod
-    def of(cls, timeout_s: float | None, deadline: float | None = None, what: str = "channel call") -> "Deadline":
+    def of(
+        cls, timeout_s: float | None, deadline: float | None = None, what: str = "channel call"
+    ) -> Deadline:
         candidates = []
         if timeout_s is not None:
             candidates.append(time.monotonic() + float(timeout_s))
         if deadline is not None:
             candidates.append(float(deadline))
         if not candidates:
-            raise ValueError(f"{what}: a timeout_s or an absolute deadline is required (no wait is unbounded)")
+            raise ValueError(
+                f"{what}: a timeout_s or an absolute deadline is required (no wait is unbounded)"
+            )
         return cls(min(candidates), what)
 
     def remaining(self) -> float:
@@ -50,4 +54,6 @@ class Deadline:
 
     def __repr__(self) -> str:
         left = self.at - time.monotonic()
-        return f"Deadline({self.what!r}, {left:.3f}s left)" if math.isfinite(left) else "Deadline(inf)"
+        return (
+            f"Deadline({self.what!r}, {left:.3f}s left)" if math.isfinite(left) else "Deadline(inf)"
+        )

@@ -34,7 +34,6 @@ from dataclasses import dataclass
 from pddflow.channels.deadline import Deadline
 from pddflow.core.link import LinkModel, jitter_stream
 
-
 SHARE_BYTES = 256 << 10  # a held message takes the bucket this much at a time
 
 
@@ -42,14 +41,20 @@ SHARE_BYTES = 256 << 10  # a held message takes the bucket this much at a time
 class LinkStats:
     messages: int = 0
     bytes: int = 0
-    delay_s: float = 0.0   # sum of sampled one-way delays
+    delay_s: float = 0.0  # sum of sampled one-way delays
 
 
 class EmulatedLink:
     """One direction of `link`, shaping real sends. Thread-safe; lanes share the bandwidth."""
 
-    def __init__(self, link: LinkModel, seed: int = 0, burst_bytes: int = 64 << 10,
-                 clock: Callable[[], float] = time.monotonic, sleep: Callable[[float], None] = time.sleep):
+    def __init__(
+        self,
+        link: LinkModel,
+        seed: int = 0,
+        burst_bytes: int = 64 << 10,
+        clock: Callable[[], float] = time.monotonic,
+        sleep: Callable[[float], None] = time.sleep,
+    ):
         if link.gbps <= 0:
             raise ValueError(f"link {link.name!r}: gbps must be > 0 to emulate it")
         self.link = link
@@ -59,12 +64,17 @@ class EmulatedLink:
         self._clock, self._sleep = clock, sleep
         self._lock = threading.Lock()
         self._tat = float("-inf")  # theoretical arrival time of the bucket (GCRA)
-        self._last_arrival: dict[int | str, float] = {}   # per lane: its messages arrive in order
-        self._rngs: dict[int | str, random.Random] = {}     # per jitter stream (a TCP connection)
+        self._last_arrival: dict[int | str, float] = {}  # per lane: its messages arrive in order
+        self._rngs: dict[int | str, random.Random] = {}  # per jitter stream (a TCP connection)
         self.stats = LinkStats()
 
-    def schedule(self, nbytes: int, lane: int | str = 0, ready_at: float | None = None,
-                 jitter_lane: int | str | None = None) -> tuple[float, float]:
+    def schedule(
+        self,
+        nbytes: int,
+        lane: int | str = 0,
+        ready_at: float | None = None,
+        jitter_lane: int | str | None = None,
+    ) -> tuple[float, float]:
         """Reserve the link for nbytes offered on `lane` at ready_at (default now); return the
         emulated (departure, arrival) times in clock units.
 
@@ -74,8 +84,14 @@ class EmulatedLink:
             depart = self._reserve(nbytes, ready_at)
             return depart, self._deliver(nbytes, lane, depart, jitter_lane)
 
-    def hold(self, nbytes: int, lane: int | str = 0, deadline: Deadline | None = None,
-             ready_at: float | None = None, jitter_lane: int | str | None = None) -> float:
+    def hold(
+        self,
+        nbytes: int,
+        lane: int | str = 0,
+        deadline: Deadline | None = None,
+        ready_at: float | None = None,
+        jitter_lane: int | str | None = None,
+    ) -> float:
         """Schedule nbytes, sharing the bucket piece by piece with concurrent messages, and block
         until they arrive; returns the departure time, to pass as the next message's ready_at
         when the sender is backlogged. `jitter_lane` (default: `lane`) names the random stream
@@ -108,7 +124,9 @@ class EmulatedLink:
         self._tat = tat
         return max(offered, tat - self.burst_s)
 
-    def _deliver(self, nbytes: int, lane: int | str, depart: float, jitter_lane: int | str | None = None) -> float:
+    def _deliver(
+        self, nbytes: int, lane: int | str, depart: float, jitter_lane: int | str | None = None
+    ) -> float:
         rng = self._rng(lane if jitter_lane is None else jitter_lane)
         delay = self.link.rtt_ms / 2e3 + self.link.jitter.sample_ms(rng) / 1e3
         arrival = max(self._last_arrival.get(lane, 0.0), depart + delay)
@@ -124,11 +142,15 @@ class EmulatedLink:
             rng = self._rngs[key] = jitter_stream(self.seed, key)
         return rng
 
-    def wait_until(self, arrival: float, deadline: Deadline | None = None, what: str = "a message") -> None:
+    def wait_until(
+        self, arrival: float, deadline: Deadline | None = None, what: str = "a message"
+    ) -> None:
         """Sleep until `arrival`; ChannelTimeout at the deadline (not later) if that is sooner."""
         if deadline is not None and arrival > deadline.at:
             self._sleep(max(0.0, deadline.at - self._clock()))
-            raise deadline.timeout(f"emulated link {self.link.name!r} cannot deliver {what} in time")
+            raise deadline.timeout(
+                f"emulated link {self.link.name!r} cannot deliver {what} in time"
+            )
         wait = arrival - self._clock()
         if wait > 0:
             self._sleep(wait)
@@ -147,6 +169,11 @@ def link_from_params(params: dict | LinkModel | None, name: str = "emulated") ->
     from pddflow.core.link import Jitter
 
     jit = params.get("jitter") or {}
-    return LinkModel(name=str(params.get("name", name)), a=str(params.get("a", "A")), b=str(params.get("b", "B")),
-                     gbps=float(params["gbps"]), rtt_ms=float(params.get("rtt_ms", 0.0)),
-                     jitter=Jitter(**jit) if isinstance(jit, dict) else jit)
+    return LinkModel(
+        name=str(params.get("name", name)),
+        a=str(params.get("a", "A")),
+        b=str(params.get("b", "B")),
+        gbps=float(params["gbps"]),
+        rtt_ms=float(params.get("rtt_ms", 0.0)),
+        jitter=Jitter(**jit) if isinstance(jit, dict) else jit,
+    )

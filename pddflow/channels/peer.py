@@ -38,10 +38,17 @@ def kv_digest(kv: Any) -> dict:
     from pddflow.channels.codec_kv import block_rows
 
     rows = block_rows(kv.data)
-    return {"seq_id": kv.seq_id, "num_blocks": kv.num_blocks, "token_start": kv.token_start,
-            "token_end": kv.token_end, "block_size": kv.block_size, "hashes": [str(h) for h in kv.block_hashes],
-            "dtype": str(kv.data.dtype).removeprefix("torch."), "shape": list(kv.data.shape),
-            "sha256": hashlib.sha256(rows).hexdigest()}
+    return {
+        "seq_id": kv.seq_id,
+        "num_blocks": kv.num_blocks,
+        "token_start": kv.token_start,
+        "token_end": kv.token_end,
+        "block_size": kv.block_size,
+        "hashes": [str(h) for h in kv.block_hashes],
+        "dtype": str(kv.data.dtype).removeprefix("torch."),
+        "shape": list(kv.data.shape),
+        "sha256": hashlib.sha256(rows).hexdigest(),
+    }
 
 
 class _ReusedDest:
@@ -51,7 +58,11 @@ class _ReusedDest:
         self.buf: Any = None
 
     def __call__(self, seq_id: str, num_blocks: int, layout: Any) -> Any:
-        if self.buf is None or self.buf.shape[0] < num_blocks or tuple(self.buf.shape[1:]) != layout.block_shape:
+        if (
+            self.buf is None
+            or self.buf.shape[0] < num_blocks
+            or tuple(self.buf.shape[1:]) != layout.block_shape
+        ):
             self.buf = layout.empty(num_blocks)
             from pddflow.channels.codec_kv import block_rows
 
@@ -122,13 +133,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.role == "wan-recv":
         from pddflow.channels.wan_flight import WanFlightParams, WanFlightReceiver
 
-        rx = WanFlightReceiver(params=WanFlightParams(token=args.token, tls=_tls(args)),
-                               alloc=_ReusedDest() if args.reuse_dest else None)
+        rx = WanFlightReceiver(
+            params=WanFlightParams(token=args.token, tls=_tls(args)),
+            alloc=_ReusedDest() if args.reuse_dest else None,
+        )
         _serve_receiver(rx, rx.location, args, stop)
     elif args.role == "rdma-recv":
         from pddflow.channels.rdma_tensor import RdmaTensorParams, RdmaTensorReceiver
 
-        params = RdmaTensorParams(ring_slots=args.ring_slots, slot_mb=args.slot_mb, arena_mb=args.arena_mb)
+        params = RdmaTensorParams(
+            ring_slots=args.ring_slots, slot_mb=args.slot_mb, arena_mb=args.arena_mb
+        )
         rx = RdmaTensorReceiver(params=params, alloc=_ReusedDest() if args.reuse_dest else None)
         _serve_receiver(rx, rx.address, args, stop)
     elif args.role == "tok-server":
@@ -136,7 +151,9 @@ def main(argv: list[str] | None = None) -> int:
         from pddflow.channels.errors import ChannelTimeout
         from pddflow.channels.token_ids import TokenIdsParams, TokenIdsServer
 
-        srv = TokenIdsServer(params=TokenIdsParams(token=args.token, tls=_tls(args)), name="peer-server")
+        srv = TokenIdsServer(
+            params=TokenIdsParams(token=args.token, tls=_tls(args)), name="peer-server"
+        )
         _emit({"ready": True, "address": srv.address, "pid": os.getpid()})
         try:
             while not stop.is_set():
@@ -148,10 +165,28 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 p = m.payload
                 if isinstance(p, Control):
-                    _emit({"control": {"peer": m.peer, "kind": str(p.kind), "seq_id": p.seq_id, "reason": p.reason}})
+                    _emit(
+                        {
+                            "control": {
+                                "peer": m.peer,
+                                "kind": str(p.kind),
+                                "seq_id": p.seq_id,
+                                "reason": p.reason,
+                            }
+                        }
+                    )
                 else:
-                    _emit({"tokens": {"peer": m.peer, "seq_id": p.seq_id, "start": p.start, "ids": p.ids,
-                                      "final": p.final}})
+                    _emit(
+                        {
+                            "tokens": {
+                                "peer": m.peer,
+                                "seq_id": p.seq_id,
+                                "start": p.start,
+                                "ids": p.ids,
+                                "final": p.final,
+                            }
+                        }
+                    )
         finally:
             srv.close()
     elif args.role == "tcp-recv":
@@ -169,7 +204,7 @@ def _tcp_recv(nbytes: int, stop: threading.Event) -> None:
     while not stop.is_set():
         try:
             conn, _ = srv.accept()
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             continue
         with conn:
             conn.settimeout(60)
@@ -195,8 +230,12 @@ class PeerProcess:
 
     def __init__(self, role: str, *args: str, ready_timeout_s: float = 60.0):
         cmd = [sys.executable, "-m", "pddflow.channels.peer", role, *args]
-        self._err = tempfile.TemporaryFile()  # a file, not a pipe: a chatty child never blocks on it
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err)
+        self._err = (
+            tempfile.TemporaryFile()
+        )  # a file, not a pipe: a chatty child never blocks on it
+        self.proc = subprocess.Popen(
+            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err
+        )
         self._buf = b""
         try:
             ready = self.line(ready_timeout_s)
@@ -248,7 +287,7 @@ class PeerProcess:
             except OSError:
                 pass
 
-    def __enter__(self) -> "PeerProcess":
+    def __enter__(self) -> PeerProcess:
         return self
 
     def __exit__(self, *exc: Any) -> None:

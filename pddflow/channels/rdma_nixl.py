@@ -39,7 +39,7 @@ def _unpack(data: bytes) -> list[bytes]:
     out, i = [], 0
     while i < len(data):
         (n,) = struct.unpack_from("<I", data, i)
-        out.append(data[i + 4: i + 4 + n])
+        out.append(data[i + 4 : i + 4 + n])
         i += 4 + n
     return out
 
@@ -52,19 +52,24 @@ class _NixlRegion(Region):
         self.agent = api.nixl_agent(self.name, api.nixl_agent_config(backends=["UCX"]))
         self._arr = np.zeros(nbytes, dtype=np.uint8)  # touched now, so registration pins real pages
         self._reg = self.agent.register_memory(
-            self.agent.get_reg_descs([(self._arr.ctypes.data, self._arr.nbytes, 0, "")], "DRAM"))
+            self.agent.get_reg_descs([(self._arr.ctypes.data, self._arr.nbytes, 0, "")], "DRAM")
+        )
         if self._reg is None:
             raise ChannelError("NIXL could not register the rdma_tensor ring")
         self._base = self._arr.ctypes.data
 
     def view(self, offset: int, n: int) -> np.ndarray:
-        return self._arr[offset: offset + n]
+        return self._arr[offset : offset + n]
 
     def buffer(self) -> object:
         return self._arr
 
     def descriptor(self) -> tuple[bytes, list[int]]:
-        return _pack(self.name.encode(), self.agent.get_agent_metadata(), struct.pack("<QQ", self._base, self.nbytes)), []
+        return _pack(
+            self.name.encode(),
+            self.agent.get_agent_metadata(),
+            struct.pack("<QQ", self._base, self.nbytes),
+        ), []
 
     def close(self) -> None:
         try:
@@ -81,7 +86,9 @@ class _NixlWriter(RegionWriter):
         if remote_bytes < nbytes:
             raise ChannelError(f"NIXL region is {remote_bytes} bytes, expected {nbytes}")
         self.nbytes = nbytes
-        self.agent = api.nixl_agent(f"pddflow-tx-{uuid.uuid4().hex[:12]}", api.nixl_agent_config(backends=["UCX"]))
+        self.agent = api.nixl_agent(
+            f"pddflow-tx-{uuid.uuid4().hex[:12]}", api.nixl_agent_config(backends=["UCX"])
+        )
         self.remote = self.agent.add_remote_agent(metadata)
         if isinstance(self.remote, bytes):
             self.remote = self.remote.decode()
@@ -92,7 +99,8 @@ class _NixlWriter(RegionWriter):
 
     def begin(self, src_rows: np.ndarray) -> None:
         self._reg = self.agent.register_memory(
-            self.agent.get_reg_descs([(src_rows.ctypes.data, src_rows.nbytes, 0, "")], "DRAM"))
+            self.agent.get_reg_descs([(src_rows.ctypes.data, src_rows.nbytes, 0, "")], "DRAM")
+        )
         if self._reg is None:
             raise ChannelError("NIXL could not register the KV source tensor")
         self._base = src_rows.ctypes.data

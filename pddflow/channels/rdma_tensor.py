@@ -49,11 +49,25 @@ import numpy as np
 
 from pddflow.channels.codec_kv import KVLanding, KVLayout, KVSource, check_algorithm
 from pddflow.channels.deadline import Deadline
-from pddflow.channels.errors import ChannelCancelled, ChannelClosed, ChannelCorrupt, ChannelError, ChannelTimeout
+from pddflow.channels.errors import (
+    ChannelCancelled,
+    ChannelClosed,
+    ChannelCorrupt,
+    ChannelError,
+    ChannelTimeout,
+)
 from pddflow.channels.inbox import Inbox
 from pddflow.channels.proto import pddflow_pb2 as pb
-from pddflow.channels.rdma_transport import (Frames, Region, RegionWriter, Transport, format_address, parse_address,
-                                             pick_transport, transports)
+from pddflow.channels.rdma_transport import (
+    Frames,
+    Region,
+    RegionWriter,
+    Transport,
+    format_address,
+    parse_address,
+    pick_transport,
+    transports,
+)
 from pddflow.channels.transfer import TransferReport
 from pddflow.core.payloads import KVBlocks
 
@@ -63,7 +77,9 @@ NO_PLACE = (1 << 64) - 1
 _CHUNK = struct.Struct("<IQQ")
 _FREE = struct.Struct("<I")
 _PLACE = struct.Struct("<Q")
-_RING = struct.Struct("<IIQBBB")  # slots, slot_bytes, arena_bytes, ring fds, arena fds, len(transport name)
+_RING = struct.Struct(
+    "<IIQBBB"
+)  # slots, slot_bytes, arena_bytes, ring fds, arena fds, len(transport name)
 _DIRECT_PIECE = 8 << 20  # direct writes go in pieces: deadline and cancel checks between them
 
 Alloc = Callable[[str, int, KVLayout], Any]
@@ -74,12 +90,18 @@ Fault = Callable[[int, np.ndarray], "np.ndarray | None"]
 class RdmaTensorParams:
     """Channel params a graph edge passes (`channel: rdma_tensor`)."""
 
-    ring_slots: int = 4       # 4 x 2 MiB: the ring stays in cache between the two copies (measured best here)
+    ring_slots: int = (
+        4  # 4 x 2 MiB: the ring stays in cache between the two copies (measured best here)
+    )
     slot_mb: float = 2.0
-    arena_mb: float = 512.0   # direct-landing arena per receiver (pages are committed on first use); 0: ring only
+    arena_mb: float = (
+        512.0  # direct-landing arena per receiver (pages are committed on first use); 0: ring only
+    )
     deadline_s: float = 10.0
-    checksum: str | None = None  # sender side: None, "xsum64" or "crc32"; the receiver verifies and NACKs
-    transport: str = "auto"   # auto | shm | nixl
+    checksum: str | None = (
+        None  # sender side: None, "xsum64" or "crc32"; the receiver verifies and NACKs
+    )
+    transport: str = "auto"  # auto | shm | nixl
     max_block_retries: int = 3
 
     def __post_init__(self) -> None:
@@ -120,7 +142,7 @@ class _Arena:
         with self._lock:
             for k, (off, length) in enumerate(self._free):
                 if length >= size:
-                    self._free[k:k + 1] = [(off + size, length - size)] if length > size else []
+                    self._free[k : k + 1] = [(off + size, length - size)] if length > size else []
                     break
             else:
                 return None
@@ -168,15 +190,23 @@ class RdmaTensorReceiver:
     completed KVBlocks; with `alloc(seq_id, num_blocks, layout)` the worker chooses every
     destination itself (ring mode)."""
 
-    def __init__(self, address: str | None = None, *, params: RdmaTensorParams = RdmaTensorParams(),
-                 alloc: Alloc | None = None, tensor_lib: str | None = None):
+    def __init__(
+        self,
+        address: str | None = None,
+        *,
+        params: RdmaTensorParams = RdmaTensorParams(),
+        alloc: Alloc | None = None,
+        tensor_lib: str | None = None,
+    ):
         self.params = params
         self._transport = pick_transport(params.transport)
         address = address or f"unix:@pddflow-rdma-{os.getpid()}-{uuid.uuid4().hex[:10]}"
         family, sockaddr = parse_address(address)
         if self._transport.needs_unix_socket and family != socket.AF_UNIX:
-            raise ChannelError(f"rdma_tensor transport {self._transport.name!r} works between processes on one "
-                               f"host: use a unix: address, not {address!r}")
+            raise ChannelError(
+                f"rdma_tensor transport {self._transport.name!r} works between processes on one "
+                f"host: use a unix: address, not {address!r}"
+            )
         self._sock = socket.socket(family, socket.SOCK_STREAM)
         if family != socket.AF_UNIX:
             self._sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -185,8 +215,11 @@ class RdmaTensorReceiver:
         self._sock.settimeout(0.2)
         self.address = format_address(family, self._sock.getsockname())
         self._alloc, self._tensor_lib = alloc, tensor_lib
-        self._arena = (_Arena(self._transport.create_region(params.arena_bytes, populate=False))
-                       if params.arena_bytes and alloc is None else None)
+        self._arena = (
+            _Arena(self._transport.create_region(params.arena_bytes, populate=False))
+            if params.arena_bytes and alloc is None
+            else None
+        )
         self._inbox = Inbox("rdma_tensor")
         self._closed = threading.Event()
         self._conns: list[_Conn] = []
@@ -196,9 +229,17 @@ class RdmaTensorReceiver:
         t.start()
         self._threads.append(t)
 
-    def recv(self, seq_id: str | None = None, timeout_s: float | None = None, deadline: float | None = None) -> KVBlocks:
-        dl = Deadline.of(timeout_s if timeout_s is not None or deadline is not None else self.params.deadline_s,
-                         deadline, what=f"rdma_tensor recv{'(' + seq_id + ')' if seq_id else ''}")
+    def recv(
+        self,
+        seq_id: str | None = None,
+        timeout_s: float | None = None,
+        deadline: float | None = None,
+    ) -> KVBlocks:
+        dl = Deadline.of(
+            timeout_s if timeout_s is not None or deadline is not None else self.params.deadline_s,
+            deadline,
+            what=f"rdma_tensor recv{'(' + seq_id + ')' if seq_id else ''}",
+        )
         return self._inbox.get(seq_id, dl)
 
     def cancel(self, seq_id: str, reason: str = "cancelled by receiver") -> None:
@@ -224,7 +265,7 @@ class RdmaTensorReceiver:
         if self._arena is not None:
             self._arena.region.close()
 
-    def __enter__(self) -> "RdmaTensorReceiver":
+    def __enter__(self) -> RdmaTensorReceiver:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -236,11 +277,13 @@ class RdmaTensorReceiver:
         while not self._closed.is_set():
             try:
                 sock, _ = self._sock.accept()
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 continue
             except OSError:
                 return
-            t = threading.Thread(target=self._serve, args=(sock,), daemon=True, name="rdma_tensor-conn")
+            t = threading.Thread(
+                target=self._serve, args=(sock,), daemon=True, name="rdma_tensor-conn"
+            )
             t.start()
             self._threads.append(t)
 
@@ -249,7 +292,9 @@ class RdmaTensorReceiver:
         ring: Region | None = None
         conn: _Conn | None = None
         try:
-            kind, body, fds = frames.recv(Deadline.of(10.0, what="rdma_tensor handshake"), "waiting for HELLO")
+            kind, body, fds = frames.recv(
+                Deadline.of(10.0, what="rdma_tensor handshake"), "waiting for HELLO"
+            )
             _close_fds(fds)
             if kind != HELLO or pb.Hello.FromString(body).version != VERSION:
                 frames.send(ERROR, b"rdma_tensor: bad handshake (protocol version mismatch?)")
@@ -262,14 +307,29 @@ class RdmaTensorReceiver:
                 arena_payload, arena_fds = self._arena.region.descriptor()
                 arena_bytes = self._arena.region.nbytes
             name = self._transport.name.encode()
-            frames.send(RING, _RING.pack(p.ring_slots, p.slot_bytes, arena_bytes, len(ring_fds), len(arena_fds), len(name))
-                        + name + struct.pack("<I", len(ring_payload)) + ring_payload + arena_payload,
-                        ring_fds + arena_fds)
+            frames.send(
+                RING,
+                _RING.pack(
+                    p.ring_slots,
+                    p.slot_bytes,
+                    arena_bytes,
+                    len(ring_fds),
+                    len(arena_fds),
+                    len(name),
+                )
+                + name
+                + struct.pack("<I", len(ring_payload))
+                + ring_payload
+                + arena_payload,
+                ring_fds + arena_fds,
+            )
             conn = _Conn(frames, ring, p.slot_bytes)
             with self._lock:
                 self._conns.append(conn)
             while not self._closed.is_set():
-                if conn.dl is None:  # idle: poll so close() is noticed, without a partial-frame read
+                if (
+                    conn.dl is None
+                ):  # idle: poll so close() is noticed, without a partial-frame read
                     if not select.select([sock], [], [], 0.2)[0]:
                         continue
                     dl = Deadline.of(self.params.deadline_s, what="rdma_tensor frame")
@@ -304,8 +364,10 @@ class RdmaTensorReceiver:
             flat = c.flat  # cancel() may clear it from another thread
             if flat is not None:
                 if offset + n > flat.shape[0] or n > c.slot_bytes or slot >= self.params.ring_slots:
-                    raise ChannelError(f"rdma_tensor: chunk [{offset}, {offset + n}) outside the KV set")
-                np.copyto(flat[offset: offset + n], c.ring.view(slot * c.slot_bytes, n))
+                    raise ChannelError(
+                        f"rdma_tensor: chunk [{offset}, {offset + n}) outside the KV set"
+                    )
+                np.copyto(flat[offset : offset + n], c.ring.view(slot * c.slot_bytes, n))
             c.frames.send(FREE, _FREE.pack(slot))
         elif kind == BEGIN:
             self._begin(c, pb.KVTransfer.FromString(body))
@@ -321,9 +383,14 @@ class RdmaTensorReceiver:
     def _begin(self, c: _Conn, hdr: Any) -> None:
         reason = self._inbox.cancelled_reason(hdr.seq_id)
         if reason is not None:
-            c.frames.send(ERROR, f"rdma_tensor: {hdr.seq_id!r} cancelled by receiver: {reason}".encode())
+            c.frames.send(
+                ERROR, f"rdma_tensor: {hdr.seq_id!r} cancelled by receiver: {reason}".encode()
+            )
             return
-        c.hdr, c.dl = hdr, Deadline.of(hdr.timeout_s + 1.0, what=f"rdma_tensor receive {hdr.seq_id!r}")
+        c.hdr, c.dl = (
+            hdr,
+            Deadline.of(hdr.timeout_s + 1.0, what=f"rdma_tensor receive {hdr.seq_id!r}"),
+        )
         layout = KVLayout.from_proto(hdr.layout)
         nbytes = hdr.num_blocks * layout.block_bytes
         place, dest = NO_PLACE, None
@@ -334,10 +401,21 @@ class RdmaTensorReceiver:
             if got is not None:  # direct: the tensor handed out will be this arena region
                 place, region = got
                 c.hold = region
-                dest = layout.view(region.reshape(hdr.num_blocks, layout.block_bytes), self._tensor_lib)
-        c.landing = KVLanding(hdr.seq_id, hdr.num_blocks, hdr.token_start, hdr.token_end, hdr.block_size, layout,
-                              hashes_signed=hdr.hashes_signed, dest=dest, tensor_lib=self._tensor_lib,
-                              checksum=hdr.checksum or "xsum64")
+                dest = layout.view(
+                    region.reshape(hdr.num_blocks, layout.block_bytes), self._tensor_lib
+                )
+        c.landing = KVLanding(
+            hdr.seq_id,
+            hdr.num_blocks,
+            hdr.token_start,
+            hdr.token_end,
+            hdr.block_size,
+            layout,
+            hashes_signed=hdr.hashes_signed,
+            dest=dest,
+            tensor_lib=self._tensor_lib,
+            checksum=hdr.checksum or "xsum64",
+        )
         c.flat = c.landing.rows.reshape(-1)
         c.hash_bits = np.array(hdr.block_hashes, dtype=np.uint64)
         c.frames.send(PLACE, _PLACE.pack(place))
@@ -349,14 +427,20 @@ class RdmaTensorReceiver:
         landing = c.landing
         if landing is None:
             reason = self._inbox.cancelled_reason(hdr.seq_id) or "cancelled"
-            c.frames.send(ERROR, f"rdma_tensor: {hdr.seq_id!r} cancelled by receiver: {reason}".encode())
+            c.frames.send(
+                ERROR, f"rdma_tensor: {hdr.seq_id!r} cancelled by receiver: {reason}".encode()
+            )
             c.reset()
             return
         sums = list(hdr.checksums) if len(hdr.checksums) else None
         _, rejected = landing.land_in_place(landing.missing(), c.hash_bits, sums)
         complete = landing.complete
-        c.frames.send(RESULT, pb.KVAck(rejected=rejected, complete=complete,
-                                       received_total=landing.count).SerializeToString())
+        c.frames.send(
+            RESULT,
+            pb.KVAck(
+                rejected=rejected, complete=complete, received_total=landing.count
+            ).SerializeToString(),
+        )
         if complete:
             result = landing.result()
             c.reset()
@@ -377,7 +461,13 @@ class RdmaTensorSender:
     use one sender per concurrent stream of sends. `send` blocks until the receiver confirmed
     every block; `send_async` returns a Future."""
 
-    def __init__(self, address: str, *, params: RdmaTensorParams = RdmaTensorParams(), fault: Fault | None = None):
+    def __init__(
+        self,
+        address: str,
+        *,
+        params: RdmaTensorParams = RdmaTensorParams(),
+        fault: Fault | None = None,
+    ):
         self.address = address
         self.params = params
         self._fault = fault  # tests: may return a corrupted copy of a piece before it is written
@@ -394,12 +484,21 @@ class RdmaTensorSender:
         self._closed = False
         self.last_mode = ""  # "direct" or "ring": how the last set travelled
 
-    def send(self, kv: KVBlocks | KVSource, *, timeout_s: float | None = None, deadline: float | None = None) -> TransferReport:
+    def send(
+        self,
+        kv: KVBlocks | KVSource,
+        *,
+        timeout_s: float | None = None,
+        deadline: float | None = None,
+    ) -> TransferReport:
         if self._closed:
             raise ChannelClosed("rdma_tensor sender closed")
         src = kv if isinstance(kv, KVSource) else KVSource.of(kv, self.params.checksum or "xsum64")
-        dl = Deadline.of(timeout_s if timeout_s is not None or deadline is not None else self.params.deadline_s,
-                         deadline, what=f"rdma_tensor send {src.kv.seq_id!r} to {self.address}")
+        dl = Deadline.of(
+            timeout_s if timeout_s is not None or deadline is not None else self.params.deadline_s,
+            deadline,
+            what=f"rdma_tensor send {src.kv.seq_id!r} to {self.address}",
+        )
         t0 = time.perf_counter()
         with self._lock:
             self._abort.clear()
@@ -412,10 +511,17 @@ class RdmaTensorSender:
             finally:
                 self._current = None
         n = src.kv.num_blocks
-        return TransferReport(transfer_id, src.kv.seq_id, n, n * src.layout.block_bytes,
-                              time.perf_counter() - t0, resent, 0)
+        return TransferReport(
+            transfer_id,
+            src.kv.seq_id,
+            n,
+            n * src.layout.block_bytes,
+            time.perf_counter() - t0,
+            resent,
+            0,
+        )
 
-    def send_async(self, kv: KVBlocks | KVSource, **kw: Any) -> "Future[TransferReport]":
+    def send_async(self, kv: KVBlocks | KVSource, **kw: Any) -> Future[TransferReport]:
         return self._pool.submit(self.send, kv, **kw)
 
     def cancel(self, seq_id: str, reason: str = "cancelled by sender") -> None:
@@ -426,7 +532,9 @@ class RdmaTensorSender:
             return  # the sending thread sends CANCEL itself, in frame order
         with self._lock:
             if self._frames is not None:
-                self._frames.send(CANCEL, pb.KVCancel(seq_id=seq_id, reason=reason).SerializeToString())
+                self._frames.send(
+                    CANCEL, pb.KVCancel(seq_id=seq_id, reason=reason).SerializeToString()
+                )
 
     def close(self) -> None:
         if self._closed:
@@ -437,7 +545,7 @@ class RdmaTensorSender:
         with self._lock:
             self._disconnect()
 
-    def __enter__(self) -> "RdmaTensorSender":
+    def __enter__(self) -> RdmaTensorSender:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -451,7 +559,7 @@ class RdmaTensorSender:
         sock.settimeout(max(dl.remaining(), 1e-3))
         try:
             sock.connect(sockaddr)
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             sock.close()
             raise dl.timeout("connecting") from None
         except OSError as exc:
@@ -460,7 +568,9 @@ class RdmaTensorSender:
         frames = Frames(sock)
         fds: list[int] = []
         try:
-            frames.send(HELLO, pb.Hello(peer=f"pid{os.getpid()}", version=VERSION).SerializeToString())
+            frames.send(
+                HELLO, pb.Hello(peer=f"pid{os.getpid()}", version=VERSION).SerializeToString()
+            )
             kind, body, fds = frames.recv(dl, "waiting for the receiver's ring")
             if kind == ERROR:
                 raise ChannelError(body.decode(errors="replace"))
@@ -468,15 +578,17 @@ class RdmaTensorSender:
                 raise ChannelError(f"rdma_tensor: expected RING, got frame {kind}")
             slots, slot_bytes, arena_bytes, n_ring_fds, n_arena_fds, nlen = _RING.unpack_from(body)
             at = _RING.size
-            name = body[at: at + nlen].decode()
+            name = body[at : at + nlen].decode()
             (ring_len,) = struct.unpack_from("<I", body, at + nlen)
             at += nlen + 4
-            ring_payload, arena_payload = body[at: at + ring_len], body[at + ring_len:]
+            ring_payload, arena_payload = body[at : at + ring_len], body[at + ring_len :]
             table = transports()
             if name not in table or not table[name].available():
-                raise ChannelError(f"rdma_tensor receiver uses transport {name!r}, which this sender cannot load")
+                raise ChannelError(
+                    f"rdma_tensor receiver uses transport {name!r}, which this sender cannot load"
+                )
             transport: Transport = table[name]()
-            ring_fds, arena_fds = fds[:n_ring_fds], fds[n_ring_fds: n_ring_fds + n_arena_fds]
+            ring_fds, arena_fds = fds[:n_ring_fds], fds[n_ring_fds : n_ring_fds + n_arena_fds]
             fds = []  # attach owns (and closes) them from here on
             self._ring = transport.attach(slots * slot_bytes, ring_payload, ring_fds)
             if arena_bytes:
@@ -486,7 +598,12 @@ class RdmaTensorSender:
             frames.close()
             self._disconnect()
             raise
-        self._frames, self._free, self._slots, self._slot_bytes = frames, list(range(slots)), slots, slot_bytes
+        self._frames, self._free, self._slots, self._slot_bytes = (
+            frames,
+            list(range(slots)),
+            slots,
+            slot_bytes,
+        )
 
     def _disconnect(self) -> None:
         for w in (self._ring, self._arena):
@@ -503,18 +620,32 @@ class RdmaTensorSender:
         assert self._frames is not None and self._ring is not None
         frames = self._frames
         kv, bb = src.kv, src.layout.block_bytes
-        hdr = pb.KVTransfer(transfer_id=uuid.uuid4().hex, seq_id=kv.seq_id, num_blocks=kv.num_blocks,
-                            token_start=kv.token_start, token_end=kv.token_end, block_size=kv.block_size,
-                            layout=src.layout.to_proto(pb), stream=0, num_streams=1, timeout_s=dl.remaining(),
-                            block_hashes=src.hashes.tolist(), hashes_signed=src.hashes_signed)
+        hdr = pb.KVTransfer(
+            transfer_id=uuid.uuid4().hex,
+            seq_id=kv.seq_id,
+            num_blocks=kv.num_blocks,
+            token_start=kv.token_start,
+            token_end=kv.token_end,
+            block_size=kv.block_size,
+            layout=src.layout.to_proto(pb),
+            stream=0,
+            num_streams=1,
+            timeout_s=dl.remaining(),
+            block_hashes=src.hashes.tolist(),
+            hashes_signed=src.hashes_signed,
+        )
         if self.params.checksum:
             hdr.checksum = src.checksum
             hdr.checksums.extend(src.sums(range(kv.num_blocks)))
         frames.send(BEGIN, hdr.SerializeToString())
-        (place,) = _PLACE.unpack(self._expect(PLACE, dl, "waiting for the receiver to place the set"))
+        (place,) = _PLACE.unpack(
+            self._expect(PLACE, dl, "waiting for the receiver to place the set")
+        )
         direct = place != NO_PLACE
         if direct and self._arena is None:
-            raise ChannelError("rdma_tensor: receiver placed the set in an arena this sender has not mapped")
+            raise ChannelError(
+                "rdma_tensor: receiver placed the set in an arena this sender has not mapped"
+            )
         self.last_mode = "direct" if direct else "ring"
         flat = src.rows.reshape(-1)
         writers = [w for w in (self._ring, self._arena) if w is not None]
@@ -528,7 +659,12 @@ class RdmaTensorSender:
                 piece_max = _DIRECT_PIECE if direct else self._slot_bytes
                 for first_block, lo, hi in _pieces(todo, bb, piece_max):
                     if self._abort.is_set():
-                        frames.send(CANCEL, pb.KVCancel(seq_id=kv.seq_id, reason="cancelled by sender").SerializeToString())
+                        frames.send(
+                            CANCEL,
+                            pb.KVCancel(
+                                seq_id=kv.seq_id, reason="cancelled by sender"
+                            ).SerializeToString(),
+                        )
                         raise ChannelCancelled(f"{dl.what}: cancelled by sender")
                     dl.check("writing KV")
                     piece = flat[lo:hi]
@@ -542,16 +678,22 @@ class RdmaTensorSender:
                         self._ring.write_at(slot * self._slot_bytes, piece, dl)
                         frames.send(CHUNK, _CHUNK.pack(slot, lo, hi - lo))
                 frames.send(END)
-                ack = pb.KVAck.FromString(self._expect(RESULT, dl, "waiting for the receiver to confirm"))
+                ack = pb.KVAck.FromString(
+                    self._expect(RESULT, dl, "waiting for the receiver to confirm")
+                )
                 if ack.complete:
                     return hdr.transfer_id, resent
                 if not ack.rejected:
-                    raise ChannelError(f"{dl.what}: receiver reports {kv.num_blocks - ack.received_total} blocks "
-                                       "missing but rejected none")
+                    raise ChannelError(
+                        f"{dl.what}: receiver reports {kv.num_blocks - ack.received_total} blocks "
+                        "missing but rejected none"
+                    )
                 for b in ack.rejected:
                     rejections[b] = rejections.get(b, 0) + 1
                     if rejections[b] > self.params.max_block_retries:
-                        raise ChannelCorrupt(f"{dl.what}: block {b} failed its checksum {rejections[b]} times", [b])
+                        raise ChannelCorrupt(
+                            f"{dl.what}: block {b} failed its checksum {rejections[b]} times", [b]
+                        )
                 todo = sorted(ack.rejected)
                 resent += len(todo)
         finally:

@@ -98,14 +98,16 @@ class _ShmRegion(Region):
         self.fd = os.memfd_create("pddflow-rdma", os.MFD_CLOEXEC)
         try:
             os.ftruncate(self.fd, nbytes)
-            self._mm = mmap.mmap(self.fd, nbytes, flags=mmap.MAP_SHARED | (_POPULATE if populate else 0))
+            self._mm = mmap.mmap(
+                self.fd, nbytes, flags=mmap.MAP_SHARED | (_POPULATE if populate else 0)
+            )
         except BaseException:
             os.close(self.fd)
             raise
         self._arr = np.frombuffer(self._mm, dtype=np.uint8)
 
     def view(self, offset: int, n: int) -> np.ndarray:
-        return self._arr[offset: offset + n]
+        return self._arr[offset : offset + n]
 
     def buffer(self) -> object:
         return self._mm
@@ -136,7 +138,9 @@ class _ShmWriter(RegionWriter):
         self._arr = np.frombuffer(self._mm, dtype=np.uint8)
 
     def write_at(self, offset: int, src: np.ndarray, dl: Deadline) -> None:
-        np.copyto(self._arr[offset: offset + src.shape[0]], src)  # numpy drops the GIL for the copy
+        np.copyto(
+            self._arr[offset : offset + src.shape[0]], src
+        )  # numpy drops the GIL for the copy
 
     def close(self) -> None:
         self._arr = None  # type: ignore[assignment]
@@ -157,7 +161,9 @@ class ShmTransport(Transport):
         if len(fds) != 1:
             for fd in fds:
                 os.close(fd)
-            raise ChannelError(f"shm region: expected 1 file descriptor from the receiver, got {len(fds)}")
+            raise ChannelError(
+                f"shm region: expected 1 file descriptor from the receiver, got {len(fds)}"
+            )
         return _ShmWriter(nbytes, fds[0])
 
 
@@ -173,10 +179,14 @@ def pick_transport(name: str = "auto") -> Transport:
     if name == "auto":
         name = "nixl" if table["nixl"].available() else "shm"
     if name not in table:
-        raise ChannelError(f"unknown rdma_tensor transport {name!r}; valid: auto, {', '.join(sorted(table))}")
+        raise ChannelError(
+            f"unknown rdma_tensor transport {name!r}; valid: auto, {', '.join(sorted(table))}"
+        )
     cls = table[name]
     if not cls.available():
-        raise ChannelError(f"rdma_tensor transport {name!r} is not available here (its library is not importable)")
+        raise ChannelError(
+            f"rdma_tensor transport {name!r} is not available here (its library is not importable)"
+        )
     return cls()
 
 
@@ -194,7 +204,9 @@ def parse_address(address: str) -> tuple[int, object]:
     if address.startswith("tcp:"):
         host, _, port = address[4:].rpartition(":")
         return socket.AF_INET, (host, int(port))
-    raise ChannelError(f"bad rdma_tensor address {address!r}: use unix:@name, unix:/path or tcp:host:port")
+    raise ChannelError(
+        f"bad rdma_tensor address {address!r}: use unix:@name, unix:/path or tcp:host:port"
+    )
 
 
 def format_address(family: int, sockaddr: object) -> str:
@@ -245,7 +257,7 @@ class Frames:
                     fds += got
                 else:
                     data = self.sock.recv(n - len(buf))
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 raise dl.timeout(doing) from None
             except OSError as exc:
                 raise ChannelClosed(f"rdma_tensor peer went away: {exc}") from None

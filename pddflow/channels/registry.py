@@ -27,12 +27,14 @@ from pddflow.core.registry import Registry, did_you_mean
 
 @dataclass(frozen=True)
 class ChannelTransport:
-    name: str                      # the channel kind it implements
+    name: str  # the channel kind it implements
     params_type: type
-    receiver: Callable[..., Any]   # (params, **kw) -> receiver with .address
-    sender: Callable[..., Any]     # (address, params, **kw) -> sender
+    receiver: Callable[..., Any]  # (params, **kw) -> receiver with .address
+    sender: Callable[..., Any]  # (address, params, **kw) -> sender
 
-    def make_params(self, raw: dict | Any | None = None, *, tls: Any = None, link: Any = None) -> Any:
+    def make_params(
+        self, raw: dict | Any | None = None, *, tls: Any = None, link: Any = None
+    ) -> Any:
         """Params from a graph edge's mapping (an instance is returned as is).
 
         tls: the deployment's TLSConfig, used when the edge says `tls: true`.
@@ -55,18 +57,24 @@ def _coerce(kind: str, cls: type, raw: dict, tls: Any, link: Any) -> Any:
     out: dict[str, Any] = {}
     for key, value in raw.items():
         if key not in valid:
-            raise ValueError(f"{kind}: unknown channel param {key!r}{did_you_mean(key, valid)}; valid: {', '.join(valid)}")
+            raise ValueError(
+                f"{kind}: unknown channel param {key!r}{did_you_mean(key, valid)}; valid: {', '.join(valid)}"
+            )
         if key == "token_env":  # keep secrets out of the graph file
             if value not in os.environ:
-                raise ValueError(f"{kind}: token_env names {value!r}, which is not set in the environment")
+                raise ValueError(
+                    f"{kind}: token_env names {value!r}, which is not set in the environment"
+                )
             out["token"] = os.environ[value]
         elif key == "token":
             out["token"] = value or None  # "" means no auth (loopback only)
         elif key == "tls":
             if value is True:
                 if tls is None:
-                    raise ValueError(f"{kind}: tls is on but the deployment provides no certificates "
-                                     "(pass a TLSConfig; pddflow.channels.security.self_signed makes one)")
+                    raise ValueError(
+                        f"{kind}: tls is on but the deployment provides no certificates "
+                        "(pass a TLSConfig; pddflow.channels.security.self_signed makes one)"
+                    )
                 value = tls
             elif value in (None, False):
                 value = None

@@ -46,7 +46,9 @@ def bearer(token: str) -> str:
     return f"Bearer {token}"
 
 
-def check_bearer(values: list[str] | tuple[str, ...] | None, token: str, channel: str) -> str | None:
+def check_bearer(
+    values: list[str] | tuple[str, ...] | None, token: str, channel: str
+) -> str | None:
     """None when the header carries the expected token, else the refusal message."""
     if not values:
         return f"{channel}: missing bearer token (this receiver requires `authorization: Bearer <token>`)"
@@ -58,20 +60,45 @@ def check_bearer(values: list[str] | tuple[str, ...] | None, token: str, channel
     return f"{channel}: wrong bearer token"
 
 
-def self_signed(directory: str | pathlib.Path, hosts: tuple[str, ...] = ("localhost", "127.0.0.1"),
-                days: int = 30) -> TLSConfig:
+def self_signed(
+    directory: str | pathlib.Path,
+    hosts: tuple[str, ...] = ("localhost", "127.0.0.1"),
+    days: int = 30,
+) -> TLSConfig:
     """Write cert.pem/key.pem for `hosts` into directory and return a TLSConfig that both a server and
     a client on this machine can use (the certificate is its own root)."""
     openssl = shutil.which("openssl")
     if openssl is None:
-        raise RuntimeError("openssl CLI not found; provide TLS cert_chain/private_key/root_certs PEM files")
+        raise RuntimeError(
+            "openssl CLI not found; provide TLS cert_chain/private_key/root_certs PEM files"
+        )
     d = pathlib.Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     cert, key = d / "cert.pem", d / "key.pem"
-    san = ",".join(("IP:" if h.replace(".", "").isdigit() or ":" in h else "DNS:") + h for h in hosts)
+    san = ",".join(
+        ("IP:" if h.replace(".", "").isdigit() or ":" in h else "DNS:") + h for h in hosts
+    )
     subprocess.run(
-        [openssl, "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
-         "-days", str(days), "-subj", f"/CN={hosts[0]}", "-addext", f"subjectAltName={san}"],
-        check=True, capture_output=True, timeout=60,
+        [
+            openssl,
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            str(key),
+            "-out",
+            str(cert),
+            "-days",
+            str(days),
+            "-subj",
+            f"/CN={hosts[0]}",
+            "-addext",
+            f"subjectAltName={san}",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=60,
     )
     return TLSConfig(cert_chain=str(cert), private_key=str(key), root_certs=str(cert))

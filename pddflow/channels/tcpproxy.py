@@ -17,21 +17,31 @@ from dataclasses import dataclass, field
 
 @dataclass
 class ProxyStats:
-    up_bytes: int = 0     # client -> server
-    down_bytes: int = 0   # server -> client
+    up_bytes: int = 0  # client -> server
+    down_bytes: int = 0  # server -> client
     connections: int = 0
     kills: int = 0
     corruptions: int = 0
-    per_connection_up: list[int] = field(default_factory=list)  # client -> server bytes, by connection
+    per_connection_up: list[int] = field(
+        default_factory=list
+    )  # client -> server bytes, by connection
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
 
 class TcpProxy:
-    def __init__(self, upstream: tuple[str, int], *, kill_after_up_bytes: int | None = None,
-                 corrupt_marker: bytes | None = None, throttle: dict[int, float] | None = None,
-                 host: str = "127.0.0.1"):
+    def __init__(
+        self,
+        upstream: tuple[str, int],
+        *,
+        kill_after_up_bytes: int | None = None,
+        corrupt_marker: bytes | None = None,
+        throttle: dict[int, float] | None = None,
+        host: str = "127.0.0.1",
+    ):
         self.upstream = upstream
-        self.throttle = dict(throttle or {})  # connection number -> client->server bytes/s (a slow path)
+        self.throttle = dict(
+            throttle or {}
+        )  # connection number -> client->server bytes/s (a slow path)
         self.kill_after = kill_after_up_bytes
         self.marker = corrupt_marker
         self.stats = ProxyStats()
@@ -40,12 +50,14 @@ class TcpProxy:
         self.port = self._sock.getsockname()[1]
         self.address = f"{host}:{self.port}"
         self._conns: list[socket.socket] = []
-        self._down_until = 0.0            # cut(): refuse connections until then
-        self._cut_at: int | None = None   # cut(after_bytes=...): drop once up_bytes reaches this
+        self._down_until = 0.0  # cut(): refuse connections until then
+        self._cut_at: int | None = None  # cut(after_bytes=...): drop once up_bytes reaches this
         self._cut_for = 0.0
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._accept = threading.Thread(target=self._accept_loop, daemon=True, name="tcpproxy-accept")
+        self._accept = threading.Thread(
+            target=self._accept_loop, daemon=True, name="tcpproxy-accept"
+        )
         self._accept.start()
 
     def reset_counters(self) -> None:
@@ -56,7 +68,7 @@ class TcpProxy:
         while not self._stop.is_set():
             try:
                 client, _ = self._sock.accept()
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 continue
             except OSError:
                 return
@@ -77,8 +89,12 @@ class TcpProxy:
                 conn_no = len(self.stats.per_connection_up) - 1
                 self._conns += [client, server]
             for src, dst, up in ((client, server, True), (server, client, False)):
-                t = threading.Thread(target=self._pump, args=(src, dst, up, conn_no), daemon=True,
-                                     name="tcpproxy-pump")
+                t = threading.Thread(
+                    target=self._pump,
+                    args=(src, dst, up, conn_no),
+                    daemon=True,
+                    name="tcpproxy-pump",
+                )
                 t.start()
                 self._threads.append(t)
 
@@ -100,7 +116,11 @@ class TcpProxy:
                                 self.stats.corruptions += 1
                         self.stats.up_bytes += len(data)
                         self.stats.per_connection_up[conn_no] += len(data)
-                        if self.kill_after is not None and self.stats.kills == 0 and self.stats.up_bytes >= self.kill_after:
+                        if (
+                            self.kill_after is not None
+                            and self.stats.kills == 0
+                            and self.stats.up_bytes >= self.kill_after
+                        ):
                             self.stats.kills += 1
                             kill = True
                         if self._cut_at is not None and self.stats.up_bytes >= self._cut_at:
@@ -142,7 +162,9 @@ class TcpProxy:
             conns, self._conns = self._conns, []
         for s in conns:
             try:
-                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00")
+                s.setsockopt(
+                    socket.SOL_SOCKET, socket.SO_LINGER, b"\x01\x00\x00\x00\x00\x00\x00\x00"
+                )
                 s.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
@@ -156,7 +178,7 @@ class TcpProxy:
         for t in self._threads:
             t.join(timeout=2)
 
-    def __enter__(self) -> "TcpProxy":
+    def __enter__(self) -> TcpProxy:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -181,7 +203,7 @@ class BlackHole:
             try:
                 c, _ = self._sock.accept()
                 self._held.append(c)  # hold it open, read nothing, write nothing
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 continue
             except OSError:
                 return
@@ -193,7 +215,7 @@ class BlackHole:
         for c in self._held:
             c.close()
 
-    def __enter__(self) -> "BlackHole":
+    def __enter__(self) -> BlackHole:
         return self
 
     def __exit__(self, *exc: object) -> None:

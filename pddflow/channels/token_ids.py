@@ -27,8 +27,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
-from concurrent.futures import Future
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any
@@ -47,7 +46,7 @@ from pddflow.core.payloads import TokenIds
 SERVICE = "pddflow.channels.v1.TokenIdsChannel"
 METHOD = f"/{SERVICE}/Stream"
 VERSION = 1
-_FRAMING = 14          # gRPC prefix + HTTP/2 frame header, for the emulated size of a message
+_FRAMING = 14  # gRPC prefix + HTTP/2 frame header, for the emulated size of a message
 _SEQ_MEMORY = 1 << 16  # sequences whose receive order is remembered (LRU)
 
 
@@ -75,11 +74,18 @@ def _grpc_options(p: TokenIdsParams, server: bool) -> list[tuple[str, int]]:
         ("grpc.http2.max_pings_without_data", 0),
     ]
     if server:
-        opts += [("grpc.http2.min_ping_interval_without_data_ms", max(1000, ka // 2)),
-                 ("grpc.keepalive_permit_without_calls", 1), ("grpc.so_reuseport", 0)]
+        opts += [
+            ("grpc.http2.min_ping_interval_without_data_ms", max(1000, ka // 2)),
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.so_reuseport", 0),
+        ]
     else:
-        opts += [("grpc.keepalive_permit_without_calls", 1), ("grpc.initial_reconnect_backoff_ms", 100),
-                 ("grpc.max_reconnect_backoff_ms", 1000), ("grpc.use_local_subchannel_pool", 1)]
+        opts += [
+            ("grpc.keepalive_permit_without_calls", 1),
+            ("grpc.initial_reconnect_backoff_ms", 100),
+            ("grpc.max_reconnect_backoff_ms", 1000),
+            ("grpc.use_local_subchannel_pool", 1),
+        ]
     return opts
 
 
@@ -95,7 +101,9 @@ class _Outbox:
         self.closed = threading.Event()
 
     def put(self, env: pb.Envelope) -> None:
-        arrival = self._link.schedule(env.ByteSize() + _FRAMING)[1] if self._link is not None else 0.0
+        arrival = (
+            self._link.schedule(env.ByteSize() + _FRAMING)[1] if self._link is not None else 0.0
+        )
         self._q.put((arrival, env))
 
     def close(self) -> None:
@@ -128,7 +136,9 @@ class _Endpoint:
         self._deliver = deliver
         self._lock = threading.Lock()
         self._next_no: dict[str, int] = {}
-        self._pending: OrderedDict[tuple[str, int], tuple[pb.Envelope, Future, Deadline]] = OrderedDict()
+        self._pending: OrderedDict[tuple[str, int], tuple[pb.Envelope, Future, Deadline]] = (
+            OrderedDict()
+        )
         self._expect: OrderedDict[str, int] = OrderedDict()
         self._held: dict[str, dict[int, pb.Envelope]] = {}
         self._outbox: _Outbox | None = None
@@ -185,8 +195,12 @@ class _Endpoint:
                 if env.ack.ok:
                     item[1].set_result(None)
                 else:
-                    item[1].set_exception(ChannelError(f"token_ids peer {self.remote!r} refused "
-                                                       f"{env.ack.seq_id!r}#{env.ack.msg_no}: {env.ack.error}"))
+                    item[1].set_exception(
+                        ChannelError(
+                            f"token_ids peer {self.remote!r} refused "
+                            f"{env.ack.seq_id!r}#{env.ack.msg_no}: {env.ack.error}"
+                        )
+                    )
             return
         if which not in ("tokens", "control"):
             return
@@ -223,7 +237,7 @@ class _Watchdog:
     """Expires unacknowledged envelopes at their deadlines, so no wait outlives its deadline
     even when nobody is blocked on the future."""
 
-    def __init__(self, endpoints: Callable[[], list["_Endpoint"]]):
+    def __init__(self, endpoints: Callable[[], list[_Endpoint]]):
         self._endpoints = endpoints
         self._stop = threading.Event()
         self._t = threading.Thread(target=self._run, daemon=True, name="token_ids-watchdog")
@@ -246,7 +260,9 @@ def _rpc_error(exc: grpc.RpcError, target: str) -> ChannelError:
         return ChannelAuthError(f"token_ids server at {target} refused our credentials: {details}")
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
         return ChannelTimeout(f"token_ids {target}: {details}")
-    return ChannelClosed(f"token_ids stream to {target} ended: {code.name if code else ''} {details}")
+    return ChannelClosed(
+        f"token_ids stream to {target} ended: {code.name if code else ''} {details}"
+    )
 
 
 class _Mailbox:
@@ -289,28 +305,45 @@ class _AuthInterceptor(grpc.ServerInterceptor):
 class TokenIdsServer:
     """The listening end (MainDecode for handoffs). Peers are named by their Hello."""
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, params: TokenIdsParams = TokenIdsParams(),
-                 name: str = "server"):
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        params: TokenIdsParams = TokenIdsParams(),
+        name: str = "server",
+    ):
         self.params, self.name = params, name
         self._mailbox = _Mailbox()
         self._endpoints: dict[str, _Endpoint] = {}
         self._outboxes: set[_Outbox] = set()
         self._lock = threading.Lock()
-        self._link = EmulatedLink(params.emulate, seed=params.seed * 2 + 1) if params.emulate else None
+        self._link = (
+            EmulatedLink(params.emulate, seed=params.seed * 2 + 1) if params.emulate else None
+        )
         self._server = grpc.server(
             ThreadPoolExecutor(max_workers=params.max_streams + 4, thread_name_prefix="token_ids"),
             options=_grpc_options(params, server=True),
             interceptors=[_AuthInterceptor(params.token)] if params.token else [],
             maximum_concurrent_rpcs=params.max_streams,
         )
-        handler = grpc.method_handlers_generic_handler(SERVICE, {"Stream": grpc.stream_stream_rpc_method_handler(
-            self._stream, request_deserializer=pb.Envelope.FromString,
-            response_serializer=pb.Envelope.SerializeToString)})
+        handler = grpc.method_handlers_generic_handler(
+            SERVICE,
+            {
+                "Stream": grpc.stream_stream_rpc_method_handler(
+                    self._stream,
+                    request_deserializer=pb.Envelope.FromString,
+                    response_serializer=pb.Envelope.SerializeToString,
+                )
+            },
+        )
         self._server.add_generic_rpc_handlers((handler,))
         self._watchdog = _Watchdog(self._all_endpoints)
         if params.tls is not None:
             cert, key = params.tls.server_pair()
-            self.port = self._server.add_secure_port(f"{host}:{port}", grpc.ssl_server_credentials([(key, cert)]))
+            self.port = self._server.add_secure_port(
+                f"{host}:{port}", grpc.ssl_server_credentials([(key, cert)])
+            )
         else:
             self.port = self._server.add_insecure_port(f"{host}:{port}")
         if not self.port:
@@ -319,19 +352,37 @@ class TokenIdsServer:
         self._server.start()
 
     def recv(self, timeout_s: float | None = None, deadline: float | None = None) -> Message:
-        return self._mailbox.get(Deadline.of(_t(timeout_s, deadline, self.params), deadline, what="token_ids recv"))
+        return self._mailbox.get(
+            Deadline.of(_t(timeout_s, deadline, self.params), deadline, what="token_ids recv")
+        )
 
-    def send(self, peer: str, payload: TokenIds | Control, *, timeout_s: float | None = None,
-             deadline: float | None = None) -> None:
+    def send(
+        self,
+        peer: str,
+        payload: TokenIds | Control,
+        *,
+        timeout_s: float | None = None,
+        deadline: float | None = None,
+    ) -> None:
         """Deliver to a connected (or reconnecting) peer and wait for its ack."""
-        dl = Deadline.of(_t(timeout_s, deadline, self.params), deadline, what=f"token_ids send to {peer!r}")
+        dl = Deadline.of(
+            _t(timeout_s, deadline, self.params), deadline, what=f"token_ids send to {peer!r}"
+        )
         _wait_ack(self._endpoint(peer).submit(payload, dl), dl)
 
-    def send_async(self, peer: str, payload: TokenIds | Control, *, timeout_s: float | None = None,
-                   deadline: float | None = None) -> "Future[None]":
+    def send_async(
+        self,
+        peer: str,
+        payload: TokenIds | Control,
+        *,
+        timeout_s: float | None = None,
+        deadline: float | None = None,
+    ) -> Future[None]:
         """Queue for the peer now (in call order); the Future resolves on its ack or fails with
         ChannelTimeout at the deadline."""
-        dl = Deadline.of(_t(timeout_s, deadline, self.params), deadline, what=f"token_ids send to {peer!r}")
+        dl = Deadline.of(
+            _t(timeout_s, deadline, self.params), deadline, what=f"token_ids send to {peer!r}"
+        )
         return self._endpoint(peer).submit(payload, dl)
 
     def peers(self) -> list[str]:
@@ -349,7 +400,7 @@ class TokenIdsServer:
         self._watchdog.stop()
         self._server.stop(grace_s).wait(grace_s + 1)
 
-    def __enter__(self) -> "TokenIdsServer":
+    def __enter__(self) -> TokenIdsServer:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -372,10 +423,14 @@ class TokenIdsServer:
         except StopIteration:
             return
         if first.WhichOneof("body") != "hello":
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, "token_ids: the first envelope must be a Hello")
+            context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, "token_ids: the first envelope must be a Hello"
+            )
         if first.hello.version != VERSION:
-            context.abort(grpc.StatusCode.FAILED_PRECONDITION,
-                          f"token_ids: protocol version {first.hello.version}, this server speaks {VERSION}")
+            context.abort(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"token_ids: protocol version {first.hello.version}, this server speaks {VERSION}",
+            )
         ep = self._endpoint(first.hello.peer or context.peer())
         out = _Outbox(self._link)
         out.put(pb.Envelope(hello=pb.Hello(peer=self.name, version=VERSION)))
@@ -411,7 +466,9 @@ class TokenIdsServer:
 class TokenIdsClient:
     """The connecting end (RelayDecode for handoffs). `send` connects on first use."""
 
-    def __init__(self, target: str, *, params: TokenIdsParams = TokenIdsParams(), name: str | None = None):
+    def __init__(
+        self, target: str, *, params: TokenIdsParams = TokenIdsParams(), name: str | None = None
+    ):
         self.target, self.params = target, params
         self.name = name or f"peer-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         opts = _grpc_options(params, server=False)
@@ -420,8 +477,11 @@ class TokenIdsClient:
             self._channel = grpc.secure_channel(target, creds, options=opts)
         else:
             self._channel = grpc.insecure_channel(target, options=opts)
-        self._call_fn = self._channel.stream_stream(METHOD, request_serializer=pb.Envelope.SerializeToString,
-                                                    response_deserializer=pb.Envelope.FromString)
+        self._call_fn = self._channel.stream_stream(
+            METHOD,
+            request_serializer=pb.Envelope.SerializeToString,
+            response_deserializer=pb.Envelope.FromString,
+        )
         self._metadata = [(AUTH_HEADER, bearer(params.token))] if params.token else []
         self._mailbox = _Mailbox()
         self._ep = _Endpoint("server", self._mailbox.deliver)
@@ -437,16 +497,33 @@ class TokenIdsClient:
     # ------------------------------------------------------------------ runtime API
 
     def connect(self, timeout_s: float | None = None, deadline: float | None = None) -> None:
-        self._ensure(Deadline.of(_t(timeout_s, deadline, self.params), deadline, what=f"token_ids connect {self.target}"))
+        self._ensure(
+            Deadline.of(
+                _t(timeout_s, deadline, self.params),
+                deadline,
+                what=f"token_ids connect {self.target}",
+            )
+        )
 
-    def send(self, payload: TokenIds | Control, *, timeout_s: float | None = None, deadline: float | None = None) -> None:
+    def send(
+        self,
+        payload: TokenIds | Control,
+        *,
+        timeout_s: float | None = None,
+        deadline: float | None = None,
+    ) -> None:
         """Send TokenIds or Control and wait for the peer's ack (ChannelTimeout at the deadline)."""
         dl = self._deadline(payload, timeout_s, deadline)
         self._ensure(dl)
         _wait_ack(self._ep.submit(payload, dl), dl)
 
-    def send_async(self, payload: TokenIds | Control, *, timeout_s: float | None = None,
-                   deadline: float | None = None) -> "Future[None]":
+    def send_async(
+        self,
+        payload: TokenIds | Control,
+        *,
+        timeout_s: float | None = None,
+        deadline: float | None = None,
+    ) -> Future[None]:
         """Queue now, without blocking (messages of one sequence keep call order), and return a
         Future that resolves on the ack or fails at the deadline (ChannelTimeout; ChannelAuthError
         if the server refuses us). Not connected yet: a background thread connects and sends."""
@@ -462,7 +539,9 @@ class TokenIdsClient:
 
     def recv(self, timeout_s: float | None = None, deadline: float | None = None) -> Message:
         """The next TokenIds or Control the server sent us."""
-        return self._mailbox.get(Deadline.of(_t(timeout_s, deadline, self.params), deadline, what="token_ids recv"))
+        return self._mailbox.get(
+            Deadline.of(_t(timeout_s, deadline, self.params), deadline, what="token_ids recv")
+        )
 
     def close(self) -> None:
         if self._closed.is_set():
@@ -478,7 +557,7 @@ class TokenIdsClient:
         self._watchdog.stop()
         self._channel.close()
 
-    def __enter__(self) -> "TokenIdsClient":
+    def __enter__(self) -> TokenIdsClient:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -487,8 +566,11 @@ class TokenIdsClient:
     # ------------------------------------------------------------------ internals
 
     def _deadline(self, payload: Any, timeout_s: float | None, deadline: float | None) -> Deadline:
-        return Deadline.of(_t(timeout_s, deadline, self.params), deadline,
-                           what=f"token_ids send {payload.seq_id!r} to {self.target}")
+        return Deadline.of(
+            _t(timeout_s, deadline, self.params),
+            deadline,
+            what=f"token_ids send {payload.seq_id!r} to {self.target}",
+        )
 
     def _ensure(self, dl: Deadline) -> None:
         with self._conn_lock:
@@ -519,8 +601,12 @@ class TokenIdsClient:
         call = self._call_fn(out.drain(lambda: not self._closed.is_set()), metadata=self._metadata)
         hello = threading.Event()
         state: dict[str, ChannelError | None] = {"error": None}
-        threading.Thread(target=self._read, args=(call, out, hello, state), daemon=True,
-                         name="token_ids-client-read").start()
+        threading.Thread(
+            target=self._read,
+            args=(call, out, hello, state),
+            daemon=True,
+            name="token_ids-client-read",
+        ).start()
         if not hello.wait(dl.remaining()) or state["error"] is not None:
             self._ep.detach(out)
             out.close()
@@ -578,7 +664,11 @@ class TokenIdsClient:
         backoff = 0.05
         while not self._closed.is_set() and self._fatal is None and self._ep.has_pending():
             try:
-                self._ensure(Deadline.of(max(1.0, self.params.deadline_s), what=f"token_ids reconnect {self.target}"))
+                self._ensure(
+                    Deadline.of(
+                        max(1.0, self.params.deadline_s), what=f"token_ids reconnect {self.target}"
+                    )
+                )
                 if self._live is not None:
                     return
             except ChannelAuthError as exc:

@@ -12,8 +12,8 @@ class TransferReport:
     num_blocks: int
     bytes: int
     seconds: float
-    resent_blocks: int = 0   # blocks sent again after the receiver rejected their checksum
-    reconnects: int = 0      # connections re-established mid-transfer (wan_flight)
+    resent_blocks: int = 0  # blocks sent again after the receiver rejected their checksum
+    reconnects: int = 0  # connections re-established mid-transfer (wan_flight)
 
     @property
     def gbps(self) -> float:

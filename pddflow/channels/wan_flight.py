@@ -37,11 +37,24 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from pddflow.channels.codec_kv import BatchBlocks, KVLanding, KVLayout, KVSource, bitmap_indices, check_algorithm
+from pddflow.channels.codec_kv import (
+    BatchBlocks,
+    KVLanding,
+    KVLayout,
+    KVSource,
+    bitmap_indices,
+    check_algorithm,
+)
 from pddflow.channels.deadline import Deadline
 from pddflow.channels.emulation import EmulatedLink
-from pddflow.channels.errors import (ChannelAuthError, ChannelCancelled, ChannelClosed, ChannelCorrupt,
-                                     ChannelError, ChannelTimeout)
+from pddflow.channels.errors import (
+    ChannelAuthError,
+    ChannelCancelled,
+    ChannelClosed,
+    ChannelCorrupt,
+    ChannelError,
+    ChannelTimeout,
+)
 from pddflow.channels.inbox import Inbox
 from pddflow.channels.proto import pddflow_pb2 as pb
 from pddflow.channels.security import AUTH_HEADER, TLSConfig, bearer, check_bearer
@@ -59,16 +72,18 @@ class WanFlightParams:
     """Channel params a graph edge passes (`channel: wan_flight`)."""
 
     streams: int = 4
-    deadline_s: float = 30.0          # default time allowed per send / recv
+    deadline_s: float = 30.0  # default time allowed per send / recv
     token: str | None = None
     tls: TLSConfig | None = None
-    max_batch_bytes: int = 8 << 20    # one record batch (a run of whole blocks)
+    max_batch_bytes: int = 8 << 20  # one record batch (a run of whole blocks)
     max_message_bytes: int = 64 << 20  # gRPC message limit, both sides
     keepalive_s: float = 30.0
     emulate: LinkModel | None = None
     seed: int = 0
-    checksum: str = "xsum64"          # per-block checksum: xsum64 (fast) or crc32 (codec_kv.py)
-    tune_host_malloc: bool = True     # receiver: let glibc recycle gRPC's freed receive buffers (see below)
+    checksum: str = "xsum64"  # per-block checksum: xsum64 (fast) or crc32 (codec_kv.py)
+    tune_host_malloc: bool = (
+        True  # receiver: let glibc recycle gRPC's freed receive buffers (see below)
+    )
 
     def __post_init__(self) -> None:
         check_algorithm(self.checksum)
@@ -91,13 +106,29 @@ class _Inbound:
 
     def status(self) -> Any:
         if self.landing is not None:
-            return pb.KVStatus(transfer_id=self.transfer_id, received=self.landing.bitmap(), known=True,
-                               received_total=self.landing.count, complete=self.done,
-                               cancelled=self.cancelled is not None, reason=self.cancelled or "")
-        full = np.packbits(np.ones(self.num_blocks, dtype=bool), bitorder="little").tobytes() if self.done else b""
-        return pb.KVStatus(transfer_id=self.transfer_id, received=full, known=True, complete=self.done,
-                           received_total=self.num_blocks if self.done else 0,
-                           cancelled=self.cancelled is not None, reason=self.cancelled or "")
+            return pb.KVStatus(
+                transfer_id=self.transfer_id,
+                received=self.landing.bitmap(),
+                known=True,
+                received_total=self.landing.count,
+                complete=self.done,
+                cancelled=self.cancelled is not None,
+                reason=self.cancelled or "",
+            )
+        full = (
+            np.packbits(np.ones(self.num_blocks, dtype=bool), bitorder="little").tobytes()
+            if self.done
+            else b""
+        )
+        return pb.KVStatus(
+            transfer_id=self.transfer_id,
+            received=full,
+            known=True,
+            complete=self.done,
+            received_total=self.num_blocks if self.done else 0,
+            cancelled=self.cancelled is not None,
+            reason=self.cancelled or "",
+        )
 
 
 class _AuthFactory(fl.ServerMiddlewareFactory):
@@ -113,7 +144,9 @@ class _AuthFactory(fl.ServerMiddlewareFactory):
 
 
 class _Server(fl.FlightServerBase):
-    def __init__(self, owner: "WanFlightReceiver", location: str, tls: TLSConfig | None, token: str | None):
+    def __init__(
+        self, owner: WanFlightReceiver, location: str, tls: TLSConfig | None, token: str | None
+    ):
         kwargs: dict[str, Any] = {}
         if tls is not None:
             cert, key = tls.server_pair()
@@ -130,8 +163,11 @@ class _Server(fl.FlightServerBase):
         return self.owner._serve_action(action)
 
     def list_actions(self, context: Any) -> list[tuple[str, str]]:
-        return [("ping", "liveness and auth check"), ("kv.status", "blocks held for a transfer (KVStatus)"),
-                ("kv.cancel", "drop a transfer or a sequence (KVCancel)")]
+        return [
+            ("ping", "liveness and auth check"),
+            ("kv.status", "blocks held for a transfer (KVStatus)"),
+            ("kv.cancel", "drop a transfer or a sequence (KVCancel)"),
+        ]
 
 
 class WanFlightReceiver:
@@ -143,8 +179,15 @@ class WanFlightReceiver:
     Thread-safe; the Flight server runs on its own threads from construction until close().
     """
 
-    def __init__(self, host: str = "127.0.0.1", port: int = 0, *, params: WanFlightParams = WanFlightParams(),
-                 alloc: Alloc | None = None, tensor_lib: str | None = None):
+    def __init__(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        params: WanFlightParams = WanFlightParams(),
+        alloc: Alloc | None = None,
+        tensor_lib: str | None = None,
+    ):
         self.params = params
         self._alloc = alloc
         self._tensor_lib = tensor_lib
@@ -169,9 +212,17 @@ class WanFlightReceiver:
 
     # ------------------------------------------------------------------ runtime API
 
-    def recv(self, seq_id: str | None = None, timeout_s: float | None = None, deadline: float | None = None) -> KVBlocks:
-        dl = Deadline.of(timeout_s if timeout_s is not None or deadline is not None else self.params.deadline_s,
-                         deadline, what=f"wan_flight recv{'(' + seq_id + ')' if seq_id else ''}")
+    def recv(
+        self,
+        seq_id: str | None = None,
+        timeout_s: float | None = None,
+        deadline: float | None = None,
+    ) -> KVBlocks:
+        dl = Deadline.of(
+            timeout_s if timeout_s is not None or deadline is not None else self.params.deadline_s,
+            deadline,
+            what=f"wan_flight recv{'(' + seq_id + ')' if seq_id else ''}",
+        )
         with self._lock:
             self._sweep_locked()
         return self._inbox.get(seq_id, dl)
@@ -185,7 +236,11 @@ class WanFlightReceiver:
     def pending(self) -> dict[str, int]:
         """transfer_id -> blocks landed, for transfers still in progress."""
         with self._lock:
-            return {t: i.landing.count for t, i in self._inbound.items() if i.landing is not None and not i.done}
+            return {
+                t: i.landing.count
+                for t, i in self._inbound.items()
+                if i.landing is not None and not i.done
+            }
 
     def close(self) -> None:
         with self._lock:
@@ -196,7 +251,7 @@ class WanFlightReceiver:
         self._inbox.close()
         self._server.shutdown()
 
-    def __enter__(self) -> "WanFlightReceiver":
+    def __enter__(self) -> WanFlightReceiver:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -223,18 +278,31 @@ class WanFlightReceiver:
                 self._sweep_locked()
                 reason = self._inbox.cancelled_reason(hdr.seq_id)
                 if reason is not None:
-                    raise fl.FlightCancelledError(f"wan_flight: {hdr.seq_id!r} cancelled by receiver: {reason}")
+                    raise fl.FlightCancelledError(
+                        f"wan_flight: {hdr.seq_id!r} cancelled by receiver: {reason}"
+                    )
                 inb = self._inbound.get(hdr.transfer_id)
                 if inb is not None:
                     inb.expires_at = max(inb.expires_at, time.monotonic() + hdr.timeout_s + 5.0)
                     return inb
             layout = KVLayout.from_proto(hdr.layout)
             dest = self._alloc(hdr.seq_id, hdr.num_blocks, layout) if self._alloc else None
-            landing = KVLanding(hdr.seq_id, hdr.num_blocks, hdr.token_start, hdr.token_end, hdr.block_size, layout,
-                                hashes_signed=hdr.hashes_signed, dest=dest, tensor_lib=self._tensor_lib,
-                                checksum=hdr.checksum or "xsum64")
+            landing = KVLanding(
+                hdr.seq_id,
+                hdr.num_blocks,
+                hdr.token_start,
+                hdr.token_end,
+                hdr.block_size,
+                layout,
+                hashes_signed=hdr.hashes_signed,
+                dest=dest,
+                tensor_lib=self._tensor_lib,
+                checksum=hdr.checksum or "xsum64",
+            )
             with self._lock:
-                inb = self._inbound[hdr.transfer_id] = _Inbound(hdr, landing, time.monotonic() + hdr.timeout_s + 5.0)
+                inb = self._inbound[hdr.transfer_id] = _Inbound(
+                    hdr, landing, time.monotonic() + hdr.timeout_s + 5.0
+                )
                 return inb
 
     def _serve_put(self, descriptor: Any, reader: Any, writer: Any) -> None:
@@ -254,20 +322,30 @@ class WanFlightReceiver:
             if batch is None:
                 continue
             if batch.nbytes > limit:
-                raise fl.FlightServerError(f"wan_flight: batch of {batch.nbytes} bytes exceeds the receiver's "
-                                           f"message limit of {limit} bytes")
+                raise fl.FlightServerError(
+                    f"wan_flight: batch of {batch.nbytes} bytes exceeds the receiver's "
+                    f"message limit of {limit} bytes"
+                )
             if inb.cancelled is not None or inb.landing is None:
                 if inb.done:
                     accepted, rejected = BatchBlocks.of(batch, bb).index.tolist(), []
                 else:
-                    raise fl.FlightCancelledError(f"wan_flight: {inb.seq_id!r} cancelled by receiver: {inb.cancelled}")
+                    raise fl.FlightCancelledError(
+                        f"wan_flight: {inb.seq_id!r} cancelled by receiver: {inb.cancelled}"
+                    )
             else:
                 landing = inb.landing
                 accepted, rejected = landing.land(BatchBlocks.of(batch, bb))
                 if landing.complete:
                     self._complete(inb)
-            ack = pb.KVAck(accepted=accepted, rejected=rejected, complete=inb.done,
-                           received_total=inb.num_blocks if inb.done else (inb.landing.count if inb.landing else 0))
+            ack = pb.KVAck(
+                accepted=accepted,
+                rejected=rejected,
+                complete=inb.done,
+                received_total=inb.num_blocks
+                if inb.done
+                else (inb.landing.count if inb.landing else 0),
+            )
             writer.write(pa.py_buffer(ack.SerializeToString()))
         if inb.landing is not None and inb.landing.complete:  # an empty set completes on contact
             self._complete(inb)
@@ -305,7 +383,9 @@ class WanFlightReceiver:
                     inb.cancelled = reason
                     inb.landing = None
             return [b"ok"]
-        raise fl.FlightServerError(f"wan_flight: unknown action {kind!r}; valid: ping, kv.status, kv.cancel")
+        raise fl.FlightServerError(
+            f"wan_flight: unknown action {kind!r}; valid: ping, kv.status, kv.cancel"
+        )
 
 
 # ================================================================================ sender (client)
@@ -319,7 +399,9 @@ class _Job:
         self.src, self.transfer_id, self.deadline = src, transfer_id, deadline
         n = src.kv.num_blocks
         per = max(1, max_batch_bytes // max(1, src.layout.block_bytes))
-        self._queue: deque[tuple[int, int]] = deque((lo, min(n, lo + per)) for lo in range(0, n, per))
+        self._queue: deque[tuple[int, int]] = deque(
+            (lo, min(n, lo + per)) for lo in range(0, n, per)
+        )
         self._acked = np.zeros(n, dtype=bool)
         self._count = 0
         self._rejections: dict[int, int] = {}
@@ -368,8 +450,11 @@ class _Job:
             for b in blocks:
                 self._rejections[b] = self._rejections.get(b, 0) + 1
                 if self._rejections[b] > max_retries:
-                    raise ChannelCorrupt(f"{self.deadline.what}: block {b} failed its {self.src.checksum} checksum "
-                                         f"at the receiver {self._rejections[b]} times", [b])
+                    raise ChannelCorrupt(
+                        f"{self.deadline.what}: block {b} failed its {self.src.checksum} checksum "
+                        f"at the receiver {self._rejections[b]} times",
+                        [b],
+                    )
             self.resent += len(blocks)
             self._queue.extend((b, b + 1) for b in blocks)
             self.cond.notify_all()
@@ -389,43 +474,73 @@ class WanFlightSender:
     `send_async` returns a concurrent.futures.Future of the same.
     """
 
-    def __init__(self, location: str, *, params: WanFlightParams = WanFlightParams(),
-                 max_block_retries: int = 3, ack_window: int = 8, max_inflight_sends: int = 4):
+    def __init__(
+        self,
+        location: str,
+        *,
+        params: WanFlightParams = WanFlightParams(),
+        max_block_retries: int = 3,
+        ack_window: int = 8,
+        max_inflight_sends: int = 4,
+    ):
         self.location = location
         self.params = params
         self.max_block_retries = max_block_retries
         self.ack_window = max(1, ack_window)
         self._clients: dict[int, fl.FlightClient] = {}
         self._clients_lock = threading.Lock()
-        self._pool = ThreadPoolExecutor(max_workers=params.streams * max_inflight_sends,
-                                        thread_name_prefix="wan_flight")
-        self._outer = ThreadPoolExecutor(max_workers=max_inflight_sends, thread_name_prefix="wan_flight_send")
+        self._pool = ThreadPoolExecutor(
+            max_workers=params.streams * max_inflight_sends, thread_name_prefix="wan_flight"
+        )
+        self._outer = ThreadPoolExecutor(
+            max_workers=max_inflight_sends, thread_name_prefix="wan_flight_send"
+        )
         self._jobs: dict[str, _Job] = {}
-        self._link = EmulatedLink(params.emulate, seed=kv_link_seed(params.seed)) if params.emulate else None
+        self._link = (
+            EmulatedLink(params.emulate, seed=kv_link_seed(params.seed)) if params.emulate else None
+        )
         self._calls: dict[int, int] = {}
         self._lane_lock = threading.Lock()
-        self._headers = [(AUTH_HEADER.encode(), bearer(params.token).encode())] if params.token else []
-        self._roots = params.tls.roots() if params.tls is not None and params.tls.root_certs else None
+        self._headers = (
+            [(AUTH_HEADER.encode(), bearer(params.token).encode())] if params.token else []
+        )
+        self._roots = (
+            params.tls.roots() if params.tls is not None and params.tls.root_certs else None
+        )
         self._closed = False
 
     # ------------------------------------------------------------------ runtime API
 
-    def send(self, kv: KVBlocks | KVSource, *, timeout_s: float | None = None, deadline: float | None = None,
-             transfer_id: str | None = None) -> TransferReport:
+    def send(
+        self,
+        kv: KVBlocks | KVSource,
+        *,
+        timeout_s: float | None = None,
+        deadline: float | None = None,
+        transfer_id: str | None = None,
+    ) -> TransferReport:
         if self._closed:
             raise ChannelClosed("wan_flight sender closed")
         src = kv if isinstance(kv, KVSource) else KVSource.of(kv, self.params.checksum)
-        dl = Deadline.of(timeout_s if timeout_s is not None or deadline is not None else self.params.deadline_s,
-                         deadline, what=f"wan_flight send {src.kv.seq_id!r} to {self.location}")
+        dl = Deadline.of(
+            timeout_s if timeout_s is not None or deadline is not None else self.params.deadline_s,
+            deadline,
+            what=f"wan_flight send {src.kv.seq_id!r} to {self.location}",
+        )
         if src.layout.block_bytes + (1 << 16) > self.params.max_message_bytes:
-            raise ChannelError(f"one KV block is {src.layout.block_bytes} bytes, over the message limit "
-                               f"{self.params.max_message_bytes}; raise max_message_bytes")
+            raise ChannelError(
+                f"one KV block is {src.layout.block_bytes} bytes, over the message limit "
+                f"{self.params.max_message_bytes}; raise max_message_bytes"
+            )
         job = _Job(src, transfer_id or uuid.uuid4().hex, dl, self.params.max_batch_bytes)
         self._jobs[job.transfer_id] = job
         t0 = time.perf_counter()
         try:
             n = src.kv.num_blocks
-            k = min(self.params.streams, max(1, -(-n * src.layout.block_bytes // self.params.max_batch_bytes)))
+            k = min(
+                self.params.streams,
+                max(1, -(-n * src.layout.block_bytes // self.params.max_batch_bytes)),
+            )
             futs = [self._pool.submit(self._run_stream, job, s, k) for s in range(k)]
             error: BaseException | None = None
             for f in futs:
@@ -438,30 +553,46 @@ class WanFlightSender:
                 error = ChannelCancelled(f"{dl.what}: cancelled by sender")
             if error is not None:
                 if not isinstance(error, (ChannelAuthError,)):
-                    self._cancel_remote_async(job.transfer_id, src.kv.seq_id, f"sender failed: {error}")
+                    self._cancel_remote_async(
+                        job.transfer_id, src.kv.seq_id, f"sender failed: {error}"
+                    )
                 raise error
-            return TransferReport(job.transfer_id, src.kv.seq_id, n, n * src.layout.block_bytes,
-                                  time.perf_counter() - t0, job.resent, job.reconnects)
+            return TransferReport(
+                job.transfer_id,
+                src.kv.seq_id,
+                n,
+                n * src.layout.block_bytes,
+                time.perf_counter() - t0,
+                job.resent,
+                job.reconnects,
+            )
         finally:
             self._jobs.pop(job.transfer_id, None)
 
-    def send_async(self, kv: KVBlocks | KVSource, **kw: Any) -> "Future[TransferReport]":
+    def send_async(self, kv: KVBlocks | KVSource, **kw: Any) -> Future[TransferReport]:
         return self._outer.submit(self.send, kv, **kw)
 
-    def cancel(self, seq_id: str, reason: str = "cancelled by sender", timeout_s: float = 2.0) -> None:
+    def cancel(
+        self, seq_id: str, reason: str = "cancelled by sender", timeout_s: float = 2.0
+    ) -> None:
         """Stop local sends of seq_id and tell the receiver to drop its partial KV (best effort
         within timeout_s; a ChannelTimeout here means the receiver did not hear it)."""
         for job in list(self._jobs.values()):
             if job.src.kv.seq_id == seq_id:
                 job.abort.set()
         dl = Deadline.of(timeout_s, what=f"wan_flight cancel {seq_id!r}")
-        self._action(0, "kv.cancel", pb.KVCancel(seq_id=seq_id, reason=reason).SerializeToString(), dl)
+        self._action(
+            0, "kv.cancel", pb.KVCancel(seq_id=seq_id, reason=reason).SerializeToString(), dl
+        )
 
     def connect(self, timeout_s: float = 5.0) -> None:
         """Open every stream's connection now (and check credentials), so the first send does not
         pay for connection setup."""
         dl = Deadline.of(timeout_s, what=f"wan_flight connect {self.location}")
-        futs = [self._pool.submit(self.ping, dl.remaining(), stream) for stream in range(self.params.streams)]
+        futs = [
+            self._pool.submit(self.ping, dl.remaining(), stream)
+            for stream in range(self.params.streams)
+        ]
         for f in futs:
             f.result()
 
@@ -479,7 +610,9 @@ class WanFlightSender:
                 last = exc
                 self._reset(stream)
                 if dl.remaining() <= 0.05:
-                    raise ChannelTimeout(f"{dl.what}: deadline passed; last error: {_msg(last)}") from None
+                    raise ChannelTimeout(
+                        f"{dl.what}: deadline passed; last error: {_msg(last)}"
+                    ) from None
                 time.sleep(min(0.05, dl.remaining()))
 
     def close(self) -> None:
@@ -495,7 +628,7 @@ class WanFlightSender:
                 c.close()
             self._clients.clear()
 
-    def __enter__(self) -> "WanFlightSender":
+    def __enter__(self) -> WanFlightSender:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -519,7 +652,10 @@ class WanFlightSender:
                     ("grpc.initial_reconnect_backoff_ms", 50),
                     ("grpc.max_reconnect_backoff_ms", 1000),
                 ]
-                kw: dict[str, Any] = {"generic_options": opts, "write_size_limit_bytes": p.max_message_bytes}
+                kw: dict[str, Any] = {
+                    "generic_options": opts,
+                    "write_size_limit_bytes": p.max_message_bytes,
+                }
                 if self._roots is not None:
                     kw["tls_root_certs"] = self._roots
                 c = self._clients[stream] = fl.FlightClient(self.location, **kw)
@@ -542,7 +678,9 @@ class WanFlightSender:
 
     def _action(self, stream: int, kind: str, body: bytes, dl: Deadline) -> list[bytes]:
         try:
-            results = self._client(stream).do_action(fl.Action(kind, body), options=self._options(dl))
+            results = self._client(stream).do_action(
+                fl.Action(kind, body), options=self._options(dl)
+            )
             return [r.body.to_pybytes() for r in results]
         except BaseException as exc:
             raise _translate(exc, dl, self.location) from None
@@ -550,8 +688,12 @@ class WanFlightSender:
     def _cancel_remote_async(self, transfer_id: str, seq_id: str, reason: str) -> None:
         def run() -> None:
             try:
-                self._action(0, "kv.cancel", pb.KVCancel(transfer_id=transfer_id, reason=reason[:500])
-                             .SerializeToString(), Deadline.of(1.0))
+                self._action(
+                    0,
+                    "kv.cancel",
+                    pb.KVCancel(transfer_id=transfer_id, reason=reason[:500]).SerializeToString(),
+                    Deadline.of(1.0),
+                )
             except Exception:  # noqa: BLE001 - best effort; the receiver also expires the transfer
                 pass
 
@@ -559,11 +701,20 @@ class WanFlightSender:
 
     def _header(self, job: _Job, stream: int, num_streams: int) -> bytes:
         kv = job.src.kv
-        return pb.KVTransfer(transfer_id=job.transfer_id, seq_id=kv.seq_id, num_blocks=kv.num_blocks,
-                             token_start=kv.token_start, token_end=kv.token_end, block_size=kv.block_size,
-                             layout=job.src.layout.to_proto(pb), stream=stream, num_streams=num_streams,
-                             timeout_s=job.deadline.remaining(), hashes_signed=job.src.hashes_signed,
-                             checksum=job.src.checksum).SerializeToString()
+        return pb.KVTransfer(
+            transfer_id=job.transfer_id,
+            seq_id=kv.seq_id,
+            num_blocks=kv.num_blocks,
+            token_start=kv.token_start,
+            token_end=kv.token_end,
+            block_size=kv.block_size,
+            layout=job.src.layout.to_proto(pb),
+            stream=stream,
+            num_streams=num_streams,
+            timeout_s=job.deadline.remaining(),
+            hashes_signed=job.src.hashes_signed,
+            checksum=job.src.checksum,
+        ).SerializeToString()
 
     def _run_stream(self, job: _Job, stream: int, num_streams: int) -> None:
         """Pull runs from the job and push them on this stream's connection until every block is
@@ -578,19 +729,30 @@ class WanFlightSender:
             try:
                 job.deadline.check(f"sending stream {stream}")
             except ChannelTimeout as exc:
-                raise ChannelTimeout(f"{exc}; last error: {_msg(last)}" if last else str(exc)) from None
+                raise ChannelTimeout(
+                    f"{exc}; last error: {_msg(last)}" if last else str(exc)
+                ) from None
             try:
                 if resume:
-                    st = pb.KVStatus.FromString(self._action(
-                        stream, "kv.status", pb.KVStatus(transfer_id=job.transfer_id).SerializeToString(),
-                        job.deadline)[0])
+                    st = pb.KVStatus.FromString(
+                        self._action(
+                            stream,
+                            "kv.status",
+                            pb.KVStatus(transfer_id=job.transfer_id).SerializeToString(),
+                            job.deadline,
+                        )[0]
+                    )
                     if st.cancelled:
-                        raise ChannelCancelled(f"{job.deadline.what}: receiver cancelled it: {st.reason}")
+                        raise ChannelCancelled(
+                            f"{job.deadline.what}: receiver cancelled it: {st.reason}"
+                        )
                     if st.known:
                         job.acked(bitmap_indices(st.received, job.src.kv.num_blocks))
                     resume = False
                     continue
-                sent = self._put(job, stream, num_streams, always=first and job.src.kv.num_blocks == 0)
+                sent = self._put(
+                    job, stream, num_streams, always=first and job.src.kv.num_blocks == 0
+                )
                 first = False
                 backoff = 0.05
                 if not sent:
@@ -598,8 +760,9 @@ class WanFlightSender:
             except ChannelError:  # already classified (auth, timeout, cancel, corrupt): not retried
                 raise
             except _RETRYABLE as exc:
-                if isinstance(exc, fl.FlightError) and not isinstance(exc, (fl.FlightUnavailableError,
-                                                                           fl.FlightInternalError)):
+                if isinstance(exc, fl.FlightError) and not isinstance(
+                    exc, (fl.FlightUnavailableError, fl.FlightInternalError)
+                ):
                     raise _translate(exc, job.deadline, self.location) from None
                 last = exc
                 resume = True
@@ -609,8 +772,11 @@ class WanFlightSender:
                 time.sleep(min(backoff, job.deadline.remaining()))
                 backoff = min(backoff * 2, 1.0)
         if self._link is not None and stream == 0:  # the final acknowledgement crossing back
-            self._link.wait_until(time.monotonic() + self._link.return_delay(stream), job.deadline,
-                                  "the final acknowledgement")
+            self._link.wait_until(
+                time.monotonic() + self._link.return_delay(stream),
+                job.deadline,
+                "the final acknowledgement",
+            )
 
     def _put(self, job: _Job, stream: int, num_streams: int, always: bool) -> int:
         """One DoPut carrying runs pulled from the job; returns how many runs it sent. Runs not
@@ -631,7 +797,9 @@ class WanFlightSender:
         sent = 0
         ready: float | None = None
         schema = src.schema()
-        lane = self._lane(stream)  # this call's messages stay in order; other calls interleave (delays
+        lane = self._lane(
+            stream
+        )  # this call's messages stay in order; other calls interleave (delays
         # are still drawn from the stream's own random sequence, as before calls had lanes)
         try:
             while run is not None:
@@ -639,7 +807,9 @@ class WanFlightSender:
                     break
                 batch = src.batch(run[0], run[1], schema)
                 if self._link is not None:
-                    ready = self._link.hold(batch.nbytes, lane=lane, deadline=dl, ready_at=ready, jitter_lane=stream)
+                    ready = self._link.hold(
+                        batch.nbytes, lane=lane, deadline=dl, ready_at=ready, jitter_lane=stream
+                    )
                 writer.write_batch(batch)
                 inflight.append(run)
                 sent += 1
@@ -651,7 +821,9 @@ class WanFlightSender:
                 self._take_ack(job, inflight, reader, dl)
             writer.close()
         except BaseException as exc:
-            job.give_back(list(inflight) + ([run] if run is not None and run not in inflight else []))
+            job.give_back(
+                list(inflight) + ([run] if run is not None and run not in inflight else [])
+            )
             cause: BaseException = exc
             try:
                 writer.close()  # releases the call and yields the receiver's final status
@@ -659,7 +831,9 @@ class WanFlightSender:
                 if isinstance(exc, _AcksEnded):
                     cause = status  # the acks stopped because the receiver failed the call: say why
             if isinstance(cause, _AcksEnded):
-                cause = fl.FlightInternalError(str(cause))  # no status either: treat as a dropped stream
+                cause = fl.FlightInternalError(
+                    str(cause)
+                )  # no status either: treat as a dropped stream
             raise _translate(cause, dl, self.location) from None
         finally:
             if self._link is not None:
@@ -702,7 +876,9 @@ def _translate(exc: BaseException, dl: Deadline, location: str) -> BaseException
     if isinstance(exc, ChannelError):
         return exc
     if isinstance(exc, (fl.FlightUnauthenticatedError, fl.FlightUnauthorizedError)):
-        return ChannelAuthError(f"wan_flight receiver at {location} refused our credentials: {_msg(exc)}")
+        return ChannelAuthError(
+            f"wan_flight receiver at {location} refused our credentials: {_msg(exc)}"
+        )
     if isinstance(exc, fl.FlightTimedOutError) or (dl.expired() and isinstance(exc, _RETRYABLE)):
         return ChannelTimeout(f"{dl.what}: deadline passed ({_msg(exc)})")
     if isinstance(exc, fl.FlightCancelledError):
@@ -712,4 +888,3 @@ def _translate(exc: BaseException, dl: Deadline, location: str) -> BaseException
     if isinstance(exc, fl.FlightServerError):
         return ChannelError(f"{dl.what}: receiver error: {_msg(exc)}")
     return exc
-

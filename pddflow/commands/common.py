@@ -25,7 +25,9 @@ def load_or_exit(graph: Path):
     for d in checked.diagnostics:
         print(d, file=sys.stderr)
     if not checked.ok:
-        fail(f"{graph} is not a valid graph ({len(checked.errors)} error(s)); see `pddflow validate {graph}`")
+        fail(
+            f"{graph} is not a valid graph ({len(checked.errors)} error(s)); see `pddflow validate {graph}`"
+        )
     return checked.plan
 
 

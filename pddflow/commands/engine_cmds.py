@@ -7,7 +7,6 @@ torch and transformers are imported inside the command functions, so importing t
 from __future__ import annotations
 
 import json
-from typing import Optional
 
 import typer
 
@@ -28,19 +27,31 @@ def _parse_ids(text: str) -> list[int]:
         try:
             ids.append(int(p))
         except ValueError:
-            raise ValueError(f"--prompt-ids: {p!r} is not an integer (expected e.g. 1,2,3)") from None
+            raise ValueError(
+                f"--prompt-ids: {p!r} is not an integer (expected e.g. 1,2,3)"
+            ) from None
     return ids
 
 
 def generate(
-    model: str = typer.Option(DEFAULT_MODEL, "--model", "-m",
-                              help="builtin:tiny-llama or a local HF checkpoint directory (config.json + *.safetensors)"),
-    prompt: Optional[str] = typer.Option(None, "--prompt", "-p", help="prompt text (needs a tokenizer)"),
-    prompt_ids: Optional[str] = typer.Option(None, "--prompt-ids", help="prompt token IDs, comma-separated: 1,2,3"),
+    model: str = typer.Option(
+        DEFAULT_MODEL,
+        "--model",
+        "-m",
+        help="builtin:tiny-llama or a local HF checkpoint directory (config.json + *.safetensors)",
+    ),
+    prompt: str | None = typer.Option(
+        None, "--prompt", "-p", help="prompt text (needs a tokenizer)"
+    ),
+    prompt_ids: str | None = typer.Option(
+        None, "--prompt-ids", help="prompt token IDs, comma-separated: 1,2,3"
+    ),
     max_tokens: int = typer.Option(16, "--max-tokens", "-n", help="most tokens to generate"),
     temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 = greedy"),
-    top_p: float = typer.Option(1.0, "--top-p", help="nucleus sampling mass (with temperature > 0)"),
-    seed: Optional[int] = typer.Option(None, "--seed", help="sampling seed (same seed, same tokens)"),
+    top_p: float = typer.Option(
+        1.0, "--top-p", help="nucleus sampling mass (with temperature > 0)"
+    ),
+    seed: int | None = typer.Option(None, "--seed", help="sampling seed (same seed, same tokens)"),
     json_out: bool = typer.Option(False, "--json", help='print {"token_ids": [...], "text": ...}'),
 ) -> None:
     """Generate with the colocated reference engine (prefill + decode on one instance)."""
@@ -84,8 +95,13 @@ def generate(
     kv_bytes = max(tokens_needed * source.config.kv_bytes_per_token(4), 2**20)
     try:
         engine = Engine(source, EngineConfig(kv_cache_bytes=kv_bytes))
-        params = SamplingParams(max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed,
-                                stop_token_ids=stop)
+        params = SamplingParams(
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            seed=seed,
+            stop_token_ids=stop,
+        )
         seq = engine.generate([ids], params)[0]
     except (KVCacheFull, ValueError) as exc:
         raise _fail(str(exc)) from None
@@ -99,13 +115,25 @@ def generate(
 
 def bench_engine(
     model: str = typer.Option(DEFAULT_MODEL, "--model", "-m", help="model spec to benchmark"),
-    batch: int = typer.Option(8, "--batch", help="mixed workload: engine's max batch = HF's static batch size"),
+    batch: int = typer.Option(
+        8, "--batch", help="mixed workload: engine's max batch = HF's static batch size"
+    ),
     seed: int = typer.Option(0, "--seed", help="workload seed"),
-    threads: Optional[int] = typer.Option(None, "--threads", help="torch threads for both (default: torch's)"),
-    mixed_repeats: int = typer.Option(1, "--mixed-repeats", help="run the mixed workload N times (alternating "
-                                      "engine and HF), keep the best of each: for noisy shared machines"),
-    quick: bool = typer.Option(False, "--quick", help="short sizes, medians of 3 (about 30 s): what "
-                               "`pddflow simulate --calibrate` fits; not a comparison with HF"),
+    threads: int | None = typer.Option(
+        None, "--threads", help="torch threads for both (default: torch's)"
+    ),
+    mixed_repeats: int = typer.Option(
+        1,
+        "--mixed-repeats",
+        help="run the mixed workload N times (alternating "
+        "engine and HF), keep the best of each: for noisy shared machines",
+    ),
+    quick: bool = typer.Option(
+        False,
+        "--quick",
+        help="short sizes, medians of 3 (about 30 s): what "
+        "`pddflow simulate --calibrate` fits; not a comparison with HF",
+    ),
     json_out: bool = typer.Option(False, "--json", help="print results as JSON"),
 ) -> None:
     """Engine vs HF transformers on the same weights: prefill, decode, extend, mixed serving."""
@@ -120,13 +148,26 @@ def bench_engine(
     from pddflow.operators.engine_bench import QUICK, BenchSizes, run_bench
 
     err = Console(stderr=True)
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(), console=err,
-                  transient=True) as bar:
+    with Progress(
+        SpinnerColumn(),
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=err,
+        transient=True,
+    ) as bar:
         task = bar.add_task("starting", total=None)
         try:
-            sizes = dataclasses.replace(QUICK if quick else BenchSizes(), mixed_repeats=mixed_repeats)
-            res = run_bench(model, sizes, batch=batch, seed=seed, threads=threads,
-                            progress=lambda msg: bar.update(task, description=msg))
+            sizes = dataclasses.replace(
+                QUICK if quick else BenchSizes(), mixed_repeats=mixed_repeats
+            )
+            res = run_bench(
+                model,
+                sizes,
+                batch=batch,
+                seed=seed,
+                threads=threads,
+                progress=lambda msg: bar.update(task, description=msg),
+            )
         except ModelSpecError as exc:
             raise _fail(str(exc)) from None
     if json_out:
@@ -143,21 +184,47 @@ def _print_table(res: dict) -> None:
     for col in ("measurement", "engine", "HF", "engine / HF"):
         t.add_column(col, justify="right" if col != "measurement" else "left")
     for n, r in res["prefill"].items():
-        t.add_row(f"prefill {n} tokens (tok/s)", f"{r['engine_tok_s']:.0f}", f"{r['hf_tok_s']:.0f}", f"{r['ratio']:.2f}x")
+        t.add_row(
+            f"prefill {n} tokens (tok/s)",
+            f"{r['engine_tok_s']:.0f}",
+            f"{r['hf_tok_s']:.0f}",
+            f"{r['ratio']:.2f}x",
+        )
     for b, r in res["decode"].items():
         if b == "context":
             continue
-        t.add_row(f"decode batch {b} @ ctx {res['decode']['context']} (tok/s)", f"{r['engine_tok_s']:.0f}",
-                  f"{r['hf_tok_s']:.0f}", f"{r['ratio']:.2f}x")
+        t.add_row(
+            f"decode batch {b} @ ctx {res['decode']['context']} (tok/s)",
+            f"{r['engine_tok_s']:.0f}",
+            f"{r['hf_tok_s']:.0f}",
+            f"{r['ratio']:.2f}x",
+        )
     e = res["extend"]
-    t.add_row(f"extend {e['tokens']} tokens @ ctx {e['context']} (ms)", f"{e['extend_ms']:.1f}",
-              f"{e['hf_extend_ms']:.1f}", "")
-    t.add_row(f"one decode step @ ctx {e['context']} (ms)", f"{e['decode_step_ms']:.1f}",
-              f"{e['hf_decode_step_ms']:.1f}", f"extend = {e['extend_over_step']:.1f} steps")
+    t.add_row(
+        f"extend {e['tokens']} tokens @ ctx {e['context']} (ms)",
+        f"{e['extend_ms']:.1f}",
+        f"{e['hf_extend_ms']:.1f}",
+        "",
+    )
+    t.add_row(
+        f"one decode step @ ctx {e['context']} (ms)",
+        f"{e['decode_step_ms']:.1f}",
+        f"{e['hf_decode_step_ms']:.1f}",
+        f"extend = {e['extend_over_step']:.1f} steps",
+    )
     m = res["mixed"]
-    t.add_row(f"mixed: {m['requests']} requests, batch {m['batch']} (output tok/s)", f"{m['engine_tok_s']:.0f}",
-              f"{m['hf_tok_s']:.0f}", f"{m['ratio']:.2f}x")
-    t.add_row("mixed: process CPU seconds", f"{m['engine_cpu_s']:.1f}", f"{m['hf_cpu_s']:.1f}", f"{m['cpu_ratio']:.2f}x")
+    t.add_row(
+        f"mixed: {m['requests']} requests, batch {m['batch']} (output tok/s)",
+        f"{m['engine_tok_s']:.0f}",
+        f"{m['hf_tok_s']:.0f}",
+        f"{m['ratio']:.2f}x",
+    )
+    t.add_row(
+        "mixed: process CPU seconds",
+        f"{m['engine_cpu_s']:.1f}",
+        f"{m['hf_cpu_s']:.1f}",
+        f"{m['cpu_ratio']:.2f}x",
+    )
     Console().print(t)
 
 

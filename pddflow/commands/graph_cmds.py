@@ -6,7 +6,6 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -34,8 +33,10 @@ def validate(
         if checked.ok:
             if not quiet:
                 p = checked.plan
-                print(f"{g}: ok ({len(p.operators)} operators, {len(p.channels)} edges, "
-                      f"{len(p.variants)} variants)")
+                print(
+                    f"{g}: ok ({len(p.operators)} operators, {len(p.channels)} edges, "
+                    f"{len(p.variants)} variants)"
+                )
         else:
             bad = True
             print(f"{g}: {len(checked.errors)} error(s)", file=sys.stderr)
@@ -43,8 +44,12 @@ def validate(
 
 
 def schema(
-    registries: bool = typer.Option(False, "--list", help="list operator types, channel kinds, policies and "
-                                    "architecture presets instead of printing the JSON Schema"),
+    registries: bool = typer.Option(
+        False,
+        "--list",
+        help="list operator types, channel kinds, policies and "
+        "architecture presets instead of printing the JSON Schema",
+    ),
 ) -> None:
     """Print the JSON Schema of the graph format (point your editor's YAML plugin at it)."""
     if registries:
@@ -68,41 +73,63 @@ def _print_registries() -> None:
         outs = ", ".join(f"{p}: {v}" for p, v in t.outputs.items())
         print(f"  {n:<13} in [{ins}] out [{outs}]  {t.help}")
         for p, spec in t.params.items():
-            print(f"  {'':<13}   params.{p} ({spec.type.__name__}, default {spec.default!r}): {spec.help}")
+            print(
+                f"  {'':<13}   params.{p} ({spec.type.__name__}, default {spec.default!r}): {spec.help}"
+            )
     print("channel kinds:")
     for n in CHANNEL_KINDS:
         k = CHANNEL_KINDS.get(n)
-        print(f"  {n:<13} carries {', '.join(sorted(map(str, k.carries)))}; scope {k.scope}  {k.help}")
+        print(
+            f"  {n:<13} carries {', '.join(sorted(map(str, k.carries)))}; scope {k.scope}  {k.help}"
+        )
         for p, spec in k.params.items():
-            print(f"  {'':<13}   params.{p} ({spec.type.__name__}, default {spec.default!r}): {spec.help}")
+            print(
+                f"  {'':<13}   params.{p} ({spec.type.__name__}, default {spec.default!r}): {spec.help}"
+            )
     print("scheduler policies:")
     for n in POLICIES:
         pol = POLICIES.get(n)
         print(f"  {n:<20} {pol.help}")
         for p, spec in pol.params.items():
-            print(f"  {'':<20}   params.{p} ({spec.type.__name__}, default {spec.default!r}): {spec.help}")
+            print(
+                f"  {'':<20}   params.{p} ({spec.type.__name__}, default {spec.default!r}): {spec.help}"
+            )
     print("model architecture presets:")
     for n in ARCHS:
         a = ARCHS.get(n)
-        print(f"  {n:<16} {a.kv_bytes_per_token / 1024:.0f} KiB/token KV, {a.weight_bytes / 1e9:.0f} GB weights  {a.help}")
+        print(
+            f"  {n:<16} {a.kv_bytes_per_token / 1024:.0f} KiB/token KV, {a.weight_bytes / 1e9:.0f} GB weights  {a.help}"
+        )
 
 
 def viz(
     graph: Path = typer.Argument(..., help="graph file", show_default=False),
-    fmt: str = typer.Option("ascii", "--format", "-f", help="ascii (terminal), dot, mermaid or svg (needs Graphviz)"),
-    variant: Optional[str] = typer.Option(None, "--variant", "-v", help="highlight one pipeline variant"),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="write here instead of standard output"),
+    fmt: str = typer.Option(
+        "ascii", "--format", "-f", help="ascii (terminal), dot, mermaid or svg (needs Graphviz)"
+    ),
+    variant: str | None = typer.Option(
+        None, "--variant", "-v", help="highlight one pipeline variant"
+    ),
+    output: Path | None = typer.Option(
+        None, "-o", "--output", help="write here instead of standard output"
+    ),
 ) -> None:
     """Draw a graph: clusters with their operators, edges labelled with channel kind and bandwidth."""
     from pddflow.core.registry import did_you_mean
     from pddflow.graph.render import FORMATS, RenderError, render
 
     if fmt not in FORMATS:
-        fail(f"unknown format {fmt!r}{did_you_mean(fmt, FORMATS)}; formats: {', '.join(FORMATS)}", code=2)
+        fail(
+            f"unknown format {fmt!r}{did_you_mean(fmt, FORMATS)}; formats: {', '.join(FORMATS)}",
+            code=2,
+        )
     plan = load_or_exit(graph)
     if variant is not None and variant not in plan.variants:
-        fail(f"{graph} has no variant {variant!r}{did_you_mean(variant, plan.variants)}; variants: "
-             f"{', '.join(plan.variants)}", code=2)
+        fail(
+            f"{graph} has no variant {variant!r}{did_you_mean(variant, plan.variants)}; variants: "
+            f"{', '.join(plan.variants)}",
+            code=2,
+        )
     try:
         text = render(plan, fmt, variant)
     except RenderError as exc:
@@ -116,11 +143,22 @@ def viz(
 
 def plan(
     graph: Path = typer.Argument(..., help="graph file", show_default=False),
-    rps: float = typer.Option(5.0, "--rps", min=0.0, help="requests per second offered to the deployment"),
-    prompt_tokens: int = typer.Option(65536, "--prompt-tokens", min=1, help="prompt length in tokens"),
-    output_tokens: int = typer.Option(1024, "--output-tokens", min=1, help="output length in tokens"),
-    hit_rate: float = typer.Option(0.9, "--hit-rate", min=0.0, max=1.0,
-                                   help="average prefix-cache hit rate (agentic traffic: about 0.9)"),
+    rps: float = typer.Option(
+        5.0, "--rps", min=0.0, help="requests per second offered to the deployment"
+    ),
+    prompt_tokens: int = typer.Option(
+        65536, "--prompt-tokens", min=1, help="prompt length in tokens"
+    ),
+    output_tokens: int = typer.Option(
+        1024, "--output-tokens", min=1, help="output length in tokens"
+    ),
+    hit_rate: float = typer.Option(
+        0.9,
+        "--hit-rate",
+        min=0.0,
+        max=1.0,
+        help="average prefix-cache hit rate (agentic traffic: about 0.9)",
+    ),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """Placement table and feasibility report: WAN bandwidth needed against each link (with and
@@ -129,21 +167,52 @@ def plan(
 
     p = load_or_exit(graph)
     report = analyze(p, Load(rps, prompt_tokens, output_tokens, hit_rate))
-    placement = [{
-        "operator": op.name, "op": op.op_type, "cluster": op.cluster, "device": op.device,
-        "replicas": op.replicas, "devices_per_replica": op.devices_per_replica,
-        "kv_budget_gib": round(op.kv_budget_bytes / 2**30, 2),
-        "kv_tokens": int(op.kv_budget_bytes // p.model.arch.kv_bytes_per_token),
-        "usd_per_hour": round(op.replicas * op.devices_per_replica * p.device_classes[op.device].usd_per_hour, 2),
-    } for op in p.operators.values()]
+    placement = [
+        {
+            "operator": op.name,
+            "op": op.op_type,
+            "cluster": op.cluster,
+            "device": op.device,
+            "replicas": op.replicas,
+            "devices_per_replica": op.devices_per_replica,
+            "kv_budget_gib": round(op.kv_budget_bytes / 2**30, 2),
+            "kv_tokens": int(op.kv_budget_bytes // p.model.arch.kv_bytes_per_token),
+            "usd_per_hour": round(
+                op.replicas * op.devices_per_replica * p.device_classes[op.device].usd_per_hour, 2
+            ),
+        }
+        for op in p.operators.values()
+    ]
     if as_json:
-        links = [{"name": l.name, "required_gbps": l.required_gbps, "required_gbps_without_drc": l.required_gbps_without_drc,
-                  "available_gbps": l.available_gbps, "utilization": l.utilization,
-                  "transfer_p50_s": l.transfer_p50_s, "transfer_p99_s": l.transfer_p99_s,
-                  "classes": [vars(c) for c in l.classes], "channels": l.channels} for l in report.links]
-        print(json.dumps({"graph": str(graph), "load": vars(report.load), "placement": placement, "links": links,
-                          "cost_per_hour": round(p.cost_per_hour(), 2), "feasible": report.feasible,
-                          "problems": report.problems, "notes": report.notes}, indent=2))
+        links = [
+            {
+                "name": l.name,
+                "required_gbps": l.required_gbps,
+                "required_gbps_without_drc": l.required_gbps_without_drc,
+                "available_gbps": l.available_gbps,
+                "utilization": l.utilization,
+                "transfer_p50_s": l.transfer_p50_s,
+                "transfer_p99_s": l.transfer_p99_s,
+                "classes": [vars(c) for c in l.classes],
+                "channels": l.channels,
+            }
+            for l in report.links
+        ]
+        print(
+            json.dumps(
+                {
+                    "graph": str(graph),
+                    "load": vars(report.load),
+                    "placement": placement,
+                    "links": links,
+                    "cost_per_hour": round(p.cost_per_hour(), 2),
+                    "feasible": report.feasible,
+                    "problems": report.problems,
+                    "notes": report.notes,
+                },
+                indent=2,
+            )
+        )
         raise typer.Exit(0)
     _print_plan(p, placement, report)
 
@@ -153,27 +222,59 @@ def _print_plan(p, placement, report) -> None:
     from rich.table import Table
 
     con = Console(width=max(100, os.get_terminal_size(1).columns if sys.stdout.isatty() else 120))
-    t = Table(title=f"placement: {p.name} (model {p.model.arch.name}, {p.model.arch.kv_bytes_per_token / 1024:.0f} KiB KV/token)")
-    for col in ("operator", "op", "cluster", "device", "replicas", "dev/replica", "KV GiB/replica", "KV tokens/replica", "$/hour"):
-        t.add_column(col, justify="right" if col[0].isupper() or "/" in col or col == "replicas" else "left")
+    t = Table(
+        title=f"placement: {p.name} (model {p.model.arch.name}, {p.model.arch.kv_bytes_per_token / 1024:.0f} KiB KV/token)"
+    )
+    for col in (
+        "operator",
+        "op",
+        "cluster",
+        "device",
+        "replicas",
+        "dev/replica",
+        "KV GiB/replica",
+        "KV tokens/replica",
+        "$/hour",
+    ):
+        t.add_column(
+            col, justify="right" if col[0].isupper() or "/" in col or col == "replicas" else "left"
+        )
     for r in placement:
-        t.add_row(r["operator"], r["op"], r["cluster"], r["device"], str(r["replicas"]), str(r["devices_per_replica"]),
-                  f"{r['kv_budget_gib']:.1f}", f"{r['kv_tokens']:,}", f"{r['usd_per_hour']:.2f}")
+        t.add_row(
+            r["operator"],
+            r["op"],
+            r["cluster"],
+            r["device"],
+            str(r["replicas"]),
+            str(r["devices_per_replica"]),
+            f"{r['kv_budget_gib']:.1f}",
+            f"{r['kv_tokens']:,}",
+            f"{r['usd_per_hour']:.2f}",
+        )
     con.print(t)
     con.print(f"total hardware cost: ${p.cost_per_hour():.2f}/hour")
     ld = report.load
-    con.print(f"\nload: {ld.rps:g} req/s, {ld.prompt_tokens:,} prompt tokens, {ld.output_tokens:,} output tokens, "
-              f"{ld.hit_rate:.0%} average prefix hit")
+    con.print(
+        f"\nload: {ld.rps:g} req/s, {ld.prompt_tokens:,} prompt tokens, {ld.output_tokens:,} output tokens, "
+        f"{ld.hit_rate:.0%} average prefix hit"
+    )
     for l in report.links:
         lt = Table(title=f"link {l.name}: {l.available_gbps:g} Gbps, {l.utilization:.0%} used")
         for col in ("request class", "hit", "KV to send", "transfer P50", "transfer P99"):
             lt.add_column(col, justify="right")
         for c in l.classes:
-            lt.add_row(c.name, f"{c.hit_rate:.0%}", f"{c.kv_bytes / 1e9:.2f} GB", f"{c.transfer_p50_s:.2f} s",
-                       f"{c.transfer_p99_s:.2f} s")
+            lt.add_row(
+                c.name,
+                f"{c.hit_rate:.0%}",
+                f"{c.kv_bytes / 1e9:.2f} GB",
+                f"{c.transfer_p50_s:.2f} s",
+                f"{c.transfer_p99_s:.2f} s",
+            )
         con.print(lt)
-        con.print(f"  bandwidth needed: {l.required_gbps:.1f} Gbps with the decode-side radix cache, "
-                  f"{l.required_gbps_without_drc:.1f} Gbps without (link gives {l.available_gbps:g})")
+        con.print(
+            f"  bandwidth needed: {l.required_gbps:.1f} Gbps with the decode-side radix cache, "
+            f"{l.required_gbps_without_drc:.1f} Gbps without (link gives {l.available_gbps:g})"
+        )
     verdict = "[green]FEASIBLE[/green]" if report.feasible else "[red]NOT FEASIBLE[/red]"
     con.print(f"\nverdict: {verdict}")
     for prob in report.problems:

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import replace
 import signal
 import sys
+from dataclasses import replace
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -19,18 +18,35 @@ def deploy(
     graph: Path = typer.Argument(..., help="graph file (e.g. graphs/pdd.yaml)", show_default=False),
     host: str = typer.Option("127.0.0.1", help="address the HTTP API listens on"),
     port: int = typer.Option(8000, min=0, max=65535, help="port of the HTTP API"),
-    backend: str = typer.Option("local", help="where instances run: local (every instance a process here)"),
-    kv_cache_mb: int = typer.Option(LOCAL_KV_CACHE_MIB, min=1, help="KV cache per worker, MiB (local profile)"),
-    startup_timeout: float = typer.Option(180.0, min=1.0, help="seconds to wait for every worker to be ready"),
-    leg_timeout: float = typer.Option(60.0, min=0.1, help="default deadline of one request's leg on a worker, s"),
+    backend: str = typer.Option(
+        "local", help="where instances run: local (every instance a process here)"
+    ),
+    kv_cache_mb: int = typer.Option(
+        LOCAL_KV_CACHE_MIB, min=1, help="KV cache per worker, MiB (local profile)"
+    ),
+    startup_timeout: float = typer.Option(
+        180.0, min=1.0, help="seconds to wait for every worker to be ready"
+    ),
+    leg_timeout: float = typer.Option(
+        60.0, min=0.1, help="default deadline of one request's leg on a worker, s"
+    ),
     seed: int = typer.Option(0, help="seed of the WAN emulation (jitter) so runs repeat"),
-    wan_gbps: Optional[float] = typer.Option(None, min=1e-6, help="emulate every link at this bandwidth instead "
-                                             "of the graph's (a slower WAN on one machine)"),
-    run_dir: Optional[str] = typer.Option(None, help="keep worker logs and wiring here (default: a temp dir, removed)"),
+    wan_gbps: float | None = typer.Option(
+        None,
+        min=1e-6,
+        help="emulate every link at this bandwidth instead "
+        "of the graph's (a slower WAN on one machine)",
+    ),
+    run_dir: str | None = typer.Option(
+        None, help="keep worker logs and wiring here (default: a temp dir, removed)"
+    ),
     log_level: str = typer.Option("warning", help="uvicorn and runtime log level"),
-    cpu_pinning: str = typer.Option("auto", help="auto: give each emulated cluster (and, with enough cores, each "
-                                    "instance) cores of its own, as separate hardware would; none: workers "
-                                    "float over all cores"),
+    cpu_pinning: str = typer.Option(
+        "auto",
+        help="auto: give each emulated cluster (and, with enough cores, each "
+        "instance) cores of its own, as separate hardware would; none: workers "
+        "float over all cores",
+    ),
 ) -> None:
     """Deploy GRAPH with its `local` profile: every operator instance as its own process, the
     clusters emulated on this machine and the WAN shaped by the graph's link model; serve the
@@ -39,27 +55,39 @@ def deploy(
     import uvicorn
     from rich.console import Console
 
+    from pddflow.core.cpu_layout import host_cores, plan_layout
     from pddflow.operators.config import ModelSpecError
     from pddflow.runtime.api import make_app
-    from pddflow.runtime.deployment import BACKENDS, DeployError, make_run_dir, remove_run_dir, wait_ready
+    from pddflow.runtime.deployment import (
+        BACKENDS,
+        DeployError,
+        make_run_dir,
+        remove_run_dir,
+        wait_ready,
+    )
     from pddflow.runtime.frontend import Frontend
     from pddflow.runtime.model_info import model_info
-    from pddflow.core.cpu_layout import host_cores, plan_layout
     from pddflow.runtime.wiring import wire
 
     if backend not in BACKENDS:
         fail(f"unknown backend {backend!r}; backends: {', '.join(BACKENDS)}", code=2)
-    logging.basicConfig(level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     plan = load_or_exit(graph).scaled_to_local()
     if wan_gbps is not None:
-        plan = replace(plan, links={n: replace(link, gbps=wan_gbps) for n, link in plan.links.items()})
+        plan = replace(
+            plan, links={n: replace(link, gbps=wan_gbps) for n, link in plan.links.items()}
+        )
     try:
         info = model_info(plan.model.weights)
     except ModelSpecError as exc:
         fail(f"{graph}: model.weights: {exc}")
     err = Console(stderr=True)
     cpus = plan_layout(plan, host_cores(), check_cpu_pinning(cpu_pinning))
-    wiring = wire(plan, seed=seed, kv_cache_bytes=kv_cache_mb << 20, leg_timeout_s=leg_timeout, cpus=cpus)
+    wiring = wire(
+        plan, seed=seed, kv_cache_bytes=kv_cache_mb << 20, leg_timeout_s=leg_timeout, cpus=cpus
+    )
     rd = make_run_dir(run_dir)
     be = BACKENDS[backend]()
     frontend = None
@@ -68,22 +96,41 @@ def deploy(
         if any(c.cross_cluster and c.params.get("tls") for c in plan.channels):
             from pddflow.channels.security import self_signed
 
-            tls = self_signed(rd / "tls")  # the emulated datacenters trust one self-signed certificate
+            tls = self_signed(
+                rd / "tls"
+            )  # the emulated datacenters trust one self-signed certificate
             wiring.tls_cert, wiring.tls_key = tls.cert_chain, tls.private_key
         be.start(plan, wiring, rd)  # before any gRPC thread exists here: the children fork cleanly
         frontend = Frontend(plan, wiring, info)
         total = len(plan.instances)
         with err.status(f"starting {total} workers of {plan.name} ...") as status:
+
             def progress(msg: str, ready: int, n: int) -> None:
                 status.update(f"{msg}: {ready}/{n} ready")
-            wait_ready(lambda: (sum(1 for ok in (w["ready"] for w in frontend.health()[1]["workers"].values()) if ok),
-                                total), be, startup_timeout, progress)
-        err.print(f"[green]{plan.name}[/green]: {total} workers ready "
-                  f"({', '.join(i.id for i in plan.instances)}); serving http://{host}:{port}/v1 "
-                  f"(model {frontend.model_id!r}); logs in {rd}")
+
+            wait_ready(
+                lambda: (
+                    sum(
+                        1
+                        for ok in (w["ready"] for w in frontend.health()[1]["workers"].values())
+                        if ok
+                    ),
+                    total,
+                ),
+                be,
+                startup_timeout,
+                progress,
+            )
+        err.print(
+            f"[green]{plan.name}[/green]: {total} workers ready "
+            f"({', '.join(i.id for i in plan.instances)}); serving http://{host}:{port}/v1 "
+            f"(model {frontend.model_id!r}); logs in {rd}"
+        )
         err.print(f"cpus: {cpus.describe()}")
         sys.stderr.flush()
-        config = uvicorn.Config(make_app(frontend, be), host=host, port=port, log_level=log_level, access_log=False)
+        config = uvicorn.Config(
+            make_app(frontend, be), host=host, port=port, log_level=log_level, access_log=False
+        )
         uvicorn.Server(config).run()
     except DeployError as exc:
         fail(f"deployment failed: {exc}")
@@ -97,24 +144,46 @@ def deploy(
 
 
 def bench_serve(
-    graphs: Optional[list[Path]] = typer.Argument(None, help="graphs to compare, the first is the baseline "
-                                                  "(default: graphs/cross_dc_pd.yaml graphs/pdd.yaml)"),
-    trace: Path = typer.Option(Path("../shared/traces/mooncake_conversation_trace.jsonl"),
-                               help="Mooncake-format trace the sessions are derived from"),
+    graphs: list[Path] | None = typer.Argument(
+        None,
+        help="graphs to compare, the first is the baseline "
+        "(default: graphs/cross_dc_pd.yaml graphs/pdd.yaml)",
+    ),
+    trace: Path = typer.Option(
+        Path("../shared/traces/mooncake_conversation_trace.jsonl"),
+        help="Mooncake-format trace the sessions are derived from",
+    ),
     sessions: int = typer.Option(12, min=1, help="concurrent multi-turn sessions"),
-    turns: int = typer.Option(4, min=1, help="turns per session (each extends the previous context)"),
+    turns: int = typer.Option(
+        4, min=1, help="turns per session (each extends the previous context)"
+    ),
     scale: float = typer.Option(1 / 32, min=1e-4, help="built-in model tokens per trace token"),
     rps: float = typer.Option(2.0, min=0.01, help="session starts per second"),
-    max_output: int = typer.Option(128, min=1, help="cap on one turn's output tokens (trace lengths are scaled)"),
-    think: float = typer.Option(1.0, min=0.0, help="seconds between a turn's answer and the next turn (tool calls)"),
-    wan_gbps: float = typer.Option(0.1, min=1e-6, help="the emulated WAN's bandwidth for every graph "
-                                   "(0.1 Gbps: a cold 1,000-token prompt's KV takes about 2.6 s)"),
+    max_output: int = typer.Option(
+        128, min=1, help="cap on one turn's output tokens (trace lengths are scaled)"
+    ),
+    think: float = typer.Option(
+        1.0, min=0.0, help="seconds between a turn's answer and the next turn (tool calls)"
+    ),
+    wan_gbps: float = typer.Option(
+        0.1,
+        min=1e-6,
+        help="the emulated WAN's bandwidth for every graph "
+        "(0.1 Gbps: a cold 1,000-token prompt's KV takes about 2.6 s)",
+    ),
     timeout: float = typer.Option(120.0, min=1.0, help="deadline of one request, s"),
     seed: int = typer.Option(0, help="workload seed"),
-    cpu_pinning: str = typer.Option("auto", help="passed to every `pddflow deploy` (auto: each emulated cluster "
-                                    "on cores of its own; none: workers float over all cores)"),
-    per_request: bool = typer.Option(False, "--per-request", help="with --json: every request's session, turn, "
-                                     "start, TTFT and server-side timeline (KV sent/landed, first token)"),
+    cpu_pinning: str = typer.Option(
+        "auto",
+        help="passed to every `pddflow deploy` (auto: each emulated cluster "
+        "on cores of its own; none: workers float over all cores)",
+    ),
+    per_request: bool = typer.Option(
+        False,
+        "--per-request",
+        help="with --json: every request's session, turn, "
+        "start, TTFT and server-side timeline (KV sent/landed, first token)",
+    ),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """Serve one multi-turn agentic workload (derived from a trace) on each graph in turn, under the
@@ -135,7 +204,9 @@ def bench_serve(
         from pddflow.runtime.model_info import model_info
 
         vocab = model_info(plans[0].model.weights).vocab_size
-        workload = build(trace, sessions, turns, scale, vocab=min(vocab, 256), seed=seed, max_output=max_output)
+        workload = build(
+            trace, sessions, turns, scale, vocab=min(vocab, 256), seed=seed, max_output=max_output
+        )
     except (TraceError, OSError) as exc:
         fail(str(exc))
     err = Console(stderr=True)
@@ -144,16 +215,39 @@ def bench_serve(
         for g in graphs:
             task = bar.add_task(f"serving {g.name}", total=workload.requests)
             try:
-                results.append(run_graph(g, workload, rps, wan_gbps, timeout, lambda t=task: bar.advance(t), think,
-                                         extra=("--cpu-pinning", cpu_pinning), per_request=per_request))
+                results.append(
+                    run_graph(
+                        g,
+                        workload,
+                        rps,
+                        wan_gbps,
+                        timeout,
+                        lambda t=task: bar.advance(t),
+                        think,
+                        extra=("--cpu-pinning", cpu_pinning),
+                        per_request=per_request,
+                    )
+                )
             except LaunchError as exc:
                 fail(f"{g}: {exc}")
     sla = plans[0].scheduler
     rows = [summarize(r, sla.ttft_s, sla.tpot_ms / 1e3) for r in results]
-    out = {"workload": {"sessions": sessions, "turns": turns, "requests": workload.requests, "scale": scale,
-                        "rps": rps, "wan_gbps": wan_gbps, "max_output": max_output, "think_s": think,
-                        "trace": str(trace), "cpu_pinning": cpu_pinning},
-           "graphs": rows, "ratios_vs_first": {r["graph"]: ratios(rows[0], r) for r in rows[1:]}}
+    out = {
+        "workload": {
+            "sessions": sessions,
+            "turns": turns,
+            "requests": workload.requests,
+            "scale": scale,
+            "rps": rps,
+            "wan_gbps": wan_gbps,
+            "max_output": max_output,
+            "think_s": think,
+            "trace": str(trace),
+            "cpu_pinning": cpu_pinning,
+        },
+        "graphs": rows,
+        "ratios_vs_first": {r["graph"]: ratios(rows[0], r) for r in rows[1:]},
+    }
     if as_json:
         print(_json.dumps(out, indent=2))
         return
@@ -166,19 +260,28 @@ def _print_serve(out: dict) -> None:
     from pddflow.commands.tables import metric_table, percentile_rows
 
     con = Console()
-    t = metric_table(f"bench serve: {out['workload']['requests']} requests, WAN {out['workload']['wan_gbps']:g} Gbps",
-                     [Path(r["graph"]).stem for r in out["graphs"]], out["graphs"], [
-        *percentile_rows("TTFT {q} (s)", "ttft_s", ".3f"),
-        *percentile_rows("TPOT {q} (ms)", "tpot_ms", ".1f"),
-        ("SLA goodput (req/s)", lambda r: f"{r['slo_goodput_rps']:.3f}"),
-        ("WAN MB (share of full KV)", lambda r: f"{r['wan_bytes'] / 1e6:.1f} ({r['wan_share_of_full_kv'] or 0:.0%})"),
-        ("relay token share", lambda r: f"{r['relay_token_share']:.1%}"),
-        ("errors", lambda r: str(r["errors"])),
-    ])
+    t = metric_table(
+        f"bench serve: {out['workload']['requests']} requests, WAN {out['workload']['wan_gbps']:g} Gbps",
+        [Path(r["graph"]).stem for r in out["graphs"]],
+        out["graphs"],
+        [
+            *percentile_rows("TTFT {q} (s)", "ttft_s", ".3f"),
+            *percentile_rows("TPOT {q} (ms)", "tpot_ms", ".1f"),
+            ("SLA goodput (req/s)", lambda r: f"{r['slo_goodput_rps']:.3f}"),
+            (
+                "WAN MB (share of full KV)",
+                lambda r: f"{r['wan_bytes'] / 1e6:.1f} ({r['wan_share_of_full_kv'] or 0:.0%})",
+            ),
+            ("relay token share", lambda r: f"{r['relay_token_share']:.1%}"),
+            ("errors", lambda r: str(r["errors"])),
+        ],
+    )
     con.print(t)
     for g, rt in out["ratios_vs_first"].items():
-        con.print(f"{Path(g).stem} / {Path(out['graphs'][0]['graph']).stem}: " +
-                         ", ".join(f"{k} x{v}" for k, v in rt.items() if v is not None))
+        con.print(
+            f"{Path(g).stem} / {Path(out['graphs'][0]['graph']).stem}: "
+            + ", ".join(f"{k} x{v}" for k, v in rt.items() if v is not None)
+        )
 
 
 def _interrupt(*_: object) -> None:

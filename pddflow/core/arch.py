@@ -15,9 +15,9 @@ from pddflow.core.registry import Registry
 @dataclass(frozen=True)
 class ModelArch:
     name: str
-    kv_bytes_per_token: int     # all layers, K and V
-    flops_per_token: float      # forward FLOPs per token (about 2 x active parameters)
-    weight_bytes: int           # whole model, at the serving dtype
+    kv_bytes_per_token: int  # all layers, K and V
+    flops_per_token: float  # forward FLOPs per token (about 2 x active parameters)
+    weight_bytes: int  # whole model, at the serving dtype
     help: str = ""
     # attention FLOPs per (query, key) pair, all layers (QK^T and PV: 4 x layers x query heads x
     # head_dim); 0: not given, assume 8 x kv_bytes_per_token (16-bit KV, 8 query heads per KV head)
@@ -28,29 +28,70 @@ class ModelArch:
         return self.attn_flops_per_pair or 8.0 * self.kv_bytes_per_token
 
 
-def _dense(name: str, layers: int, kv_heads: int, head_dim: int, params_b: float, q_heads: int,
-           kv_dtype_bytes: int = 2, weight_dtype_bytes: int = 2, help: str = "") -> ModelArch:
-    return ModelArch(name, 2 * layers * kv_heads * head_dim * kv_dtype_bytes,
-                     2 * params_b * 1e9, int(params_b * 1e9 * weight_dtype_bytes), help,
-                     attn_flops_per_pair=4.0 * layers * q_heads * head_dim)
+def _dense(
+    name: str,
+    layers: int,
+    kv_heads: int,
+    head_dim: int,
+    params_b: float,
+    q_heads: int,
+    kv_dtype_bytes: int = 2,
+    weight_dtype_bytes: int = 2,
+    help: str = "",
+) -> ModelArch:
+    return ModelArch(
+        name,
+        2 * layers * kv_heads * head_dim * kv_dtype_bytes,
+        2 * params_b * 1e9,
+        int(params_b * 1e9 * weight_dtype_bytes),
+        help,
+        attn_flops_per_pair=4.0 * layers * q_heads * head_dim,
+    )
 
 
 ARCHS: Registry[ModelArch] = Registry("model architecture", "pddflow.archs")
 
 for _a in (
-    _dense("llama-3-8b", 32, 8, 128, 8.0, 32, help="Llama-3-8B, bf16 weights and KV (128 KiB/token)"),
-    _dense("llama-3-70b", 80, 8, 128, 70.6, 64, help="Llama-3-70B, bf16 weights and KV (320 KiB/token)"),
-    _dense("llama-3-70b-fp8", 80, 8, 128, 70.6, 64, kv_dtype_bytes=1, weight_dtype_bytes=1,
-           help="Llama-3-70B with fp8 weights and KV (160 KiB/token)"),
+    _dense(
+        "llama-3-8b", 32, 8, 128, 8.0, 32, help="Llama-3-8B, bf16 weights and KV (128 KiB/token)"
+    ),
+    _dense(
+        "llama-3-70b", 80, 8, 128, 70.6, 64, help="Llama-3-70B, bf16 weights and KV (320 KiB/token)"
+    ),
+    _dense(
+        "llama-3-70b-fp8",
+        80,
+        8,
+        128,
+        70.6,
+        64,
+        kv_dtype_bytes=1,
+        weight_dtype_bytes=1,
+        help="Llama-3-70B with fp8 weights and KV (160 KiB/token)",
+    ),
     _dense("qwen2.5-32b", 64, 8, 128, 32.8, 40, help="Qwen2.5-32B, bf16 (256 KiB/token)"),
     # MLA caches one 512-dim latent plus a 64-dim RoPE key per layer: (512 + 64) x 61 layers x 2 B.
     # Prefill attention: 128 heads, QK over 192 dims and PV over 128 per layer.
-    ModelArch("deepseek-v3", 576 * 61 * 2, 2 * 37e9, int(671e9),
-              "DeepSeek-V3/R1 (MLA, 37B active of 671B, fp8 weights): about 69 KB/token, near PDD's 50 KB working figure",
-              attn_flops_per_pair=2.0 * 61 * 128 * (192 + 128)),
+    ModelArch(
+        "deepseek-v3",
+        576 * 61 * 2,
+        2 * 37e9,
+        int(671e9),
+        "DeepSeek-V3/R1 (MLA, 37B active of 671B, fp8 weights): about 69 KB/token, near PDD's 50 KB working figure",
+        attn_flops_per_pair=2.0 * 61 * 128 * (192 + 128),
+    ),
     # The built-in model's real numbers (16 layers, 8 query / 4 KV heads x 64 dims, 47.5M parameters,
     # fp32; tests/sim check them against `pddflow.operators.config.TINY_LLAMA`): what a laptop runs.
-    _dense("tiny-llama", 16, 4, 64, 0.047468032, 8, kv_dtype_bytes=4, weight_dtype_bytes=4,
-           help="the built-in test model (fp32 on CPU): 32 KiB/token"),
+    _dense(
+        "tiny-llama",
+        16,
+        4,
+        64,
+        0.047468032,
+        8,
+        kv_dtype_bytes=4,
+        weight_dtype_bytes=4,
+        help="the built-in test model (fp32 on CPU): 32 KiB/token",
+    ),
 ):
     ARCHS.register(_a.name, _a)

@@ -13,7 +13,9 @@ import hashlib
 import struct
 from collections.abc import Sequence
 
-DIGEST_BYTES = 8  # 64-bit hashes: collision odds are negligible at cache sizes of millions of blocks
+DIGEST_BYTES = (
+    8  # 64-bit hashes: collision odds are negligible at cache sizes of millions of blocks
+)
 
 
 def _digest(parent: int | None, tokens: Sequence[int]) -> int:
@@ -24,7 +26,9 @@ def _digest(parent: int | None, tokens: Sequence[int]) -> int:
     return int.from_bytes(h.digest(), "little")
 
 
-def chain_block_hashes(token_ids: Sequence[int], block_size: int, parent: int | None = None) -> list[int]:
+def chain_block_hashes(
+    token_ids: Sequence[int], block_size: int, parent: int | None = None
+) -> list[int]:
     """Hashes of the FULL blocks of `token_ids` (a trailing partial block gets none: its KV is still
     growing, so it cannot be shared). `parent` is the hash of the block just before `token_ids[0]`,
     which lets a caller hash a sequence incrementally as its blocks fill."""
@@ -32,7 +36,7 @@ def chain_block_hashes(token_ids: Sequence[int], block_size: int, parent: int | 
         raise ValueError(f"block_size must be positive, got {block_size}")
     out: list[int] = []
     for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = _digest(parent, token_ids[start:start + block_size])
+        parent = _digest(parent, token_ids[start : start + block_size])
         out.append(parent)
     return out
 

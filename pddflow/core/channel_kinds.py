@@ -36,24 +36,60 @@ _TOKEN = Param(str, "", "bearer token the receiver requires; empty = no auth (lo
 _DEADLINE = Param(float, 30.0, "seconds a transfer may take before it fails and cancels its pair")
 
 for _k in (
-    ChannelKind("local", "in-process queue (tests and single-process deployments)",
-                frozenset(Payload), "process"),
-    ChannelKind("rdma_tensor", "KV blocks inside a cluster: shared memory on one host, NIXL/UCX where installed",
-                frozenset({Payload.KV_BLOCKS}), "cluster",
-                {"ring_slots": Param(int, 4, "buffers in the shared-memory ring"),
-                 "slot_mb": Param(float, 2.0, "size of one ring buffer in MiB (small rings stay in cache)"),
-                 "arena_mb": Param(float, 512.0, "direct-landing arena per receiver, MiB (0: ring only)"),
-                 "checksum": Param(str, "", "per-block checksum: '' (off: no wire to corrupt), xsum64 or crc32"),
-                 "deadline_s": _DEADLINE}),
-    ChannelKind("wan_flight", "KV blocks across clusters: Arrow Flight over gRPC/TCP, parallel streams, resumable",
-                frozenset({Payload.KV_BLOCKS}), "any",
-                {"streams": Param(int, 4, "parallel Flight streams per transfer"),
-                 "checksum": Param(str, "xsum64", "per-block checksum: xsum64 or crc32"),
-                 "tls": _TLS, "token": _TOKEN, "deadline_s": _DEADLINE,
-                 "emulate": Param(bool, True, "shape traffic with the link model when both ends share a host")}),
-    ChannelKind("token_ids", "token IDs and control messages: gRPC streaming protobuf",
-                frozenset({Payload.TOKEN_IDS, Payload.CONTROL}), "any",
-                {"tls": _TLS, "token": _TOKEN, "deadline_s": _DEADLINE,
-                 "emulate": Param(bool, True, "delay messages by the link model when both ends share a host")}),
+    ChannelKind(
+        "local",
+        "in-process queue (tests and single-process deployments)",
+        frozenset(Payload),
+        "process",
+    ),
+    ChannelKind(
+        "rdma_tensor",
+        "KV blocks inside a cluster: shared memory on one host, NIXL/UCX where installed",
+        frozenset({Payload.KV_BLOCKS}),
+        "cluster",
+        {
+            "ring_slots": Param(int, 4, "buffers in the shared-memory ring"),
+            "slot_mb": Param(
+                float, 2.0, "size of one ring buffer in MiB (small rings stay in cache)"
+            ),
+            "arena_mb": Param(
+                float, 512.0, "direct-landing arena per receiver, MiB (0: ring only)"
+            ),
+            "checksum": Param(
+                str, "", "per-block checksum: '' (off: no wire to corrupt), xsum64 or crc32"
+            ),
+            "deadline_s": _DEADLINE,
+        },
+    ),
+    ChannelKind(
+        "wan_flight",
+        "KV blocks across clusters: Arrow Flight over gRPC/TCP, parallel streams, resumable",
+        frozenset({Payload.KV_BLOCKS}),
+        "any",
+        {
+            "streams": Param(int, 4, "parallel Flight streams per transfer"),
+            "checksum": Param(str, "xsum64", "per-block checksum: xsum64 or crc32"),
+            "tls": _TLS,
+            "token": _TOKEN,
+            "deadline_s": _DEADLINE,
+            "emulate": Param(
+                bool, True, "shape traffic with the link model when both ends share a host"
+            ),
+        },
+    ),
+    ChannelKind(
+        "token_ids",
+        "token IDs and control messages: gRPC streaming protobuf",
+        frozenset({Payload.TOKEN_IDS, Payload.CONTROL}),
+        "any",
+        {
+            "tls": _TLS,
+            "token": _TOKEN,
+            "deadline_s": _DEADLINE,
+            "emulate": Param(
+                bool, True, "delay messages by the link model when both ends share a host"
+            ),
+        },
+    ),
 ):
     CHANNEL_KINDS.register(_k.name, _k)

@@ -22,21 +22,23 @@ import os
 from dataclasses import dataclass
 
 MODES = ("auto", "none")
-DECODE_NICE = 5   # CFS weight 335 against prefill's 1024
+DECODE_NICE = 5  # CFS weight 335 against prefill's 1024
 
 
 @dataclass(frozen=True)
 class CpuLayout:
-    mode: str                                 # "instance" | "cluster" | "shared"
-    cpus: dict[str, tuple[int, ...]]          # instance -> cores it is pinned to (empty: any core)
-    threads: dict[str, int]                   # instance -> torch threads
-    nice: dict[str, int]                      # instance -> niceness increment (0: normal priority)
+    mode: str  # "instance" | "cluster" | "shared"
+    cpus: dict[str, tuple[int, ...]]  # instance -> cores it is pinned to (empty: any core)
+    threads: dict[str, int]  # instance -> torch threads
+    nice: dict[str, int]  # instance -> niceness increment (0: normal priority)
 
     def describe(self) -> str:
         if self.mode == "shared":
             return f"workers share all cores ({', '.join(f'{i}: {t} threads' for i, t in self.threads.items())})"
-        return "; ".join(f"{i}: cores {_ranges(c)}" + (f" (nice +{self.nice[i]})" if self.nice[i] else "")
-                         for i, c in self.cpus.items())
+        return "; ".join(
+            f"{i}: cores {_ranges(c)}" + (f" (nice +{self.nice[i]})" if self.nice[i] else "")
+            for i, c in self.cpus.items()
+        )
 
 
 def host_cores() -> list[int]:
@@ -47,7 +49,9 @@ def host_cores() -> list[int]:
         return list(range(os.cpu_count() or 1))
 
 
-def layout(instances: list[tuple[str, str, str]], cores: list[int], pinning: str = "auto") -> CpuLayout:
+def layout(
+    instances: list[tuple[str, str, str]], cores: list[int], pinning: str = "auto"
+) -> CpuLayout:
     """instances: (instance id, cluster, role: prefill | decode | both) in plan order. cores: the
     host's usable core ids."""
     if pinning not in MODES:
@@ -68,13 +72,13 @@ def layout(instances: list[tuple[str, str, str]], cores: list[int], pinning: str
     mode = "instance"
     at = 0
     for (_, members), n in zip(clusters.items(), shares):
-        own = cores[at:at + n]
+        own = cores[at : at + n]
         at += n
         if n >= len(members):  # each instance of the cluster gets cores of its own
             for inst, k in zip(members, _split(n, [1] * len(members))):
                 cpus[inst], threads[inst] = tuple(own[:k]), k
                 own = own[k:]
-        else:                  # the cluster's instances share the cluster's cores, prefill first
+        else:  # the cluster's instances share the cluster's cores, prefill first
             mode = "cluster"
             has_prefill = any(role[m] == "prefill" for m in members)
             for inst in members:
@@ -86,7 +90,9 @@ def layout(instances: list[tuple[str, str, str]], cores: list[int], pinning: str
 
 def plan_layout(plan, cores: list[int], pinning: str = "auto") -> CpuLayout:
     """The layout of a Plan's instances (roles from their operators)."""
-    return layout([(i.id, i.cluster, plan.operators[i.operator].role) for i in plan.instances], cores, pinning)
+    return layout(
+        [(i.id, i.cluster, plan.operators[i.operator].role) for i in plan.instances], cores, pinning
+    )
 
 
 def pin_self(cpus: tuple[int, ...] | list[int], nice: int = 0) -> None:

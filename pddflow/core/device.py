@@ -13,10 +13,10 @@ LOCAL_KV_CACHE_MIB = 256
 @dataclass(frozen=True)
 class DeviceClass:
     name: str
-    tflops: float        # dense peak at the serving dtype
-    hbm_gib: float       # memory capacity
-    hbm_tbps: float      # memory bandwidth, TB/s
-    net_gbps: float      # interconnect (RDMA NIC) bandwidth per device
+    tflops: float  # dense peak at the serving dtype
+    hbm_gib: float  # memory capacity
+    hbm_tbps: float  # memory bandwidth, TB/s
+    net_gbps: float  # interconnect (RDMA NIC) bandwidth per device
     usd_per_hour: float  # price, for cost and BCR
 
     @property

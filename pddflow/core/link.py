@@ -79,10 +79,18 @@ class LinkModel:
 
     def transfer_quantile_s(self, nbytes: float, q: float, share: float = 1.0) -> float:
         """Predicted time for one transfer of nbytes at quantile q of the jitter distribution."""
-        return self.rtt_ms / 1e3 + self.jitter.quantile_ms(q) / 1e3 + self.serialization_s(nbytes, share)
+        return (
+            self.rtt_ms / 1e3
+            + self.jitter.quantile_ms(q) / 1e3
+            + self.serialization_s(nbytes, share)
+        )
 
     def sample_transfer_s(self, nbytes: float, rng: random.Random, share: float = 1.0) -> float:
-        return self.rtt_ms / 1e3 + self.jitter.sample_ms(rng) / 1e3 + self.serialization_s(nbytes, share)
+        return (
+            self.rtt_ms / 1e3
+            + self.jitter.sample_ms(rng) / 1e3
+            + self.serialization_s(nbytes, share)
+        )
 
     def connects(self, x: str, y: str) -> bool:
         return {x, y} == {self.a, self.b}

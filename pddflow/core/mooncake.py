@@ -31,8 +31,9 @@ class TraceRecord:
     hash_ids: tuple[int, ...]
 
 
-def read_records(path: str | Path, limit: int | None = None,
-                 block_tokens: int = BLOCK_TOKENS) -> Iterator[TraceRecord]:
+def read_records(
+    path: str | Path, limit: int | None = None, block_tokens: int = BLOCK_TOKENS
+) -> Iterator[TraceRecord]:
     """The first `limit` (all when None) requests, in file order, each checked; arrival times must
     not go backwards. Raises TraceError when the file has none."""
     path = Path(path)
@@ -54,11 +55,15 @@ def read_records(path: str | Path, limit: int | None = None,
             except UnicodeDecodeError:
                 raise TraceError(f"{where}: not UTF-8 text") from None
             except json.JSONDecodeError as exc:
-                raise TraceError(f"{where}: not valid JSON ({exc.msg} at column {exc.colno})") from None
+                raise TraceError(
+                    f"{where}: not valid JSON ({exc.msg} at column {exc.colno})"
+                ) from None
             rec = _record(obj, where, lineno, block_tokens)
             if rec.timestamp_ms < last_ts:
-                raise TraceError(f"{where}: timestamp {rec.timestamp_ms} is earlier than the previous line's "
-                                 f"{last_ts:g}; a trace must be sorted by arrival")
+                raise TraceError(
+                    f"{where}: timestamp {rec.timestamp_ms} is earlier than the previous line's "
+                    f"{last_ts:g}; a trace must be sorted by arrival"
+                )
             last_ts = rec.timestamp_ms
             n += 1
             yield rec
@@ -69,22 +74,34 @@ def read_records(path: str | Path, limit: int | None = None,
 def _record(obj: object, where: str, lineno: int, block_tokens: int) -> TraceRecord:
     if not isinstance(obj, dict):
         raise TraceError(f"{where}: expected a JSON object, got {type(obj).__name__}")
-    missing = [k for k in ("timestamp", "input_length", "output_length", "hash_ids") if k not in obj]
+    missing = [
+        k for k in ("timestamp", "input_length", "output_length", "hash_ids") if k not in obj
+    ]
     if missing:
-        raise TraceError(f"{where}: missing key(s) {', '.join(missing)} (Mooncake format: timestamp, "
-                         "input_length, output_length, hash_ids)")
+        raise TraceError(
+            f"{where}: missing key(s) {', '.join(missing)} (Mooncake format: timestamp, "
+            "input_length, output_length, hash_ids)"
+        )
     ts = obj["timestamp"]
     if isinstance(ts, bool) or not isinstance(ts, (int, float)) or ts < 0 or not math.isfinite(ts):
-        raise TraceError(f"{where}: timestamp must be a non-negative number of milliseconds, got {ts!r}")
+        raise TraceError(
+            f"{where}: timestamp must be a non-negative number of milliseconds, got {ts!r}"
+        )
     for k in ("input_length", "output_length"):
         v = obj[k]
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise TraceError(f"{where}: {k} must be a positive integer, got {v!r}")
     hashes = obj["hash_ids"]
-    if not isinstance(hashes, list) or not hashes or not all(isinstance(h, int) and not isinstance(h, bool) for h in hashes):
+    if (
+        not isinstance(hashes, list)
+        or not hashes
+        or not all(isinstance(h, int) and not isinstance(h, bool) for h in hashes)
+    ):
         raise TraceError(f"{where}: hash_ids must be a non-empty list of integers")
     need = -(-obj["input_length"] // block_tokens)
     if len(hashes) != need:
-        raise TraceError(f"{where}: {len(hashes)} hash_ids for input_length {obj['input_length']}; expected "
-                         f"ceil({obj['input_length']}/{block_tokens}) = {need}")
+        raise TraceError(
+            f"{where}: {len(hashes)} hash_ids for input_length {obj['input_length']}; expected "
+            f"ceil({obj['input_length']}/{block_tokens}) = {need}"
+        )
     return TraceRecord(lineno, float(ts), obj["input_length"], obj["output_length"], tuple(hashes))

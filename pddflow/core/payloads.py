@@ -13,11 +13,11 @@ from typing import Any
 
 
 class Payload(str, enum.Enum):
-    REQUEST = "Request"          # prompt token IDs, sampling params, deadline
-    KV_BLOCKS = "KVBlocks"       # a sequence's KV for a range of blocks
-    TOKEN_IDS = "TokenIds"       # generated token IDs (the Extend-Decode handoff)
-    TOKEN_STREAM = "TokenStream" # tokens streamed to the client
-    CONTROL = "Control"          # cancel / release / ack
+    REQUEST = "Request"  # prompt token IDs, sampling params, deadline
+    KV_BLOCKS = "KVBlocks"  # a sequence's KV for a range of blocks
+    TOKEN_IDS = "TokenIds"  # generated token IDs (the Extend-Decode handoff)
+    TOKEN_STREAM = "TokenStream"  # tokens streamed to the client
+    CONTROL = "Control"  # cancel / release / ack
 
     def __str__(self) -> str:
         return self.value
@@ -26,7 +26,7 @@ class Payload(str, enum.Enum):
 @dataclass(frozen=True)
 class SamplingParams:
     max_tokens: int = 16
-    temperature: float = 0.0     # 0 means greedy
+    temperature: float = 0.0  # 0 means greedy
     top_p: float = 1.0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()

@@ -23,27 +23,50 @@ class PolicySpec:
 
 POLICIES: Registry[PolicySpec] = Registry("scheduler policy", "pddflow.policies")
 
-POLICIES.register("predicted_hit_rate", PolicySpec(
+POLICIES.register(
     "predicted_hit_rate",
-    "per request: predicted MD hit rate from the radix-cache mirror and predicted WAN transfer "
-    "time from live link estimates pick p_md or p_rld_md, the handoff mode and singular traffic",
-    "pddflow.scheduler.predicted_hit_rate:PredictedHitRatePolicy",
-    {
-        "relay_if_transfer_over_s": Param(float, 0.5, "use the relay when the predicted P90 KV transfer exceeds this"),
-        "singular_min_prompt_tokens": Param(int, 16384, "singular traffic: prompts at least this long ..."),
-        "singular_max_output_tokens": Param(int, 500, "... with expected outputs at most this short"),
-        "singular_max_share": Param(float, 0.04, "most requests finished on the relay as singular traffic"),
-        "catch_up_load": Param(float, 0.7, "adaptive handoff: relay load above which one-shot is used"),
-    },
-))
-POLICIES.register("uncached_threshold", PolicySpec(
+    PolicySpec(
+        "predicted_hit_rate",
+        "per request: predicted MD hit rate from the radix-cache mirror and predicted WAN transfer "
+        "time from live link estimates pick p_md or p_rld_md, the handoff mode and singular traffic",
+        "pddflow.scheduler.predicted_hit_rate:PredictedHitRatePolicy",
+        {
+            "relay_if_transfer_over_s": Param(
+                float, 0.5, "use the relay when the predicted P90 KV transfer exceeds this"
+            ),
+            "singular_min_prompt_tokens": Param(
+                int, 16384, "singular traffic: prompts at least this long ..."
+            ),
+            "singular_max_output_tokens": Param(
+                int, 500, "... with expected outputs at most this short"
+            ),
+            "singular_max_share": Param(
+                float, 0.04, "most requests finished on the relay as singular traffic"
+            ),
+            "catch_up_load": Param(
+                float, 0.7, "adaptive handoff: relay load above which one-shot is used"
+            ),
+        },
+    ),
+)
+POLICIES.register(
     "uncached_threshold",
-    "what Dynamo/llm-d/SGLang routers do: relay (remote prefill) when uncached prompt tokens exceed a fixed threshold",
-    "pddflow.scheduler.uncached_threshold:UncachedThresholdPolicy",
-    {"threshold_tokens": Param(int, 2048, "uncached prompt tokens above which the second variant is taken")},
-))
-POLICIES.register("first_variant", PolicySpec(
+    PolicySpec(
+        "uncached_threshold",
+        "what Dynamo/llm-d/SGLang routers do: relay (remote prefill) when uncached prompt tokens exceed a fixed threshold",
+        "pddflow.scheduler.uncached_threshold:UncachedThresholdPolicy",
+        {
+            "threshold_tokens": Param(
+                int, 2048, "uncached prompt tokens above which the second variant is taken"
+            )
+        },
+    ),
+)
+POLICIES.register(
     "first_variant",
-    "every request takes the first variant listed (single-pipeline baselines)",
-    "pddflow.scheduler.first_variant:FirstVariantPolicy",
-))
+    PolicySpec(
+        "first_variant",
+        "every request takes the first variant listed (single-pipeline baselines)",
+        "pddflow.scheduler.first_variant:FirstVariantPolicy",
+    ),
+)

@@ -26,8 +26,8 @@ __all__ = ["TRACE_BLOCK_TOKENS", "SessionSpec", "TraceError", "WorkloadSpec", "b
 @dataclass(frozen=True)
 class SessionSpec:
     first_prompt: list[int]
-    user_turns: list[list[int]]   # the new user tokens of turns 2..n
-    output_tokens: list[int]      # max_tokens per turn
+    user_turns: list[list[int]]  # the new user tokens of turns 2..n
+    output_tokens: list[int]  # max_tokens per turn
 
 
 @dataclass(frozen=True)
@@ -45,8 +45,17 @@ def read_trace(path: Path, limit: int) -> list[tuple[int, int, list[int]]]:
     return [(r.input_length, r.output_length, list(r.hash_ids)) for r in read_records(path, limit)]
 
 
-def build(trace: Path, sessions: int, turns: int, scale: float, vocab: int, seed: int = 0,
-          max_output: int = 128, user_tokens: int = 24, output_scale: float = 0.25) -> WorkloadSpec:
+def build(
+    trace: Path,
+    sessions: int,
+    turns: int,
+    scale: float,
+    vocab: int,
+    seed: int = 0,
+    max_output: int = 128,
+    user_tokens: int = 24,
+    output_scale: float = 0.25,
+) -> WorkloadSpec:
     """`sessions` sessions of `turns` turns; prompt lengths multiplied by `scale` (tokens of the
     built-in model per trace token), output lengths by `output_scale` up to `max_output`. Outputs
     shrink less than prompts so the relay's eager share stays what it is at scale (a few percent of
@@ -62,8 +71,10 @@ def build(trace: Path, sessions: int, turns: int, scale: float, vocab: int, seed
     out = []
     for i in range(sessions):
         first = recs[i]
-        prompt = [t for h in first[2] for t in block_tokens(h)][: max(block, round(first[0] * scale))]
-        later = recs[sessions + i * (turns - 1): sessions + (i + 1) * (turns - 1)]
+        prompt = [t for h in first[2] for t in block_tokens(h)][
+            : max(block, round(first[0] * scale))
+        ]
+        later = recs[sessions + i * (turns - 1) : sessions + (i + 1) * (turns - 1)]
         outs = [min(max_output, max(4, round(r[1] * output_scale))) for r in [first, *later]]
         users = [[rng.randrange(vocab) for _ in range(user_tokens)] for _ in later]
         out.append(SessionSpec(prompt, users, outs))

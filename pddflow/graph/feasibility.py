@@ -37,10 +37,10 @@ class RequestClass:
 class LinkReport:
     name: str
     available_gbps: float
-    required_gbps: float            # with DRC where the receiving operator keeps one
+    required_gbps: float  # with DRC where the receiving operator keeps one
     required_gbps_without_drc: float
     utilization: float
-    transfer_p50_s: float           # the average-hit request
+    transfer_p50_s: float  # the average-hit request
     transfer_p99_s: float
     classes: list[RequestClass] = field(default_factory=list)
     channels: list[str] = field(default_factory=list)
@@ -61,7 +61,9 @@ class Feasibility:
 def variant_shares(plan: Plan) -> dict[str, float]:
     """Planning shares: declared `expected_share`s, the rest split evenly over the others. A
     variant that the policy may send any request to is counted in full for bandwidth (worst case)."""
-    declared = {n: v.expected_share for n, v in plan.variants.items() if v.expected_share is not None}
+    declared = {
+        n: v.expected_share for n, v in plan.variants.items() if v.expected_share is not None
+    }
     rest = [n for n in plan.variants if n not in declared]
     left = max(0.0, 1.0 - sum(declared.values()))
     return {**declared, **{n: (1.0 if not declared else left / len(rest)) for n in rest}}
@@ -96,23 +98,45 @@ def analyze(plan: Plan, load: Load) -> Feasibility:
                 drc += ids
         required, without = drc * 8 / 1e9, full * 8 / 1e9
         util = required / link.gbps
-        classes = _classes(link, load, kv, util, kv_drc) if any(c.payload == str(Payload.KV_BLOCKS) for c in crossing) else []
+        classes = (
+            _classes(link, load, kv, util, kv_drc)
+            if any(c.payload == str(Payload.KV_BLOCKS) for c in crossing)
+            else []
+        )
         avg = next((c for c in classes if c.name == "average"), None)
-        reports.append(LinkReport(link.name, link.gbps, round(required, 3), round(without, 3), round(util, 4),
-                                  avg.transfer_p50_s if avg else 0.0, avg.transfer_p99_s if avg else 0.0,
-                                  classes, [c.id for c in crossing]))
+        reports.append(
+            LinkReport(
+                link.name,
+                link.gbps,
+                round(required, 3),
+                round(without, 3),
+                round(util, 4),
+                avg.transfer_p50_s if avg else 0.0,
+                avg.transfer_p99_s if avg else 0.0,
+                classes,
+                [c.id for c in crossing],
+            )
+        )
         if util >= 1.0:
-            problems.append(f"link {link.name}: needs {required:.1f} Gbps at {load.rps:g} req/s but gives {link.gbps:g} Gbps; "
-                            f"add bandwidth, raise the hit rate, or lower the load")
+            problems.append(
+                f"link {link.name}: needs {required:.1f} Gbps at {load.rps:g} req/s but gives {link.gbps:g} Gbps; "
+                f"add bandwidth, raise the hit rate, or lower the load"
+            )
         elif util > 0.8:
-            notes.append(f"link {link.name} runs at {util:.0%} of its bandwidth: transfers queue and the tail grows")
+            notes.append(
+                f"link {link.name} runs at {util:.0%} of its bandwidth: transfers queue and the tail grows"
+            )
         if without > link.gbps and required < link.gbps and kv_drc:
-            notes.append(f"link {link.name}: feasible only with the decode-side radix cache ({without:.1f} Gbps "
-                         f"without it, {required:.1f} Gbps with {load.hit_rate:.0%} hits)")
+            notes.append(
+                f"link {link.name}: feasible only with the decode-side radix cache ({without:.1f} Gbps "
+                f"without it, {required:.1f} Gbps with {load.hit_rate:.0%} hits)"
+            )
         cold = next((c for c in classes if c.name == "cold"), None)
         if cold and cold.transfer_p99_s > plan.scheduler.ttft_s:
-            msg = (f"link {link.name}: a cold {load.prompt_tokens}-token prompt's KV takes {cold.transfer_p99_s:.1f} s at P99, "
-                   f"over the {plan.scheduler.ttft_s:g} s TTFT SLA")
+            msg = (
+                f"link {link.name}: a cold {load.prompt_tokens}-token prompt's KV takes {cold.transfer_p99_s:.1f} s at P99, "
+                f"over the {plan.scheduler.ttft_s:g} s TTFT SLA"
+            )
             if has_relay:
                 notes.append(msg + "; the relay variant hides it (eager tokens from the relay)")
             else:
@@ -123,7 +147,11 @@ def analyze(plan: Plan, load: Load) -> Feasibility:
 def _classes(link, load: Load, kv: int, util: float, drc: bool) -> list[RequestClass]:
     slow = 1.0 / (1.0 - util) if util < 1.0 else float("inf")
     out = []
-    for name, hit in (("cold", 0.0), ("average", load.hit_rate), ("warm", max(load.hit_rate, 0.95))):
+    for name, hit in (
+        ("cold", 0.0),
+        ("average", load.hit_rate),
+        ("warm", max(load.hit_rate, 0.95)),
+    ):
         if not drc:
             hit = 0.0
         nbytes = load.prompt_tokens * kv * (1 - hit)

@@ -31,39 +31,39 @@ class ClusterPlan:
 
 @dataclass(frozen=True)
 class Instance:
-    id: str            # "<operator>/<index>", unique in the plan
+    id: str  # "<operator>/<index>", unique in the plan
     operator: str
     index: int
     cluster: str
     device: str
-    devices: int       # devices this instance spans
+    devices: int  # devices this instance spans
 
 
 @dataclass(frozen=True)
 class OperatorPlan:
     name: str
     op_type: str
-    role: str          # prefill | decode | both
+    role: str  # prefill | decode | both
     cluster: str
     device: str
     replicas: int
     devices_per_replica: int
-    params: dict[str, Any]          # every declared parameter, defaults filled in
-    kv_budget_bytes: float          # per replica: device memory minus weights, at production scale
+    params: dict[str, Any]  # every declared parameter, defaults filled in
+    kv_budget_bytes: float  # per replica: device memory minus weights, at production scale
     instances: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class ChannelPlan:
-    id: str            # "src.port->dst.port"
+    id: str  # "src.port->dst.port"
     kind: str
     payload: str
-    src: str           # operator
+    src: str  # operator
     src_port: str
     dst: str
     dst_port: str
     cross_cluster: bool
-    link: str | None   # the link crossed, when cross_cluster
+    link: str | None  # the link crossed, when cross_cluster
     params: dict[str, Any]
 
 
@@ -71,8 +71,8 @@ class ChannelPlan:
 class VariantPlan:
     name: str
     path: tuple[str, ...]
-    channels: tuple[str, ...]   # every edge between operators of the path, in path order
-    handoff: str | None         # one_shot | catch_up | adaptive, when the path has a relay
+    channels: tuple[str, ...]  # every edge between operators of the path, in path order
+    handoff: str | None  # one_shot | catch_up | adaptive, when the path has a relay
     catch_up_tokens: int
     singular_traffic: bool
     expected_share: float | None
@@ -100,7 +100,7 @@ class Plan:
     variants: dict[str, VariantPlan]
     scheduler: SchedulerPlan
     local_replicas: dict[str, int] = field(default_factory=dict)
-    profile: str = "production"   # or "local" after scaled_to_local()
+    profile: str = "production"  # or "local" after scaled_to_local()
 
     # ---- queries the runtime and simulator use -------------------------------------------------
     def channel(self, channel_id: str) -> ChannelPlan:
@@ -123,8 +123,10 @@ class Plan:
 
     def cost_per_hour(self) -> float:
         """Price of every device the operators occupy (not idle devices in the clusters)."""
-        return sum(op.replicas * op.devices_per_replica * self.device_classes[op.device].usd_per_hour
-                   for op in self.operators.values())
+        return sum(
+            op.replicas * op.devices_per_replica * self.device_classes[op.device].usd_per_hour
+            for op in self.operators.values()
+        )
 
     def scaled_to_local(self) -> Plan:
         """The same plan with the `local` profile's replica counts (default 1 per operator)."""
@@ -141,11 +143,24 @@ class Plan:
 
         g = nx.MultiDiGraph(name=self.name)
         for op in self.operators.values():
-            g.add_node(op.name, op_type=op.op_type, role=op.role, cluster=op.cluster, device=op.device,
-                       replicas=op.replicas)
+            g.add_node(
+                op.name,
+                op_type=op.op_type,
+                role=op.role,
+                cluster=op.cluster,
+                device=op.device,
+                replicas=op.replicas,
+            )
         for c in self.channels:
-            g.add_edge(c.src, c.dst, key=c.id, kind=c.kind, payload=c.payload, link=c.link,
-                       cross_cluster=c.cross_cluster)
+            g.add_edge(
+                c.src,
+                c.dst,
+                key=c.id,
+                kind=c.kind,
+                payload=c.payload,
+                link=c.link,
+                cross_cluster=c.cross_cluster,
+            )
         return g
 
     # ---- serialisation ------------------------------------------------------------------------
@@ -162,16 +177,24 @@ class Plan:
             links[k] = LinkModel(**{**v, "jitter": Jitter(**v["jitter"])})
         m = d["model"]
         return Plan(
-            name=d["name"], source=d["source"],
-            model=ModelPlan(m["weights"], ModelArch(**m["arch"]), m["max_context"], m["block_size"]),
+            name=d["name"],
+            source=d["source"],
+            model=ModelPlan(
+                m["weights"], ModelArch(**m["arch"]), m["max_context"], m["block_size"]
+            ),
             device_classes={k: DeviceClass(**v) for k, v in d["device_classes"].items()},
             clusters={k: ClusterPlan(**v) for k, v in d["clusters"].items()},
             links=links,
-            operators={k: OperatorPlan(**{**v, "instances": tuple(v["instances"])}) for k, v in d["operators"].items()},
+            operators={
+                k: OperatorPlan(**{**v, "instances": tuple(v["instances"])})
+                for k, v in d["operators"].items()
+            },
             instances=tuple(Instance(**i) for i in d["instances"]),
             channels=tuple(ChannelPlan(**c) for c in d["channels"]),
-            variants={k: VariantPlan(**{**v, "path": tuple(v["path"]), "channels": tuple(v["channels"])})
-                      for k, v in d["variants"].items()},
+            variants={
+                k: VariantPlan(**{**v, "path": tuple(v["path"]), "channels": tuple(v["channels"])})
+                for k, v in d["variants"].items()
+            },
             scheduler=SchedulerPlan(**d["scheduler"]),
             local_replicas=dict(d.get("local_replicas", {})),
             profile=d.get("profile", "production"),
@@ -185,4 +208,6 @@ class Plan:
 def _instances(ops: dict[str, OperatorPlan]) -> tuple[Instance, ...]:
     return tuple(
         Instance(f"{op.name}/{i}", op.name, i, op.cluster, op.device, op.devices_per_replica)
-        for op in ops.values() for i in range(op.replicas))
+        for op in ops.values()
+        for i in range(op.replicas)
+    )

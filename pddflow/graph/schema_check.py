@@ -31,15 +31,26 @@ def _report(src: Source, path: Path, err: dict) -> None:
     if kind == "extra_forbidden":
         parent, key = path[:-1], path[-1]
         valid = _fields_at(parent)
-        src.error(path, f"unknown key {key!r} in {_dotted(parent) or 'the top level'}"
-                        f"{did_you_mean(str(key), valid)}; valid keys: {', '.join(valid)}", key=True)
+        src.error(
+            path,
+            f"unknown key {key!r} in {_dotted(parent) or 'the top level'}"
+            f"{did_you_mean(str(key), valid)}; valid keys: {', '.join(valid)}",
+            key=True,
+        )
     elif kind == "missing":
         parent, key = path[:-1], path[-1]
         help_ = _field_help(parent, key)
-        src.error(parent, f"missing required key {key!r} in {_dotted(parent) or 'the top level'}"
-                          + (f" ({help_})" if help_ else ""), key=True)
+        src.error(
+            parent,
+            f"missing required key {key!r} in {_dotted(parent) or 'the top level'}"
+            + (f" ({help_})" if help_ else ""),
+            key=True,
+        )
     elif kind == "literal_error" and path == ("pddflow",):
-        src.error(path, f"unsupported format version {err.get('input')!r}: this pddflow reads `pddflow: 1`")
+        src.error(
+            path,
+            f"unsupported format version {err.get('input')!r}: this pddflow reads `pddflow: 1`",
+        )
     else:
         got = err.get("input")
         shown = repr(got) if not isinstance(got, (dict, list)) else type(got).__name__
@@ -52,11 +63,19 @@ def _drop_losing_union_branches(errors: list[dict]) -> list[dict]:
     kept = []
     for err in errors:
         if err["type"] == "string_type" and isinstance(err.get("input"), dict):
-            siblings = [e for e in errors if e is not err and e["loc"][: len(err["loc"]) - 1] == err["loc"][:-1]]
+            siblings = [
+                e
+                for e in errors
+                if e is not err and e["loc"][: len(err["loc"]) - 1] == err["loc"][:-1]
+            ]
             if siblings:
                 continue
         if err["type"] == "model_type" and not isinstance(err.get("input"), dict):
-            siblings = [e for e in errors if e is not err and e["loc"][: len(err["loc"]) - 1] == err["loc"][:-1]]
+            siblings = [
+                e
+                for e in errors
+                if e is not err and e["loc"][: len(err["loc"]) - 1] == err["loc"][:-1]
+            ]
             if siblings:
                 continue
         kept.append(err)
@@ -103,7 +122,9 @@ def _model_at(path: Path) -> Any:
 def _unwrap(tp: Any) -> Any:
     origin = typing.get_origin(tp)
     if origin in (typing.Union, types.UnionType):
-        models = [a for a in typing.get_args(tp) if isinstance(a, type) and issubclass(a, BaseModel)]
+        models = [
+            a for a in typing.get_args(tp) if isinstance(a, type) and issubclass(a, BaseModel)
+        ]
         return models[0] if models else tp
     return tp
 

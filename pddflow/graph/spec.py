@@ -13,24 +13,39 @@ class _Strict(BaseModel):
 
 
 class ArchNumbers(_Strict):
-    kv_bytes_per_token: int = Field(gt=0, description="KV cache bytes per token, all layers, K and V")
-    flops_per_token: float = Field(gt=0, description="forward FLOPs per token (about 2 x active params)")
+    kv_bytes_per_token: int = Field(
+        gt=0, description="KV cache bytes per token, all layers, K and V"
+    )
+    flops_per_token: float = Field(
+        gt=0, description="forward FLOPs per token (about 2 x active params)"
+    )
     weight_bytes: int = Field(gt=0, description="bytes of all weights at the serving dtype")
-    attn_flops_per_pair: float = Field(0.0, ge=0, description="attention FLOPs per (query, key) pair, all layers "
-                                       "(4 x layers x query heads x head_dim); 0: 8 x kv_bytes_per_token")
+    attn_flops_per_pair: float = Field(
+        0.0,
+        ge=0,
+        description="attention FLOPs per (query, key) pair, all layers "
+        "(4 x layers x query heads x head_dim); 0: 8 x kv_bytes_per_token",
+    )
 
 
 class ModelSpec(_Strict):
-    weights: str = Field(description="what `deploy` loads: `builtin:tiny-llama` or a local HF checkpoint directory")
+    weights: str = Field(
+        description="what `deploy` loads: `builtin:tiny-llama` or a local HF checkpoint directory"
+    )
     arch: str | ArchNumbers = Field(
-        description="what `plan` and `simulate` assume: a preset name (see `pddflow schema --presets`) or inline numbers")
-    max_context: int = Field(131072, gt=0, description="longest prompt + output a request may have, in tokens")
+        description="what `plan` and `simulate` assume: a preset name (see `pddflow schema --presets`) or inline numbers"
+    )
+    max_context: int = Field(
+        131072, gt=0, description="longest prompt + output a request may have, in tokens"
+    )
     block_size: int = Field(16, gt=0, description="tokens per KV block")
 
 
 class LocalProfile(_Strict):
     replicas: dict[str, int] = Field(
-        default_factory=dict, description="operator name -> processes on one machine (default 1 each)")
+        default_factory=dict,
+        description="operator name -> processes on one machine (default 1 each)",
+    )
 
 
 class DeviceClassSpec(_Strict):
@@ -43,37 +58,57 @@ class DeviceClassSpec(_Strict):
 
 class ClusterSpec(_Strict):
     devices: dict[str, int] = Field(description="device class -> how many devices this cluster has")
-    rdma_gbps: float | None = Field(None, gt=0, description="intra-cluster fabric bandwidth (default: the devices' net_gbps)")
+    rdma_gbps: float | None = Field(
+        None, gt=0, description="intra-cluster fabric bandwidth (default: the devices' net_gbps)"
+    )
 
 
 class JitterSpec(_Strict):
-    dist: Literal["lognormal", "normal", "constant"] = Field("lognormal", description="shape of the extra delay")
+    dist: Literal["lognormal", "normal", "constant"] = Field(
+        "lognormal", description="shape of the extra delay"
+    )
     p50_ms: float = Field(0.0, ge=0, description="median extra delay per transfer, ms")
     p99_ms: float = Field(0.0, ge=0, description="99th percentile extra delay per transfer, ms")
 
 
 class LinkSpec(_Strict):
     between: list[str] | None = Field(
-        None, min_length=2, max_length=2, description="the two clusters (default: the name split at '-')")
+        None,
+        min_length=2,
+        max_length=2,
+        description="the two clusters (default: the name split at '-')",
+    )
     gbps: float = Field(gt=0, description="bandwidth available to this deployment, Gbps")
     rtt_ms: float = Field(0.0, ge=0, description="round-trip time, ms")
-    jitter: JitterSpec = Field(default_factory=JitterSpec, description="per-transfer extra delay distribution")
+    jitter: JitterSpec = Field(
+        default_factory=JitterSpec, description="per-transfer extra delay distribution"
+    )
 
 
 class OperatorSpec(_Strict):
-    op: str = Field(description="operator type (prefill, relay_decode, main_decode, decode, colocated, or a plugin's)")
+    op: str = Field(
+        description="operator type (prefill, relay_decode, main_decode, decode, colocated, or a plugin's)"
+    )
     cluster: str = Field(description="cluster the replicas run in")
     device: str = Field(description="device class each replica runs on")
     replicas: int = Field(1, ge=1, description="instances in the production topology")
-    devices_per_replica: int = Field(1, ge=1, description="devices one replica spans (tensor parallel degree)")
-    params: dict[str, Any] = Field(default_factory=dict, description="operator-type parameters (see docs/graph-reference.md)")
+    devices_per_replica: int = Field(
+        1, ge=1, description="devices one replica spans (tensor parallel degree)"
+    )
+    params: dict[str, Any] = Field(
+        default_factory=dict, description="operator-type parameters (see docs/graph-reference.md)"
+    )
 
 
 class EdgeSpec(_Strict):
     from_: str = Field(alias="from", description="source `operator.port`")
     to: str = Field(description="destination `operator.port`")
-    channel: str = Field(description="channel kind: rdma_tensor, wan_flight, token_ids, local, or a plugin's")
-    link: str | None = Field(None, description="link this edge crosses (default: the one joining the two clusters)")
+    channel: str = Field(
+        description="channel kind: rdma_tensor, wan_flight, token_ids, local, or a plugin's"
+    )
+    link: str | None = Field(
+        None, description="link this edge crosses (default: the one joining the two clusters)"
+    )
     params: dict[str, Any] = Field(default_factory=dict, description="channel parameters")
 
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
@@ -84,13 +119,22 @@ class CatchUpSpec(_Strict):
 
 
 class VariantSpec(_Strict):
-    path: list[str] = Field(min_length=1, description="operators a request visits, entry first, a decoder last")
+    path: list[str] = Field(
+        min_length=1, description="operators a request visits, entry first, a decoder last"
+    )
     handoff: Literal["one_shot", "catch_up", "adaptive"] | None = Field(
-        None, description="relay -> main handoff mode; required when the path has a relay")
+        None, description="relay -> main handoff mode; required when the path has a relay"
+    )
     singular_traffic: StrictBool = Field(
-        False, description="marks the one allowed path that ends at the relay (rare long-input, short-output requests)")
+        False,
+        description="marks the one allowed path that ends at the relay (rare long-input, short-output requests)",
+    )
     expected_share: float | None = Field(
-        None, ge=0, le=1, description="planning only: the share of requests expected on this variant")
+        None,
+        ge=0,
+        le=1,
+        description="planning only: the share of requests expected on this variant",
+    )
 
 
 class SlaSpec(_Strict):
@@ -99,7 +143,10 @@ class SlaSpec(_Strict):
 
 
 class SchedulerSpec(_Strict):
-    policy: str = Field("predicted_hit_rate", description="policy name (predicted_hit_rate, uncached_threshold, first_variant)")
+    policy: str = Field(
+        "predicted_hit_rate",
+        description="policy name (predicted_hit_rate, uncached_threshold, first_variant)",
+    )
     sla: SlaSpec = Field(default_factory=SlaSpec)
     params: dict[str, Any] = Field(default_factory=dict, description="policy parameters")
 
@@ -109,7 +156,9 @@ class GraphSpec(_Strict):
     name: str = Field(min_length=1, description="the deployment's name")
     description: str = Field("", description="free text")
     model: ModelSpec
-    local: LocalProfile = Field(default_factory=LocalProfile, description="the embedded profile: one machine")
+    local: LocalProfile = Field(
+        default_factory=LocalProfile, description="the embedded profile: one machine"
+    )
     device_classes: dict[str, DeviceClassSpec] = Field(min_length=1)
     clusters: dict[str, ClusterSpec] = Field(min_length=1)
     links: dict[str, LinkSpec] = Field(default_factory=dict)

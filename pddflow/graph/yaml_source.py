@@ -39,7 +39,9 @@ class Source:
                 return (1, 1)
             p = p[:-1]
 
-    def error(self, path: Path, message: str, key: bool = False, severity: str = "error") -> Diagnostic:
+    def error(
+        self, path: Path, message: str, key: bool = False, severity: str = "error"
+    ) -> Diagnostic:
         line, col = self.where(path, key)
         d = Diagnostic(self.file, line, col, message, severity)
         self.errors.append(d)
@@ -69,7 +71,10 @@ class _Builder:
     def build(self, node: yaml.Node, path: Path) -> Any:
         self.src.value_pos.setdefault(path, _pos(node.start_mark))
         if id(node) in self.active:
-            self.src.error(path, "recursive YAML alias: this anchor refers to itself; write the value out instead")
+            self.src.error(
+                path,
+                "recursive YAML alias: this anchor refers to itself; write the value out instead",
+            )
             return None
         if isinstance(node, yaml.ScalarNode):
             try:
@@ -96,7 +101,9 @@ class _Builder:
                         for k, v in part.items():
                             out.setdefault(k, v)
                     else:
-                        self.src.error(path, "'<<' merge needs a mapping (or a list of mappings) to merge in")
+                        self.src.error(
+                            path, "'<<' merge needs a mapping (or a list of mappings) to merge in"
+                        )
                 continue
             if not isinstance(key_node, yaml.ScalarNode):
                 self.src.error(path, "a mapping key must be a plain word, not a list or mapping")
@@ -107,9 +114,14 @@ class _Builder:
             here = _pos(key_node.start_mark)
             if key in seen:
                 line, col = seen[key]
-                self.src.errors.append(Diagnostic(
-                    self.src.file, here[0], here[1],
-                    f"duplicate key {key!r} (first defined at line {line}); YAML keeps only one, so delete or rename one"))
+                self.src.errors.append(
+                    Diagnostic(
+                        self.src.file,
+                        here[0],
+                        here[1],
+                        f"duplicate key {key!r} (first defined at line {line}); YAML keeps only one, so delete or rename one",
+                    )
+                )
                 continue
             seen[key] = here
             self.src.key_pos[path + (key,)] = here
@@ -127,16 +139,33 @@ def read_yaml(file: str, raw: bytes | None = None) -> Source:
         src.errors.append(Diagnostic(file, 1, 1, f"cannot read file: {exc.strerror or exc}"))
         return src
     if len(raw) > MAX_BYTES:
-        src.errors.append(Diagnostic(file, 1, 1, f"file is larger than {MAX_BYTES // 1024} KiB; is this really a graph file?"))
+        src.errors.append(
+            Diagnostic(
+                file,
+                1,
+                1,
+                f"file is larger than {MAX_BYTES // 1024} KiB; is this really a graph file?",
+            )
+        )
         return src
     try:
         text = raw.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line, col = _line_col(raw[: exc.start].decode("utf-8", "replace"), exc.start)
-        src.errors.append(Diagnostic(file, line, col, "not UTF-8 text (a binary file?): a graph file is YAML text"))
+        src.errors.append(
+            Diagnostic(
+                file, line, col, "not UTF-8 text (a binary file?): a graph file is YAML text"
+            )
+        )
         return src
-    if not text.strip() or all(not ln.strip() or ln.lstrip().startswith("#") for ln in text.splitlines()):
-        src.errors.append(Diagnostic(file, 1, 1, "file is empty: a graph starts with `pddflow: 1` (see `pddflow schema`)"))
+    if not text.strip() or all(
+        not ln.strip() or ln.lstrip().startswith("#") for ln in text.splitlines()
+    ):
+        src.errors.append(
+            Diagnostic(
+                file, 1, 1, "file is empty: a graph starts with `pddflow: 1` (see `pddflow schema`)"
+            )
+        )
         return src
     try:
         nodes = list(yaml.compose_all(text, Loader=yaml.SafeLoader))
@@ -163,9 +192,20 @@ def read_yaml(file: str, raw: bytes | None = None) -> Source:
         return src
     if len(nodes) > 1:
         line, col = _pos(nodes[1].start_mark)
-        src.errors.append(Diagnostic(file, line, col, "more than one YAML document (`---`): put one graph per file"))
+        src.errors.append(
+            Diagnostic(
+                file, line, col, "more than one YAML document (`---`): put one graph per file"
+            )
+        )
     src.data = _Builder(src).build(nodes[0], ())
     if not isinstance(src.data, dict):
-        src.errors.append(Diagnostic(file, 1, 1, f"a graph file is a mapping with `pddflow: 1` at the top, not a {type(src.data).__name__}"))
+        src.errors.append(
+            Diagnostic(
+                file,
+                1,
+                1,
+                f"a graph file is a mapping with `pddflow: 1` at the top, not a {type(src.data).__name__}",
+            )
+        )
         src.data = None
     return src

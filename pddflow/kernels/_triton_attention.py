@@ -17,12 +17,26 @@ import triton.language as tl
 
 @triton.jit
 def _paged_attention_kernel(
-    q_ptr, pool_ptr, out_ptr, tables_ptr, row_span_ptr, row_ctx_ptr,
-    layer, scale,
-    stride_qt, stride_qh,
-    stride_pb, stride_pl, stride_pkv, stride_ps, stride_ph,
+    q_ptr,
+    pool_ptr,
+    out_ptr,
+    tables_ptr,
+    row_span_ptr,
+    row_ctx_ptr,
+    layer,
+    scale,
+    stride_qt,
+    stride_qh,
+    stride_pb,
+    stride_pl,
+    stride_pkv,
+    stride_ps,
+    stride_ph,
     stride_tab,
-    G: tl.constexpr, G_PAD: tl.constexpr, D: tl.constexpr, BS: tl.constexpr,
+    G: tl.constexpr,
+    G_PAD: tl.constexpr,
+    D: tl.constexpr,
+    BS: tl.constexpr,
 ):
     row = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -55,8 +69,15 @@ def _paged_attention_kernel(
     tl.store(out_ptr + q_off, o.to(out_ptr.dtype.element_ty), mask=gmask[:, None])
 
 
-def paged_attention_triton(q: torch.Tensor, pool: torch.Tensor, layer: int, tables: torch.Tensor,
-                           row_span: torch.Tensor, row_ctx: torch.Tensor, scale: float) -> torch.Tensor:
+def paged_attention_triton(
+    q: torch.Tensor,
+    pool: torch.Tensor,
+    layer: int,
+    tables: torch.Tensor,
+    row_span: torch.Tensor,
+    row_ctx: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
     T, H, D = q.shape
     hkv, bs = pool.shape[4], pool.shape[3]
     g = H // hkv
@@ -65,11 +86,25 @@ def paged_attention_triton(q: torch.Tensor, pool: torch.Tensor, layer: int, tabl
     if T == 0:
         return out
     _paged_attention_kernel[(T, hkv)](
-        q, pool, out, tables, row_span, row_ctx,
-        layer, scale,
-        q.stride(0), q.stride(1),
-        pool.stride(0), pool.stride(1), pool.stride(2), pool.stride(3), pool.stride(4),
+        q,
+        pool,
+        out,
+        tables,
+        row_span,
+        row_ctx,
+        layer,
+        scale,
+        q.stride(0),
+        q.stride(1),
+        pool.stride(0),
+        pool.stride(1),
+        pool.stride(2),
+        pool.stride(3),
+        pool.stride(4),
         tables.stride(0),
-        G=g, G_PAD=triton.next_power_of_2(g), D=D, BS=bs,
+        G=g,
+        G_PAD=triton.next_power_of_2(g),
+        D=D,
+        BS=bs,
     )
     return out

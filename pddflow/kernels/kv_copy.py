@@ -21,12 +21,16 @@ def gather_blocks(pool: torch.Tensor, block_ids: list[int] | torch.Tensor) -> to
     return gather_blocks_torch(pool, ids)
 
 
-def scatter_blocks(pool: torch.Tensor, block_ids: list[int] | torch.Tensor, data: torch.Tensor) -> None:
+def scatter_blocks(
+    pool: torch.Tensor, block_ids: list[int] | torch.Tensor, data: torch.Tensor
+) -> None:
     """pool[block_ids[i]] = data[i] (data may live on another device or in another dtype)."""
     ids = torch.as_tensor(block_ids, dtype=torch.long, device=pool.device)
     if tuple(data.shape[1:]) != tuple(pool.shape[1:]) or data.shape[0] != ids.numel():
-        raise ValueError(f"KV data of shape {tuple(data.shape)} does not fit {ids.numel()} blocks of "
-                         f"shape {tuple(pool.shape[1:])}")
+        raise ValueError(
+            f"KV data of shape {tuple(data.shape)} does not fit {ids.numel()} blocks of "
+            f"shape {tuple(pool.shape[1:])}"
+        )
     data = data.to(device=pool.device, dtype=pool.dtype)
     if pool.device.type == "cuda" and ids.numel():
         from pddflow.kernels._triton_kv_copy import scatter_blocks_triton

@@ -54,11 +54,11 @@ class SeqSpan:
 class _Group:
     """Spans attended together: a bucket of decode rows, or one chunk split into row blocks."""
 
-    batch: int                      # B spans
-    key_len: int                    # L, multiple of tile (the longest context, rounded up)
-    key_index: torch.Tensor         # [B, Hkv, L] flat pool row index (layer 0, K)
-    rows: torch.Tensor | slice      # which rows of q
-    num_rows: int                   # decode: 1 per span; chunk: the chunk length
+    batch: int  # B spans
+    key_len: int  # L, multiple of tile (the longest context, rounded up)
+    key_index: torch.Tensor  # [B, Hkv, L] flat pool row index (layer 0, K)
+    rows: torch.Tensor | slice  # which rows of q
+    num_rows: int  # decode: 1 per span; chunk: the chunk length
     # decode: mask [B, 1, 1, L], True where the key is NOT visible
     mask: torch.Tensor | None = None
     # chunk: (row0, row1, keys, mask_from, mask [rows, keys - mask_from]) over the [Hkv, n*G, D] rows
@@ -86,8 +86,8 @@ def _round_up(x: int, m: int) -> int:
     return (x + m - 1) // m * m
 
 
-ROW_BLOCK = 256   # chunk rows per attention block: keeps the score block cache-sized, and lets each
-                  # block stop at its own last key instead of the chunk's (causal skipping)
+ROW_BLOCK = 256  # chunk rows per attention block: keeps the score block cache-sized, and lets each
+# block stop at its own last key instead of the chunk's (causal skipping)
 
 
 def plan_attention(
@@ -106,8 +106,17 @@ def plan_attention(
     if tile % block_size:
         raise ValueError(f"attention tile {tile} must be a multiple of the block size {block_size}")
     spans = list(spans)
-    plan = AttentionPlan(spans, sum(s.num_rows for s in spans), block_size, num_layers, num_kv_heads,
-                         group_size, tile, row_multiple, decode_kt_view)
+    plan = AttentionPlan(
+        spans,
+        sum(s.num_rows for s in spans),
+        block_size,
+        num_layers,
+        num_kv_heads,
+        group_size,
+        tile,
+        row_multiple,
+        decode_kt_view,
+    )
     if device.type == "cuda":
         plan.triton_meta = _triton_meta(spans, block_size, device)
         return plan
@@ -136,7 +145,9 @@ def _decode_buckets(spans: list[SeqSpan], tile: int) -> list[list[SeqSpan]]:
     return buckets
 
 
-def _key_index(spans: list[SeqSpan], plan: AttentionPlan, key_len: int, device: torch.device) -> torch.Tensor:
+def _key_index(
+    spans: list[SeqSpan], plan: AttentionPlan, key_len: int, device: torch.device
+) -> torch.Tensor:
     bs, hkv = plan.block_size, plan.num_kv_heads
     nblk = key_len // bs
     tables = torch.zeros(len(spans), nblk, dtype=torch.long)
@@ -149,7 +160,9 @@ def _key_index(spans: list[SeqSpan], plan: AttentionPlan, key_len: int, device: 
         tables[i, :need] = torch.as_tensor(list(s.block_table[:need]), dtype=torch.long)
     # Flat row index into pool.view(-1, head_dim) for layer 0, K; see kv_cache.KVPool for the layout.
     block_stride = plan.num_layers * 2 * bs * hkv
-    slot = (tables[:, :, None] * block_stride + torch.arange(bs)[None, None, :] * hkv).reshape(len(spans), key_len)
+    slot = (tables[:, :, None] * block_stride + torch.arange(bs)[None, None, :] * hkv).reshape(
+        len(spans), key_len
+    )
     return (slot[:, None, :] + torch.arange(hkv)[None, :, None]).to(device)
 
 
@@ -158,14 +171,26 @@ def _decode_group(spans: list[SeqSpan], plan: AttentionPlan, device: torch.devic
     ctx = torch.tensor([s.context_len for s in spans])
     hidden = (torch.arange(key_len)[None, :] >= ctx[:, None])[:, None, None, :]
     rows = torch.tensor([s.row_start for s in spans], dtype=torch.long, device=device)
-    return _Group(len(spans), key_len, _key_index(spans, plan, key_len, device), rows, 1, mask=hidden.to(device))
+    return _Group(
+        len(spans),
+        key_len,
+        _key_index(spans, plan, key_len, device),
+        rows,
+        1,
+        mask=hidden.to(device),
+    )
 
 
 def _chunk_group(s: SeqSpan, plan: AttentionPlan, device: torch.device) -> _Group:
     g, tile = plan.group_size, plan.tile
     key_len = _round_up(s.context_len, tile)
-    grp = _Group(1, key_len, _key_index([s], plan, key_len, device), slice(s.row_start, s.row_start + s.num_rows),
-                 s.num_rows)
+    grp = _Group(
+        1,
+        key_len,
+        _key_index([s], plan, key_len, device),
+        slice(s.row_start, s.row_start + s.num_rows),
+        s.num_rows,
+    )
     total = s.num_rows * g
     step = _round_up(ROW_BLOCK, plan.row_multiple * g)
     for r0 in range(0, total, step):
@@ -187,11 +212,16 @@ def _triton_meta(spans: list[SeqSpan], block_size: int, device: torch.device):
         tables[i, :need] = torch.as_tensor(list(s.block_table[:need]), dtype=torch.int32)
         row_span += [i] * s.num_rows
         row_ctx += [s.start_pos + r + 1 for r in range(s.num_rows)]
-    return (tables.to(device), torch.tensor(row_span, dtype=torch.int32, device=device),
-            torch.tensor(row_ctx, dtype=torch.int32, device=device))
+    return (
+        tables.to(device),
+        torch.tensor(row_span, dtype=torch.int32, device=device),
+        torch.tensor(row_ctx, dtype=torch.int32, device=device),
+    )
 
 
-def paged_attention(q: torch.Tensor, pool: torch.Tensor, layer: int, plan: AttentionPlan, scale: float) -> torch.Tensor:
+def paged_attention(
+    q: torch.Tensor, pool: torch.Tensor, layer: int, plan: AttentionPlan, scale: float
+) -> torch.Tensor:
     """q: [T, H, D] rows of the forward batch (RoPE applied). pool: the KV pool
     [num_blocks, num_layers, 2, block_size, Hkv, D] with this step's K/V already written.
     Returns [T, H, D]."""
@@ -203,7 +233,9 @@ def paged_attention(q: torch.Tensor, pool: torch.Tensor, layer: int, plan: Atten
     return paged_attention_torch(q, pool, layer, plan, scale)
 
 
-def paged_attention_torch(q: torch.Tensor, pool: torch.Tensor, layer: int, plan: AttentionPlan, scale: float) -> torch.Tensor:
+def paged_attention_torch(
+    q: torch.Tensor, pool: torch.Tensor, layer: int, plan: AttentionPlan, scale: float
+) -> torch.Tensor:
     T, H, D = q.shape
     hkv, g, rm = plan.num_kv_heads, plan.group_size, plan.row_multiple
     flat = pool.view(-1, D)
@@ -213,27 +245,36 @@ def paged_attention_torch(q: torch.Tensor, pool: torch.Tensor, layer: int, plan:
     out = torch.empty_like(q)
     for grp in plan.groups:
         idx = grp.key_index + layer_off
-        Kt = flat.index_select(0, idx.view(-1)).view(grp.batch, hkv, grp.key_len, D).transpose(-1, -2)
+        Kt = (
+            flat.index_select(0, idx.view(-1))
+            .view(grp.batch, hkv, grp.key_len, D)
+            .transpose(-1, -2)
+        )
         V = flat.index_select(0, (idx + v_off).view(-1)).view(grp.batch, hkv, grp.key_len, D)
         if grp.mask is None or not plan.decode_kt_view:
             # A contiguous [D, L] operand runs a chunk's score GEMMs ~1.5x faster; a decode row is
             # too short to pay back the transposing copy. Both give the same bits (BLAS packs the
             # operand either way); calibrate() checks that on this machine.
             Kt = Kt.contiguous()
-        if grp.mask is not None:   # decode bucket: G rows per (span, KV head), padded
+        if grp.mask is not None:  # decode bucket: G rows per (span, KV head), padded
             qg = q.index_select(0, grp.rows).view(grp.batch, hkv, g, D)  # type: ignore[arg-type]
             qg = _pad_rows(qg, _round_up(g, rm))
             o = attend_tiles(qg, Kt, V, grp.mask, 0, plan.tile)[:, :, :g]
-            out.index_copy_(0, grp.rows, o.reshape(grp.batch, H, D))    # type: ignore[arg-type]
+            out.index_copy_(0, grp.rows, o.reshape(grp.batch, H, D))  # type: ignore[arg-type]
             continue
         n = grp.num_rows
         qg = q[grp.rows].view(n, hkv, g, D).permute(1, 0, 2, 3).reshape(1, hkv, n * g, D)
         og = torch.empty(1, hkv, n * g, D, dtype=q.dtype)
         for r0, r1, keys, mask_from, hidden in grp.blocks:
             qb = _pad_rows(qg[:, :, r0:r1], _round_up(r1 - r0, rm))
-            og[:, :, r0:r1] = attend_tiles(qb, Kt[..., :keys], V[:, :, :keys],
-                                           _pad_rows(hidden, qb.shape[2], dim=0, value=True), mask_from,
-                                           plan.tile)[:, :, :r1 - r0]
+            og[:, :, r0:r1] = attend_tiles(
+                qb,
+                Kt[..., :keys],
+                V[:, :, :keys],
+                _pad_rows(hidden, qb.shape[2], dim=0, value=True),
+                mask_from,
+                plan.tile,
+            )[:, :, : r1 - r0]
         out[grp.rows] = og.view(hkv, n, g, D).permute(1, 0, 2, 3).reshape(n, H, D)
     return out
 
@@ -247,8 +288,14 @@ def _pad_rows(x: torch.Tensor, rows: int, dim: int = 2, value: float | bool = 0)
     return torch.cat([x, torch.full(shape, value, dtype=x.dtype, device=x.device)], dim=dim)
 
 
-def attend_tiles(q: torch.Tensor, Kt: torch.Tensor, V: torch.Tensor, hidden: torch.Tensor | None,
-                 mask_from: int, tile: int) -> torch.Tensor:
+def attend_tiles(
+    q: torch.Tensor,
+    Kt: torch.Tensor,
+    V: torch.Tensor,
+    hidden: torch.Tensor | None,
+    mask_from: int,
+    tile: int,
+) -> torch.Tensor:
     """Row-invariant attention. q [B, Hkv, R, D] (pre-scaled), Kt [B, Hkv, D, L] and V [B, Hkv, L, D]
     with L a multiple of `tile`; `hidden` (True = masked) applies to keys [mask_from, L), broadcast
     over the score block [B, Hkv, R, L - mask_from]. Returns [B, Hkv, R, D]."""
@@ -260,7 +307,7 @@ def attend_tiles(q: torch.Tensor, Kt: torch.Tensor, V: torch.Tensor, hidden: tor
         s[..., mask_from:].masked_fill_(hidden, float("-inf"))
     s.sub_(s.amax(-1, keepdim=True)).exp_()
     st = s.view(B * hkv, R, nt, tile)
-    den = st.sum(-1)                                                    # [B*Hkv, R, nt]
+    den = st.sum(-1)  # [B*Hkv, R, nt]
     pt = st.transpose(1, 2).reshape(B * hkv * nt, R, tile)
     o = torch.bmm(pt, V.reshape(B * hkv * nt, tile, D)).view(B * hkv, nt, R, D)
     return (tree_sum(o, 1) / tree_sum(den, 2)[..., None]).view(B, hkv, R, D)
@@ -282,21 +329,27 @@ def tree_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
 class Numerics:
     """How the torch path must run on this machine to stay batch-invariant."""
 
-    row_multiple: int        # pad query rows to a multiple of this
-    decode_kt_view: bool     # decode may feed K^T as a transposed view (no copy)
-    invariant: bool          # False: no setting passed the check (outputs may differ across splits)
+    row_multiple: int  # pad query rows to a multiple of this
+    decode_kt_view: bool  # decode may feed K^T as a transposed view (no copy)
+    invariant: bool  # False: no setting passed the check (outputs may differ across splits)
 
 
-@functools.lru_cache(maxsize=None)
-def calibrate(head_dim: int, num_kv_heads: int, group_size: int, tile: int, num_threads: int) -> Numerics:
+@functools.cache
+def calibrate(
+    head_dim: int, num_kv_heads: int, group_size: int, tile: int, num_threads: int
+) -> Numerics:
     """Find the cheapest setting under which the real torch path gives bit-identical rows for one
     sequence computed as one chunk, as two chunks, and as decode rows; warn if none does."""
     for row_multiple in (4, 8, 16, 32, 64):
         for kt_view in (True, False):
             if _rows_invariant(head_dim, num_kv_heads, group_size, tile, row_multiple, kt_view):
                 return Numerics(row_multiple, kt_view, True)
-    warnings.warn("this machine's BLAS gave shape-dependent attention results for every setting tried; "
-                  "greedy outputs may differ across prefill/extend/decode splits", RuntimeWarning, stacklevel=2)
+    warnings.warn(
+        "this machine's BLAS gave shape-dependent attention results for every setting tried; "
+        "greedy outputs may differ across prefill/extend/decode splits",
+        RuntimeWarning,
+        stacklevel=2,
+    )
     return Numerics(64, False, False)
 
 
@@ -305,15 +358,23 @@ def _rows_invariant(D: int, hkv: int, g: int, tile: int, row_multiple: int, kt_v
     chunks, and as decode rows batched with a shorter sequence, must agree bit for bit."""
     gen = torch.Generator().manual_seed(1234)
     bs = 16 if tile % 16 == 0 else tile
-    ctx = max(2 * ROW_BLOCK // g, 2 * tile) + 5   # several row blocks and several key tiles
+    ctx = max(2 * ROW_BLOCK // g, 2 * tile) + 5  # several row blocks and several key tiles
     nblocks = -(-ctx // bs) + 2
     pool = torch.randn(nblocks, 1, 2, bs, hkv, D, generator=gen)
     q = torch.randn(ctx, hkv * g, D, generator=gen)
-    table = list(range(nblocks - 1, -1, -1))   # scattered, like a real block table
+    table = list(range(nblocks - 1, -1, -1))  # scattered, like a real block table
 
     def run(spans: list[SeqSpan], rows: torch.Tensor) -> torch.Tensor:
-        plan = plan_attention(spans, block_size=bs, num_layers=1, num_kv_heads=hkv, group_size=g,
-                              tile=tile, row_multiple=row_multiple, decode_kt_view=kt_view)
+        plan = plan_attention(
+            spans,
+            block_size=bs,
+            num_layers=1,
+            num_kv_heads=hkv,
+            group_size=g,
+            tile=tile,
+            row_multiple=row_multiple,
+            decode_kt_view=kt_view,
+        )
         return paged_attention_torch(rows, pool, 0, plan, 0.125)
 
     whole = run([SeqSpan(0, ctx, 0, table)], q)

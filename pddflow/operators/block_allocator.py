@@ -15,16 +15,30 @@ from collections.abc import Iterable
 class KVCacheFull(RuntimeError):
     """A request needs more KV blocks than the cache can give right now (or ever)."""
 
-    def __init__(self, needed: int, available: int, total: int, block_bytes: int | None = None, what: str = ""):
+    def __init__(
+        self,
+        needed: int,
+        available: int,
+        total: int,
+        block_bytes: int | None = None,
+        what: str = "",
+    ):
         self.needed, self.available, self.total = needed, available, total
         size = ""
         if block_bytes:
-            size = (f" ({needed * block_bytes / 2**20:.1f} MiB needed, "
-                    f"{total * block_bytes / 2**20:.1f} MiB budget)")
-        hint = ("it can never fit: raise the KV memory budget or shorten the request" if needed > total
-                else "wait for running sequences to finish, or raise the KV memory budget")
-        super().__init__(f"KV cache full{(' for ' + what) if what else ''}: needs {needed} blocks, "
-                         f"{available} free of {total}{size}; {hint}")
+            size = (
+                f" ({needed * block_bytes / 2**20:.1f} MiB needed, "
+                f"{total * block_bytes / 2**20:.1f} MiB budget)"
+            )
+        hint = (
+            "it can never fit: raise the KV memory budget or shorten the request"
+            if needed > total
+            else "wait for running sequences to finish, or raise the KV memory budget"
+        )
+        super().__init__(
+            f"KV cache full{(' for ' + what) if what else ''}: needs {needed} blocks, "
+            f"{available} free of {total}{size}; {hint}"
+        )
 
 
 class BlockAllocator:

@@ -17,16 +17,16 @@ class ModelSpecError(ValueError):
 
 @dataclass(frozen=True)
 class RopeScaling:
-    rope_type: str = "default"                 # default | linear | llama3
+    rope_type: str = "default"  # default | linear | llama3
     factor: float = 1.0
-    low_freq_factor: float = 1.0               # llama3 only
-    high_freq_factor: float = 4.0              # llama3 only
+    low_freq_factor: float = 1.0  # llama3 only
+    high_freq_factor: float = 4.0  # llama3 only
     original_max_position_embeddings: int = 8192  # llama3 only
 
 
 @dataclass(frozen=True)
 class ModelConfig:
-    arch: str                  # "llama" or "qwen2"
+    arch: str  # "llama" or "qwen2"
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -38,8 +38,8 @@ class ModelConfig:
     rope_theta: float = 10000.0
     rope_scaling: RopeScaling = field(default_factory=RopeScaling)
     max_position_embeddings: int = 4096
-    qkv_bias: bool = False     # Qwen2 always; Llama when attention_bias
-    o_bias: bool = False       # Llama attention_bias covers o_proj too; Qwen2 never
+    qkv_bias: bool = False  # Qwen2 always; Llama when attention_bias
+    o_bias: bool = False  # Llama attention_bias covers o_proj too; Qwen2 never
     mlp_bias: bool = False
     tie_word_embeddings: bool = False
     bos_token_id: int | None = None
@@ -47,8 +47,10 @@ class ModelConfig:
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
-            raise ModelSpecError(f"num_attention_heads ({self.num_heads}) is not a multiple of "
-                                 f"num_key_value_heads ({self.num_kv_heads})")
+            raise ModelSpecError(
+                f"num_attention_heads ({self.num_heads}) is not a multiple of "
+                f"num_key_value_heads ({self.num_kv_heads})"
+            )
 
     @property
     def group_size(self) -> int:
@@ -69,12 +71,16 @@ class ModelConfig:
     def from_hf(cls, d: dict[str, Any]) -> ModelConfig:
         model_type = d.get("model_type")
         if model_type not in ("llama", "qwen2"):
-            raise ModelSpecError(f"model_type {model_type!r} is not supported; supported: 'llama', 'qwen2'")
+            raise ModelSpecError(
+                f"model_type {model_type!r} is not supported; supported: 'llama', 'qwen2'"
+            )
         act = d.get("hidden_act", "silu")
         if act != "silu":
             raise ModelSpecError(f"hidden_act {act!r} is not supported (only 'silu')")
         if model_type == "qwen2" and d.get("use_sliding_window"):
-            raise ModelSpecError("Qwen2 sliding-window attention (use_sliding_window: true) is not supported")
+            raise ModelSpecError(
+                "Qwen2 sliding-window attention (use_sliding_window: true) is not supported"
+            )
         try:
             heads = int(d["num_attention_heads"])
             hidden = int(d["hidden_size"])
@@ -129,7 +135,9 @@ def _rope_from_hf(d: dict[str, Any]) -> tuple[float, RopeScaling]:
             high_freq_factor=float(params["high_freq_factor"]),
             original_max_position_embeddings=int(params["original_max_position_embeddings"]),
         )
-    raise ModelSpecError(f"RoPE type {rope_type!r} is not supported; supported: default, linear, llama3")
+    raise ModelSpecError(
+        f"RoPE type {rope_type!r} is not supported; supported: default, linear, llama3"
+    )
 
 
 # builtin:tiny-llama. Sized so KV is exactly 32 KiB per token in fp32 (16 layers x K,V x 4 KV heads x
@@ -147,8 +155,13 @@ TINY_LLAMA = ModelConfig(
     head_dim=64,
     rms_norm_eps=1e-5,
     rope_theta=500000.0,
-    rope_scaling=RopeScaling("llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                             original_max_position_embeddings=2048),
+    rope_scaling=RopeScaling(
+        "llama3",
+        factor=8.0,
+        low_freq_factor=1.0,
+        high_freq_factor=4.0,
+        original_max_position_embeddings=2048,
+    ),
     max_position_embeddings=16384,
     bos_token_id=256,
     eos_token_ids=(257,),

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 RESTART_STEPS = 500
-READY_TIMEOUT_S = 120.0   # the companion loads the model before it says "ready"
+READY_TIMEOUT_S = 120.0  # the companion loads the model before it says "ready"
 
 
 def cores_for_corun() -> tuple[int, int] | None:
@@ -35,9 +35,17 @@ def cores_for_corun() -> tuple[int, int] | None:
     return (cpus[0], cpus[1]) if len(cpus) >= 2 else None
 
 
-def measure(spec: str, threads: int, prefill: Callable[[], float], decode_step: Callable[[], float],
-            repeats: int, summary: Callable[[list[float]], float], batch: int = 4, context: int = 768,
-            progress: Callable[[str], None] = lambda _m: None) -> dict[str, Any] | None:
+def measure(
+    spec: str,
+    threads: int,
+    prefill: Callable[[], float],
+    decode_step: Callable[[], float],
+    repeats: int,
+    summary: Callable[[list[float]], float],
+    batch: int = 4,
+    context: int = 768,
+    progress: Callable[[str], None] = lambda _m: None,
+) -> dict[str, Any] | None:
     """Prefill and decode-step seconds (`prefill()`, `decode_step()` each time one run) alone and
     while the companion decodes `batch` sequences over `context` tokens (a deployment's main
     decoder: a few sessions, hundreds of tokens each); None where two cores are not available,
@@ -48,32 +56,53 @@ def measure(spec: str, threads: int, prefill: Callable[[], float], decode_step: 
     mine, other = cores
     before = os.sched_getaffinity(0)
     progress(f"co-run: starting a decoding companion on core {other}")
-    companion = subprocess.Popen([sys.executable, "-m", "pddflow.operators.corun_bench", spec, str(other), str(threads),
-                                  str(batch), str(context)],
-                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    companion = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pddflow.operators.corun_bench",
+            spec,
+            str(other),
+            str(threads),
+            str(batch),
+            str(context),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
     try:
         os.sched_setaffinity(0, {mine})
         if not _started(companion, READY_TIMEOUT_S):
-            return {"skipped": f"the decoding companion did not start within {READY_TIMEOUT_S:.0f} s "
-                               f"(exit status {companion.poll()})"}
-        samples: dict[str, dict[str, list[float]]] = {"alone": {"p": [], "d": []}, "corun": {"p": [], "d": []}}
+            return {
+                "skipped": f"the decoding companion did not start within {READY_TIMEOUT_S:.0f} s "
+                f"(exit status {companion.poll()})"
+            }
+        samples: dict[str, dict[str, list[float]]] = {
+            "alone": {"p": [], "d": []},
+            "corun": {"p": [], "d": []},
+        }
         for i in range(max(repeats, 1)):
             for mode in ("alone", "corun"):
                 progress(f"co-run: {mode} ({i + 1}/{repeats})")
                 companion.send_signal(signal.SIGCONT if mode == "corun" else signal.SIGSTOP)
-                time.sleep(0.2)   # let the companion get (or leave) the cache and memory bus
+                time.sleep(0.2)  # let the companion get (or leave) the cache and memory bus
                 samples[mode]["p"].append(prefill())
                 samples[mode]["d"].append(decode_step())
     finally:
         os.sched_setaffinity(0, before)
-        companion.kill()   # SIGKILL ends a stopped process too
+        companion.kill()  # SIGKILL ends a stopped process too
         companion.wait(timeout=10)
     p_alone, p_co = summary(samples["alone"]["p"]), summary(samples["corun"]["p"])
     d_alone, d_co = summary(samples["alone"]["d"]), summary(samples["corun"]["d"])
-    return {"cores": [mine, other], "companion": f"decode batch {batch} over {context} tokens",
-            "prefill_ms": {"alone": round(p_alone * 1e3, 2), "corun": round(p_co * 1e3, 2)},
-            "decode_step_ms": {"alone": round(d_alone * 1e3, 2), "corun": round(d_co * 1e3, 2)},
-            "prefill_factor": round(p_co / p_alone, 3), "decode_factor": round(d_co / d_alone, 3)}
+    return {
+        "cores": [mine, other],
+        "companion": f"decode batch {batch} over {context} tokens",
+        "prefill_ms": {"alone": round(p_alone * 1e3, 2), "corun": round(p_co * 1e3, 2)},
+        "decode_step_ms": {"alone": round(d_alone * 1e3, 2), "corun": round(d_co * 1e3, 2)},
+        "prefill_factor": round(p_co / p_alone, 3),
+        "decode_factor": round(d_co / d_alone, 3),
+    }
 
 
 def _started(companion: subprocess.Popen, timeout_s: float) -> bool:
@@ -105,8 +134,13 @@ def _companion(spec: str, cpu: int, threads: int, batch_size: int, context: int)
     vocab = min(source.config.vocab_size, 256)
 
     def batch() -> list:
-        seqs = [engine.add_sequence([rng.randrange(vocab) for _ in range(context)],
-                                    SamplingParams(max_tokens=RESTART_STEPS + 8)) for _ in range(batch_size)]
+        seqs = [
+            engine.add_sequence(
+                [rng.randrange(vocab) for _ in range(context)],
+                SamplingParams(max_tokens=RESTART_STEPS + 8),
+            )
+            for _ in range(batch_size)
+        ]
         for s in seqs:
             engine.prefill(s)
         return seqs
@@ -117,7 +151,7 @@ def _companion(spec: str, cpu: int, threads: int, batch_size: int, context: int)
     while True:
         engine.decode(seqs)
         steps += 1
-        if steps % RESTART_STEPS == 0:   # keep the context near `context`
+        if steps % RESTART_STEPS == 0:  # keep the context near `context`
             for s in seqs:
                 engine.free(s)
             seqs = batch()

@@ -20,7 +20,8 @@ from __future__ import annotations
 import itertools
 import random
 from collections import deque
-from collections.abc import Callable, Sequence as Seq
+from collections.abc import Callable
+from collections.abc import Sequence as Seq
 from dataclasses import dataclass
 
 import torch
@@ -28,7 +29,13 @@ import torch
 from pddflow.core.block_hash import partial_block_hash
 from pddflow.core.payloads import KVBlocks, Request, SamplingParams
 from pddflow.kernels.kv_copy import gather_blocks, scatter_blocks
-from pddflow.kernels.paged_attention import DEFAULT_TILE, Numerics, SeqSpan, calibrate, plan_attention
+from pddflow.kernels.paged_attention import (
+    DEFAULT_TILE,
+    Numerics,
+    SeqSpan,
+    calibrate,
+    plan_attention,
+)
 from pddflow.operators.block_allocator import BlockAllocator, KVCacheFull
 from pddflow.operators.config import ModelConfig
 from pddflow.operators.host_memory import keep_freed_memory
@@ -42,23 +49,31 @@ from pddflow.operators.weights import ModelSource, load_model_source
 
 @dataclass(frozen=True)
 class EngineConfig:
-    block_size: int = 16               # tokens per KV block (the unit of paging, caching and transfer)
-    kv_cache_bytes: int = 512 * 2**20  # KV memory budget; the runtime sizes it from the device class
-    chunk_size: int = 512              # most token rows per forward in prefill/extend (chunked prefill)
-    max_decode_rows: int = 256         # most sequences per decode forward (bigger batches split)
+    block_size: int = 16  # tokens per KV block (the unit of paging, caching and transfer)
+    kv_cache_bytes: int = (
+        512 * 2**20
+    )  # KV memory budget; the runtime sizes it from the device class
+    chunk_size: int = 512  # most token rows per forward in prefill/extend (chunked prefill)
+    max_decode_rows: int = 256  # most sequences per decode forward (bigger batches split)
     attention_tile: int = DEFAULT_TILE
     prefix_cache: bool = True
-    device: str = "auto"               # auto | cpu | cuda
-    tune_host_malloc: bool = True      # CPU: let glibc recycle large freed buffers (see host_memory)
+    device: str = "auto"  # auto | cpu | cuda
+    tune_host_malloc: bool = True  # CPU: let glibc recycle large freed buffers (see host_memory)
     # torch intra-op threads for this process (process-wide). Set it when several workers share a
     # machine: oversubscribed OpenMP barriers stall for whole scheduler time slices (measured 20x+
     # slower steps on a 2-core box running three 2-thread workers).
     num_threads: int | None = None
-    dtype: str | None = None           # None: fp32 on CPU, bf16 on CUDA; or float32/bfloat16/float16
+    dtype: str | None = None  # None: fp32 on CPU, bf16 on CUDA; or float32/bfloat16/float16
 
 
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+_DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
 
 
 class Engine:
@@ -67,8 +82,11 @@ class Engine:
         self.source = source
         self.model_config: ModelConfig = source.config
         self.tokenizer = source.tokenizer
-        self.device = torch.device("cuda" if config.device == "auto" and torch.cuda.is_available()
-                                   else ("cpu" if config.device == "auto" else config.device))
+        self.device = torch.device(
+            "cuda"
+            if config.device == "auto" and torch.cuda.is_available()
+            else ("cpu" if config.device == "auto" else config.device)
+        )
         if config.dtype is None:
             self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         elif config.dtype in _DTYPES:
@@ -85,8 +103,10 @@ class Engine:
             torch.set_num_threads(config.num_threads)
         bs = config.block_size
         if bs <= 0 or config.attention_tile % bs:
-            raise ValueError(f"attention_tile ({config.attention_tile}) must be a positive multiple of "
-                             f"block_size ({bs})")
+            raise ValueError(
+                f"attention_tile ({config.attention_tile}) must be a positive multiple of "
+                f"block_size ({bs})"
+            )
         mc = self.model_config
         self._max_rows = max(config.chunk_size, config.max_decode_rows)
         self.model = LlamaModel(mc, source.weights, self.device, self.dtype, self._max_rows)
@@ -96,11 +116,21 @@ class Engine:
             raise KVCacheFull(1, 0, 0, self.block_bytes, "a single block")
         self.pool = KVPool(mc, num_blocks, bs, self.dtype, self.device)
         self.allocator = BlockAllocator(num_blocks)
-        self.radix = RadixCache(on_evict=lambda b: self.allocator.decref([b]),
-                                evictable=lambda b: self.allocator.refcount(b) == 1)
-        self.numerics = (calibrate(mc.head_dim, mc.num_kv_heads, mc.group_size, config.attention_tile,
-                                   torch.get_num_threads())
-                         if self.device.type == "cpu" else Numerics(1, True, False))
+        self.radix = RadixCache(
+            on_evict=lambda b: self.allocator.decref([b]),
+            evictable=lambda b: self.allocator.refcount(b) == 1,
+        )
+        self.numerics = (
+            calibrate(
+                mc.head_dim,
+                mc.num_kv_heads,
+                mc.group_size,
+                config.attention_tile,
+                torch.get_num_threads(),
+            )
+            if self.device.type == "cpu"
+            else Numerics(1, True, False)
+        )
         self._ids = itertools.count()
 
     @classmethod
@@ -112,14 +142,20 @@ class Engine:
         return self.config.block_size
 
     # --- sequences -----------------------------------------------------------------------------
-    def add_sequence(self, prompt_ids: Seq[int], sampling: SamplingParams = SamplingParams(),
-                     seq_id: str | None = None) -> Sequence:
+    def add_sequence(
+        self,
+        prompt_ids: Seq[int],
+        sampling: SamplingParams = SamplingParams(),
+        seq_id: str | None = None,
+    ) -> Sequence:
         ids = [int(t) for t in prompt_ids]
         if not ids:
             raise ValueError("empty prompt")
         bad = [t for t in ids if not 0 <= t < self.model_config.vocab_size]
         if bad:
-            raise ValueError(f"token ids {bad[:5]} are outside the vocabulary [0, {self.model_config.vocab_size})")
+            raise ValueError(
+                f"token ids {bad[:5]} are outside the vocabulary [0, {self.model_config.vocab_size})"
+            )
         seed = sampling.seed if sampling.seed is not None else random.getrandbits(63)
         return Sequence(seq_id or f"seq-{next(self._ids)}", ids, len(ids), sampling, seed)
 
@@ -173,7 +209,9 @@ class Engine:
             self.cache_sequence(seq)
         return self.sample(seq, logits)
 
-    def extend(self, seq: Sequence, token_ids: Seq[int], chunk_size: int | None = None) -> torch.Tensor:
+    def extend(
+        self, seq: Sequence, token_ids: Seq[int], chunk_size: int | None = None
+    ) -> torch.Tensor:
         """Append known tokens and compute their KV in parallel over the existing cache (the
         Extend-Decode handoff); returns next-token logits [V] (fp32). Same code as chunked prefill."""
         self.append_tokens(seq, token_ids)
@@ -186,10 +224,14 @@ class Engine:
         rebuilding prefix blocks its cache lost, or a whole prompt whose KV transfer failed
         (re-prefill from token IDs)."""
         if not seq.num_computed <= end <= len(seq.token_ids):
-            raise ValueError(f"{seq.seq_id}: cannot compute to {end} ({seq.num_computed} computed, "
-                             f"{len(seq.token_ids)} known)")
+            raise ValueError(
+                f"{seq.seq_id}: cannot compute to {end} ({seq.num_computed} computed, "
+                f"{len(seq.token_ids)} known)"
+            )
         while seq.num_computed < end:
-            self._forward([(seq, seq.num_computed, min(end, seq.num_computed + self.config.chunk_size))])
+            self._forward(
+                [(seq, seq.num_computed, min(end, seq.num_computed + self.config.chunk_size))]
+            )
 
     def decode(self, seqs: Seq[Sequence]) -> list[int]:
         """One continuous-batching step: each sequence feeds its one pending token and samples the
@@ -198,12 +240,14 @@ class Engine:
             if s.finished:
                 raise ValueError(f"{s.seq_id} is finished")
             if s.num_pending != 1:
-                raise ValueError(f"{s.seq_id} has {s.num_pending} uncomputed tokens; decode feeds exactly "
-                                 "one (use prefill or extend for more)")
+                raise ValueError(
+                    f"{s.seq_id} has {s.num_pending} uncomputed tokens; decode feeds exactly "
+                    "one (use prefill or extend for more)"
+                )
         out: list[int] = []
         step = self.config.max_decode_rows
         for i in range(0, len(seqs), step):
-            part = list(seqs[i:i + step])
+            part = list(seqs[i : i + step])
             logits = self._forward([(s, s.num_computed, len(s.token_ids)) for s in part])
             out += self._sample_rows(part, logits)
         return out
@@ -226,20 +270,24 @@ class Engine:
             seq.block_table = []
 
     # --- KV transfer ---------------------------------------------------------------------------
-    def export_kv(self, seq: Sequence, start_block: int = 0, end_block: int | None = None) -> KVBlocks:
+    def export_kv(
+        self, seq: Sequence, start_block: int = 0, end_block: int | None = None
+    ) -> KVBlocks:
         """Gather computed blocks [start_block, end_block) into one contiguous KVBlocks (the last
         block may be partial). P exports from the first block the remote cache lacks."""
         bs = self.block_size
         n_blocks = -(-seq.num_computed // bs)
         end_block = n_blocks if end_block is None else min(end_block, n_blocks)
         if not 0 <= start_block <= end_block:
-            raise ValueError(f"bad block range [{start_block}, {end_block}) for {n_blocks} computed blocks")
+            raise ValueError(
+                f"bad block range [{start_block}, {end_block}) for {n_blocks} computed blocks"
+            )
         token_start, token_end = start_block * bs, min(seq.num_computed, end_block * bs)
         full = seq.block_hashes(bs, seq.num_computed)
         hashes = full[start_block:end_block]
         if end_block > len(full) and end_block > start_block:
             parent = full[-1] if full else None
-            hashes.append(partial_block_hash(seq.token_ids[len(full) * bs:token_end], parent))
+            hashes.append(partial_block_hash(seq.token_ids[len(full) * bs : token_end], parent))
         data = gather_blocks(self.pool.tensor, seq.block_table[start_block:end_block])
         return KVBlocks(seq.seq_id, hashes, token_start, token_end, bs, data)
 
@@ -251,16 +299,24 @@ class Engine:
         if kv.block_size != bs:
             raise ValueError(f"KV block size {kv.block_size} != engine block size {bs}")
         if kv.token_start != seq.num_computed or kv.token_start % bs:
-            raise ValueError(f"KV starts at token {kv.token_start} but {seq.seq_id} has {seq.num_computed} "
-                             "computed tokens")
+            raise ValueError(
+                f"KV starts at token {kv.token_start} but {seq.seq_id} has {seq.num_computed} "
+                "computed tokens"
+            )
         if kv.token_end > len(seq.token_ids):
-            raise ValueError(f"KV covers tokens up to {kv.token_end}, the sequence knows {len(seq.token_ids)}")
+            raise ValueError(
+                f"KV covers tokens up to {kv.token_end}, the sequence knows {len(seq.token_ids)}"
+            )
         want = -(-kv.token_end // bs) - kv.token_start // bs
         if kv.num_blocks != want or (want and kv.data.shape[0] != want):
-            raise ValueError(f"KV range [{kv.token_start}, {kv.token_end}) needs {want} blocks, got {kv.num_blocks}")
-        ours = seq.block_hashes(bs, kv.token_end)[kv.token_start // bs:]
-        if list(kv.block_hashes[:len(ours)]) != ours:
-            raise ValueError(f"received KV blocks do not match the prefix of {seq.seq_id} (block hash mismatch)")
+            raise ValueError(
+                f"KV range [{kv.token_start}, {kv.token_end}) needs {want} blocks, got {kv.num_blocks}"
+            )
+        ours = seq.block_hashes(bs, kv.token_end)[kv.token_start // bs :]
+        if list(kv.block_hashes[: len(ours)]) != ours:
+            raise ValueError(
+                f"received KV blocks do not match the prefix of {seq.seq_id} (block hash mismatch)"
+            )
         if want == 0:
             return
         blocks = self._allocate(want, f"importing {want} blocks")
@@ -272,19 +328,32 @@ class Engine:
             self.cache_sequence(seq)
 
     # --- colocated reference loop --------------------------------------------------------------
-    def generate(self, requests: Seq[Request] | Seq[Seq[int]], sampling: SamplingParams | None = None,
-                 max_batch: int = 8, on_step: Callable[[list[Sequence]], None] | None = None) -> list[Sequence]:
+    def generate(
+        self,
+        requests: Seq[Request] | Seq[Seq[int]],
+        sampling: SamplingParams | None = None,
+        max_batch: int = 8,
+        on_step: Callable[[list[Sequence]], None] | None = None,
+    ) -> list[Sequence]:
         """Serve requests to completion with continuous batching: admit while the batch has room and
         the KV cache can hold the request's worst case, then one decode step for everyone running;
         finished sequences leave at once and waiting ones take their place. Returns the finished
         sequences in request order."""
-        reqs = [r if isinstance(r, Request) else Request(f"req-{i}", list(r), sampling or SamplingParams())
-                for i, r in enumerate(requests)]
+        reqs = [
+            r
+            if isinstance(r, Request)
+            else Request(f"req-{i}", list(r), sampling or SamplingParams())
+            for i, r in enumerate(requests)
+        ]
         waiting = deque(enumerate(reqs))
         done: dict[int, Sequence] = {}
         running: list[tuple[int, Sequence]] = []
         while waiting or running:
-            while waiting and len(running) < max_batch and self._fits(waiting[0][1], [s for _, s in running]):
+            while (
+                waiting
+                and len(running) < max_batch
+                and self._fits(waiting[0][1], [s for _, s in running])
+            ):
                 i, r = waiting.popleft()
                 seq = self.add_sequence(r.prompt_ids, r.sampling, r.request_id)
                 if r.sampling.max_tokens <= 0:
@@ -299,11 +368,16 @@ class Engine:
                     running.append((i, seq))
             if not running:
                 if not waiting:
-                    break            # everything admitted finished during prefill
+                    break  # everything admitted finished during prefill
                 i, r = waiting[0]
                 need = self._blocks_needed(r)
-                raise KVCacheFull(need, self.allocator.num_free, self.allocator.num_blocks, self.block_bytes,
-                                  f"request {r.request_id}")
+                raise KVCacheFull(
+                    need,
+                    self.allocator.num_free,
+                    self.allocator.num_blocks,
+                    self.block_bytes,
+                    f"request {r.request_id}",
+                )
             self.decode([s for _, s in running])
             if on_step is not None:
                 on_step([s for _, s in running])
@@ -324,10 +398,21 @@ class Engine:
     def _fits(self, r: Request, running: list[Sequence]) -> bool:
         need = self._blocks_needed(r)
         if need > self.allocator.num_blocks:
-            raise KVCacheFull(need, self.allocator.num_free, self.allocator.num_blocks, self.block_bytes,
-                              f"request {r.request_id}")
-        reserved = sum(max(0, -(-(s.num_prompt_tokens + s.sampling.max_tokens) // self.block_size)
-                           - len(s.block_table)) for s in running)
+            raise KVCacheFull(
+                need,
+                self.allocator.num_free,
+                self.allocator.num_blocks,
+                self.block_bytes,
+                f"request {r.request_id}",
+            )
+        reserved = sum(
+            max(
+                0,
+                -(-(s.num_prompt_tokens + s.sampling.max_tokens) // self.block_size)
+                - len(s.block_table),
+            )
+            for s in running
+        )
         free = self.allocator.num_free
         if need + reserved <= free:
             return True
@@ -338,7 +423,9 @@ class Engine:
         if short > 0 and self.config.prefix_cache:
             self.radix.evict(short)
         if n > self.allocator.num_free:
-            raise KVCacheFull(n, self.allocator.num_free, self.allocator.num_blocks, self.block_bytes, what)
+            raise KVCacheFull(
+                n, self.allocator.num_free, self.allocator.num_blocks, self.block_bytes, what
+            )
         return self.allocator.allocate(n)
 
     def reserve(self, seq: Sequence, tokens: int) -> None:
@@ -362,7 +449,9 @@ class Engine:
         assert logits is not None
         return logits[0]
 
-    def _forward(self, items: list[tuple[Sequence, int, int]], all_rows: bool = False) -> torch.Tensor:
+    def _forward(
+        self, items: list[tuple[Sequence, int, int]], all_rows: bool = False
+    ) -> torch.Tensor:
         """Compute KV for tokens [start, end) of each sequence; returns fp32 logits for each item's
         last row (or every row when all_rows)."""
         for seq, _, end in items:
@@ -382,24 +471,39 @@ class Engine:
             last_rows.append(len(ids) - 1)
         dev = self.device
         positions = torch.tensor(pos, dtype=torch.long)
-        plan = plan_attention(spans, block_size=bs, num_layers=self.model_config.num_layers,
-                              num_kv_heads=self.model_config.num_kv_heads,
-                              group_size=self.model_config.group_size, device=dev,
-                              tile=self.config.attention_tile, row_multiple=self.numerics.row_multiple,
-                              decode_kt_view=self.numerics.decode_kt_view)
+        plan = plan_attention(
+            spans,
+            block_size=bs,
+            num_layers=self.model_config.num_layers,
+            num_kv_heads=self.model_config.num_kv_heads,
+            group_size=self.model_config.group_size,
+            device=dev,
+            tile=self.config.attention_tile,
+            row_multiple=self.numerics.row_multiple,
+            decode_kt_view=self.numerics.decode_kt_view,
+        )
         rows = torch.arange(len(ids)) if all_rows else torch.tensor(last_rows)
         with torch.inference_mode():
             logits = self.model.forward(
-                torch.tensor(ids, dtype=torch.long, device=dev), positions.to(dev),
-                torch.tensor(blocks, dtype=torch.long, device=dev), (positions % bs).to(dev),
-                plan, self.pool, rows.to(dev))
+                torch.tensor(ids, dtype=torch.long, device=dev),
+                positions.to(dev),
+                torch.tensor(blocks, dtype=torch.long, device=dev),
+                (positions % bs).to(dev),
+                plan,
+                self.pool,
+                rows.to(dev),
+            )
         for seq, _, end in items:
             seq.num_computed = end
         return logits
 
     def _sample_rows(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
-        toks = sample_batch(logits, [s.sampling for s in seqs], [s.seed for s in seqs],
-                            [len(s.token_ids) for s in seqs])
+        toks = sample_batch(
+            logits,
+            [s.sampling for s in seqs],
+            [s.seed for s in seqs],
+            [len(s.token_ids) for s in seqs],
+        )
         for s, t in zip(seqs, toks):
             s.token_ids.append(t)
             if t in s.sampling.stop_token_ids:

@@ -37,35 +37,67 @@ class BenchSizes:
     decode_batches: tuple[int, ...] = (1, 8, 32)
     decode_context: int = 128
     decode_steps: int = 16
-    long_context: int = 1024          # engine only: one decode batch (the largest) over a long context,
-                                      # so a calibration sees how a step grows with the KV it reads
+    long_context: int = 1024  # engine only: one decode batch (the largest) over a long context,
+    # so a calibration sees how a step grows with the KV it reads
     extend_tokens: int = 100
     extend_context: int = 512
-    long_extend: tuple[int, int] = (128, 2048)   # engine only: (tokens, context) of a prefill over a long
-                                                 # cached context, so a calibration sees what attention costs
+    long_extend: tuple[int, int] = (
+        128,
+        2048,
+    )  # engine only: (tokens, context) of a prefill over a long
+    # cached context, so a calibration sees what attention costs
     # engine only: (new tokens, cached tokens) prompts over a cached prefix, as a prefill worker runs
     # them in a multi-turn workload; a calibration fits its prefill cost over all of them
-    prefill_grid: tuple[tuple[int, int], ...] = ((128, 0), (512, 0), (128, 512), (512, 512), (128, 2048), (512, 2048))
-    corun: bool = True                # engine only: prefill and decode step alone and while another
-                                      # process decodes on another core (corun_bench.py)
+    prefill_grid: tuple[tuple[int, int], ...] = (
+        (128, 0),
+        (512, 0),
+        (128, 512),
+        (512, 512),
+        (128, 2048),
+        (512, 2048),
+    )
+    corun: bool = True  # engine only: prefill and decode step alone and while another
+    # process decodes on another core (corun_bench.py)
     mixed_requests: int = 32
     mixed_prompt: tuple[int, int] = (16, 1024)
     mixed_output: tuple[int, int] = (8, 256)
     repeats: int = 2
     mixed_repeats: int = 1
-    statistic: str = "best"           # of the repeats: best (comparisons) or median (calibration: typical load)
+    statistic: str = (
+        "best"  # of the repeats: best (comparisons) or median (calibration: typical load)
+    )
 
 
 # Quick is what `pddflow simulate --calibrate` fits, so it reports the median of 3 short runs: one run
 # on a shared machine can come out 1.5x slow (batch 1 slower than batch 4), and the best of 3 is the
 # engine on an idle machine, faster than a deployment sharing the cores ever sees (measured:
 # docs/simulator.md, Fidelity).
-QUICK = BenchSizes(prefill_lengths=(64, 128), decode_batches=(1, 4), decode_context=32, decode_steps=6,
-                   long_context=768, extend_tokens=16, extend_context=48, long_extend=(128, 768),
-                   prefill_grid=((32, 0), (256, 0), (512, 0), (32, 256), (128, 256), (256, 256), (32, 768),
-                                 (128, 768), (256, 768)),
-                   mixed_requests=6, mixed_prompt=(8, 64),
-                   mixed_output=(2, 12), repeats=3, statistic="median")
+QUICK = BenchSizes(
+    prefill_lengths=(64, 128),
+    decode_batches=(1, 4),
+    decode_context=32,
+    decode_steps=6,
+    long_context=768,
+    extend_tokens=16,
+    extend_context=48,
+    long_extend=(128, 768),
+    prefill_grid=(
+        (32, 0),
+        (256, 0),
+        (512, 0),
+        (32, 256),
+        (128, 256),
+        (256, 256),
+        (32, 768),
+        (128, 768),
+        (256, 768),
+    ),
+    mixed_requests=6,
+    mixed_prompt=(8, 64),
+    mixed_output=(2, 12),
+    repeats=3,
+    statistic="median",
+)
 
 
 def hf_model_from_source(source: ModelSource):
@@ -78,27 +110,46 @@ def hf_model_from_source(source: ModelSource):
         rope["factor"] = c.rope_scaling.factor
     elif c.rope_scaling.rope_type == "llama3":
         rs = c.rope_scaling
-        rope.update(factor=rs.factor, low_freq_factor=rs.low_freq_factor, high_freq_factor=rs.high_freq_factor,
-                    original_max_position_embeddings=rs.original_max_position_embeddings)
-    common = dict(vocab_size=c.vocab_size, hidden_size=c.hidden_size, intermediate_size=c.intermediate_size,
-                  num_hidden_layers=c.num_layers, num_attention_heads=c.num_heads,
-                  num_key_value_heads=c.num_kv_heads, rms_norm_eps=c.rms_norm_eps,
-                  max_position_embeddings=c.max_position_embeddings, rope_parameters=rope,
-                  tie_word_embeddings=c.tie_word_embeddings)
+        rope.update(
+            factor=rs.factor,
+            low_freq_factor=rs.low_freq_factor,
+            high_freq_factor=rs.high_freq_factor,
+            original_max_position_embeddings=rs.original_max_position_embeddings,
+        )
+    common = dict(
+        vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size,
+        intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_layers,
+        num_attention_heads=c.num_heads,
+        num_key_value_heads=c.num_kv_heads,
+        rms_norm_eps=c.rms_norm_eps,
+        max_position_embeddings=c.max_position_embeddings,
+        rope_parameters=rope,
+        tie_word_embeddings=c.tie_word_embeddings,
+    )
     if c.arch == "qwen2":
         cfg = Qwen2Config(**common)
         model = Qwen2ForCausalLM(cfg)
     else:
-        cfg = LlamaConfig(**common, head_dim=c.head_dim, attention_bias=c.qkv_bias, mlp_bias=c.mlp_bias)
+        cfg = LlamaConfig(
+            **common, head_dim=c.head_dim, attention_bias=c.qkv_bias, mlp_bias=c.mlp_bias
+        )
         model = LlamaForCausalLM(cfg)
     missing, unexpected = model.load_state_dict(source.weights, strict=False)
     if unexpected or any(not k.endswith("lm_head.weight") for k in missing):
-        raise RuntimeError(f"weights do not fit the HF model: missing {missing}, unexpected {unexpected}")
+        raise RuntimeError(
+            f"weights do not fit the HF model: missing {missing}, unexpected {unexpected}"
+        )
     return model.eval()
 
 
-def _best_pair(engine_fn: Callable[[], float], hf_fn: Callable[[], float], repeats: int,
-               statistic: str = "best") -> tuple[float, float]:
+def _best_pair(
+    engine_fn: Callable[[], float],
+    hf_fn: Callable[[], float],
+    repeats: int,
+    statistic: str = "best",
+) -> tuple[float, float]:
     """Best (or median) of `repeats` timings each, alternating engine and HF so both see the same
     machine load."""
     te: list[float] = []
@@ -117,8 +168,14 @@ def _ratio(engine: float, hf: float) -> float:
     return round(engine / hf, 3) if hf > 0 else float("inf")
 
 
-def run_bench(spec: str = "builtin:tiny-llama", sizes: BenchSizes = BenchSizes(), batch: int = 8, seed: int = 0,
-              threads: int | None = None, progress: Callable[[str], None] = lambda _msg: None) -> dict[str, Any]:
+def run_bench(
+    spec: str = "builtin:tiny-llama",
+    sizes: BenchSizes = BenchSizes(),
+    batch: int = 8,
+    seed: int = 0,
+    threads: int | None = None,
+    progress: Callable[[str], None] = lambda _msg: None,
+) -> dict[str, Any]:
     if threads:
         torch.set_num_threads(threads)
     torch.manual_seed(seed)
@@ -129,18 +186,29 @@ def run_bench(spec: str = "builtin:tiny-llama", sizes: BenchSizes = BenchSizes()
     def prompt(n: int) -> list[int]:
         return [rng.randrange(min(vocab, 256)) for _ in range(n)]
 
-    longest = max(max(sizes.prefill_lengths), sizes.mixed_prompt[1] + sizes.mixed_output[1],
-                  sizes.extend_context + sizes.extend_tokens + 8, sum(sizes.long_extend) + 8)
-    slots = max(max(sizes.decode_batches) * (max(sizes.decode_context, sizes.long_context) + sizes.decode_steps + 4),
-                batch * longest)
+    longest = max(
+        max(sizes.prefill_lengths),
+        sizes.mixed_prompt[1] + sizes.mixed_output[1],
+        sizes.extend_context + sizes.extend_tokens + 8,
+        sum(sizes.long_extend) + 8,
+    )
+    slots = max(
+        max(sizes.decode_batches)
+        * (max(sizes.decode_context, sizes.long_context) + sizes.decode_steps + 4),
+        batch * longest,
+    )
     kv_bytes = (slots + 64 * batch) * source.config.kv_bytes_per_token(4) * 2
     progress("loading engine and HF model")
     engine = Engine(source, EngineConfig(kv_cache_bytes=kv_bytes, prefix_cache=False))
     hf = hf_model_from_source(source)
-    out: dict[str, Any] = {"model": spec, "threads": torch.get_num_threads(), "device": str(engine.device),
-                           "batch_invariant": engine.numerics.invariant,
-                           "statistic": f"{sizes.statistic} of {sizes.repeats}",
-                           "loadavg_start": [round(x, 2) for x in os.getloadavg()]}
+    out: dict[str, Any] = {
+        "model": spec,
+        "threads": torch.get_num_threads(),
+        "device": str(engine.device),
+        "batch_invariant": engine.numerics.invariant,
+        "statistic": f"{sizes.statistic} of {sizes.repeats}",
+        "loadavg_start": [round(x, 2) for x in os.getloadavg()],
+    }
 
     # --- prefill -------------------------------------------------------------------------------
     out["prefill"] = {}
@@ -155,21 +223,34 @@ def run_bench(spec: str = "builtin:tiny-llama", sizes: BenchSizes = BenchSizes()
                 hf(ids, use_cache=True, logits_to_keep=1)
                 return time.perf_counter() - t
 
-        te, th = _best_pair(lambda: _engine_prefill(engine, prompt(n)), hf_once, sizes.repeats, sizes.statistic)
-        out["prefill"][str(n)] = {"engine_tok_s": round(n / te, 1), "hf_tok_s": round(n / th, 1),
-                                  "ratio": _ratio(th, te)}
+        te, th = _best_pair(
+            lambda: _engine_prefill(engine, prompt(n)), hf_once, sizes.repeats, sizes.statistic
+        )
+        out["prefill"][str(n)] = {
+            "engine_tok_s": round(n / te, 1),
+            "hf_tok_s": round(n / th, 1),
+            "ratio": _ratio(th, te),
+        }
 
     # --- decode --------------------------------------------------------------------------------
     out["decode"] = {"context": sizes.decode_context}
     for b in sizes.decode_batches:
         progress(f"decode batch {b}")
         prompts = [prompt(sizes.decode_context) for _ in range(b)]
-        te, th = _best_pair(lambda: _engine_decode(engine, prompts, sizes.decode_steps),
-                            lambda: _hf_decode(hf, prompts, sizes.decode_steps), sizes.repeats, sizes.statistic)
+        te, th = _best_pair(
+            lambda: _engine_decode(engine, prompts, sizes.decode_steps),
+            lambda: _hf_decode(hf, prompts, sizes.decode_steps),
+            sizes.repeats,
+            sizes.statistic,
+        )
         toks = b * sizes.decode_steps
-        out["decode"][str(b)] = {"engine_tok_s": round(toks / te, 1), "hf_tok_s": round(toks / th, 1),
-                                 "ratio": _ratio(th, te), "engine_step_ms": round(te / sizes.decode_steps * 1e3, 2),
-                                 "hf_step_ms": round(th / sizes.decode_steps * 1e3, 2)}
+        out["decode"][str(b)] = {
+            "engine_tok_s": round(toks / te, 1),
+            "hf_tok_s": round(toks / th, 1),
+            "ratio": _ratio(th, te),
+            "engine_step_ms": round(te / sizes.decode_steps * 1e3, 2),
+            "hf_step_ms": round(th / sizes.decode_steps * 1e3, 2),
+        }
 
     # --- decode over a long context (engine only: a calibration point, not a comparison) ---------
     if sizes.long_context > sizes.decode_context:
@@ -178,21 +259,37 @@ def run_bench(spec: str = "builtin:tiny-llama", sizes: BenchSizes = BenchSizes()
         prompts = [prompt(sizes.long_context) for _ in range(b)]
         runs = [_engine_decode(engine, prompts, sizes.decode_steps) for _ in range(sizes.repeats)]
         te = _summary(runs, sizes.statistic)
-        out["decode_long"] = {"context": sizes.long_context, "batch": b,
-                              "engine_step_ms": round(te / sizes.decode_steps * 1e3, 2)}
+        out["decode_long"] = {
+            "context": sizes.long_context,
+            "batch": b,
+            "engine_step_ms": round(te / sizes.decode_steps * 1e3, 2),
+        }
 
     # --- extend vs decode ----------------------------------------------------------------------
     progress(f"extend {sizes.extend_tokens} tokens vs one decode step")
     ctx_prompt = prompt(sizes.extend_context)
     known = prompt(sizes.extend_tokens)
-    ext_s, hf_ext = _best_pair(lambda: _engine_extend(engine, ctx_prompt, known),
-                               lambda: _hf_extend(hf, ctx_prompt, known), sizes.repeats + 1, sizes.statistic)
-    step_s, hf_step = _best_pair(lambda: _engine_decode(engine, [ctx_prompt], 1),
-                                 lambda: _hf_decode(hf, [ctx_prompt], 1), sizes.repeats + 1, sizes.statistic)
-    out["extend"] = {"tokens": sizes.extend_tokens, "context": sizes.extend_context,
-                     "extend_ms": round(ext_s * 1e3, 2), "decode_step_ms": round(step_s * 1e3, 2),
-                     "extend_over_step": round(ext_s / step_s, 2),
-                     "hf_extend_ms": round(hf_ext * 1e3, 2), "hf_decode_step_ms": round(hf_step * 1e3, 2)}
+    ext_s, hf_ext = _best_pair(
+        lambda: _engine_extend(engine, ctx_prompt, known),
+        lambda: _hf_extend(hf, ctx_prompt, known),
+        sizes.repeats + 1,
+        sizes.statistic,
+    )
+    step_s, hf_step = _best_pair(
+        lambda: _engine_decode(engine, [ctx_prompt], 1),
+        lambda: _hf_decode(hf, [ctx_prompt], 1),
+        sizes.repeats + 1,
+        sizes.statistic,
+    )
+    out["extend"] = {
+        "tokens": sizes.extend_tokens,
+        "context": sizes.extend_context,
+        "extend_ms": round(ext_s * 1e3, 2),
+        "decode_step_ms": round(step_s * 1e3, 2),
+        "extend_over_step": round(ext_s / step_s, 2),
+        "hf_extend_ms": round(hf_ext * 1e3, 2),
+        "hf_decode_step_ms": round(hf_step * 1e3, 2),
+    }
 
     # --- new tokens over a long cached context (engine only: a calibration point) ---------------
     n, ctx = sizes.long_extend
@@ -200,8 +297,11 @@ def run_bench(spec: str = "builtin:tiny-llama", sizes: BenchSizes = BenchSizes()
         progress(f"{n} new tokens over {ctx} cached")
         ctx_prompt, known = prompt(ctx), prompt(n)
         runs = [_engine_extend(engine, ctx_prompt, known) for _ in range(sizes.repeats)]
-        out["extend_long"] = {"tokens": n, "context": ctx,
-                              "extend_ms": round(_summary(runs, sizes.statistic) * 1e3, 2)}
+        out["extend_long"] = {
+            "tokens": n,
+            "context": ctx,
+            "extend_ms": round(_summary(runs, sizes.statistic) * 1e3, 2),
+        }
 
     # --- prompts over a cached prefix (engine only: the calibration grid) ---------------------
     if sizes.prefill_grid:
@@ -214,10 +314,17 @@ def run_bench(spec: str = "builtin:tiny-llama", sizes: BenchSizes = BenchSizes()
         n_pre, b_dec = max(sizes.prefill_lengths), max(sizes.decode_batches)
         dec_prompts = [prompt(sizes.decode_context) for _ in range(b_dec)]
 
-        corun = measure(spec, torch.get_num_threads(), lambda: _engine_prefill(engine, prompt(n_pre)),
-                        lambda: _engine_decode(engine, dec_prompts, sizes.decode_steps) / sizes.decode_steps,
-                        sizes.repeats, lambda xs: _summary(xs, sizes.statistic), b_dec,
-                        max(sizes.long_context, sizes.decode_context), progress)
+        corun = measure(
+            spec,
+            torch.get_num_threads(),
+            lambda: _engine_prefill(engine, prompt(n_pre)),
+            lambda: _engine_decode(engine, dec_prompts, sizes.decode_steps) / sizes.decode_steps,
+            sizes.repeats,
+            lambda xs: _summary(xs, sizes.statistic),
+            b_dec,
+            max(sizes.long_context, sizes.decode_context),
+            progress,
+        )
         if corun is not None:
             if "skipped" not in corun:
                 corun["prefill_tokens"], corun["decode_batch"] = n_pre, b_dec
@@ -229,8 +336,13 @@ def run_bench(spec: str = "builtin:tiny-llama", sizes: BenchSizes = BenchSizes()
     for i in range(sizes.mixed_requests):
         plen = wl.randint(*sizes.mixed_prompt)
         olen = wl.randint(*sizes.mixed_output)
-        reqs.append(Request(f"r{i}", [wl.randrange(min(vocab, 256)) for _ in range(plen)],
-                            SamplingParams(max_tokens=olen)))
+        reqs.append(
+            Request(
+                f"r{i}",
+                [wl.randrange(min(vocab, 256)) for _ in range(plen)],
+                SamplingParams(max_tokens=olen),
+            )
+        )
     want = sum(r.sampling.max_tokens for r in reqs)
     prompt_tokens = sum(len(r.prompt_ids) for r in reqs)
     # Wall time is what users see; process CPU time is the load-robust figure on a shared machine
@@ -238,7 +350,9 @@ def run_bench(spec: str = "builtin:tiny-llama", sizes: BenchSizes = BenchSizes()
     best: dict[str, tuple[float, float]] = {}
     hf_generated = padded_prompt = 0
     for rep in range(max(sizes.mixed_repeats, 1)):
-        progress(f"mixed workload: engine, {len(reqs)} requests, continuous batching of {batch} ({rep + 1})")
+        progress(
+            f"mixed workload: engine, {len(reqs)} requests, continuous batching of {batch} ({rep + 1})"
+        )
         w, c = time.perf_counter(), time.process_time()
         seqs = engine.generate(reqs, max_batch=batch)
         te, ce = time.perf_counter() - w, time.process_time() - c
@@ -252,17 +366,33 @@ def run_bench(spec: str = "builtin:tiny-llama", sizes: BenchSizes = BenchSizes()
         best["engine"] = min(best.get("engine", (te, ce)), (te, ce))
         best["hf"] = min(best.get("hf", (th, ch)), (th, ch))
     (te, ce), (th, ch) = best["engine"], best["hf"]
-    out["mixed"] = {"requests": len(reqs), "batch": batch, "prompt_tokens": prompt_tokens, "output_tokens": want,
-                    "engine_s": round(te, 2), "hf_s": round(th, 2),
-                    "engine_tok_s": round(want / te, 1), "hf_tok_s": round(want / th, 1), "ratio": _ratio(th, te),
-                    "engine_cpu_s": round(ce, 2), "hf_cpu_s": round(ch, 2), "cpu_ratio": _ratio(ch, ce),
-                    "hf_generated_tokens": hf_generated, "hf_padded_prompt_tokens": padded_prompt}
+    out["mixed"] = {
+        "requests": len(reqs),
+        "batch": batch,
+        "prompt_tokens": prompt_tokens,
+        "output_tokens": want,
+        "engine_s": round(te, 2),
+        "hf_s": round(th, 2),
+        "engine_tok_s": round(want / te, 1),
+        "hf_tok_s": round(want / th, 1),
+        "ratio": _ratio(th, te),
+        "engine_cpu_s": round(ce, 2),
+        "hf_cpu_s": round(ch, 2),
+        "cpu_ratio": _ratio(ch, ce),
+        "hf_generated_tokens": hf_generated,
+        "hf_padded_prompt_tokens": padded_prompt,
+    }
     out["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     return out
 
 
-def _prefill_grid(source: ModelSource, sizes: BenchSizes, prompt: Callable[[int], list[int]], kv_bytes: int,
-                  progress: Callable[[str], None]) -> dict[str, Any]:
+def _prefill_grid(
+    source: ModelSource,
+    sizes: BenchSizes,
+    prompt: Callable[[int], list[int]],
+    kv_bytes: int,
+    progress: Callable[[str], None],
+) -> dict[str, Any]:
     """Each (new, cached) of the grid: a prompt whose first `cached` tokens are in the prefix cache,
     prefilled as a prefill worker does (reuse the cached blocks, compute the rest). The prefix is
     prefilled once; every repeat appends fresh tokens to it. A second engine (the benchmark's own
@@ -276,9 +406,9 @@ def _prefill_grid(source: ModelSource, sizes: BenchSizes, prompt: Callable[[int]
         progress(f"prefill {new} tokens over {cached} cached")
         prefix = prompt(cached)
         if cached:
-            _engine_prefill(engine, prefix + prompt(1))   # leaves the prefix's full blocks cached
+            _engine_prefill(engine, prefix + prompt(1))  # leaves the prefix's full blocks cached
         runs = []
-        for _ in range(sizes.repeats + 1):                # the first one warms this shape
+        for _ in range(sizes.repeats + 1):  # the first one warms this shape
             seq = engine.add_sequence(prefix + prompt(new), SamplingParams(max_tokens=1))
             got = engine.reuse_prefix(seq)
             if got != cached - cached % engine.block_size:
@@ -287,7 +417,13 @@ def _prefill_grid(source: ModelSource, sizes: BenchSizes, prompt: Callable[[int]
             engine.prefill(seq)
             runs.append(time.perf_counter() - t)
             engine.free(seq)
-        points.append({"tokens": new, "cached": got, "prefill_ms": round(_summary(runs[1:], sizes.statistic) * 1e3, 2)})
+        points.append(
+            {
+                "tokens": new,
+                "cached": got,
+                "prefill_ms": round(_summary(runs[1:], sizes.statistic) * 1e3, 2),
+            }
+        )
     return {"statistic": f"{sizes.statistic} of {sizes.repeats}", "points": points}
 
 
@@ -313,7 +449,7 @@ def _engine_decode(engine: Engine, prompts: list[list[int]], steps: int) -> floa
     seqs = [engine.add_sequence(p, SamplingParams(max_tokens=steps + 2)) for p in prompts]
     for s in seqs:
         engine.prefill(s)
-    engine.decode(seqs)          # warm: first step at this batch size
+    engine.decode(seqs)  # warm: first step at this batch size
     t = time.perf_counter()
     for _ in range(steps):
         engine.decode(seqs)
@@ -375,17 +511,24 @@ def _hf_static_batches(hf, reqs: list[Request], batch: int) -> tuple[float, int,
     generated = padded = 0
     with torch.inference_mode():
         for i in range(0, len(reqs), batch):
-            group = reqs[i:i + batch]
+            group = reqs[i : i + batch]
             width = max(len(r.prompt_ids) for r in group)
             steps = max(r.sampling.max_tokens for r in group)
             ids = torch.full((len(group), width), pad, dtype=torch.long)
             mask = torch.zeros((len(group), width), dtype=torch.long)
             for j, r in enumerate(group):
-                ids[j, width - len(r.prompt_ids):] = torch.tensor(r.prompt_ids)
-                mask[j, width - len(r.prompt_ids):] = 1
+                ids[j, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
+                mask[j, width - len(r.prompt_ids) :] = 1
             t = time.perf_counter()
-            out = hf.generate(input_ids=ids, attention_mask=mask, max_new_tokens=steps, min_new_tokens=steps,
-                              do_sample=False, pad_token_id=pad, eos_token_id=None)
+            out = hf.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=steps,
+                min_new_tokens=steps,
+                do_sample=False,
+                pad_token_id=pad,
+                eos_token_id=None,
+            )
             total += time.perf_counter() - t
             generated += (out.shape[1] - width) * len(group)
             padded += width * len(group)

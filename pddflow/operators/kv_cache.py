@@ -18,26 +18,48 @@ def block_bytes(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int
     return config.kv_bytes_per_token(elem) * block_size
 
 
-def blocks_for_budget(config: ModelConfig, block_size: int, dtype: torch.dtype, budget_bytes: int) -> int:
+def blocks_for_budget(
+    config: ModelConfig, block_size: int, dtype: torch.dtype, budget_bytes: int
+) -> int:
     """How many blocks a memory budget buys (the runtime derives the budget from the device class)."""
     return int(budget_bytes) // block_bytes(config, block_size, dtype)
 
 
 class KVPool:
-    def __init__(self, config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype,
-                 device: torch.device):
+    def __init__(
+        self,
+        config: ModelConfig,
+        num_blocks: int,
+        block_size: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
         self.block_size = block_size
         # Zero-initialised on purpose: attention multiplies masked (never written) slots by a zero
         # probability, which is only exactly zero for finite values.
-        self.tensor = torch.zeros(num_blocks, config.num_layers, 2, block_size, config.num_kv_heads,
-                                  config.head_dim, dtype=dtype, device=device)
+        self.tensor = torch.zeros(
+            num_blocks,
+            config.num_layers,
+            2,
+            block_size,
+            config.num_kv_heads,
+            config.head_dim,
+            dtype=dtype,
+            device=device,
+        )
 
     @property
     def num_blocks(self) -> int:
         return self.tensor.shape[0]
 
-    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slot_blocks: torch.Tensor,
-              slot_offsets: torch.Tensor) -> None:
+    def write(
+        self,
+        layer: int,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        slot_blocks: torch.Tensor,
+        slot_offsets: torch.Tensor,
+    ) -> None:
         """Store K/V [T, Hkv, D] of T tokens at (block, offset) slots."""
         self.tensor[slot_blocks, layer, 0, slot_offsets] = k.to(self.tensor.dtype)
         self.tensor[slot_blocks, layer, 1, slot_offsets] = v.to(self.tensor.dtype)

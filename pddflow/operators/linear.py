@@ -22,7 +22,9 @@ import torch.nn.functional as F
 
 def _onednn_available() -> bool:
     try:
-        return bool(torch.backends.mkldnn.is_available()) and hasattr(torch.ops.mkldnn, "_linear_pointwise")
+        return bool(torch.backends.mkldnn.is_available()) and hasattr(
+            torch.ops.mkldnn, "_linear_pointwise"
+        )
     except Exception:  # pragma: no cover - exotic builds
         return False
 
@@ -37,8 +39,13 @@ class Linear:
         self._packed: torch.Tensor | None = None
         self.row_multiple = 1
         if weight.device.type == "cpu":
-            mode, self.row_multiple = calibrate(self.in_features, self.out_features, bias is not None,
-                                                _round_up(max_rows, 8), torch.get_num_threads())
+            mode, self.row_multiple = calibrate(
+                self.in_features,
+                self.out_features,
+                bias is not None,
+                _round_up(max_rows, 8),
+                torch.get_num_threads(),
+            )
             if mode == "onednn":
                 self._packed = torch.ops.mkldnn._reorder_linear_weight(self.weight, None)
 
@@ -61,17 +68,24 @@ def _round_up(x: int, m: int) -> int:
     return (x + m - 1) // m * m
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def calibrate(k: int, n: int, bias: bool, max_rows: int, num_threads: int) -> tuple[str, int]:
     """Pick (backend, row padding) whose rows are bit-identical for every padded row count up to
     max_rows, tested on random data with this exact shape. Cached per shape and thread count."""
-    candidates = ([("onednn", 8), ("onednn", 16)] if _onednn_available() else []) + \
-                 [("blas", 16), ("blas", 32), ("blas", 64)]
+    candidates = ([("onednn", 8), ("onednn", 16)] if _onednn_available() else []) + [
+        ("blas", 16),
+        ("blas", 32),
+        ("blas", 64),
+    ]
     for mode, mult in candidates:
         if _rows_invariant(k, n, bias, max_rows, mode, mult):
             return mode, mult
-    warnings.warn(f"no batch-invariant matmul found for a {k}x{n} linear on this machine; greedy outputs "
-                  "may differ across prefill/extend/decode splits", RuntimeWarning, stacklevel=2)
+    warnings.warn(
+        f"no batch-invariant matmul found for a {k}x{n} linear on this machine; greedy outputs "
+        "may differ across prefill/extend/decode splits",
+        RuntimeWarning,
+        stacklevel=2,
+    )
     return "blas", 64
 
 
@@ -87,14 +101,27 @@ def _rows_invariant(k: int, n: int, bias: bool, max_rows: int, mode: str, mult: 
         def f(t: torch.Tensor) -> torch.Tensor:
             return torch.ops.mkldnn._linear_pointwise(t.contiguous(), packed, b, "none", [], "")
     else:
+
         def f(t: torch.Tensor) -> torch.Tensor:
             return F.linear(t.contiguous(), w, b)
+
     ref = f(x)
-    sizes = sorted({mult, 2 * mult, 3 * mult, 5 * mult, 8 * mult, 16 * mult, _round_up(big // 2 + 1, mult), big})
+    sizes = sorted(
+        {
+            mult,
+            2 * mult,
+            3 * mult,
+            5 * mult,
+            8 * mult,
+            16 * mult,
+            _round_up(big // 2 + 1, mult),
+            big,
+        }
+    )
     for m in sizes:
         if m > big:
             continue
         for start in (0, big - m):
-            if not torch.equal(f(x[start:start + m]), ref[start:start + m]):
+            if not torch.equal(f(x[start : start + m]), ref[start : start + m]):
                 return False
     return True

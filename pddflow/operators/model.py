@@ -43,8 +43,14 @@ class _Layer:
 
 
 class LlamaModel:
-    def __init__(self, config: ModelConfig, weights: dict[str, torch.Tensor], device: torch.device,
-                 dtype: torch.dtype, max_rows: int = 512):
+    def __init__(
+        self,
+        config: ModelConfig,
+        weights: dict[str, torch.Tensor],
+        device: torch.device,
+        dtype: torch.dtype,
+        max_rows: int = 512,
+    ):
         self.config = config
         self.device, self.dtype = device, dtype
 
@@ -64,25 +70,42 @@ class LlamaModel:
         for i in range(config.num_layers):
             p = f"model.layers.{i}."
             a, m = p + "self_attn.", p + "mlp."
-            self.layers.append(_Layer(
-                ln1=w(p + "input_layernorm.weight"),
-                ln2=w(p + "post_attention_layernorm.weight"),
-                qkv=Linear(torch.cat([w(a + "q_proj.weight"), w(a + "k_proj.weight"), w(a + "v_proj.weight")]),
-                           cat_bias([a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"]), max_rows),
-                o=Linear(w(a + "o_proj.weight"), opt(a + "o_proj.bias"), max_rows),
-                gate_up=Linear(torch.cat([w(m + "gate_proj.weight"), w(m + "up_proj.weight")]),
-                               cat_bias([m + "gate_proj.bias", m + "up_proj.bias"]), max_rows),
-                down=Linear(w(m + "down_proj.weight"), opt(m + "down_proj.bias"), max_rows),
-            ))
+            self.layers.append(
+                _Layer(
+                    ln1=w(p + "input_layernorm.weight"),
+                    ln2=w(p + "post_attention_layernorm.weight"),
+                    qkv=Linear(
+                        torch.cat(
+                            [w(a + "q_proj.weight"), w(a + "k_proj.weight"), w(a + "v_proj.weight")]
+                        ),
+                        cat_bias([a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"]),
+                        max_rows,
+                    ),
+                    o=Linear(w(a + "o_proj.weight"), opt(a + "o_proj.bias"), max_rows),
+                    gate_up=Linear(
+                        torch.cat([w(m + "gate_proj.weight"), w(m + "up_proj.weight")]),
+                        cat_bias([m + "gate_proj.bias", m + "up_proj.bias"]),
+                        max_rows,
+                    ),
+                    down=Linear(w(m + "down_proj.weight"), opt(m + "down_proj.bias"), max_rows),
+                )
+            )
         self.norm = w("model.norm.weight")
         head = self.embed if config.tie_word_embeddings else w("lm_head.weight")
         self.lm_head = Linear(head, None, max_rows)
         self.rope = Rope(config, device, dtype)
-        self.scale = config.head_dim ** -0.5
+        self.scale = config.head_dim**-0.5
 
-    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, slot_blocks: torch.Tensor,
-                slot_offsets: torch.Tensor, plan: AttentionPlan, pool: KVPool,
-                logit_rows: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        slot_blocks: torch.Tensor,
+        slot_offsets: torch.Tensor,
+        plan: AttentionPlan,
+        pool: KVPool,
+        logit_rows: torch.Tensor,
+    ) -> torch.Tensor:
         """Run T token rows, writing their K/V into `pool`; returns fp32 logits [len(logit_rows), V]."""
         c = self.config
         T = input_ids.shape[0]
@@ -93,8 +116,8 @@ class LlamaModel:
             x = rms_norm(h, layer.ln1, c.rms_norm_eps)
             qkv = layer.qkv(x)
             q = self.rope(qkv[:, :qd].view(T, H, D), positions)
-            k = self.rope(qkv[:, qd:qd + kvd].view(T, Hkv, D), positions)
-            v = qkv[:, qd + kvd:].view(T, Hkv, D)
+            k = self.rope(qkv[:, qd : qd + kvd].view(T, Hkv, D), positions)
+            v = qkv[:, qd + kvd :].view(T, Hkv, D)
             pool.write(i, k, v, slot_blocks, slot_offsets)
             attn = paged_attention(q, pool.tensor, i, plan, self.scale)
             h = h + layer.o(attn.reshape(T, qd))

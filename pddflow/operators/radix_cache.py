@@ -158,7 +158,9 @@ class RadixCache:
             stack.extend(node.children.values())
         free_subtree: dict[int, bool] = {}
         for node in reversed(order):
-            ok = self._evictable(node.value) and all(free_subtree[id(c)] for c in node.children.values())
+            ok = self._evictable(node.value) and all(
+                free_subtree[id(c)] for c in node.children.values()
+            )
             free_subtree[id(node)] = ok
             count += ok
         return count
@@ -196,11 +198,11 @@ class RadixCache:
         ins, ev = self._changes
         if inserted:
             if h in ev:
-                ev.discard(h)   # evicted and back: no net change
+                ev.discard(h)  # evicted and back: no net change
             else:
                 ins.add(h)
         elif h in ins:
-            ins.discard(h)      # inserted and gone: no net change
+            ins.discard(h)  # inserted and gone: no net change
         else:
             ev.add(h)
 
@@ -232,7 +234,8 @@ class RadixCache:
     def _compact(self) -> None:
         self._heap = [
             (node.last_access, next(self._tiebreak), node)
-            for node in self._iter_nodes() if not node.children
+            for node in self._iter_nodes()
+            if not node.children
         ]
         heapq.heapify(self._heap)
 

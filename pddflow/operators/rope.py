@@ -30,7 +30,8 @@ def inv_freq(config: ModelConfig) -> torch.Tensor:
         wavelen = 2 * math.pi / freq
         scaled = torch.where(wavelen > low_wavelen, freq / rs.factor, freq)
         smooth = (rs.original_max_position_embeddings / wavelen - rs.low_freq_factor) / (
-            rs.high_freq_factor - rs.low_freq_factor)
+            rs.high_freq_factor - rs.low_freq_factor
+        )
         smoothed = (1 - smooth) * scaled / rs.factor + smooth * scaled
         medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
         return torch.where(medium, smoothed, scaled)

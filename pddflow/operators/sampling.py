@@ -16,7 +16,9 @@ from pddflow.core.payloads import SamplingParams
 
 def uniform(seed: int, position: int) -> float:
     """A reproducible draw in [0, 1) for (seed, position)."""
-    h = hashlib.blake2b((seed & (2**64 - 1)).to_bytes(8, "little") + position.to_bytes(8, "little"), digest_size=8)
+    h = hashlib.blake2b(
+        (seed & (2**64 - 1)).to_bytes(8, "little") + position.to_bytes(8, "little"), digest_size=8
+    )
     return (int.from_bytes(h.digest(), "little") >> 11) / float(1 << 53)
 
 
@@ -37,13 +39,18 @@ def sample_token(logits: torch.Tensor, params: SamplingParams, seed: int, positi
     return int(order[min(idx, keep - 1)])
 
 
-def sample_batch(logits: torch.Tensor, params: list[SamplingParams], seeds: list[int], positions: list[int]) -> list[int]:
+def sample_batch(
+    logits: torch.Tensor, params: list[SamplingParams], seeds: list[int], positions: list[int]
+) -> list[int]:
     """logits [S, V]: one token per row; greedy rows share one argmax."""
     greedy = [i for i, p in enumerate(params) if p.temperature <= 0]
     out = [0] * len(params)
     if greedy:
-        ids = torch.argmax(logits[greedy], dim=-1).tolist() if len(greedy) < len(params) else \
-            torch.argmax(logits, dim=-1).tolist()
+        ids = (
+            torch.argmax(logits[greedy], dim=-1).tolist()
+            if len(greedy) < len(params)
+            else torch.argmax(logits, dim=-1).tolist()
+        )
         for i, t in zip(greedy, ids):
             out[i] = int(t)
     for i, p in enumerate(params):

@@ -25,12 +25,12 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     num_computed: int = 0
     finished: bool = False
-    finish_reason: str | None = None       # "length" | "stop"
+    finish_reason: str | None = None  # "length" | "stop"
     _hashes: list[int] = field(default_factory=list, repr=False)
 
     @property
     def output_ids(self) -> list[int]:
-        return self.token_ids[self.num_prompt_tokens:]
+        return self.token_ids[self.num_prompt_tokens :]
 
     @property
     def num_pending(self) -> int:
@@ -43,6 +43,7 @@ class Sequence:
         have = len(self._hashes)
         if want > have:
             parent = self._hashes[-1] if have else None
-            self._hashes += chain_block_hashes(self.token_ids[have * block_size:want * block_size],
-                                               block_size, parent)
+            self._hashes += chain_block_hashes(
+                self.token_ids[have * block_size : want * block_size], block_size, parent
+            )
         return self._hashes[:want]

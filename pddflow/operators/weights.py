@@ -38,8 +38,10 @@ def load_model_source(spec: str, seed: int = BUILTIN_SEED) -> ModelSource:
         name = spec.split(":", 1)[1]
         if name not in BUILTIN_MODELS:
             valid = sorted(BUILTIN_MODELS)
-            raise ModelSpecError(f"unknown builtin model {name!r}{did_you_mean(name, valid)}; "
-                                 f"valid: {', '.join('builtin:' + v for v in valid)}")
+            raise ModelSpecError(
+                f"unknown builtin model {name!r}{did_you_mean(name, valid)}; "
+                f"valid: {', '.join('builtin:' + v for v in valid)}"
+            )
         config = BUILTIN_MODELS[name]
         return ModelSource(spec, config, builtin_weights(config, seed), ByteTokenizer())
     return _load_checkpoint(Path(spec).expanduser())
@@ -73,8 +75,15 @@ def _shape(config: ModelConfig, name: str) -> tuple[int, ...]:
         return (config.vocab_size, h)
     if module in ("input_layernorm", "post_attention_layernorm", "norm"):
         return (h,)
-    out_in = {"q_proj": (q, h), "k_proj": (kv, h), "v_proj": (kv, h), "o_proj": (h, q),
-              "gate_proj": (inter, h), "up_proj": (inter, h), "down_proj": (h, inter)}[module]
+    out_in = {
+        "q_proj": (q, h),
+        "k_proj": (kv, h),
+        "v_proj": (kv, h),
+        "o_proj": (h, q),
+        "gate_proj": (inter, h),
+        "up_proj": (inter, h),
+        "down_proj": (h, inter),
+    }[module]
     return out_in if kind == "weight" else (out_in[0],)
 
 
@@ -102,10 +111,14 @@ def builtin_weights(config: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
 
 def _load_checkpoint(path: Path) -> ModelSource:
     if not path.exists():
-        raise ModelSpecError(f"model {str(path)!r} is neither builtin:<name> (valid: "
-                             f"{', '.join('builtin:' + v for v in sorted(BUILTIN_MODELS))}) nor an existing directory")
+        raise ModelSpecError(
+            f"model {str(path)!r} is neither builtin:<name> (valid: "
+            f"{', '.join('builtin:' + v for v in sorted(BUILTIN_MODELS))}) nor an existing directory"
+        )
     if not path.is_dir():
-        raise ModelSpecError(f"model path {str(path)!r} is not a directory (expected config.json + *.safetensors)")
+        raise ModelSpecError(
+            f"model path {str(path)!r} is not a directory (expected config.json + *.safetensors)"
+        )
     cfg_file = path / "config.json"
     if not cfg_file.is_file():
         raise ModelSpecError(f"{path}: no config.json")
@@ -118,7 +131,9 @@ def _load_checkpoint(path: Path) -> ModelSource:
     config = ModelConfig.from_hf(raw)
     files = sorted(path.glob("*.safetensors"))
     if not files:
-        raise ModelSpecError(f"{path}: no *.safetensors files (pickled .bin checkpoints are not loaded)")
+        raise ModelSpecError(
+            f"{path}: no *.safetensors files (pickled .bin checkpoints are not loaded)"
+        )
 
     import torch
     from safetensors.torch import load_file
@@ -139,7 +154,9 @@ def _load_checkpoint(path: Path) -> ModelSource:
         raise ModelSpecError(f"{path}: checkpoint lacks {', '.join(missing[:5])}{more}")
     for n in expected:
         if tuple(weights[n].shape) != _shape(config, n):
-            raise ModelSpecError(f"{path}: {n} has shape {tuple(weights[n].shape)}, config implies {_shape(config, n)}")
+            raise ModelSpecError(
+                f"{path}: {n} has shape {tuple(weights[n].shape)}, config implies {_shape(config, n)}"
+            )
     weights = {n: weights[n] for n in expected}
     tok_file = path / "tokenizer.json"
     tokenizer = HFTokenizer(tok_file, config.eos_token_ids) if tok_file.is_file() else None

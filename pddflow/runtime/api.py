@@ -18,7 +18,6 @@ from typing import Any, Protocol
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-
 from pydantic import BaseModel, Field
 
 from pddflow.core.payloads import SamplingParams
@@ -52,12 +51,24 @@ class Frontend(Protocol):
     def health(self) -> tuple[bool, dict[str, Any]]: ...
     def metrics_text(self) -> tuple[bytes, str]: ...
     def timeline(self, request_id: str) -> dict[str, Any] | None: ...
-    def generate(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams, deadline: float,
-                 variant: str | None, handoff: str | None) -> AsyncIterator[list[int]]: ...
+    def generate(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        deadline: float,
+        variant: str | None,
+        handoff: str | None,
+    ) -> AsyncIterator[list[int]]: ...
 
 
-def _error(status: int, message: str, kind: str = "invalid_request_error", param: str | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "param": param, "code": None}}, status_code=status)
+def _error(
+    status: int, message: str, kind: str = "invalid_request_error", param: str | None = None
+) -> JSONResponse:
+    return JSONResponse(
+        {"error": {"message": message, "type": kind, "param": param, "code": None}},
+        status_code=status,
+    )
 
 
 class _Utf8Stream:
@@ -71,40 +82,54 @@ class _Utf8Stream:
         text = self.tok.decode(self.ids)
         if text.endswith("\ufffd"):  # an incomplete character: wait for its next bytes
             return ""
-        new, self.sent = text[len(self.sent):], text
+        new, self.sent = text[len(self.sent) :], text
         return new
 
     def flush(self) -> str:
         text = self.tok.decode(self.ids)
-        new, self.sent = text[len(self.sent):], text
+        new, self.sent = text[len(self.sent) :], text
         return new
 
 
 class LinkCut(BaseModel):
     seconds: float = Field(gt=0, le=3600, description="how long the link stays down")
-    after_bytes: int = Field(0, ge=0, description="cut once this many more bytes crossed it (mid-transfer)")
+    after_bytes: int = Field(
+        0, ge=0, description="cut once this many more bytes crossed it (mid-transfer)"
+    )
 
 
 def make_app(frontend: Frontend, backend: Any = None) -> FastAPI:
     """`backend`, when it can (the local backend), adds /admin/links/{name}/cut: failure drills on
     the emulated WAN."""
+
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        frontend.attach(asyncio.get_running_loop())  # reports are handled on the server's loop from now on
+        frontend.attach(
+            asyncio.get_running_loop()
+        )  # reports are handled on the server's loop from now on
         yield
 
-    app = FastAPI(title="pddflow", description="OpenAI-compatible API of a pddflow deployment", lifespan=lifespan)
+    app = FastAPI(
+        title="pddflow",
+        description="OpenAI-compatible API of a pddflow deployment",
+        lifespan=lifespan,
+    )
 
     @app.exception_handler(RequestValidationError)
     async def _bad_body(_: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"] if p != "body")
-        return _error(400, f"{where}: {first['msg']}" if where else first["msg"], param=where or None)
+        return _error(
+            400, f"{where}: {first['msg']}" if where else first["msg"], param=where or None
+        )
 
     @app.get("/health")
     async def health() -> JSONResponse:
         ready, detail = frontend.health()
-        return JSONResponse({"status": "ready" if ready else "starting", **detail}, status_code=200 if ready else 503)
+        return JSONResponse(
+            {"status": "ready" if ready else "starting", **detail},
+            status_code=200 if ready else 503,
+        )
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -112,25 +137,41 @@ def make_app(frontend: Frontend, backend: Any = None) -> FastAPI:
         return Response(body, media_type=ctype)
 
     if backend is not None and hasattr(backend, "cut_link"):
+
         @app.post("/admin/links/{name}/cut")
         async def cut_link(name: str, body: LinkCut) -> JSONResponse:
             try:
                 backend.cut_link(name, body.seconds, body.after_bytes)
             except KeyError as exc:
                 return _error(404, str(exc.args[0]), kind="not_found_error")
-            return JSONResponse({"link": name, "down_s": body.seconds, "after_bytes": body.after_bytes})
+            return JSONResponse(
+                {"link": name, "down_s": body.seconds, "after_bytes": body.after_bytes}
+            )
 
     @app.get("/v1/models")
     async def models() -> dict:
-        return {"object": "list", "data": [{"id": frontend.model_id, "object": "model", "created": 0,
-                                             "owned_by": "pddflow", "max_model_len": frontend.max_context}]}
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": frontend.model_id,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "pddflow",
+                    "max_model_len": frontend.max_context,
+                }
+            ],
+        }
 
     @app.get("/v1/requests/{request_id}/timeline")
     async def timeline(request_id: str) -> JSONResponse:
         t = frontend.timeline(request_id)
         if t is None:
-            return _error(404, f"no request {request_id!r} (timelines of the most recent requests are kept)",
-                          kind="not_found_error")
+            return _error(
+                404,
+                f"no request {request_id!r} (timelines of the most recent requests are kept)",
+                kind="not_found_error",
+            )
         return JSONResponse(t)
 
     @app.post("/v1/completions")
@@ -159,33 +200,57 @@ def _prompt_ids(frontend: Frontend, prompt: str | list[int]) -> list[int]:
         return frontend.tokenizer.encode(prompt)
     bad = [t for t in prompt if not 0 <= t < frontend.vocab_size]
     if bad:
-        raise RequestRejected(400, f"token id {bad[0]} is outside the vocabulary [0, {frontend.vocab_size})")
+        raise RequestRejected(
+            400, f"token id {bad[0]} is outside the vocabulary [0, {frontend.vocab_size})"
+        )
     return list(prompt)
 
 
 async def _serve(frontend: Frontend, body: _Body, prompt_ids: list[int], chat: bool) -> Response:
     if body.model != frontend.model_id:
-        return _error(404, f"model {body.model!r} is not served here; this deployment serves {frontend.model_id!r}",
-                      kind="not_found_error", param="model")
+        return _error(
+            404,
+            f"model {body.model!r} is not served here; this deployment serves {frontend.model_id!r}",
+            kind="not_found_error",
+            param="model",
+        )
     max_tokens = body.token_budget()
     if len(prompt_ids) + max_tokens > frontend.max_context:
-        return _error(400, f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) exceeds the model's "
-                      f"context of {frontend.max_context} tokens", param="max_tokens")
+        return _error(
+            400,
+            f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) exceeds the model's "
+            f"context of {frontend.max_context} tokens",
+            param="max_tokens",
+        )
     stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
-    sampling = SamplingParams(max_tokens=max_tokens, temperature=body.temperature, top_p=body.top_p, seed=body.seed,
-                              stop_token_ids=tuple(frontend.tokenizer.eos_token_ids))
+    sampling = SamplingParams(
+        max_tokens=max_tokens,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        seed=body.seed,
+        stop_token_ids=tuple(frontend.tokenizer.eos_token_ids),
+    )
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     deadline = time.monotonic() + (body.timeout_s or DEFAULT_TIMEOUT_S)
     try:
         stream = frontend.generate(rid, prompt_ids, sampling, deadline, body.variant, body.handoff)
-        first = await anext(stream, None)  # rejections (bad variant, overload) surface before any byte is sent
+        first = await anext(
+            stream, None
+        )  # rejections (bad variant, overload) surface before any byte is sent
     except RequestRejected as exc:
-        return _error(exc.status, str(exc), kind="invalid_request_error" if exc.status < 500 else "server_error")
+        return _error(
+            exc.status,
+            str(exc),
+            kind="invalid_request_error" if exc.status < 500 else "server_error",
+        )
     created = int(time.time())
     run = _Run(frontend, stream, first, stops, max_tokens)
     if body.stream:
-        return StreamingResponse(_sse(run, rid, created, body, chat), media_type="text/event-stream",
-                                 headers={"X-Request-Id": rid})
+        return StreamingResponse(
+            _sse(run, rid, created, body, chat),
+            media_type="text/event-stream",
+            headers={"X-Request-Id": rid},
+        )
     try:
         async for _ in run.text_pieces():
             pass
@@ -198,19 +263,34 @@ async def _serve(frontend: Frontend, body: _Body, prompt_ids: list[int], chat: b
         choice["text"] = run.text
     if body.return_token_ids:
         choice["token_ids"] = run.ids
-    return JSONResponse({
-        "id": rid, "object": "chat.completion" if chat else "text_completion", "created": created,
-        "model": frontend.model_id, "choices": [choice],
-        "usage": {"prompt_tokens": len(prompt_ids), "completion_tokens": len(run.ids),
-                  "total_tokens": len(prompt_ids) + len(run.ids)},
-    }, headers={"X-Request-Id": rid})
+    return JSONResponse(
+        {
+            "id": rid,
+            "object": "chat.completion" if chat else "text_completion",
+            "created": created,
+            "model": frontend.model_id,
+            "choices": [choice],
+            "usage": {
+                "prompt_tokens": len(prompt_ids),
+                "completion_tokens": len(run.ids),
+                "total_tokens": len(prompt_ids) + len(run.ids),
+            },
+        },
+        headers={"X-Request-Id": rid},
+    )
 
 
 class _Run:
     """One generation as text: applies stop strings and records the finish reason."""
 
-    def __init__(self, frontend: Frontend, stream: AsyncIterator[list[int]], first: list[int] | None,
-                 stops: list[str], max_tokens: int):
+    def __init__(
+        self,
+        frontend: Frontend,
+        stream: AsyncIterator[list[int]],
+        first: list[int] | None,
+        stops: list[str],
+        max_tokens: int,
+    ):
         self.stream, self.first, self.stops, self.max_tokens = stream, first, stops, max_tokens
         self.decoder = _Utf8Stream(frontend.tokenizer)
         self.eos = set(frontend.tokenizer.eos_token_ids)
@@ -247,22 +327,39 @@ class _Run:
             return None
         text = self.text + piece
         cut = min((text.find(s) for s in self.stops if s in text), default=-1)
-        return None if cut < 0 else text[len(self.text):cut]
+        return None if cut < 0 else text[len(self.text) : cut]
 
 
 async def _sse(run: _Run, rid: str, created: int, body: _Body, chat: bool) -> AsyncIterator[bytes]:
-    def frame(delta_text: str | None, ids: list[int], finish: str | None, role: bool = False) -> bytes:
+    def frame(
+        delta_text: str | None, ids: list[int], finish: str | None, role: bool = False
+    ) -> bytes:
         if chat:
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if delta_text is not None:
                 delta["content"] = delta_text
-            choice: dict[str, Any] = {"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}
+            choice: dict[str, Any] = {
+                "index": 0,
+                "delta": delta,
+                "finish_reason": finish,
+                "logprobs": None,
+            }
         else:
-            choice = {"index": 0, "text": delta_text or "", "finish_reason": finish, "logprobs": None}
+            choice = {
+                "index": 0,
+                "text": delta_text or "",
+                "finish_reason": finish,
+                "logprobs": None,
+            }
         if body.return_token_ids:
             choice["token_ids"] = ids
-        obj = {"id": rid, "object": "chat.completion.chunk" if chat else "text_completion", "created": created,
-               "model": body.model, "choices": [choice]}
+        obj = {
+            "id": rid,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": created,
+            "model": body.model,
+            "choices": [choice],
+        }
         return f"data: {json.dumps(obj)}\n\n".encode()
 
     if chat:

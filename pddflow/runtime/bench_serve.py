@@ -18,8 +18,8 @@ from pathlib import Path
 
 import httpx
 
-from pddflow.runtime.launcher import Deployment
 from pddflow.core.stats import percentile
+from pddflow.runtime.launcher import Deployment
 from pddflow.runtime.serve_workload import WorkloadSpec
 
 
@@ -32,7 +32,7 @@ class Sample:
     request_id: str = ""
     session: int = 0
     turn: int = 0
-    start_s: float = 0.0          # when the client sent it, from the run's start
+    start_s: float = 0.0  # when the client sent it, from the run's start
     prompt_tokens: int = 0
     timeline: dict | None = None  # the frontend's /v1/requests/{id}/timeline, with --per-request
 
@@ -49,22 +49,39 @@ class GraphResult:
     # share the workers' cores; `pddflow simulate --calibrate` reads them as a load per token.
     frontend_cpu_s: float | None = None
     client_cpu_s: float | None = None
-    decode: dict[str, dict] = field(default_factory=dict)   # instance -> its decode steps over the run
+    decode: dict[str, dict] = field(
+        default_factory=dict
+    )  # instance -> its decode steps over the run
 
 
 def _pct(xs: list[float], q: float) -> float:
     return percentile(sorted(xs), q * 100)
 
 
-async def _turn(client: httpx.AsyncClient, base: str, model: str, prompt: list[int], max_tokens: int,
-                timeout_s: float) -> tuple[Sample, list[int]]:
-    body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": True,
-            "return_token_ids": True, "timeout_s": timeout_s}
+async def _turn(
+    client: httpx.AsyncClient,
+    base: str,
+    model: str,
+    prompt: list[int],
+    max_tokens: int,
+    timeout_s: float,
+) -> tuple[Sample, list[int]]:
+    body = {
+        "model": model,
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "return_token_ids": True,
+        "timeout_s": timeout_s,
+    }
     t0 = time.perf_counter()
     first = last = None
     ids: list[int] = []
     rid = ""
-    async with client.stream("POST", f"{base}/v1/completions", json=body, timeout=timeout_s + 10) as r:
+    async with client.stream(
+        "POST", f"{base}/v1/completions", json=body, timeout=timeout_s + 10
+    ) as r:
         if r.status_code != 200:
             raise RuntimeError(f"HTTP {r.status_code}: {(await r.aread()).decode()[:200]}")
         async for line in r.aiter_lines():
@@ -83,11 +100,24 @@ async def _turn(client: httpx.AsyncClient, base: str, model: str, prompt: list[i
     if first is None:
         raise RuntimeError("no tokens")
     tpot = (last - first) / (len(ids) - 1) if len(ids) > 1 else None
-    return Sample(first - t0, tpot, len(ids), time.perf_counter() - t0, rid, prompt_tokens=len(prompt)), ids
+    return Sample(
+        first - t0, tpot, len(ids), time.perf_counter() - t0, rid, prompt_tokens=len(prompt)
+    ), ids
 
 
-async def _session(client, base, model, spec, start_delay, timeout_s, res: GraphResult, tick,
-                   think_s: float = 0.0, index: int = 0, t_run: float = 0.0) -> None:
+async def _session(
+    client,
+    base,
+    model,
+    spec,
+    start_delay,
+    timeout_s,
+    res: GraphResult,
+    tick,
+    think_s: float = 0.0,
+    index: int = 0,
+    t_run: float = 0.0,
+) -> None:
     await asyncio.sleep(start_delay)
     context = list(spec.first_prompt)
     for turn, max_tokens in enumerate(spec.output_tokens):
@@ -136,8 +166,11 @@ def _decode_steps(base: str, since: dict[str, dict] | None = None) -> dict[str, 
     for inst, w in workers.items():
         d, d0 = w.get("decode") or {}, (since or {}).get(inst, {})
         if d.get("steps"):
-            out[inst] = {k: round(d[k] - d0.get(k, 0), 4) for k in ("steps", "cpu_s", "wall_s", "seqs", "context_tokens")
-                         if k in d}
+            out[inst] = {
+                k: round(d[k] - d0.get(k, 0), 4)
+                for k in ("steps", "cpu_s", "wall_s", "seqs", "context_tokens")
+                if k in d
+            }
     return {i: d for i, d in out.items() if d["steps"] > 0}
 
 
@@ -155,9 +188,17 @@ def _own_cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
-def run_graph(graph: Path, workload: WorkloadSpec, rps: float, wan_gbps: float | None, timeout_s: float,
-              tick: Callable[[], None], think_s: float = 1.0, extra: tuple[str, ...] = (),
-              per_request: bool = False) -> GraphResult:
+def run_graph(
+    graph: Path,
+    workload: WorkloadSpec,
+    rps: float,
+    wan_gbps: float | None,
+    timeout_s: float,
+    tick: Callable[[], None],
+    think_s: float = 1.0,
+    extra: tuple[str, ...] = (),
+    per_request: bool = False,
+) -> GraphResult:
     res = GraphResult(str(graph))
     args = list(extra) + (["--wan-gbps", str(wan_gbps)] if wan_gbps else [])
     with tempfile.TemporaryDirectory(prefix="pddflow-bench-") as rd:
@@ -167,9 +208,24 @@ def run_graph(graph: Path, workload: WorkloadSpec, rps: float, wan_gbps: float |
 
             async def main(t0: float) -> None:
                 async with httpx.AsyncClient() as client:
-                    await asyncio.gather(*(
-                        _session(client, dep.base, model, s, i / rps, timeout_s, res, tick, think_s, i, t0)
-                        for i, s in enumerate(workload.sessions)))
+                    await asyncio.gather(
+                        *(
+                            _session(
+                                client,
+                                dep.base,
+                                model,
+                                s,
+                                i / rps,
+                                timeout_s,
+                                res,
+                                tick,
+                                think_s,
+                                i,
+                                t0,
+                            )
+                            for i, s in enumerate(workload.sessions)
+                        )
+                    )
 
             f0, c0 = _process_cpu_s(dep.proc.pid), _own_cpu_s()
             decode0 = _decode_steps(dep.base)
@@ -192,23 +248,43 @@ def summarize(res: GraphResult, sla_ttft_s: float, sla_tpot_s: float) -> dict:
     ttft = [s.ttft_s for s in res.samples]
     tpot = [s.tpot_s for s in res.samples if s.tpot_s is not None]
     ok = sum(1 for s in res.samples if s.ttft_s <= sla_ttft_s and (s.tpot_s or 0) <= sla_tpot_s)
-    sent, saved = res.metrics.get("pddflow_wan_bytes_sent_total", 0.0), res.metrics.get("pddflow_wan_bytes_saved_total", 0.0)
+    sent, saved = (
+        res.metrics.get("pddflow_wan_bytes_sent_total", 0.0),
+        res.metrics.get("pddflow_wan_bytes_saved_total", 0.0),
+    )
     return {
-        "graph": res.graph, "requests": len(res.samples), "errors": len(res.errors), "wall_s": round(res.wall_s, 3),
-        "ttft_s": {q: round(_pct(ttft, v), 4) for q, v in (("p50", .5), ("p90", .9), ("p99", .99))},
-        "tpot_ms": {q: round(_pct(tpot, v) * 1e3, 3) for q, v in (("p50", .5), ("p90", .9), ("p99", .99))},
+        "graph": res.graph,
+        "requests": len(res.samples),
+        "errors": len(res.errors),
+        "wall_s": round(res.wall_s, 3),
+        "ttft_s": {
+            q: round(_pct(ttft, v), 4) for q, v in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
+        },
+        "tpot_ms": {
+            q: round(_pct(tpot, v) * 1e3, 3) for q, v in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
+        },
         "slo_goodput_rps": round(ok / res.wall_s, 4) if res.wall_s else 0.0,
         "slo_attainment": round(ok / max(len(res.samples), 1), 4),
-        "wan_bytes": int(sent), "wan_bytes_saved_by_drc": int(saved),
+        "wan_bytes": int(sent),
+        "wan_bytes_saved_by_drc": int(saved),
         "wan_share_of_full_kv": round(sent / (sent + saved), 4) if sent + saved else None,
         "relay_token_share": round(res.metrics.get("relay_token_share", 0.0), 4),
         "first_errors": res.errors[:3],
         "host_cpu": _host_cpu(res),
         "decode_steps": res.decode or None,
         "ttft_mean_s": round(statistics.fmean(ttft), 4) if ttft else None,
-        "ttft_samples_s": sorted(round(x, 4) for x in ttft),  # every request, to recompute any statistic
-        **({"per_request": [_request_row(s) for s in sorted(res.samples, key=lambda s: (s.session, s.turn))]}
-           if any(s.timeline is not None for s in res.samples) else {}),
+        "ttft_samples_s": sorted(
+            round(x, 4) for x in ttft
+        ),  # every request, to recompute any statistic
+        **(
+            {
+                "per_request": [
+                    _request_row(s) for s in sorted(res.samples, key=lambda s: (s.session, s.turn))
+                ]
+            }
+            if any(s.timeline is not None for s in res.samples)
+            else {}
+        ),
     }
 
 
@@ -219,26 +295,42 @@ def _host_cpu(res: GraphResult) -> dict | None:
         return None
     tokens = sum(s.tokens for s in res.samples)
     total = res.frontend_cpu_s + res.client_cpu_s
-    return {"frontend_s": round(res.frontend_cpu_s, 3), "client_s": round(res.client_cpu_s, 3),
-            "output_tokens": tokens, "ms_per_token": round(total / tokens * 1e3, 4) if tokens else None}
+    return {
+        "frontend_s": round(res.frontend_cpu_s, 3),
+        "client_s": round(res.client_cpu_s, 3),
+        "output_tokens": tokens,
+        "ms_per_token": round(total / tokens * 1e3, 4) if tokens else None,
+    }
 
 
 def _request_row(s: Sample) -> dict:
     """One request as `--per-request` reports it; `events` are ms from the frontend's arrival."""
     tl = s.timeline or {}
-    return {"session": s.session, "turn": s.turn, "request_id": s.request_id, "start_s": round(s.start_s, 4),
-            "prompt_tokens": s.prompt_tokens, "output_tokens": s.tokens, "ttft_s": round(s.ttft_s, 4),
-            "e2e_s": round(s.e2e_s, 4), "variant": tl.get("variant"), "handoff": tl.get("handoff"),
-            "tokens_by_operator": tl.get("tokens_by_operator"), "events": tl.get("events", [])}
+    return {
+        "session": s.session,
+        "turn": s.turn,
+        "request_id": s.request_id,
+        "start_s": round(s.start_s, 4),
+        "prompt_tokens": s.prompt_tokens,
+        "output_tokens": s.tokens,
+        "ttft_s": round(s.ttft_s, 4),
+        "e2e_s": round(s.e2e_s, 4),
+        "variant": tl.get("variant"),
+        "handoff": tl.get("handoff"),
+        "tokens_by_operator": tl.get("tokens_by_operator"),
+        "events": tl.get("events", []),
+    }
 
 
 def ratios(base: dict, other: dict) -> dict:
     def r(a: float | None, b: float | None) -> float | None:
         return round(a / b, 4) if a and b else None
 
-    return {"ttft_p50": r(other["ttft_s"]["p50"], base["ttft_s"]["p50"]),
-            "ttft_p90": r(other["ttft_s"]["p90"], base["ttft_s"]["p90"]),
-            "ttft_p99": r(other["ttft_s"]["p99"], base["ttft_s"]["p99"]),
-            "tpot_p50": r(other["tpot_ms"]["p50"], base["tpot_ms"]["p50"]),
-            "tpot_p90": r(other["tpot_ms"]["p90"], base["tpot_ms"]["p90"]),
-            "slo_goodput": r(other["slo_goodput_rps"], base["slo_goodput_rps"])}
+    return {
+        "ttft_p50": r(other["ttft_s"]["p50"], base["ttft_s"]["p50"]),
+        "ttft_p90": r(other["ttft_s"]["p90"], base["ttft_s"]["p90"]),
+        "ttft_p99": r(other["ttft_s"]["p99"], base["ttft_s"]["p99"]),
+        "tpot_p50": r(other["tpot_ms"]["p50"], base["tpot_ms"]["p50"]),
+        "tpot_p90": r(other["tpot_ms"]["p90"], base["tpot_ms"]["p90"]),
+        "slo_goodput": r(other["slo_goodput_rps"], base["slo_goodput_rps"]),
+    }

@@ -12,8 +12,9 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
 from pddflow.channels.tcpproxy import TcpProxy
 from pddflow.graph.plan import Plan
@@ -31,7 +32,7 @@ class Backend(Protocol):
     name: str
 
     def start(self, plan: Plan, wiring: Wiring, run_dir: Path) -> None: ...
-    def check(self) -> str | None: ...   # None while every instance runs, else what died and why
+    def check(self) -> str | None: ...  # None while every instance runs, else what died and why
     def stop(self) -> None: ...
 
 
@@ -45,7 +46,10 @@ class LocalBackend:
         self.relays: dict[str, list[TcpProxy]] = {}  # link name -> relays of its endpoints
 
     def start(self, plan: Plan, wiring: Wiring, run_dir: Path) -> None:
-        for link, addrs in wiring.links.items():  # cross-cluster traffic goes through a cuttable relay
+        for (
+            link,
+            addrs,
+        ) in wiring.links.items():  # cross-cluster traffic goes through a cuttable relay
             for addr in addrs:
                 scheme, _, hostport = addr.rpartition("://")
                 host, port = hostport.rsplit(":", 1)
@@ -56,7 +60,9 @@ class LocalBackend:
         wiring.save(path)
         for inst in plan.instances:
             log = run_dir / f"{inst.id.replace('/', '-')}.log"
-            w = WorkerProcess(inst.id, [sys.executable, "-m", "pddflow.runtime.worker", str(path), inst.id], log)
+            w = WorkerProcess(
+                inst.id, [sys.executable, "-m", "pddflow.runtime.worker", str(path), inst.id], log
+            )
             w.start()
             self.workers.append(w)
 
@@ -94,8 +100,12 @@ class LocalBackend:
 BACKENDS: dict[str, Callable[[], Backend]] = {"local": LocalBackend}
 
 
-def wait_ready(is_ready: Callable[[], tuple[int, int]], backend: Backend, timeout_s: float,
-               progress: Progress | None = None) -> None:
+def wait_ready(
+    is_ready: Callable[[], tuple[int, int]],
+    backend: Backend,
+    timeout_s: float,
+    progress: Progress | None = None,
+) -> None:
     """Until every instance reports ready, a worker dies (DeployError with its output) or the
     deadline passes (DeployError naming the instances still starting)."""
     deadline = time.monotonic() + timeout_s
@@ -111,8 +121,10 @@ def wait_ready(is_ready: Callable[[], tuple[int, int]], backend: Backend, timeou
         if dead is not None:
             raise DeployError(dead)
         if time.monotonic() > deadline:
-            raise DeployError(f"only {ready} of {total} instances became ready within {timeout_s:g} s; "
-                              "see the worker logs in the run directory")
+            raise DeployError(
+                f"only {ready} of {total} instances became ready within {timeout_s:g} s; "
+                "see the worker logs in the run directory"
+            )
         time.sleep(0.1)
 
 

@@ -29,7 +29,13 @@ from pddflow.runtime.proto import runtime_pb2 as pb
 from pddflow.runtime.request_state import RequestState, StreamConflict, TokenRun
 from pddflow.runtime.rpc import FRONTEND, WorkerClient, serve
 from pddflow.runtime.wiring import Wiring
-from pddflow.scheduler import InstanceLoad, MirrorDrift, RequestFeatures, SchedulerState, make_policy
+from pddflow.scheduler import (
+    InstanceLoad,
+    MirrorDrift,
+    RequestFeatures,
+    SchedulerState,
+    make_policy,
+)
 from pddflow.scheduler.decision import Decision
 
 log = logging.getLogger("pddflow.frontend")
@@ -44,7 +50,7 @@ class Route:
     relay: str = ""
     main: str = ""
     handoff: str = ""
-    legs: set[str] = field(default_factory=set)   # instances holding a live leg
+    legs: set[str] = field(default_factory=set)  # instances holding a live leg
     handed_off: bool = False
     resumed: bool = False
     resumed_on: set[str] = field(default_factory=set)
@@ -60,7 +66,9 @@ class Live:
 
 
 class Frontend:
-    def __init__(self, plan: Plan, wiring: Wiring, model: ModelInfo, metrics: Metrics | None = None):
+    def __init__(
+        self, plan: Plan, wiring: Wiring, model: ModelInfo, metrics: Metrics | None = None
+    ):
         self.plan, self.wiring = plan, wiring
         self.model_id = plan.name
         self.tokenizer = model.tokenizer
@@ -79,8 +87,12 @@ class Frontend:
         self.done: OrderedDict[str, RequestState] = OrderedDict()
         self.loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
-        self.server, _ = serve(FRONTEND, streams_in={"Reports": (pb.Report, pb.Empty, self._reports)},
-                               port=int(wiring.frontend.rsplit(":", 1)[1]), threads=len(wiring.workers) + 8)
+        self.server, _ = serve(
+            FRONTEND,
+            streams_in={"Reports": (pb.Report, pb.Empty, self._reports)},
+            port=int(wiring.frontend.rsplit(":", 1)[1]),
+            threads=len(wiring.workers) + 8,
+        )
 
     # ---- the API's Frontend protocol ---------------------------------------------------------
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -88,17 +100,31 @@ class Frontend:
             self.loop = loop
 
     def health(self) -> tuple[bool, dict[str, Any]]:
-        workers = {i: {"ready": (s := self.status.get(i)) is not None and s.ready and i not in self.lost,
-                       "kv_blocks_used": s.kv_blocks_used if s else None,
-                       "cached_blocks": s.cached_blocks if s else None,
-                       "running": s.running if s else None,
-                       # decode steps since start: a simulator calibrates the deployment's decode cost with it
-                       "decode": {"steps": s.decode_steps, "cpu_s": round(s.decode_cpu_s, 4),
-                                  "wall_s": round(s.decode_wall_s, 4), "seqs": s.decode_seqs,
-                                  "context_tokens": s.decode_context_tokens} if s else None}
-                   for i in self.wiring.workers}
+        workers = {
+            i: {
+                "ready": (s := self.status.get(i)) is not None and s.ready and i not in self.lost,
+                "kv_blocks_used": s.kv_blocks_used if s else None,
+                "cached_blocks": s.cached_blocks if s else None,
+                "running": s.running if s else None,
+                # decode steps since start: a simulator calibrates the deployment's decode cost with it
+                "decode": {
+                    "steps": s.decode_steps,
+                    "cpu_s": round(s.decode_cpu_s, 4),
+                    "wall_s": round(s.decode_wall_s, 4),
+                    "seqs": s.decode_seqs,
+                    "context_tokens": s.decode_context_tokens,
+                }
+                if s
+                else None,
+            }
+            for i in self.wiring.workers
+        }
         ready = all(w["ready"] for w in workers.values())
-        return ready, {"workers": workers, "live_requests": len(self.live), "mirror_drift": self.drift}
+        return ready, {
+            "workers": workers,
+            "live_requests": len(self.live),
+            "mirror_drift": self.drift,
+        }
 
     def metrics_text(self) -> tuple[bytes, str]:
         return self.metrics.render()
@@ -108,17 +134,39 @@ class Frontend:
         st = live.state if live else self.done.get(request_id)
         return st.timeline() if st else None
 
-    async def generate(self, request_id: str, prompt_ids: list[int], sampling: SamplingParams, deadline: float,
-                       variant: str | None, handoff: str | None) -> AsyncIterator[list[int]]:
+    async def generate(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        deadline: float,
+        variant: str | None,
+        handoff: str | None,
+    ) -> AsyncIterator[list[int]]:
         if sampling.seed is None:  # every leg must draw the same randomness at each position
-            sampling = SamplingParams(sampling.max_tokens, sampling.temperature, sampling.top_p,
-                                      random.getrandbits(63), sampling.stop_token_ids)
+            sampling = SamplingParams(
+                sampling.max_tokens,
+                sampling.temperature,
+                sampling.top_p,
+                random.getrandbits(63),
+                sampling.stop_token_ids,
+            )
         route = self._route(request_id, prompt_ids, sampling, variant, handoff)
-        st = RequestState(request_id, len(prompt_ids), sampling.max_tokens, route.decision.variant, route.handoff or None)
+        st = RequestState(
+            request_id,
+            len(prompt_ids),
+            sampling.max_tokens,
+            route.decision.variant,
+            route.handoff or None,
+        )
         live = Live(st, route, prompt_ids, sampling, deadline)
         self.live[request_id] = live
-        st.event("arrival", variant=route.decision.variant, reason=route.decision.reason,
-                 predicted_hit=round(route.decision.predicted_hit, 4))
+        st.event(
+            "arrival",
+            variant=route.decision.variant,
+            reason=route.decision.reason,
+            predicted_hit=round(route.decision.predicted_hit, 4),
+        )
         try:
             await self._submit(live)
             while True:
@@ -136,7 +184,7 @@ class Frontend:
                 st.wakeup.clear()  # reports land on this loop: nothing can slip in before the wait
                 try:
                     await asyncio.wait_for(st.wakeup.wait(), timeout=min(left, 1.0))
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     pass
             if st.error:
                 raise RequestRejected(502, st.error)
@@ -144,22 +192,38 @@ class Frontend:
             self._close(live)
 
     # ---- routing -----------------------------------------------------------------------------
-    def _route(self, rid: str, prompt_ids: list[int], sampling: SamplingParams, variant: str | None,
-               handoff: str | None) -> Route:
+    def _route(
+        self,
+        rid: str,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        variant: str | None,
+        handoff: str | None,
+    ) -> Route:
         bs = self.plan.model.block_size
-        feats = RequestFeatures(rid, len(prompt_ids), tuple(chain_block_hashes(prompt_ids, bs)),
-                                sampling.max_tokens, bs)
+        feats = RequestFeatures(
+            rid, len(prompt_ids), tuple(chain_block_hashes(prompt_ids, bs)), sampling.max_tokens, bs
+        )
         if variant is not None:
             if variant not in self.plan.variants:
-                raise RequestRejected(400, f"unknown variant {variant!r}; this deployment has "
-                                           f"{', '.join(self.plan.variants)}")
-            decision = self.policy.build(self.policy.topo.paths[variant], feats, self.sched,
-                                         reason="variant forced by the request")
+                raise RequestRejected(
+                    400,
+                    f"unknown variant {variant!r}; this deployment has "
+                    f"{', '.join(self.plan.variants)}",
+                )
+            decision = self.policy.build(
+                self.policy.topo.paths[variant],
+                feats,
+                self.sched,
+                reason="variant forced by the request",
+            )
         else:
             decision = self.policy.decide(feats, self.sched)
         dead = [i for i in decision.instances if i in self.lost]
         if dead:
-            raise RequestRejected(503, f"instances {', '.join(dead)} of variant {decision.variant} are down")
+            raise RequestRejected(
+                503, f"instances {', '.join(dead)} of variant {decision.variant} are down"
+            )
         r = Route(decision)
         for op, inst in decision.targets:
             t = self.plan.operators[op].op_type
@@ -177,19 +241,36 @@ class Frontend:
         r, s = live.route, live.sampling
         bs = self.plan.model.block_size
         main_blocks = r.decision.predicted_hit_tokens // bs if r.main else 0
-        fields = dict(seq_id=live.state.request_id, prompt_ids=live.prompt_ids,
-                      sampling=pb.Sampling(max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
-                                           seed=s.seed, stop_token_ids=list(s.stop_token_ids)),
-                      timeout_s=max(0.1, live.deadline - time.monotonic()), variant=r.decision.variant,
-                      prefill=r.prefill, relay=r.relay, main=r.main, handoff=r.handoff,
-                      main_cached_blocks=main_blocks, singular=r.decision.singular,
-                      catch_up_tokens=self.plan.variants[r.decision.variant].catch_up_tokens)
+        fields = dict(
+            seq_id=live.state.request_id,
+            prompt_ids=live.prompt_ids,
+            sampling=pb.Sampling(
+                max_tokens=s.max_tokens,
+                temperature=s.temperature,
+                top_p=s.top_p,
+                seed=s.seed,
+                stop_token_ids=list(s.stop_token_ids),
+            ),
+            timeout_s=max(0.1, live.deadline - time.monotonic()),
+            variant=r.decision.variant,
+            prefill=r.prefill,
+            relay=r.relay,
+            main=r.main,
+            handoff=r.handoff,
+            main_cached_blocks=main_blocks,
+            singular=r.decision.singular,
+            catch_up_tokens=self.plan.variants[r.decision.variant].catch_up_tokens,
+        )
         fields.update(over)
         return pb.Job(**fields)
 
     async def _submit(self, live: Live) -> None:
         r = live.route
-        targets = [i for i in (r.prefill, r.relay, r.main) if i and not (i == r.main and r.decision.singular)]
+        targets = [
+            i
+            for i in (r.prefill, r.relay, r.main)
+            if i and not (i == r.main and r.decision.singular)
+        ]
         job = self._job(live)
         futs = [(i, self.clients[i].future("Submit", job)) for i in targets]
         r.legs.update(targets)
@@ -197,7 +278,9 @@ class Frontend:
             try:
                 await asyncio.wrap_future(_as_concurrent(fut))
             except Exception as exc:  # noqa: BLE001 - a dead worker: the request cannot start
-                raise RequestRejected(503, f"worker {inst} did not take the request: {_grpc_text(exc)}") from None
+                raise RequestRejected(
+                    503, f"worker {inst} did not take the request: {_grpc_text(exc)}"
+                ) from None
 
     # ---- reports (gRPC threads -> the loop) --------------------------------------------------
     def _reports(self, stream: Iterator[pb.Report], context: Any) -> pb.Empty:
@@ -255,14 +338,22 @@ class Frontend:
     def _on_status(self, inst: str, s: pb.WorkerStatus) -> None:
         self.status[inst] = s
         op = self.plan.operators[inst.split("/")[0]]
-        self.sched.set_load(inst, InstanceLoad(running=s.running, queued=s.waiting,
-                                               max_batch=int(op.params.get("max_batch", 64)),
-                                               kv_used=s.kv_blocks_used / max(s.kv_blocks_total, 1)))
+        self.sched.set_load(
+            inst,
+            InstanceLoad(
+                running=s.running,
+                queued=s.waiting,
+                max_batch=int(op.params.get("max_batch", 64)),
+                kv_used=s.kv_blocks_used / max(s.kv_blocks_total, 1),
+            ),
+        )
         self.metrics.queue_depth.labels(inst).set(s.running + s.waiting)
         self.metrics.kv_blocks_used.labels(inst).set(s.kv_blocks_used)
         self.metrics.kv_blocks_total.labels(inst).set(s.kv_blocks_total)
         m = self.sched.mirror(inst)
-        if m is not None:  # deltas precede the status on the same ordered stream: they must agree now
+        if (
+            m is not None
+        ):  # deltas precede the status on the same ordered stream: they must agree now
             if len(m) != s.cached_blocks or m.digest != s.cache_digest:
                 self._drift(f"{inst}: mirror holds {len(m)} blocks, cache {s.cached_blocks}")
 
@@ -312,18 +403,28 @@ class Frontend:
         r = live.route
         target = r.relay if r.relay else r.main
         if target:
-            self._call(target, "Feed", pb.Tokens(seq_id=live.state.request_id, start=0, ids=[first]))
+            self._call(
+                target, "Feed", pb.Tokens(seq_id=live.state.request_id, start=0, ids=[first])
+            )
 
     def _on_event(self, inst: str, e: pb.Event) -> None:
         live = self._live(e.seq_id)
         name = e.name
         if name.startswith(("kv_send:", "kv_sent:")):
             step, kind, dst = name.split(":", 2)
-            ch = next((c for c in self.plan.channels if c.src == inst.split("/")[0] and c.dst == dst.split("/")[0]
-                       and c.kind == kind), None)
+            ch = next(
+                (
+                    c
+                    for c in self.plan.channels
+                    if c.src == inst.split("/")[0] and c.dst == dst.split("/")[0] and c.kind == kind
+                ),
+                None,
+            )
             if ch is not None and step == "kv_sent":
                 self.metrics.kv_transfer.labels(ch.id).observe(e.values.get("seconds", 0.0))
-            elif ch is not None and ch.link:  # counted when the transfer starts, even if later cancelled
+            elif (
+                ch is not None and ch.link
+            ):  # counted when the transfer starts, even if later cancelled
                 self.metrics.wan_bytes.labels(ch.link).inc(e.values.get("bytes", 0.0))
                 self.metrics.wan_saved.labels(ch.link).inc(e.values.get("saved_bytes", 0.0))
         # an ended request's timeline still takes its legs' late events
@@ -333,7 +434,13 @@ class Frontend:
         if live is None:
             return
         r = live.route
-        if name == "kv_landed" and inst == r.main and r.relay and r.handoff and not live.state.finished:
+        if (
+            name == "kv_landed"
+            and inst == r.main
+            and r.relay
+            and r.handoff
+            and not live.state.finished
+        ):
             live.state.event("handoff_start", mode=r.handoff)
             self._call(r.relay, "Handoff", pb.StartHandoff(seq_id=e.seq_id, mode=r.handoff))
         elif name == "handoff_sent" and inst == r.relay:
@@ -373,7 +480,9 @@ class Frontend:
             if inst in live.route.legs or inst in (live.route.relay, live.route.main):
                 live.route.legs.discard(inst)
                 if not live.state.finished and not self._resume(live, lost=inst):
-                    live.state.fail(f"worker {inst} was lost and no other instance can finish the request")
+                    live.state.fail(
+                        f"worker {inst} was lost and no other instance can finish the request"
+                    )
 
     def _resume(self, live: Live, lost: str) -> bool:
         """Finish a request whose decoder is gone on another decoder of its route (the relay when
@@ -388,13 +497,25 @@ class Frontend:
             self._abort_leg(live, inst, f"resuming on {target}")
         done = list(st.tokens)
         # A new sequence id: the aborts of the old legs and this submit may arrive in any order.
-        job = self._job(live, seq_id=f"{st.request_id}{RESUMED}", prompt_ids=live.prompt_ids + done,
-                        local_prefill=True, output_offset=len(done),
-                        relay="", main="", handoff="", main_cached_blocks=0, singular=False,
-                        sampling=pb.Sampling(max_tokens=live.sampling.max_tokens - len(done),
-                                             temperature=live.sampling.temperature, top_p=live.sampling.top_p,
-                                             seed=live.sampling.seed,
-                                             stop_token_ids=list(live.sampling.stop_token_ids)))
+        job = self._job(
+            live,
+            seq_id=f"{st.request_id}{RESUMED}",
+            prompt_ids=live.prompt_ids + done,
+            local_prefill=True,
+            output_offset=len(done),
+            relay="",
+            main="",
+            handoff="",
+            main_cached_blocks=0,
+            singular=False,
+            sampling=pb.Sampling(
+                max_tokens=live.sampling.max_tokens - len(done),
+                temperature=live.sampling.temperature,
+                top_p=live.sampling.top_p,
+                seed=live.sampling.seed,
+                stop_token_ids=list(live.sampling.stop_token_ids),
+            ),
+        )
         r.legs.add(target)
         r.resumed_on.add(target)
         st.event("resumed", instance=target, from_token=len(done))
@@ -406,7 +527,9 @@ class Frontend:
     def _abort_leg(self, live: Live, inst: str, reason: str) -> None:
         live.route.legs.discard(inst)
         if inst not in self.lost:
-            sid = live.state.request_id + (RESUMED if live.route.resumed and inst in live.route.resumed_on else "")
+            sid = live.state.request_id + (
+                RESUMED if live.route.resumed and inst in live.route.resumed_on else ""
+            )
             self._call(inst, "Abort", pb.Cancel(seq_id=sid, reason=reason))
 
     def _close(self, live: Live) -> None:
@@ -429,8 +552,12 @@ class Frontend:
         if inst in self.lost:
             return
         fut = self.clients[inst].future(method, msg)
-        fut.add_done_callback(lambda f: f.exception() and log.warning("%s.%s failed: %s", inst, method,
-                                                                      _grpc_text(f.exception())))
+        fut.add_done_callback(
+            lambda f: (
+                f.exception()
+                and log.warning("%s.%s failed: %s", inst, method, _grpc_text(f.exception()))
+            )
+        )
 
     def close(self) -> None:
         self.server.stop(grace=0.5)
@@ -458,4 +585,3 @@ def _as_concurrent(fut: Any) -> Any:
 def _grpc_text(exc: BaseException) -> str:
     details = getattr(exc, "details", None)
     return details() if callable(details) else str(exc)
-

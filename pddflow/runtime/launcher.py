@@ -16,7 +16,6 @@ import urllib.request
 from pathlib import Path
 
 
-
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -32,7 +31,9 @@ def get_json(url: str, timeout: float = 5.0) -> tuple[int, dict]:
 
 
 def post_json(url: str, body: dict, timeout: float = 5.0) -> tuple[int, dict]:
-    req = urllib.request.Request(url, json.dumps(body).encode(), {"content-type": "application/json"})
+    req = urllib.request.Request(
+        url, json.dumps(body).encode(), {"content-type": "application/json"}
+    )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, json.loads(r.read())
@@ -63,13 +64,28 @@ class Deployment:
         self.base = f"http://127.0.0.1:{self.port}"
         self.run_dir = run_dir
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pddflow.cli", "deploy", str(graph), "--port", str(self.port),
-             "--run-dir", str(run_dir), *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            [
+                sys.executable,
+                "-m",
+                "pddflow.cli",
+                "deploy",
+                str(graph),
+                "--port",
+                str(self.port),
+                "--run-dir",
+                str(run_dir),
+                *extra,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         deadline = time.monotonic() + startup_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise LaunchError(f"deploy exited with {self.proc.returncode}:\n{self.proc.stdout.read().decode()}")
+                raise LaunchError(
+                    f"deploy exited with {self.proc.returncode}:\n{self.proc.stdout.read().decode()}"
+                )
             try:
                 code, _ = get_json(f"{self.base}/health", timeout=1)
                 if code == 200:
@@ -96,7 +112,10 @@ class Deployment:
         while True:
             h = self.health()
             if h.get("live_requests") == 0 and all(
-                    w["kv_blocks_used"] == w["cached_blocks"] for w in h["workers"].values() if w["ready"]):
+                w["kv_blocks_used"] == w["cached_blocks"]
+                for w in h["workers"].values()
+                if w["ready"]
+            ):
                 return h
             if time.monotonic() > deadline:
                 return h
@@ -113,5 +132,10 @@ class Deployment:
         return out.decode(errors="replace")
 
     def leftover_children(self) -> list[int]:
-        return [p for p in getattr(self, "children", []) if Path(f"/proc/{p}").exists()
-                and "pddflow.runtime.worker" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")]
+        return [
+            p
+            for p in getattr(self, "children", [])
+            if Path(f"/proc/{p}").exists()
+            and "pddflow.runtime.worker"
+            in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
+        ]

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
@@ -11,27 +18,69 @@ _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
 class Metrics:
     def __init__(self) -> None:
         r = self.registry = CollectorRegistry()
-        self.ttft = Histogram("pddflow_ttft_seconds", "time to first token", registry=r, buckets=_LATENCY_BUCKETS)
-        self.itl = Histogram("pddflow_inter_token_seconds", "time between consecutive streamed tokens",
-                             registry=r, buckets=_ITL_BUCKETS)
-        self.e2e = Histogram("pddflow_request_seconds", "request latency, arrival to last token", registry=r,
-                             buckets=_LATENCY_BUCKETS)
-        self.requests = Counter("pddflow_requests", "requests by variant, handoff mode and outcome",
-                                ["variant", "handoff", "outcome"], registry=r)
-        self.tokens = Counter("pddflow_output_tokens", "output tokens by the operator that produced them",
-                              ["operator"], registry=r)
-        self.relay_share = Gauge("pddflow_relay_token_share", "share of output tokens produced by relay decoders",
-                                 registry=r)
-        self.wan_bytes = Counter("pddflow_wan_bytes_sent", "KV bytes sent across cluster links", ["link"], registry=r)
-        self.wan_saved = Counter("pddflow_wan_bytes_saved", "KV bytes not sent because the receiver's radix cache "
-                                 "had them (DRC)", ["link"], registry=r)
-        self.kv_transfer = Histogram("pddflow_kv_transfer_seconds", "KV transfer time by channel", ["channel"],
-                                     registry=r, buckets=_LATENCY_BUCKETS)
-        self.queue_depth = Gauge("pddflow_queue_depth", "requests waiting or running per instance", ["instance"],
-                                 registry=r)
-        self.kv_blocks_used = Gauge("pddflow_kv_blocks_used", "KV blocks in use per instance", ["instance"], registry=r)
-        self.kv_blocks_total = Gauge("pddflow_kv_blocks_total", "KV blocks per instance", ["instance"], registry=r)
-        self.fallbacks = Counter("pddflow_fallbacks", "requests finished by a declared fallback", ["kind"], registry=r)
+        self.ttft = Histogram(
+            "pddflow_ttft_seconds", "time to first token", registry=r, buckets=_LATENCY_BUCKETS
+        )
+        self.itl = Histogram(
+            "pddflow_inter_token_seconds",
+            "time between consecutive streamed tokens",
+            registry=r,
+            buckets=_ITL_BUCKETS,
+        )
+        self.e2e = Histogram(
+            "pddflow_request_seconds",
+            "request latency, arrival to last token",
+            registry=r,
+            buckets=_LATENCY_BUCKETS,
+        )
+        self.requests = Counter(
+            "pddflow_requests",
+            "requests by variant, handoff mode and outcome",
+            ["variant", "handoff", "outcome"],
+            registry=r,
+        )
+        self.tokens = Counter(
+            "pddflow_output_tokens",
+            "output tokens by the operator that produced them",
+            ["operator"],
+            registry=r,
+        )
+        self.relay_share = Gauge(
+            "pddflow_relay_token_share",
+            "share of output tokens produced by relay decoders",
+            registry=r,
+        )
+        self.wan_bytes = Counter(
+            "pddflow_wan_bytes_sent", "KV bytes sent across cluster links", ["link"], registry=r
+        )
+        self.wan_saved = Counter(
+            "pddflow_wan_bytes_saved",
+            "KV bytes not sent because the receiver's radix cache had them (DRC)",
+            ["link"],
+            registry=r,
+        )
+        self.kv_transfer = Histogram(
+            "pddflow_kv_transfer_seconds",
+            "KV transfer time by channel",
+            ["channel"],
+            registry=r,
+            buckets=_LATENCY_BUCKETS,
+        )
+        self.queue_depth = Gauge(
+            "pddflow_queue_depth",
+            "requests waiting or running per instance",
+            ["instance"],
+            registry=r,
+        )
+        self.kv_blocks_used = Gauge(
+            "pddflow_kv_blocks_used", "KV blocks in use per instance", ["instance"], registry=r
+        )
+        self.kv_blocks_total = Gauge(
+            "pddflow_kv_blocks_total", "KV blocks per instance", ["instance"], registry=r
+        )
+        self.fallbacks = Counter(
+            "pddflow_fallbacks", "requests finished by a declared fallback", ["kind"], registry=r
+        )
         self._relay_tokens = 0
         self._all_tokens = 0
 

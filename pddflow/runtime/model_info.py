@@ -22,7 +22,9 @@ class _NoTokenizer:
     def encode(self, text: str) -> list[int]:
         from pddflow.runtime.api import RequestRejected
 
-        raise RequestRejected(400, "this model has no tokenizer.json: send `prompt` as a list of token IDs")
+        raise RequestRejected(
+            400, "this model has no tokenizer.json: send `prompt` as a list of token IDs"
+        )
 
     def decode(self, ids: list[int]) -> str:
         return ""
@@ -50,5 +52,9 @@ def model_info(spec: str) -> ModelInfo:
         except (OSError, json.JSONDecodeError) as exc:
             raise ModelSpecError(f"{path}: cannot read config.json: {exc}") from None
         tok_file = path / "tokenizer.json"
-        tok = HFTokenizer(tok_file, cfg.eos_token_ids) if tok_file.is_file() else _NoTokenizer(cfg.eos_token_ids)
+        tok = (
+            HFTokenizer(tok_file, cfg.eos_token_ids)
+            if tok_file.is_file()
+            else _NoTokenizer(cfg.eos_token_ids)
+        )
     return ModelInfo(tok, cfg.vocab_size, cfg.max_position_embeddings, tuple(tok.eos_token_ids))

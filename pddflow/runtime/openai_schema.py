@@ -22,10 +22,16 @@ class _Body(BaseModel):
     stop: str | list[str] | None = None
     n: int = Field(1, ge=1, le=1, description="only one choice per request")
     # pddflow extensions (send with the openai client's extra_body=...)
-    timeout_s: float | None = Field(None, gt=0, description="deadline for the whole request, seconds")
+    timeout_s: float | None = Field(
+        None, gt=0, description="deadline for the whole request, seconds"
+    )
     return_token_ids: bool = Field(False, description="include each choice's generated token IDs")
-    variant: str | None = Field(None, description="force a pipeline variant (testing); default: the scheduler picks")
-    handoff: Literal["one_shot", "catch_up"] | None = Field(None, description="force the handoff mode (testing)")
+    variant: str | None = Field(
+        None, description="force a pipeline variant (testing); default: the scheduler picks"
+    )
+    handoff: Literal["one_shot", "catch_up"] | None = Field(
+        None, description="force the handoff mode (testing)"
+    )
 
     def token_budget(self, default: int = 16) -> int:
         return self.max_completion_tokens or self.max_tokens or default
@@ -41,7 +47,9 @@ class CompletionBody(_Body):
                 raise ValueError("prompt is empty")
             if isinstance(self.prompt[0], str):
                 if len(self.prompt) != 1:
-                    raise ValueError("one prompt per request (a list of several strings is not supported)")
+                    raise ValueError(
+                        "one prompt per request (a list of several strings is not supported)"
+                    )
                 self.prompt = self.prompt[0]
         if isinstance(self.prompt, str) and not self.prompt:
             raise ValueError("prompt is empty")

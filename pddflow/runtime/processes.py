@@ -41,8 +41,13 @@ class WorkerProcess:
     def start(self) -> None:
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
         self.log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop)
-        self.proc = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env,
-                                     preexec_fn=_die_with_parent if sys.platform == "linux" else None)
+        self.proc = subprocess.Popen(
+            self.argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            preexec_fn=_die_with_parent if sys.platform == "linux" else None,
+        )
         Thread(target=self._pump, name=f"log-{self.name}", daemon=True).start()
 
     def _pump(self) -> None:

@@ -12,9 +12,9 @@ from typing import Any
 
 @dataclass
 class TokenRun:
-    start: int           # position in the output (0 = first generated token)
+    start: int  # position in the output (0 = first generated token)
     ids: list[int]
-    source: str          # operator name that produced them
+    source: str  # operator name that produced them
     final: bool = False  # the source produced the sequence's last token
 
 
@@ -33,12 +33,12 @@ class RequestState:
     tokens: list[int] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
     ahead: dict[int, tuple[int, str]] = field(default_factory=dict)  # positions beyond a gap
-    end: int = 0         # output length: max_tokens, or less once a source says final
+    end: int = 0  # output length: max_tokens, or less once a source says final
     finished: bool = False
     error: str | None = None
     events: list[tuple[str, float, dict[str, Any]]] = field(default_factory=list)
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
-    emitted: int = 0     # tokens handed to the client so far
+    emitted: int = 0  # tokens handed to the client so far
     token_times: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -54,11 +54,15 @@ class RequestState:
             return
         for i, tok in enumerate(run.ids):
             pos = run.start + i
-            seen = self.tokens[pos] if pos < len(self.tokens) else self.ahead.get(pos, (None, ""))[0]
+            seen = (
+                self.tokens[pos] if pos < len(self.tokens) else self.ahead.get(pos, (None, ""))[0]
+            )
             if seen is not None and seen != tok:
                 where = self.sources[pos] if pos < len(self.sources) else self.ahead[pos][1]
-                raise StreamConflict(f"{self.request_id}: output position {pos} is {seen} from {where} "
-                                     f"but {tok} from {run.source}")
+                raise StreamConflict(
+                    f"{self.request_id}: output position {pos} is {seen} from {where} "
+                    f"but {tok} from {run.source}"
+                )
             if pos >= len(self.tokens):
                 self.ahead.setdefault(pos, (tok, run.source))
         if run.final:
@@ -83,16 +87,22 @@ class RequestState:
             self.wakeup.set()
 
     def take_new(self) -> list[int]:
-        out = self.tokens[self.emitted:]
+        out = self.tokens[self.emitted :]
         self.emitted = len(self.tokens)
         return out
 
     def timeline(self) -> dict[str, Any]:
         t0 = self.arrival
         return {
-            "request_id": self.request_id, "variant": self.variant, "handoff": self.handoff,
-            "prompt_tokens": self.prompt_len, "output_tokens": len(self.tokens), "finished": self.finished,
+            "request_id": self.request_id,
+            "variant": self.variant,
+            "handoff": self.handoff,
+            "prompt_tokens": self.prompt_len,
+            "output_tokens": len(self.tokens),
+            "finished": self.finished,
             "error": self.error,
             "tokens_by_operator": {s: self.sources.count(s) for s in dict.fromkeys(self.sources)},
-            "events": [{"event": n, "t_ms": round((t - t0) * 1e3, 3), **d} for n, t, d in self.events],
+            "events": [
+                {"event": n, "t_ms": round((t - t0) * 1e3, 3), **d} for n, t, d in self.events
+            ],
         }

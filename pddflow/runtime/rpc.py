@@ -14,37 +14,58 @@ from pddflow.runtime.proto import runtime_pb2 as pb
 WORKER = "pddflow.runtime.v1.Worker"
 FRONTEND = "pddflow.runtime.v1.Frontend"
 CALL_TIMEOUT_S = 10.0
-_OPTIONS = [("grpc.max_send_message_length", 64 << 20), ("grpc.max_receive_message_length", 64 << 20),
-            ("grpc.keepalive_time_ms", 10_000), ("grpc.keepalive_timeout_ms", 5_000),
-            ("grpc.keepalive_permit_without_calls", 1), ("grpc.http2.max_pings_without_data", 0),
-            ("grpc.so_reuseport", 0)]
+_OPTIONS = [
+    ("grpc.max_send_message_length", 64 << 20),
+    ("grpc.max_receive_message_length", 64 << 20),
+    ("grpc.keepalive_time_ms", 10_000),
+    ("grpc.keepalive_timeout_ms", 5_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.max_pings_without_data", 0),
+    ("grpc.so_reuseport", 0),
+]
 # The server must accept the clients' 10 s keepalive pings; gRPC's default (one per 5 minutes)
 # answers them with GOAWAY "too_many_pings", which would cut a worker's report stream.
-_SERVER_OPTIONS = _OPTIONS + [("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
-                              ("grpc.http2.max_ping_strikes", 0)]
+_SERVER_OPTIONS = _OPTIONS + [
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 5_000),
+    ("grpc.http2.max_ping_strikes", 0),
+]
 
 # method -> (request type, response type)
 WORKER_METHODS: dict[str, tuple[type, type]] = {
-    "Submit": (pb.Job, pb.Reply), "Feed": (pb.Tokens, pb.Reply), "Handoff": (pb.StartHandoff, pb.Reply),
-    "Abort": (pb.Cancel, pb.Reply), "Recompute": (pb.Cancel, pb.Reply), "Status": (pb.Empty, pb.WorkerStatus),
+    "Submit": (pb.Job, pb.Reply),
+    "Feed": (pb.Tokens, pb.Reply),
+    "Handoff": (pb.StartHandoff, pb.Reply),
+    "Abort": (pb.Cancel, pb.Reply),
+    "Recompute": (pb.Cancel, pb.Reply),
+    "Status": (pb.Empty, pb.WorkerStatus),
 }
 
 
-def serve(service: str, unary: dict[str, tuple[type, type, Callable]] | None = None,
-          streams_in: dict[str, tuple[type, type, Callable]] | None = None, port: int = 0,
-          threads: int = 8) -> tuple[grpc.Server, int]:
+def serve(
+    service: str,
+    unary: dict[str, tuple[type, type, Callable]] | None = None,
+    streams_in: dict[str, tuple[type, type, Callable]] | None = None,
+    port: int = 0,
+    threads: int = 8,
+) -> tuple[grpc.Server, int]:
     """Start a gRPC server on 127.0.0.1:port with the given handlers; returns it and its port."""
-    server = grpc.server(ThreadPoolExecutor(max_workers=threads, thread_name_prefix=service.rsplit(".", 1)[-1]),
-                         options=_SERVER_OPTIONS)
+    server = grpc.server(
+        ThreadPoolExecutor(max_workers=threads, thread_name_prefix=service.rsplit(".", 1)[-1]),
+        options=_SERVER_OPTIONS,
+    )
     handlers: dict[str, Any] = {}
     for name, (req, resp, fn) in (unary or {}).items():
         handlers[name] = grpc.unary_unary_rpc_method_handler(
-            lambda r, ctx, fn=fn: fn(r), request_deserializer=req.FromString,
-            response_serializer=resp.SerializeToString)
+            lambda r, ctx, fn=fn: fn(r),
+            request_deserializer=req.FromString,
+            response_serializer=resp.SerializeToString,
+        )
     for name, (req, resp, fn) in (streams_in or {}).items():
         handlers[name] = grpc.stream_unary_rpc_method_handler(
-            lambda it, ctx, fn=fn: fn(it, ctx), request_deserializer=req.FromString,
-            response_serializer=resp.SerializeToString)
+            lambda it, ctx, fn=fn: fn(it, ctx),
+            request_deserializer=req.FromString,
+            response_serializer=resp.SerializeToString,
+        )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
     bound = server.add_insecure_port(f"127.0.0.1:{port}")
     if not bound:
@@ -60,9 +81,13 @@ class WorkerClient:
         self.address = address
         self.channel = grpc.insecure_channel(address, options=_OPTIONS)
         self._calls = {
-            name: self.channel.unary_unary(f"/{WORKER}/{name}", request_serializer=req.SerializeToString,
-                                           response_deserializer=resp.FromString)
-            for name, (req, resp) in WORKER_METHODS.items()}
+            name: self.channel.unary_unary(
+                f"/{WORKER}/{name}",
+                request_serializer=req.SerializeToString,
+                response_deserializer=resp.FromString,
+            )
+            for name, (req, resp) in WORKER_METHODS.items()
+        }
 
     def call(self, method: str, message: Any, timeout_s: float = CALL_TIMEOUT_S) -> Any:
         return self._calls[method](message, timeout=timeout_s)
@@ -77,8 +102,11 @@ class WorkerClient:
 def open_reports(address: str, messages: Iterator[pb.Report]) -> grpc.Future:
     """A worker's report stream to the frontend; runs until `messages` ends or the channel closes."""
     channel = grpc.insecure_channel(address, options=_OPTIONS)
-    call = channel.stream_unary(f"/{FRONTEND}/Reports", request_serializer=pb.Report.SerializeToString,
-                                response_deserializer=pb.Empty.FromString)
+    call = channel.stream_unary(
+        f"/{FRONTEND}/Reports",
+        request_serializer=pb.Report.SerializeToString,
+        response_deserializer=pb.Empty.FromString,
+    )
     fut = call.future(messages, wait_for_ready=True)  # the frontend may still be starting
     fut.add_done_callback(lambda _: channel.close())
     return fut

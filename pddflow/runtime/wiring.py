@@ -10,36 +10,36 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from pddflow.core.cpu_layout import CpuLayout, host_cores, plan_layout
 from pddflow.core.device import LOCAL_KV_CACHE_MIB
 from pddflow.graph.plan import Plan
-from pddflow.core.cpu_layout import CpuLayout, host_cores, plan_layout
 
 
 @dataclass
 class Endpoints:
-    rpc: str                                   # the worker's control service
-    kv_flight: str = ""                        # wan_flight receiver (grpc://127.0.0.1:port)
-    kv_rdma: str = ""                          # rdma_tensor receiver (unix:@name)
-    handoff: str = ""                          # token_ids server (127.0.0.1:port)
+    rpc: str  # the worker's control service
+    kv_flight: str = ""  # wan_flight receiver (grpc://127.0.0.1:port)
+    kv_rdma: str = ""  # rdma_tensor receiver (unix:@name)
+    handoff: str = ""  # token_ids server (127.0.0.1:port)
 
 
 @dataclass
 class Wiring:
     deployment: str
     plan_json: str
-    frontend: str                              # the frontend's report service
+    frontend: str  # the frontend's report service
     workers: dict[str, Endpoints] = field(default_factory=dict)
-    auth_token: str = ""                       # bearer token for every cross-cluster channel
+    auth_token: str = ""  # bearer token for every cross-cluster channel
     seed: int = 0
-    kv_cache_bytes: int = LOCAL_KV_CACHE_MIB << 20   # per worker, local profile
-    leg_timeout_s: float = 60.0                # a leg's default deadline
+    kv_cache_bytes: int = LOCAL_KV_CACHE_MIB << 20  # per worker, local profile
+    leg_timeout_s: float = 60.0  # a leg's default deadline
     # Cross-cluster endpoints are reached through the emulated link's relay (real address -> relay
     # address), so the link can be cut like a real WAN; `links` names the endpoints behind each link.
     via: dict[str, str] = field(default_factory=dict)
-    cpus: dict[str, list[int]] = field(default_factory=dict)   # instance -> cores it is pinned to
-    threads: dict[str, int] = field(default_factory=dict)      # instance -> torch threads (0: default)
-    nice: dict[str, int] = field(default_factory=dict)         # instance -> priority decrease
-    tls_cert: str = ""                         # PEM paths for channels with `tls: true`
+    cpus: dict[str, list[int]] = field(default_factory=dict)  # instance -> cores it is pinned to
+    threads: dict[str, int] = field(default_factory=dict)  # instance -> torch threads (0: default)
+    nice: dict[str, int] = field(default_factory=dict)  # instance -> priority decrease
+    tls_cert: str = ""  # PEM paths for channels with `tls: true`
     tls_key: str = ""
     links: dict[str, list[str]] = field(default_factory=dict)
 
@@ -66,12 +66,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wire(plan: Plan, seed: int = 0, kv_cache_bytes: int = LOCAL_KV_CACHE_MIB << 20, leg_timeout_s: float = 60.0,
-         cpus: CpuLayout | None = None) -> Wiring:
+def wire(
+    plan: Plan,
+    seed: int = 0,
+    kv_cache_bytes: int = LOCAL_KV_CACHE_MIB << 20,
+    leg_timeout_s: float = 60.0,
+    cpus: CpuLayout | None = None,
+) -> Wiring:
     """Endpoints for every instance of a (local-scale) plan: a receiver where an edge lands."""
     dep = f"pddflow-{uuid.uuid4().hex[:8]}"
-    w = Wiring(dep, plan.to_json(indent=None), f"127.0.0.1:{free_port()}", auth_token=secrets.token_hex(16),
-               seed=seed, kv_cache_bytes=kv_cache_bytes, leg_timeout_s=leg_timeout_s)
+    w = Wiring(
+        dep,
+        plan.to_json(indent=None),
+        f"127.0.0.1:{free_port()}",
+        auth_token=secrets.token_hex(16),
+        seed=seed,
+        kv_cache_bytes=kv_cache_bytes,
+        leg_timeout_s=leg_timeout_s,
+    )
     # One host runs every worker: split its cores rather than oversubscribe them (core/cpu_layout.py).
     cpus = cpus or plan_layout(plan, host_cores())
     w.cpus = {i: list(c) for i, c in cpus.cpus.items()}
@@ -88,7 +100,11 @@ def wire(plan: Plan, seed: int = 0, kv_cache_bytes: int = LOCAL_KV_CACHE_MIB << 
             elif ch.kind == "token_ids" and not ep.handoff:
                 ep.handoff = f"127.0.0.1:{free_port()}"
             if ch.cross_cluster and ch.link:
-                addr = ep.kv_flight if ch.kind == "wan_flight" else (ep.handoff if ch.kind == "token_ids" else "")
+                addr = (
+                    ep.kv_flight
+                    if ch.kind == "wan_flight"
+                    else (ep.handoff if ch.kind == "token_ids" else "")
+                )
                 if addr and addr not in w.links.setdefault(ch.link, []):
                     w.links[ch.link].append(addr)
         w.workers[inst.id] = ep

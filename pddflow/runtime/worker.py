@@ -58,22 +58,28 @@ class Leg:
 
     job: pb.Job
     deadline: float
-    seq: Any = None                  # engine Sequence
-    kv: KVBlocks | None = None       # landed, not yet imported
-    kv_at: float = 0.0               # when that KV reached this process
-    kv_ready: bool = False           # the prompt KV is in this worker's cache
-    first: int | None = None         # first generated token (from prefill, via the frontend)
-    handoff: list[TokenIds] = field(default_factory=list)  # main: IDs from the relay, not yet extended
-    handoff_from: str = ""           # main: the relay peer
-    handing_off: str = ""            # relay: "" | one_shot | catch_up
-    pending_handoff: str = ""        # relay: asked to hand off before it started decoding
-    sent_upto: int = 0               # relay: output tokens already handed to main
-    released: bool = False           # relay: main has caught up
+    seq: Any = None  # engine Sequence
+    kv: KVBlocks | None = None  # landed, not yet imported
+    kv_at: float = 0.0  # when that KV reached this process
+    kv_ready: bool = False  # the prompt KV is in this worker's cache
+    first: int | None = None  # first generated token (from prefill, via the frontend)
+    handoff: list[TokenIds] = field(
+        default_factory=list
+    )  # main: IDs from the relay, not yet extended
+    handoff_from: str = ""  # main: the relay peer
+    handing_off: str = ""  # relay: "" | one_shot | catch_up
+    pending_handoff: str = ""  # relay: asked to hand off before it started decoding
+    sent_upto: int = 0  # relay: output tokens already handed to main
+    released: bool = False  # relay: main has caught up
     decoding: bool = False
-    reported: int = 0                # output positions reported so far
-    received: float = field(default_factory=time.monotonic)   # when the job arrived here
-    compute_ms: tuple[float, float, float] = (0.0, 0.0, 0.0)  # prefill: (queued, ran, its CPU) for its timeline
-    cached_tokens: int = 0                                     # prefill: prompt tokens its prefix cache gave
+    reported: int = 0  # output positions reported so far
+    received: float = field(default_factory=time.monotonic)  # when the job arrived here
+    compute_ms: tuple[float, float, float] = (
+        0.0,
+        0.0,
+        0.0,
+    )  # prefill: (queued, ran, its CPU) for its timeline
+    cached_tokens: int = 0  # prefill: prompt tokens its prefix cache gave
 
     @property
     def seq_id(self) -> str:
@@ -87,7 +93,9 @@ class Worker:
         from pddflow.operators.engine import Engine, EngineConfig
 
         if wiring.threads.get(instance):
-            torch.set_num_threads(wiring.threads[instance])  # this worker's share of the host's cores
+            torch.set_num_threads(
+                wiring.threads[instance]
+            )  # this worker's share of the host's cores
 
         self.wiring, self.instance = wiring, instance
         self.plan = wiring.plan()
@@ -97,28 +105,60 @@ class Worker:
         op = self.plan.operators[self.io.operator]
         self.op_type = op.op_type
         cache = bool(op.params.get("radix_cache", op.params.get("prefix_cache", False)))
-        self.engine = Engine.from_spec(self.plan.model.weights, EngineConfig(
-            block_size=self.plan.model.block_size, kv_cache_bytes=wiring.kv_cache_bytes,
-            chunk_size=int(op.params.get("chunk_tokens", 512)), prefix_cache=cache))
+        self.engine = Engine.from_spec(
+            self.plan.model.weights,
+            EngineConfig(
+                block_size=self.plan.model.block_size,
+                kv_cache_bytes=wiring.kv_cache_bytes,
+                chunk_size=int(op.params.get("chunk_tokens", 512)),
+                prefix_cache=cache,
+            ),
+        )
         self.max_batch = int(op.params.get("max_batch", 64))
         self.legs: dict[str, Leg] = {}
         self.early: dict[str, list[tuple[float, tuple]]] = {}
-        self.compute_queue: list[Leg] = []    # prefills and extends, in arrival order
-        self.memory_wait: list[Leg] = []      # decoders: landed KV waiting for room to finish, FIFO
+        self.compute_queue: list[Leg] = []  # prefills and extends, in arrival order
+        self.memory_wait: list[Leg] = []  # decoders: landed KV waiting for room to finish, FIFO
         self.mirrored = cache  # the router mirrors every cache it can route on
         self._last_status = 0.0
         self._status = pb.WorkerStatus(instance=instance, ready=False)
-        self.decode_totals = [0, 0.0, 0, 0, 0.0]   # steps, loop-thread CPU s, sequences, context tokens, wall s
-        self.rpc, _ = serve(WORKER, {
-            # a job carries when it reached this process: the loop reads its inbox between model
-            # calls, and a prefill's queue time starts when the job arrived, not when it was read
-            "Submit": (pb.Job, pb.Reply, lambda m: self._enqueue(("job", m, time.monotonic()))),
-            "Feed": (pb.Tokens, pb.Reply, lambda m: self._enqueue(("first", m.seq_id, m.ids[0]))),
-            "Handoff": (pb.StartHandoff, pb.Reply, lambda m: self._enqueue(("start_handoff", m.seq_id, m.mode))),
-            "Abort": (pb.Cancel, pb.Reply, lambda m: self._enqueue(("abort", m.seq_id, m.reason))),
-            "Recompute": (pb.Cancel, pb.Reply, lambda m: self._enqueue(("kv_error", m.seq_id, m.reason))),
-            "Status": (pb.Empty, pb.WorkerStatus, lambda _: self._status),
-        }, port=int(wiring.workers[instance].rpc.rsplit(":", 1)[1]))
+        self.decode_totals = [
+            0,
+            0.0,
+            0,
+            0,
+            0.0,
+        ]  # steps, loop-thread CPU s, sequences, context tokens, wall s
+        self.rpc, _ = serve(
+            WORKER,
+            {
+                # a job carries when it reached this process: the loop reads its inbox between model
+                # calls, and a prefill's queue time starts when the job arrived, not when it was read
+                "Submit": (pb.Job, pb.Reply, lambda m: self._enqueue(("job", m, time.monotonic()))),
+                "Feed": (
+                    pb.Tokens,
+                    pb.Reply,
+                    lambda m: self._enqueue(("first", m.seq_id, m.ids[0])),
+                ),
+                "Handoff": (
+                    pb.StartHandoff,
+                    pb.Reply,
+                    lambda m: self._enqueue(("start_handoff", m.seq_id, m.mode)),
+                ),
+                "Abort": (
+                    pb.Cancel,
+                    pb.Reply,
+                    lambda m: self._enqueue(("abort", m.seq_id, m.reason)),
+                ),
+                "Recompute": (
+                    pb.Cancel,
+                    pb.Reply,
+                    lambda m: self._enqueue(("kv_error", m.seq_id, m.reason)),
+                ),
+                "Status": (pb.Empty, pb.WorkerStatus, lambda _: self._status),
+            },
+            port=int(wiring.workers[instance].rpc.rsplit(":", 1)[1]),
+        )
 
     def _enqueue(self, item: tuple) -> pb.Reply:
         self.inbox.put(item)
@@ -133,7 +173,7 @@ class Worker:
                 t0 = time.monotonic()
                 idle = not (self.compute_queue or self._decoding())
                 self.admit(block=idle)
-                if idle:             # an idle wait for work is nobody's step
+                if idle:  # an idle wait for work is nobody's step
                     t0 = time.monotonic()
                 self._land_waiting()
                 decoded = False
@@ -144,7 +184,7 @@ class Worker:
                     decoded = True
                 self.expire()
                 self.publish()
-                if decoded:          # the iteration's wall, for the simulator's calibration
+                if decoded:  # the iteration's wall, for the simulator's calibration
                     self.decode_totals[4] += time.monotonic() - t0
             except Exception:  # noqa: BLE001 - a bug in one request's handling must not take the worker down
                 traceback.print_exc()
@@ -170,7 +210,11 @@ class Worker:
         if kind == "job":
             self._on_job(item[1], item[2])
             return
-        seq_id = item[1].seq_id if kind == "kv" else (item[2].seq_id if kind == "handoff_tokens" else item[1])
+        seq_id = (
+            item[1].seq_id
+            if kind == "kv"
+            else (item[2].seq_id if kind == "handoff_tokens" else item[1])
+        )
         leg = self.legs.get(seq_id)
         if kind == "abort":
             if leg is not None:
@@ -204,8 +248,13 @@ class Worker:
 
     def _on_job(self, job: pb.Job, received: float) -> None:
         s = job.sampling
-        sampling = SamplingParams(max_tokens=s.max_tokens, temperature=s.temperature, top_p=s.top_p,
-                                  seed=s.seed, stop_token_ids=tuple(s.stop_token_ids))
+        sampling = SamplingParams(
+            max_tokens=s.max_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            seed=s.seed,
+            stop_token_ids=tuple(s.stop_token_ids),
+        )
         leg = Leg(job, received + (job.timeout_s or self.wiring.leg_timeout_s), received=received)
         try:
             leg.seq = self.engine.add_sequence(list(job.prompt_ids), sampling, job.seq_id)
@@ -227,11 +276,17 @@ class Worker:
             if leg.handoff:
                 self._extend(leg)
                 return
-            leg.cached_tokens = self.engine.reuse_prefix(leg.seq)   # (prefill would; the report says how many)
+            leg.cached_tokens = self.engine.reuse_prefix(
+                leg.seq
+            )  # (prefill would; the report says how many)
             t0, c0 = time.monotonic(), time.thread_time()
             first = self.engine.prefill(leg.seq)
             # wall and CPU time apart: a prefill that waited for its core shows wall >> CPU
-            leg.compute_ms = ((t0 - leg.received) * 1e3, (time.monotonic() - t0) * 1e3, (time.thread_time() - c0) * 1e3)
+            leg.compute_ms = (
+                (t0 - leg.received) * 1e3,
+                (time.monotonic() - t0) * 1e3,
+                (time.thread_time() - c0) * 1e3,
+            )
             self._emit(leg, [first], start=len(leg.seq.output_ids) - 1 + leg.job.output_offset)
             if self.op_type == "prefill":
                 self._ship_kv(leg)
@@ -252,7 +307,12 @@ class Worker:
                 self._fail(leg, "compute", exc)
             return
         t = self.decode_totals
-        t[0], t[1], t[2], t[3] = t[0] + 1, t[1] + time.thread_time() - c0, t[2] + len(seqs), t[3] + context
+        t[0], t[1], t[2], t[3] = (
+            t[0] + 1,
+            t[1] + time.thread_time() - c0,
+            t[2] + len(seqs),
+            t[3] + context,
+        )
         for leg, tok in zip(batch, toks):
             self._emit(leg, [tok], start=len(leg.seq.output_ids) - 1 + leg.job.output_offset)
             if leg.handing_off == "catch_up" and not leg.released:
@@ -262,13 +322,22 @@ class Worker:
                     try:
                         self._send_handoff(leg, final=True)
                     except Exception as exc:  # noqa: BLE001 - the request is done; main just misses a turn
-                        self.io.report(failure=pb.Failure(seq_id=leg.seq_id, leg="handoff", error=str(exc)))
+                        self.io.report(
+                            failure=pb.Failure(seq_id=leg.seq_id, leg="handoff", error=str(exc))
+                        )
                 self.finish(leg)
 
     def _emit(self, leg: Leg, ids: list[int], start: int) -> None:
         final = leg.seq.finished
-        self.io.report(tokens=pb.Tokens(seq_id=leg.seq_id, start=start, ids=ids, final=final,
-                                        finish_reason=leg.seq.finish_reason or ""))
+        self.io.report(
+            tokens=pb.Tokens(
+                seq_id=leg.seq_id,
+                start=start,
+                ids=ids,
+                final=final,
+                finish_reason=leg.seq.finish_reason or "",
+            )
+        )
         leg.reported = start + len(ids)
 
     # ---- prefill: dual-path KV ---------------------------------------------------------------
@@ -280,8 +349,14 @@ class Worker:
         if job.relay:
             targets.append((job.relay, 0))
         if job.main and not job.singular:
-            targets.append((job.main, reused_blocks(job.main_cached_blocks, seq.num_prompt_tokens,
-                                                    self.engine.block_size)))
+            targets.append(
+                (
+                    job.main,
+                    reused_blocks(
+                        job.main_cached_blocks, seq.num_prompt_tokens, self.engine.block_size
+                    ),
+                )
+            )
         for dst, start_block in targets:
             kind = self.io.kv_kind_to(dst)
             timeout = max(0.1, min(leg.deadline - time.monotonic(), self.io.deadline_s(kind, dst)))
@@ -289,25 +364,53 @@ class Worker:
             kv = self.engine.export_kv(seq, start_block=start_block)
             export = ((time.monotonic() - t0) * 1e3, (time.thread_time() - c0) * 1e3)
             nbytes = kv.num_blocks * self.engine.block_bytes
-            self.io.report(event=pb.Event(seq_id=seq.seq_id, name=f"kv_send:{kind}:{dst}", t_unix=time.time(),
-                                          values={"bytes": nbytes, "saved_bytes": start_block * self.engine.block_bytes,
-                                                  "queued_ms": leg.compute_ms[0], "prefill_ms": leg.compute_ms[1],
-                                                  "prefill_cpu_ms": leg.compute_ms[2], "cached_tokens": leg.cached_tokens,
-                                                  "export_ms": export[0], "export_cpu_ms": export[1]}))
+            self.io.report(
+                event=pb.Event(
+                    seq_id=seq.seq_id,
+                    name=f"kv_send:{kind}:{dst}",
+                    t_unix=time.time(),
+                    values={
+                        "bytes": nbytes,
+                        "saved_bytes": start_block * self.engine.block_bytes,
+                        "queued_ms": leg.compute_ms[0],
+                        "prefill_ms": leg.compute_ms[1],
+                        "prefill_cpu_ms": leg.compute_ms[2],
+                        "cached_tokens": leg.cached_tokens,
+                        "export_ms": export[0],
+                        "export_cpu_ms": export[1],
+                    },
+                )
+            )
             sent_at = time.monotonic()
             fut = self.io.sender(kind, dst).send_async(kv, timeout_s=timeout)
-            fut.add_done_callback(lambda f, dst=dst, kind=kind, t0=sent_at, sid=seq.seq_id:
-                                  self._kv_sent(sid, dst, kind, t0, f))
+            fut.add_done_callback(
+                lambda f, dst=dst, kind=kind, t0=sent_at, sid=seq.seq_id: self._kv_sent(
+                    sid, dst, kind, t0, f
+                )
+            )
 
     def _kv_sent(self, seq_id: str, dst: str, kind: str, t0: float, fut: Any) -> None:
         exc = fut.exception()
         if exc is not None:
-            self.io.report(failure=pb.Failure(seq_id=seq_id, leg=f"kv_{kind}", error=f"to {dst}: {exc}"))
+            self.io.report(
+                failure=pb.Failure(seq_id=seq_id, leg=f"kv_{kind}", error=f"to {dst}: {exc}")
+            )
             return
         r = fut.result()
-        self.io.report(event=pb.Event(seq_id=seq_id, name=f"kv_sent:{kind}:{dst}", t_unix=time.time(),
-                                      values={"bytes": r.bytes, "seconds": time.monotonic() - t0, "blocks": r.num_blocks,
-                                              "reconnects": r.reconnects, "resent_blocks": r.resent_blocks}))
+        self.io.report(
+            event=pb.Event(
+                seq_id=seq_id,
+                name=f"kv_sent:{kind}:{dst}",
+                t_unix=time.time(),
+                values={
+                    "bytes": r.bytes,
+                    "seconds": time.monotonic() - t0,
+                    "blocks": r.num_blocks,
+                    "reconnects": r.reconnects,
+                    "resent_blocks": r.resent_blocks,
+                },
+            )
+        )
 
     # ---- relay and main: landing the KV -----------------------------------------------------
     def _adopt_prefix(self, leg: Leg, blocks: int) -> None:
@@ -322,8 +425,14 @@ class Worker:
         seq.block_table, seq.num_computed = list(have), len(have) * bs
         if len(have) < blocks:
             self.engine.compute_to(seq, blocks * bs)
-            self.io.report(event=pb.Event(seq_id=leg.seq_id, name="cache_miss_recomputed", t_unix=time.time(),
-                                          values={"blocks": blocks - len(have)}))
+            self.io.report(
+                event=pb.Event(
+                    seq_id=leg.seq_id,
+                    name="cache_miss_recomputed",
+                    t_unix=time.time(),
+                    values={"blocks": blocks - len(have)},
+                )
+            )
 
     def _land(self, leg: Leg) -> None:
         if not self._room_for(leg):
@@ -334,13 +443,21 @@ class Worker:
         except Exception as exc:  # noqa: BLE001 - a bad transfer: recompute from token IDs
             self._kv_failed(leg, f"cannot import KV: {exc}")
             return
-        self.engine.reserve(leg.seq, self._total_tokens(leg))   # fits: _room_for said so, nothing ran since
+        self.engine.reserve(
+            leg.seq, self._total_tokens(leg)
+        )  # fits: _room_for said so, nothing ran since
         # what landing cost this loop: the wait from the KV reaching this process to the loop taking
         # it (a step in progress, a core shared with busier workers, room in memory), then the import
-        values = {"waited_ms": (t0 - leg.kv_at) * 1e3, "import_ms": (time.monotonic() - t0) * 1e3,
-                  "import_cpu_ms": (time.thread_time() - c0) * 1e3, "bytes": float(leg.kv.data.nbytes)}
+        values = {
+            "waited_ms": (t0 - leg.kv_at) * 1e3,
+            "import_ms": (time.monotonic() - t0) * 1e3,
+            "import_cpu_ms": (time.thread_time() - c0) * 1e3,
+            "bytes": float(leg.kv.data.nbytes),
+        }
         leg.kv, leg.kv_ready = None, True
-        self.io.report(event=pb.Event(seq_id=leg.seq_id, name="kv_landed", t_unix=time.time(), values=values))
+        self.io.report(
+            event=pb.Event(seq_id=leg.seq_id, name="kv_landed", t_unix=time.time(), values=values)
+        )
         self._maybe_start(leg)
 
     @staticmethod
@@ -355,26 +472,43 @@ class Worker:
         alloc, bs = self.engine.allocator, self.engine.block_size
         need = max(0, -(-self._total_tokens(leg) // bs) - len(leg.seq.block_table))
         if need > alloc.num_blocks - len(leg.seq.block_table):
-            self._fail(leg, "compute", KVCacheFull(need, alloc.num_free, alloc.num_blocks, self.engine.block_bytes,
-                                                   f"{leg.seq_id} (its prompt and max_tokens)"))
+            self._fail(
+                leg,
+                "compute",
+                KVCacheFull(
+                    need,
+                    alloc.num_free,
+                    alloc.num_blocks,
+                    self.engine.block_bytes,
+                    f"{leg.seq_id} (its prompt and max_tokens)",
+                ),
+            )
             return False
         if not self.memory_wait or self.memory_wait[0] is leg:
-            room = alloc.num_free + (self.engine.radix.evictable_count() if self.engine.config.prefix_cache else 0)
+            room = alloc.num_free + (
+                self.engine.radix.evictable_count() if self.engine.config.prefix_cache else 0
+            )
             if need <= room:
                 if self.memory_wait:
                     self.memory_wait.pop(0)
                 return True
         if leg not in self.memory_wait:
             self.memory_wait.append(leg)
-            self.io.report(event=pb.Event(seq_id=leg.seq_id, name="kv_waits_for_memory", t_unix=time.time(),
-                                          values={"blocks": need}))
+            self.io.report(
+                event=pb.Event(
+                    seq_id=leg.seq_id,
+                    name="kv_waits_for_memory",
+                    t_unix=time.time(),
+                    values={"blocks": need},
+                )
+            )
         return False
 
     def _land_waiting(self) -> None:
         """Land waiting KV, oldest first, while it fits."""
         while self.memory_wait:
             leg = self.memory_wait[0]
-            if leg.seq_id not in self.legs:   # ended while it waited
+            if leg.seq_id not in self.legs:  # ended while it waited
                 self.memory_wait.pop(0)
                 continue
             self._land(leg)
@@ -404,7 +538,9 @@ class Worker:
                 self.compute_queue.append(leg)
         elif leg.first is not None and not self._awaits_handoff(leg):
             self.engine.append_tokens(leg.seq, [leg.first])
-            self._emit(leg, [leg.first], start=0)  # the client sees the first token once a decoder has it
+            self._emit(
+                leg, [leg.first], start=0
+            )  # the client sees the first token once a decoder has it
             leg.decoding = True
             if leg.pending_handoff:
                 self._start_handoff(leg, leg.pending_handoff)
@@ -443,15 +579,21 @@ class Worker:
             self._send_handoff(leg, final=True)
 
     def _send_handoff(self, leg: Leg, final: bool) -> None:
-        ids = leg.seq.output_ids[leg.sent_upto:]
+        ids = leg.seq.output_ids[leg.sent_upto :]
         if leg.seq.finished and not final:
             return
         msg = TokenIds(leg.seq_id, leg.sent_upto, list(ids), final=final)
         leg.sent_upto += len(ids)
         client = self.io.sender("token_ids", leg.job.main)
         fut = client.send_async(msg, timeout_s=max(0.1, leg.deadline - time.monotonic()))
-        self.io.report(event=pb.Event(seq_id=leg.seq_id, name="handoff_sent" if final else "catch_up_sent",
-                                      t_unix=time.time(), values={"tokens": len(ids), "start": msg.start}))
+        self.io.report(
+            event=pb.Event(
+                seq_id=leg.seq_id,
+                name="handoff_sent" if final else "catch_up_sent",
+                t_unix=time.time(),
+                values={"tokens": len(ids), "start": msg.start},
+            )
+        )
         if final:
             fut.add_done_callback(lambda f, sid=leg.seq_id: self._handoff_done(sid, f))
 
@@ -459,7 +601,9 @@ class Worker:
         if fut.exception() is None:
             self.inbox.put(("abort", seq_id, "handed off"))
         else:  # main is gone: the relay finishes the request itself (declared fallback)
-            self.io.report(failure=pb.Failure(seq_id=seq_id, leg="handoff", error=str(fut.exception())))
+            self.io.report(
+                failure=pb.Failure(seq_id=seq_id, leg="handoff", error=str(fut.exception()))
+            )
             self.inbox.put(("keep_decoding", seq_id))
 
     def _owes_main(self, leg: Leg) -> bool:
@@ -471,12 +615,22 @@ class Worker:
         """Main decode: extend over the relay's token IDs; after the final batch, sample and decode."""
         batch = leg.handoff.pop(0)
         if batch.start != len(leg.seq.output_ids):
-            raise RuntimeError(f"handoff for {leg.seq_id} starts at {batch.start}, expected "
-                               f"{len(leg.seq.output_ids)}")
+            raise RuntimeError(
+                f"handoff for {leg.seq_id} starts at {batch.start}, expected "
+                f"{len(leg.seq.output_ids)}"
+            )
         logits = self.engine.extend(leg.seq, batch.ids)
-        self.io.report(event=pb.Event(seq_id=leg.seq_id, name="extend_done", t_unix=time.time(),
-                                      values={"tokens": len(batch.ids)}))
-        if batch.final and self._complete(leg.seq):  # the relay finished it: keep the KV, emit nothing
+        self.io.report(
+            event=pb.Event(
+                seq_id=leg.seq_id,
+                name="extend_done",
+                t_unix=time.time(),
+                values={"tokens": len(batch.ids)},
+            )
+        )
+        if batch.final and self._complete(
+            leg.seq
+        ):  # the relay finished it: keep the KV, emit nothing
             self.finish(leg)
         elif batch.final:
             tok = self.engine.sample(leg.seq, logits)
@@ -486,12 +640,16 @@ class Worker:
             else:
                 leg.decoding = True
         elif not leg.handoff:
-            self.io.release(leg.handoff_from, leg.seq_id, timeout_s=max(0.1, leg.deadline - time.monotonic()))
+            self.io.release(
+                leg.handoff_from, leg.seq_id, timeout_s=max(0.1, leg.deadline - time.monotonic())
+            )
 
     @staticmethod
     def _complete(seq: Any) -> bool:
         out = seq.output_ids
-        return len(out) >= seq.sampling.max_tokens or (bool(out) and out[-1] in seq.sampling.stop_token_ids)
+        return len(out) >= seq.sampling.max_tokens or (
+            bool(out) and out[-1] in seq.sampling.stop_token_ids
+        )
 
     # ---- endings -----------------------------------------------------------------------------
     def finish(self, leg: Leg, reason: str = "") -> None:
@@ -507,17 +665,24 @@ class Worker:
             self.engine.free(leg.seq)
 
     def _fail(self, leg: Leg, where: str, exc: BaseException) -> None:
-        self.io.report(failure=pb.Failure(seq_id=leg.seq_id, leg=where, error=f"{type(exc).__name__}: {exc}"))
+        self.io.report(
+            failure=pb.Failure(seq_id=leg.seq_id, leg=where, error=f"{type(exc).__name__}: {exc}")
+        )
         traceback.print_exc()
         self.finish(leg, reason=str(exc))
 
     def expire(self) -> None:
         now = time.monotonic()
         for leg in [leg for leg in self.legs.values() if leg.deadline < now]:
-            self.io.report(failure=pb.Failure(seq_id=leg.seq_id, leg="deadline",
-                                              error=f"{self.instance}: deadline passed"))
+            self.io.report(
+                failure=pb.Failure(
+                    seq_id=leg.seq_id, leg="deadline", error=f"{self.instance}: deadline passed"
+                )
+            )
             self.finish(leg, reason="deadline passed")
-        for sid in [s for s, items in self.early.items() if items and items[0][0] < now - EARLY_KEEP_S]:
+        for sid in [
+            s for s, items in self.early.items() if items and items[0][0] < now - EARLY_KEEP_S
+        ]:
             del self.early[sid]
 
     # ---- status and the router's cache mirror ------------------------------------------------
@@ -528,13 +693,21 @@ class Worker:
         cached = [h for h, _ in self.engine.radix]
         for h in cached:
             digest ^= h
-        return pb.WorkerStatus(instance=self.instance, ready=True, running=len(self._decoding()),
-                               waiting=len(self.compute_queue) + sum(1 for x in self.legs.values() if not x.decoding),
-                               kv_blocks_used=alloc.num_blocks - alloc.num_free, kv_blocks_total=alloc.num_blocks,
-                               cached_blocks=len(cached), cache_digest=digest,
-                               decode_steps=self.decode_totals[0], decode_cpu_s=self.decode_totals[1],
-                               decode_seqs=self.decode_totals[2], decode_context_tokens=self.decode_totals[3],
-                               decode_wall_s=self.decode_totals[4])
+        return pb.WorkerStatus(
+            instance=self.instance,
+            ready=True,
+            running=len(self._decoding()),
+            waiting=len(self.compute_queue) + sum(1 for x in self.legs.values() if not x.decoding),
+            kv_blocks_used=alloc.num_blocks - alloc.num_free,
+            kv_blocks_total=alloc.num_blocks,
+            cached_blocks=len(cached),
+            cache_digest=digest,
+            decode_steps=self.decode_totals[0],
+            decode_cpu_s=self.decode_totals[1],
+            decode_seqs=self.decode_totals[2],
+            decode_context_tokens=self.decode_totals[3],
+            decode_wall_s=self.decode_totals[4],
+        )
 
     def publish(self) -> None:
         if self.mirrored:
@@ -564,7 +737,9 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m pddflow.runtime.worker WIRING.json INSTANCE", file=sys.stderr)
         return 2
     wiring = Wiring.load(Path(argv[0]))
-    pin_self(wiring.cpus.get(argv[1], ()), wiring.nice.get(argv[1], 0))  # before torch starts its threads
+    pin_self(
+        wiring.cpus.get(argv[1], ()), wiring.nice.get(argv[1], 0)
+    )  # before torch starts its threads
     worker = Worker(wiring, argv[1])
     signal.signal(signal.SIGTERM, lambda *_: worker.stopping.set())
     signal.signal(signal.SIGINT, lambda *_: worker.stopping.set())

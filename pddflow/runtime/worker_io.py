@@ -13,8 +13,8 @@ from typing import Any
 
 from pddflow.channels.codec_tokens import Control, ControlKind
 from pddflow.channels.errors import ChannelClosed, ChannelError, ChannelTimeout
-from pddflow.channels.security import TLSConfig
 from pddflow.channels.rdma_tensor import RdmaTensorParams, RdmaTensorReceiver, RdmaTensorSender
+from pddflow.channels.security import TLSConfig
 from pddflow.channels.token_ids import TokenIdsClient, TokenIdsParams, TokenIdsServer
 from pddflow.channels.wan_flight import WanFlightParams, WanFlightReceiver, WanFlightSender
 from pddflow.core.link import Jitter
@@ -33,7 +33,9 @@ class WorkerIO:
         self.operator = plan.instances[[i.id for i in plan.instances].index(instance)].operator
         self.cluster = plan.operators[self.operator].cluster
         self.closed = threading.Event()
-        self.resync = threading.Event()  # set when the report stream reopened; the worker resends its cache
+        self.resync = (
+            threading.Event()
+        )  # set when the report stream reopened; the worker resends its cache
         self.reports: queue.Queue = queue.Queue()
         self._senders: dict[tuple[str, str], Any] = {}
         self._lock = threading.Lock()
@@ -43,21 +45,37 @@ class WorkerIO:
         for ch in plan.channels:
             if ch.dst != self.operator:
                 continue
-            if ch.kind == "rdma_tensor" and not any(isinstance(r, RdmaTensorReceiver) for r in self.kv_receivers):
-                self.kv_receivers.append(RdmaTensorReceiver(ep.kv_rdma, params=self._rdma_params(ch)))
-            elif ch.kind == "wan_flight" and not any(isinstance(r, WanFlightReceiver) for r in self.kv_receivers):
+            if ch.kind == "rdma_tensor" and not any(
+                isinstance(r, RdmaTensorReceiver) for r in self.kv_receivers
+            ):
+                self.kv_receivers.append(
+                    RdmaTensorReceiver(ep.kv_rdma, params=self._rdma_params(ch))
+                )
+            elif ch.kind == "wan_flight" and not any(
+                isinstance(r, WanFlightReceiver) for r in self.kv_receivers
+            ):
                 port = int(ep.kv_flight.rsplit(":", 1)[1])
-                self.kv_receivers.append(WanFlightReceiver("127.0.0.1", port, params=self._flight_params(ch),
-                                                           tensor_lib="torch"))
+                self.kv_receivers.append(
+                    WanFlightReceiver(
+                        "127.0.0.1", port, params=self._flight_params(ch), tensor_lib="torch"
+                    )
+                )
             elif ch.kind == "token_ids" and self.handoff_server is None:
                 port = int(ep.handoff.rsplit(":", 1)[1])
-                self.handoff_server = TokenIdsServer("127.0.0.1", port, params=self._token_params(ch),
-                                                     name=instance)
+                self.handoff_server = TokenIdsServer(
+                    "127.0.0.1", port, params=self._token_params(ch), name=instance
+                )
         for r in self.kv_receivers:
-            threading.Thread(target=self._pump_kv, args=(r,), daemon=True, name=f"kv-{type(r).__name__}").start()
+            threading.Thread(
+                target=self._pump_kv, args=(r,), daemon=True, name=f"kv-{type(r).__name__}"
+            ).start()
         if self.handoff_server is not None:
-            threading.Thread(target=self._pump_tokens, args=(self.handoff_server,), daemon=True,
-                             name="handoff-in").start()
+            threading.Thread(
+                target=self._pump_tokens,
+                args=(self.handoff_server,),
+                daemon=True,
+                name="handoff-in",
+            ).start()
         threading.Thread(target=self._keep_reporting, daemon=True, name="reports").start()
 
     # ---- channel parameters from the plan (the emulated link shapes cross-cluster channels) ----
@@ -76,22 +94,37 @@ class WorkerIO:
         return (ch.params.get("token") or self.wiring.auth_token) if ch.cross_cluster else None
 
     def _rdma_params(self, ch: ChannelPlan) -> RdmaTensorParams:
-        return RdmaTensorParams(ring_slots=ch.params["ring_slots"], slot_mb=ch.params["slot_mb"],
-                                arena_mb=ch.params["arena_mb"], deadline_s=ch.params["deadline_s"],
-                                checksum=ch.params["checksum"] or None)
+        return RdmaTensorParams(
+            ring_slots=ch.params["ring_slots"],
+            slot_mb=ch.params["slot_mb"],
+            arena_mb=ch.params["arena_mb"],
+            deadline_s=ch.params["deadline_s"],
+            checksum=ch.params["checksum"] or None,
+        )
 
     def _flight_params(self, ch: ChannelPlan) -> WanFlightParams:
-        return WanFlightParams(streams=ch.params["streams"], deadline_s=ch.params["deadline_s"],
-                               token=self._auth(ch), tls=self._tls(ch), emulate=self._link(ch),
-                               seed=self.wiring.seed, checksum=ch.params["checksum"])
+        return WanFlightParams(
+            streams=ch.params["streams"],
+            deadline_s=ch.params["deadline_s"],
+            token=self._auth(ch),
+            tls=self._tls(ch),
+            emulate=self._link(ch),
+            seed=self.wiring.seed,
+            checksum=ch.params["checksum"],
+        )
 
     def _token_params(self, ch: ChannelPlan) -> TokenIdsParams:
         # The link's jitter models bulk KV transfers queueing on a busy WAN; a few hundred bytes of
         # token IDs see the RTT, not that queue (PDD measured the handoff's deviation at 4.8 ms).
         link = self._link(ch)
         link = replace(link, jitter=Jitter()) if link is not None else None
-        return TokenIdsParams(deadline_s=ch.params["deadline_s"], token=self._auth(ch), tls=self._tls(ch),
-                              emulate=link, seed=self.wiring.seed)
+        return TokenIdsParams(
+            deadline_s=ch.params["deadline_s"],
+            token=self._auth(ch),
+            tls=self._tls(ch),
+            emulate=link,
+            seed=self.wiring.seed,
+        )
 
     # ---- senders, one per (channel, destination instance) ----
     def sender(self, kind: str, dst_instance: str) -> Any:
@@ -110,8 +143,12 @@ class WorkerIO:
                     target = target.replace("grpc://", "grpc+tls://", 1)
                 s = WanFlightSender(target, params=params)
             else:
-                s = TokenIdsClient(self.wiring.reach(ep.handoff), params=self._token_params(ch), name=self.instance)
-                threading.Thread(target=self._pump_tokens, args=(s,), daemon=True, name="handoff-back").start()
+                s = TokenIdsClient(
+                    self.wiring.reach(ep.handoff), params=self._token_params(ch), name=self.instance
+                )
+                threading.Thread(
+                    target=self._pump_tokens, args=(s,), daemon=True, name="handoff-back"
+                ).start()
             self._senders[key] = s
             return s
 
@@ -120,7 +157,9 @@ class WorkerIO:
         for c in self.plan.channels:
             if c.src == self.operator and c.dst == dst_op and c.kind == kind:
                 return c
-        raise ChannelError(f"{self.instance}: the plan has no {kind} edge from {self.operator} to {dst_op}")
+        raise ChannelError(
+            f"{self.instance}: the plan has no {kind} edge from {self.operator} to {dst_op}"
+        )
 
     def deadline_s(self, kind: str, dst_instance: str) -> float:
         """The channel's own deadline (its `deadline_s` parameter) toward dst_instance."""
@@ -145,7 +184,7 @@ class WorkerIO:
             except ChannelError as exc:  # a transfer that failed at the receiver: the leg decides
                 self.inbox.put(("kv_error", getattr(exc, "seq_id", ""), str(exc)))
                 continue
-            self.inbox.put(("kv", kv, time.monotonic()))   # (when it reached this process)
+            self.inbox.put(("kv", kv, time.monotonic()))  # (when it reached this process)
 
     def _pump_tokens(self, endpoint: Any) -> None:
         while not self.closed.is_set():
@@ -163,12 +202,16 @@ class WorkerIO:
             elif msg.payload.kind == ControlKind.RELEASE:
                 self.inbox.put(("release", msg.payload.seq_id))
             elif msg.payload.kind == ControlKind.CANCEL:
-                self.inbox.put(("abort", msg.payload.seq_id, msg.payload.reason or "cancelled by peer"))
+                self.inbox.put(
+                    ("abort", msg.payload.seq_id, msg.payload.reason or "cancelled by peer")
+                )
 
     def release(self, peer: str, seq_id: str, timeout_s: float) -> None:
         """Main decode tells the relay it has caught up (sent back on the handoff stream)."""
         assert self.handoff_server is not None
-        self.handoff_server.send_async(peer, Control(ControlKind.RELEASE, seq_id), timeout_s=timeout_s)
+        self.handoff_server.send_async(
+            peer, Control(ControlKind.RELEASE, seq_id), timeout_s=timeout_s
+        )
 
     # ---- reports to the frontend ----
     def report(self, **body: Any) -> None:
@@ -185,7 +228,9 @@ class WorkerIO:
         """Hold the report stream open; if it breaks while the frontend lives, open it again."""
         first = True
         while not self.closed.is_set():
-            if not first:  # a report taken by the broken stream may be lost: resend the cache listing
+            if (
+                not first
+            ):  # a report taken by the broken stream may be lost: resend the cache listing
                 self.resync.set()
             first = False
             fut = open_reports(self.wiring.frontend, self._report_stream())

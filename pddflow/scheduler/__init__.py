@@ -23,8 +23,20 @@ from pddflow.scheduler.mirror import CacheMirror, MirrorDrift
 from pddflow.scheduler.state import SchedulerState
 from pddflow.scheduler.topology import PathInfo, Topology
 
-__all__ = ["CacheMirror", "Decision", "InstanceLoad", "LinkEstimate", "LinkEstimator", "MirrorDrift", "PathInfo",
-           "Policy", "RequestFeatures", "SchedulerState", "Topology", "make_policy"]
+__all__ = [
+    "CacheMirror",
+    "Decision",
+    "InstanceLoad",
+    "LinkEstimate",
+    "LinkEstimator",
+    "MirrorDrift",
+    "PathInfo",
+    "Policy",
+    "RequestFeatures",
+    "SchedulerState",
+    "Topology",
+    "make_policy",
+]
 
 
 def make_policy(plan: Plan, params: dict[str, Any] | None = None) -> Policy:
@@ -35,5 +47,7 @@ def make_policy(plan: Plan, params: dict[str, Any] | None = None) -> Policy:
     try:
         cls = getattr(importlib.import_module(module), attr)
     except (ImportError, AttributeError) as exc:
-        raise ImportError(f"scheduler policy {spec.name!r}: cannot load {spec.impl!r} ({exc})") from exc
+        raise ImportError(
+            f"scheduler policy {spec.name!r}: cannot load {spec.impl!r} ({exc})"
+        ) from exc
     return cls(plan, params)

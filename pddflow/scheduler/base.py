@@ -39,7 +39,9 @@ class Policy:
         raise NotImplementedError
 
     # ---- instance choice ------------------------------------------------------------------------
-    def pick_cached(self, operator: str, req: RequestFeatures, state: SchedulerState) -> tuple[str, int]:
+    def pick_cached(
+        self, operator: str, req: RequestFeatures, state: SchedulerState
+    ) -> tuple[str, int]:
         """The instance of `operator` that best trades the share of the prompt it holds against its
         load (`hit_worth_load`); ties go to the lowest index. Returns (instance, hit blocks)."""
         insts = self.plan.operators[operator].instances
@@ -72,8 +74,9 @@ class Policy:
         return min(insts, key=lambda i: (state.load(i), insts.index(i)))
 
     # ---- predictions ----------------------------------------------------------------------------
-    def transfer(self, path: PathInfo, hit_tokens: int, req: RequestFeatures,
-                 state: SchedulerState) -> tuple[float, float]:
+    def transfer(
+        self, path: PathInfo, hit_tokens: int, req: RequestFeatures, state: SchedulerState
+    ) -> tuple[float, float]:
         """(bytes, seconds at P90) of the prompt KV the finishing decoder lacks."""
         ch = path.kv_to_finisher
         if ch is None:
@@ -83,20 +86,34 @@ class Policy:
             return nbytes, state.links[ch.link].transfer_s(nbytes, "p90")
         return nbytes, nbytes / self.topo.rdma_bytes_per_s(path.entry, path.finisher)
 
-    def handoff_mode(self, path: PathInfo, relay_instance: str | None, state: SchedulerState) -> str | None:
+    def handoff_mode(
+        self, path: PathInfo, relay_instance: str | None, state: SchedulerState
+    ) -> str | None:
         if not path.has_handoff:
             return None
         mode = path.variant.handoff or "one_shot"
         if mode == "adaptive":
             # A busy relay sheds work fast (one-shot releases it at once); an idle one keeps
             # generating while main decode catches up in small, cheap extends.
-            return "one_shot" if state.load(relay_instance) >= self.params.get("catch_up_load", 0.7) else "catch_up"
+            return (
+                "one_shot"
+                if state.load(relay_instance) >= self.params.get("catch_up_load", 0.7)
+                else "catch_up"
+            )
         return mode
 
     # ---- building the decision ------------------------------------------------------------------
-    def build(self, path: PathInfo, req: RequestFeatures, state: SchedulerState, *,
-              finisher_instance: str | None = None, hit_blocks: int | None = None,
-              singular: bool = False, reason: str = "") -> Decision:
+    def build(
+        self,
+        path: PathInfo,
+        req: RequestFeatures,
+        state: SchedulerState,
+        *,
+        finisher_instance: str | None = None,
+        hit_blocks: int | None = None,
+        singular: bool = False,
+        reason: str = "",
+    ) -> Decision:
         if finisher_instance is None:
             finisher_instance, hit_blocks = self.pick_cached(path.finisher, req, state)
         hit_tokens = req.cached_tokens(hit_blocks or 0)
@@ -115,5 +132,14 @@ class Policy:
             targets.append((op, inst))
         self.decided += 1
         self.singular_count += singular
-        return Decision(path.name, tuple(targets), self.handoff_mode(path, relay_inst, state), singular,
-                        hit_tokens / max(req.prompt_tokens, 1), hit_tokens, nbytes, seconds, reason)
+        return Decision(
+            path.name,
+            tuple(targets),
+            self.handoff_mode(path, relay_inst, state),
+            singular,
+            hit_tokens / max(req.prompt_tokens, 1),
+            hit_tokens,
+            nbytes,
+            seconds,
+            reason,
+        )

@@ -15,9 +15,15 @@ from pddflow.core.link import LinkModel
 class RequestFeatures:
     request_id: str
     prompt_tokens: int
-    block_hashes: tuple[int, ...]      # chained hashes, one per `block_tokens` of the prompt (last may be partial)
-    expected_output_tokens: int        # max_tokens in the runtime; the trace's output length in the simulator
-    block_tokens: int = 16             # tokens one hash covers (the plan's block_size; 512 for Mooncake traces)
+    block_hashes: tuple[
+        int, ...
+    ]  # chained hashes, one per `block_tokens` of the prompt (last may be partial)
+    expected_output_tokens: (
+        int  # max_tokens in the runtime; the trace's output length in the simulator
+    )
+    block_tokens: int = (
+        16  # tokens one hash covers (the plan's block_size; 512 for Mooncake traces)
+    )
 
     def cached_tokens(self, hit_blocks: int) -> int:
         """Prompt tokens covered by the first `hit_blocks` blocks (the last block may be partial)."""
@@ -26,16 +32,18 @@ class RequestFeatures:
 
 @dataclass(frozen=True)
 class InstanceLoad:
-    running: int = 0              # sequences in the running batch
-    queued: int = 0               # requests waiting for admission (KV not landed, no batch slot, no memory)
+    running: int = 0  # sequences in the running batch
+    queued: int = 0  # requests waiting for admission (KV not landed, no batch slot, no memory)
     max_batch: int = 64
-    kv_used: float = 0.0          # share of the instance's KV budget in use by live sequences (0..1)
-    queued_tokens: int = 0        # prefill/extend tokens waiting to be computed (entry instances)
+    kv_used: float = 0.0  # share of the instance's KV budget in use by live sequences (0..1)
+    queued_tokens: int = 0  # prefill/extend tokens waiting to be computed (entry instances)
 
     @property
     def load(self) -> float:
         """One number in [0, inf): 1.0 means a full batch or full KV memory; queues add on top."""
-        return max(self.running / max(self.max_batch, 1), self.kv_used) + self.queued / max(self.max_batch, 1)
+        return max(self.running / max(self.max_batch, 1), self.kv_used) + self.queued / max(
+            self.max_batch, 1
+        )
 
 
 @dataclass(frozen=True)
@@ -43,15 +51,17 @@ class LinkEstimate:
     """A link as the router sees it now: what a new transfer would get and how late it would land."""
 
     name: str
-    bytes_per_s: float            # bandwidth a new flow would get (the link's share left for it)
+    bytes_per_s: float  # bandwidth a new flow would get (the link's share left for it)
     rtt_s: float
-    delay_p50_s: float            # extra per-transfer delay (jitter) quantiles, measured or from the model
+    delay_p50_s: float  # extra per-transfer delay (jitter) quantiles, measured or from the model
     delay_p90_s: float
     delay_p99_s: float
     active_flows: int = 0
 
     def transfer_s(self, nbytes: float, quantile: str = "p90") -> float:
-        delay = {"p50": self.delay_p50_s, "p90": self.delay_p90_s, "p99": self.delay_p99_s}[quantile]
+        delay = {"p50": self.delay_p50_s, "p90": self.delay_p90_s, "p99": self.delay_p99_s}[
+            quantile
+        ]
         return self.rtt_s + delay + nbytes / max(self.bytes_per_s, 1.0)
 
     @staticmethod
@@ -59,6 +69,12 @@ class LinkEstimate:
         """The estimate the link's declared model implies with `active_flows` transfers already in flight
         (fair sharing: a new flow gets 1/(n+1) of the bandwidth)."""
         j = link.jitter
-        return LinkEstimate(link.name, link.bytes_per_s / (active_flows + 1), link.rtt_ms / 1e3,
-                            j.quantile_ms(0.5) / 1e3, j.quantile_ms(0.9) / 1e3, j.quantile_ms(0.99) / 1e3,
-                            active_flows)
+        return LinkEstimate(
+            link.name,
+            link.bytes_per_s / (active_flows + 1),
+            link.rtt_ms / 1e3,
+            j.quantile_ms(0.5) / 1e3,
+            j.quantile_ms(0.9) / 1e3,
+            j.quantile_ms(0.99) / 1e3,
+            active_flows,
+        )

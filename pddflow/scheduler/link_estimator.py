@@ -17,7 +17,7 @@ class LinkEstimator:
     def __init__(self, link: LinkModel, window: int = 256, alpha: float = 0.2):
         self.link = link
         self.alpha = alpha
-        self.link_bytes_per_s = link.bytes_per_s     # whole-link throughput estimate
+        self.link_bytes_per_s = link.bytes_per_s  # whole-link throughput estimate
         self.delays: deque[float] = deque(maxlen=window)
         self.active = 0
 
@@ -31,7 +31,9 @@ class LinkEstimator:
         self.delays.append(max(0.0, seconds - ideal))
         if nbytes > 0 and seconds > 0:
             rate = nbytes * max(flows, 1) / seconds
-            self.link_bytes_per_s += self.alpha * (min(rate, self.link.bytes_per_s) - self.link_bytes_per_s)
+            self.link_bytes_per_s += self.alpha * (
+                min(rate, self.link.bytes_per_s) - self.link_bytes_per_s
+            )
 
     def estimate(self) -> LinkEstimate:
         prior = LinkEstimate.from_model(self.link, self.active)
@@ -42,5 +44,12 @@ class LinkEstimator:
         def q(x: float) -> float:
             return d[min(len(d) - 1, int(x * len(d)))]
 
-        return LinkEstimate(self.link.name, self.link_bytes_per_s / (self.active + 1), self.link.rtt_ms / 1e3,
-                            q(0.5), q(0.9), q(0.99), self.active)
+        return LinkEstimate(
+            self.link.name,
+            self.link_bytes_per_s / (self.active + 1),
+            self.link.rtt_ms / 1e3,
+            q(0.5),
+            q(0.9),
+            q(0.99),
+            self.active,
+        )

@@ -28,7 +28,9 @@ class CacheMirror:
     def on_insert(self, hashes: Iterable[int]) -> None:
         for h in hashes:
             if h in self._blocks:
-                raise MirrorDrift(f"{self.instance}: insert of block {h:#x} the mirror already holds")
+                raise MirrorDrift(
+                    f"{self.instance}: insert of block {h:#x} the mirror already holds"
+                )
             self._blocks.add(h)
             self._digest ^= h
         self.events += 1
@@ -38,7 +40,9 @@ class CacheMirror:
             try:
                 self._blocks.remove(h)
             except KeyError:
-                raise MirrorDrift(f"{self.instance}: eviction of block {h:#x} the mirror does not hold") from None
+                raise MirrorDrift(
+                    f"{self.instance}: eviction of block {h:#x} the mirror does not hold"
+                ) from None
             self._digest ^= h
         self.events += 1
 
@@ -82,5 +86,7 @@ class CacheMirror:
         actual = set(cache_blocks)
         if actual != self._blocks:
             extra, missing = self._blocks - actual, actual - self._blocks
-            raise MirrorDrift(f"{self.instance}: mirror has {len(extra)} block(s) the cache lacks and lacks "
-                              f"{len(missing)} the cache holds (e.g. {sorted(extra or missing)[:3]})")
+            raise MirrorDrift(
+                f"{self.instance}: mirror has {len(extra)} block(s) the cache lacks and lacks "
+                f"{len(missing)} the cache holds (e.g. {sorted(extra or missing)[:3]})"
+            )

@@ -18,7 +18,7 @@ from pddflow.scheduler.decision import Decision
 from pddflow.scheduler.features import RequestFeatures
 from pddflow.scheduler.state import SchedulerState
 
-RELAY_SATURATED = 1.0   # relay load at which new requests stop being sent to it
+RELAY_SATURATED = 1.0  # relay load at which new requests stop being sent to it
 
 
 class PredictedHitRatePolicy(Policy):
@@ -31,7 +31,10 @@ class PredictedHitRatePolicy(Policy):
             inst, hit = self.pick_cached(finisher, req, state)
             hit_tokens = req.cached_tokens(hit)
             direct = [x for x in paths if not x.has_handoff]
-            timed = [(self.transfer(x, hit_tokens, req, state)[1], i, x) for i, x in enumerate(direct or paths)]
+            timed = [
+                (self.transfer(x, hit_tokens, req, state)[1], i, x)
+                for i, x in enumerate(direct or paths)
+            ]
             t, _, path = min(timed, key=lambda e: (e[0], e[1]))
             key = (t, state.load(inst))
             if best is None or key < best[0]:
@@ -43,24 +46,52 @@ class PredictedHitRatePolicy(Policy):
         if slow and self._singular(req):
             for sp in self.topo.singular_paths:
                 if self._relay_free(sp.finisher, state):
-                    return self.build(sp, req, state, singular=True,
-                                      reason=f"singular: {req.prompt_tokens} in / {req.expected_output_tokens} out")
+                    return self.build(
+                        sp,
+                        req,
+                        state,
+                        singular=True,
+                        reason=f"singular: {req.prompt_tokens} in / {req.expected_output_tokens} out",
+                    )
             if relays:
-                return self.build(relays[0], req, state, finisher_instance=inst, hit_blocks=hit, singular=True,
-                                  reason=f"singular on the relay: {req.prompt_tokens} in / {req.expected_output_tokens} out")
+                return self.build(
+                    relays[0],
+                    req,
+                    state,
+                    finisher_instance=inst,
+                    hit_blocks=hit,
+                    singular=True,
+                    reason=f"singular on the relay: {req.prompt_tokens} in / {req.expected_output_tokens} out",
+                )
         if slow and relays:
-            return self.build(relays[0], req, state, finisher_instance=inst, hit_blocks=hit,
-                              reason=f"transfer P90 {t:.2f}s > {p['relay_if_transfer_over_s']:g}s")
-        why = "relays saturated" if slow and any(x.has_handoff for x in paths) else f"transfer P90 {t:.2f}s"
-        return self.build(direct_path, req, state, finisher_instance=inst, hit_blocks=hit, reason=why)
+            return self.build(
+                relays[0],
+                req,
+                state,
+                finisher_instance=inst,
+                hit_blocks=hit,
+                reason=f"transfer P90 {t:.2f}s > {p['relay_if_transfer_over_s']:g}s",
+            )
+        why = (
+            "relays saturated"
+            if slow and any(x.has_handoff for x in paths)
+            else f"transfer P90 {t:.2f}s"
+        )
+        return self.build(
+            direct_path, req, state, finisher_instance=inst, hit_blocks=hit, reason=why
+        )
 
     def _relay_free(self, relay_op: str | None, state: SchedulerState) -> bool:
-        return relay_op is not None and any(state.load(i) < RELAY_SATURATED
-                                            for i in self.plan.operators[relay_op].instances)
+        return relay_op is not None and any(
+            state.load(i) < RELAY_SATURATED for i in self.plan.operators[relay_op].instances
+        )
 
     def _singular(self, req: RequestFeatures) -> bool:
         p = self.params
-        if req.prompt_tokens < p["singular_min_prompt_tokens"] or req.expected_output_tokens > p["singular_max_output_tokens"]:
+        if (
+            req.prompt_tokens < p["singular_min_prompt_tokens"]
+            or req.expected_output_tokens > p["singular_max_output_tokens"]
+        ):
             return False
         if not (self.topo.singular_paths or self.topo.has_relay_path):
             return False

@@ -16,17 +16,25 @@ from pddflow.scheduler.topology import Topology
 
 @dataclass
 class SchedulerState:
-    mirrors: dict[str, CacheMirror] = field(default_factory=dict)    # instance id -> mirror of its cache
-    loads: dict[str, InstanceLoad] = field(default_factory=dict)     # instance id -> load
-    links: dict[str, LinkEstimate] = field(default_factory=dict)     # link name -> live estimate
+    mirrors: dict[str, CacheMirror] = field(
+        default_factory=dict
+    )  # instance id -> mirror of its cache
+    loads: dict[str, InstanceLoad] = field(default_factory=dict)  # instance id -> load
+    links: dict[str, LinkEstimate] = field(default_factory=dict)  # link name -> live estimate
 
     @classmethod
     def for_plan(cls, plan: Plan) -> SchedulerState:
         """Empty mirrors for every instance that keeps a cache, idle loads, links as their model says."""
         topo = Topology(plan)
-        mirrors = {i.id: CacheMirror(i.id) for i in plan.instances if i.operator in topo.cached_operators}
-        loads = {i.id: InstanceLoad(max_batch=int(plan.operators[i.operator].params.get("max_batch", 64)))
-                 for i in plan.instances}
+        mirrors = {
+            i.id: CacheMirror(i.id) for i in plan.instances if i.operator in topo.cached_operators
+        }
+        loads = {
+            i.id: InstanceLoad(
+                max_batch=int(plan.operators[i.operator].params.get("max_batch", 64))
+            )
+            for i in plan.instances
+        }
         links = {name: LinkEstimate.from_model(link) for name, link in plan.links.items()}
         return cls(mirrors, loads, links)
 

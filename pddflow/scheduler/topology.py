@@ -16,12 +16,12 @@ _IDS = str(Payload.TOKEN_IDS)
 @dataclass(frozen=True)
 class PathInfo:
     variant: VariantPlan
-    entry: str                      # operator that takes the request (prefill, or colocated)
-    relay: str | None               # relay operator (decodes first), when the path has one
-    finisher: str                   # operator that decodes to the end
-    kv_to_finisher: ChannelPlan | None   # None when entry == finisher (colocated)
+    entry: str  # operator that takes the request (prefill, or colocated)
+    relay: str | None  # relay operator (decodes first), when the path has one
+    finisher: str  # operator that decodes to the end
+    kv_to_finisher: ChannelPlan | None  # None when entry == finisher (colocated)
     kv_to_relay: ChannelPlan | None
-    handoff: ChannelPlan | None     # token-ID channel relay -> finisher
+    handoff: ChannelPlan | None  # token-ID channel relay -> finisher
 
     @property
     def name(self) -> str:
@@ -65,11 +65,18 @@ class Topology:
         relay = relays[0] if relays else None
         handoff = None
         if relay is not None and relay != last:
-            handoff = next((c for c in self.plan.channels_between(relay, last) if c.payload == _IDS), None)
-        return PathInfo(v, entry, relay, last,
-                        self._kv(entry, last) if last != entry else None,
-                        self._kv(entry, relay) if relay is not None else None,
-                        handoff)
+            handoff = next(
+                (c for c in self.plan.channels_between(relay, last) if c.payload == _IDS), None
+            )
+        return PathInfo(
+            v,
+            entry,
+            relay,
+            last,
+            self._kv(entry, last) if last != entry else None,
+            self._kv(entry, relay) if relay is not None else None,
+            handoff,
+        )
 
     @cached_property
     def cached_operators(self) -> tuple[str, ...]:

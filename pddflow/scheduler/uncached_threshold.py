@@ -22,8 +22,20 @@ class UncachedThresholdPolicy(Policy):
         if uncached > limit and len(paths) > 1:
             second = paths[1]
             if second.finisher == first.finisher:
-                return self.build(second, req, state, finisher_instance=inst, hit_blocks=hit,
-                                  reason=f"{uncached} uncached > {limit}")
+                return self.build(
+                    second,
+                    req,
+                    state,
+                    finisher_instance=inst,
+                    hit_blocks=hit,
+                    reason=f"{uncached} uncached > {limit}",
+                )
             return self.build(second, req, state, reason=f"{uncached} uncached > {limit}")
-        return self.build(first, req, state, finisher_instance=inst, hit_blocks=hit,
-                          reason=f"{uncached} uncached <= {limit}" if len(paths) > 1 else "single variant")
+        return self.build(
+            first,
+            req,
+            state,
+            finisher_instance=inst,
+            hit_blocks=hit,
+            reason=f"{uncached} uncached <= {limit}" if len(paths) > 1 else "single variant",
+        )

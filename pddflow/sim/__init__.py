@@ -13,4 +13,13 @@ from pddflow.sim.simulator import Simulation
 from pddflow.sim.trace import TraceError, load_trace
 from pddflow.sim.workload import SimRequest, Workload
 
-__all__ = ["AgenticConfig", "SimRequest", "Simulation", "TraceError", "Workload", "generate", "load_trace", "summarize"]
+__all__ = [
+    "AgenticConfig",
+    "SimRequest",
+    "Simulation",
+    "TraceError",
+    "Workload",
+    "generate",
+    "load_trace",
+    "summarize",
+]

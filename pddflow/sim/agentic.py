@@ -33,20 +33,20 @@ from pddflow.sim.workload import SimRequest, Workload
 @dataclass(frozen=True)
 class AgenticConfig:
     requests: int = 4000
-    rps: float = 8.0                    # mean request arrival rate
-    hit_rate: float = 0.9               # target mean per-request prefix hit (unbounded cache)
+    rps: float = 8.0  # mean request arrival rate
+    hit_rate: float = 0.9  # target mean per-request prefix hit (unbounded cache)
     warm_hit: float = 0.97
-    turns_mean: float = 12.0            # tool-call rounds per session (geometric)
-    think_s: float = 20.0               # mean gap between a session's turns (exponential)
-    first_prompt_tokens: int = 16000    # median first-turn context (lognormal)
+    turns_mean: float = 12.0  # tool-call rounds per session (geometric)
+    think_s: float = 20.0  # mean gap between a session's turns (exponential)
+    first_prompt_tokens: int = 16000  # median first-turn context (lognormal)
     prompt_sigma: float = 0.6
-    output_tokens: int = 400            # median output (lognormal)
+    output_tokens: int = 400  # median output (lognormal)
     output_sigma: float = 0.8
     max_output_tokens: int = 4096
-    system_prompt_tokens: int = 2048    # shared by every session
-    max_context: int = 65536            # a session compacts (a cold turn) rather than exceed this
+    system_prompt_tokens: int = 2048  # shared by every session
+    max_context: int = 65536  # a session compacts (a cold turn) rather than exceed this
     block_tokens: int = 512
-    closed_loop: bool = True            # a turn arrives think time after the previous turn finishes
+    closed_loop: bool = True  # a turn arrives think time after the previous turn finishes
     seed: int = 0
 
 
@@ -81,8 +81,10 @@ def _generate(cfg: AgenticConfig, aim: float) -> Workload:
         return ids
 
     def cold_context() -> tuple[int, list[int]]:
-        body = min(cfg.max_context - sys_blocks * bt,
-                   max(bt, int(rng.lognormvariate(math.log(cfg.first_prompt_tokens), cfg.prompt_sigma))))
+        body = min(
+            cfg.max_context - sys_blocks * bt,
+            max(bt, int(rng.lognormvariate(math.log(cfg.first_prompt_tokens), cfg.prompt_sigma))),
+        )
         tokens = sys_blocks * bt + body
         return tokens, list(range(sys_blocks)) + fresh(-(-tokens // bt) - sys_blocks)
 
@@ -110,9 +112,9 @@ def _generate(cfg: AgenticConfig, aim: float) -> Workload:
         ctx_tokens, ctx_hashes = 0, []
         first = True
         prev, gap = -1, 0.0
-        if prestarted:                    # a session under way: its history is already cached
+        if prestarted:  # a session under way: its history is already cached
             ctx_tokens, ctx_hashes = cold_context()
-            warm.append(tuple(ctx_hashes[:ctx_tokens // bt]))
+            warm.append(tuple(ctx_hashes[: ctx_tokens // bt]))
             first = False
         while True:
             cold = first or rng.random() < cold_share
@@ -127,7 +129,10 @@ def _generate(cfg: AgenticConfig, aim: float) -> Workload:
                     ctx_tokens = new_len
             if cold:
                 ctx_tokens, ctx_hashes = cold_context()
-            out = min(cfg.max_output_tokens, max(1, int(rng.lognormvariate(math.log(cfg.output_tokens), cfg.output_sigma))))
+            out = min(
+                cfg.max_output_tokens,
+                max(1, int(rng.lognormvariate(math.log(cfg.output_tokens), cfg.output_sigma))),
+            )
             events.append((ts, ctx_tokens, out, list(ctx_hashes), prev, gap))
             prev = len(events) - 1
             first = False
@@ -135,17 +140,33 @@ def _generate(cfg: AgenticConfig, aim: float) -> Workload:
                 break
             gap = rng.expovariate(1.0 / cfg.think_s)
             ts += gap
-    order = sorted(range(len(events)), key=lambda i: events[i][0])[:cfg.requests]
-    new_id = {old: new for new, old in enumerate(order)}   # a turn sorts after its parent, so parents are kept
+    order = sorted(range(len(events)), key=lambda i: events[i][0])[: cfg.requests]
+    new_id = {
+        old: new for new, old in enumerate(order)
+    }  # a turn sorts after its parent, so parents are kept
     t0 = events[order[0]][0] if order else 0.0
     reqs = []
     for i in order:
         ts, tokens, out, hashes, prev, gap = events[i]
         parent = new_id[prev] if (cfg.closed_loop and prev >= 0) else -1
-        reqs.append(SimRequest(new_id[i], ts - t0, tokens, out, tuple(hashes), parent, gap if parent >= 0 else 0.0))
-    return Workload(f"agentic(hit={cfg.hit_rate:g}, rps={cfg.rps:g})", reqs, bt,
-                    {"generator": "agentic", **asdict(cfg), "warm_hit_used": round(warm_hit, 4),
-                     "cold_share": round(cold_share, 4), "turns_mean_used": round(turns, 2)}, warm)
+        reqs.append(
+            SimRequest(
+                new_id[i], ts - t0, tokens, out, tuple(hashes), parent, gap if parent >= 0 else 0.0
+            )
+        )
+    return Workload(
+        f"agentic(hit={cfg.hit_rate:g}, rps={cfg.rps:g})",
+        reqs,
+        bt,
+        {
+            "generator": "agentic",
+            **asdict(cfg),
+            "warm_hit_used": round(warm_hit, 4),
+            "cold_share": round(cold_share, 4),
+            "turns_mean_used": round(turns, 2),
+        },
+        warm,
+    )
 
 
 WARM_HIT_MAX = 0.99
@@ -156,8 +177,12 @@ def _mixture(cfg: AgenticConfig, aim: float) -> tuple[float, float, float]:
     `aim`. A session's first turn is cold (only the system prompt is shared); when even all-warm
     later turns cannot reach the aim, sessions get longer."""
     m = min(max(aim, 0.0), 0.999)
-    h_cold = min(0.5, (cfg.system_prompt_tokens // cfg.block_tokens) * cfg.block_tokens
-                 / max(cfg.first_prompt_tokens, 1))
+    h_cold = min(
+        0.5,
+        (cfg.system_prompt_tokens // cfg.block_tokens)
+        * cfg.block_tokens
+        / max(cfg.first_prompt_tokens, 1),
+    )
     turns = max(cfg.turns_mean, 1.0)
     if m > h_cold:
         # f_first*h_cold + (1-f_first)*WARM_HIT_MAX >= m  <=>  f_first <= (WARM_HIT_MAX-m)/(WARM_HIT_MAX-h_cold)

@@ -36,7 +36,7 @@ from pddflow.sim.device import DeviceModel, Efficiency
 from pddflow.sim.simulator import QUEUED_S
 
 UNIT = Efficiency(prefill_mfu=1.0, decode_mbu=1.0, step_overhead_s=0.0)
-MIN_SERVE_PREFILLS = 5   # fewer prefills in a bench serve file: its host factor is not used
+MIN_SERVE_PREFILLS = 5  # fewer prefills in a bench serve file: its host factor is not used
 
 
 class CalibrationError(ValueError):
@@ -53,14 +53,24 @@ class BenchFacts:
     decode_context: int
     arch: str | None
     devices: int
-    prefill_points: tuple[tuple[int, float], ...] = ()   # (prompt tokens, tokens/s) for every measured size
-    decode_points: tuple[tuple[int, float], ...] = ()    # (batch, tokens/s)
-    threads: int = 1                                      # CPU threads the benchmark ran with (`threads`)
-    extend: tuple[int, int, float] | None = None          # (tokens, context, seconds) of one extend step
-    decode_long: tuple[int, int, float] | None = None     # (batch, context, seconds) of one long-context decode step
-    extend_long: tuple[int, int, float] | None = None     # (tokens, context, seconds): new tokens over a long cached context
-    corun: tuple[float, float] | None = None              # (prefill, decode) slowdown while another core decodes
-    prefill_grid: tuple[tuple[int, int, float], ...] = ()  # (new tokens, cached tokens, seconds) of prompts over a cached prefix
+    prefill_points: tuple[
+        tuple[int, float], ...
+    ] = ()  # (prompt tokens, tokens/s) for every measured size
+    decode_points: tuple[tuple[int, float], ...] = ()  # (batch, tokens/s)
+    threads: int = 1  # CPU threads the benchmark ran with (`threads`)
+    extend: tuple[int, int, float] | None = None  # (tokens, context, seconds) of one extend step
+    decode_long: tuple[int, int, float] | None = (
+        None  # (batch, context, seconds) of one long-context decode step
+    )
+    extend_long: tuple[int, int, float] | None = (
+        None  # (tokens, context, seconds): new tokens over a long cached context
+    )
+    corun: tuple[float, float] | None = (
+        None  # (prefill, decode) slowdown while another core decodes
+    )
+    prefill_grid: tuple[
+        tuple[int, int, float], ...
+    ] = ()  # (new tokens, cached tokens, seconds) of prompts over a cached prefix
 
 
 @dataclass(frozen=True)
@@ -68,8 +78,9 @@ class ServeFacts:
     """What `pddflow bench serve --json --per-request` measured of one graph's embedded deployment:
     the serving path's CPU besides the workers (frontend process and client) per streamed token,
     and every prefill's CPU time with its prompt and cached tokens."""
+
     source: str
-    cpu_per_token_s: float | None                     # frontend + client CPU seconds per output token
+    cpu_per_token_s: float | None  # frontend + client CPU seconds per output token
     prefills: tuple[tuple[int, int, float], ...] = ()  # (prompt tokens, cached tokens, CPU seconds)
     # seconds from a prefill's end to its KV delivered to a same-host decoder (export, then the
     # rdma_tensor send to the relay): the KV copy and both processes' threads on busy cores
@@ -112,7 +123,7 @@ def _wall_over_cpu(rows: tuple[tuple[str, float, float], ...]) -> dict[str, floa
     return {i: w / c for i, (w, c) in acc.items() if c > 0 and w > 0}
 
 
-SIZE_TREND_SPAN = 8          # new-token sizes spanning less than this factor: no size trend
+SIZE_TREND_SPAN = 8  # new-token sizes spanning less than this factor: no size trend
 SIZE_TREND_BOUNDS = (-0.3, 0.3)
 
 
@@ -144,9 +155,13 @@ class Calibration:
     arch: ModelArch
     efficiency: Efficiency = UNIT
     serve: ServeFacts | None = None
-    prefill_host_factor: float = 1.0       # deployment prefill CPU / the engine benchmark's (from `serve`)
+    prefill_host_factor: float = (
+        1.0  # deployment prefill CPU / the engine benchmark's (from `serve`)
+    )
     prefill_spread: tuple[float, ...] = ()  # each measured prefill over the scaled model (median 1)
-    decode_host_factor: float = 1.0        # deployment decode-step CPU / the engine benchmark's (from `serve`)
+    decode_host_factor: float = (
+        1.0  # deployment decode-step CPU / the engine benchmark's (from `serve`)
+    )
     # (exponent, reference new tokens): a deployment prefill of n new tokens costs (n / ref) **
     # exponent times the scaled model besides its drawn spread (`_size_trend`)
     prefill_size_trend: tuple[float, float] = (0.0, 1.0)
@@ -190,16 +205,18 @@ class Calibration:
         mine = serve.get(graph_key(graph))
         if mine is None:
             tokens = [f.cpu_per_token_s for f in serve.values() if f.cpu_per_token_s is not None]
-            mine = ServeFacts(" + ".join(f.source for f in serve.values()),
-                              statistics.median(tokens) if tokens else None,
-                              tuple(p for f in serve.values() for p in f.prefills),
-                              tuple(sorted(h for f in serve.values() for h in f.handovers)),
-                              tuple(d for f in serve.values() for d in f.decode),
-                              tuple(sorted(x for f in serve.values() for x in f.shipping)),
-                              tuple(d for f in serve.values() for d in f.decode_wall),
-                              tuple(sorted(h for f in serve.values() for h in f.handovers_queued)),
-                              tuple(p for f in serve.values() for p in f.prefill_wall),
-                              tuple(sorted(x for f in serve.values() for x in f.serving_latency)))
+            mine = ServeFacts(
+                " + ".join(f.source for f in serve.values()),
+                statistics.median(tokens) if tokens else None,
+                tuple(p for f in serve.values() for p in f.prefills),
+                tuple(sorted(h for f in serve.values() for h in f.handovers)),
+                tuple(d for f in serve.values() for d in f.decode),
+                tuple(sorted(x for f in serve.values() for x in f.shipping)),
+                tuple(d for f in serve.values() for d in f.decode_wall),
+                tuple(sorted(h for f in serve.values() for h in f.handovers_queued)),
+                tuple(p for f in serve.values() for p in f.prefill_wall),
+                tuple(sorted(x for f in serve.values() for x in f.serving_latency)),
+            )
         return self.with_serve(mine)
 
     def with_serve(self, serve: ServeFacts) -> Calibration:
@@ -214,79 +231,153 @@ class Calibration:
         m = DeviceModel(self.device, self.facts.devices, self.arch, self.efficiency)
         shapes = [(p - c, cpu / m.prefill_s(p - c, c)) for p, c, cpu in serve.prefills if p > c]
         enough = len(shapes) >= MIN_SERVE_PREFILLS
-        exponent, ref = _size_trend(shapes)   # (none from fewer than MIN_SERVE_PREFILLS)
-        ratios = [r / (n / ref) ** exponent for n, r in shapes]   # the size trend taken out
+        exponent, ref = _size_trend(shapes)  # (none from fewer than MIN_SERVE_PREFILLS)
+        ratios = [r / (n / ref) ** exponent for n, r in shapes]  # the size trend taken out
         f = statistics.median(ratios) if enough else 1.0
         spread = tuple(sorted(round(r / f, 4) for r in ratios)) if enough else ()
         # decode steps, memory-bound on these engines: weights + the context's KV at the fitted
         # bandwidth, plus the per-sequence cost; their CPU in the deployment over that
-        model_s = sum(n * (m.wt / m.bytes_s + m.ovh) + ctx * m.kvb / m.bytes_s + seqs * m.seq_ovh
-                      for n, _, seqs, ctx in serve.decode)
+        model_s = sum(
+            n * (m.wt / m.bytes_s + m.ovh) + ctx * m.kvb / m.bytes_s + seqs * m.seq_ovh
+            for n, _, seqs, ctx in serve.decode
+        )
         fd = sum(cpu for _, cpu, _, _ in serve.decode) / model_s if model_s > 0 else 1.0
         eff = self.efficiency
-        eff = replace(eff, job_overhead_s=eff.job_overhead_s * f, seq_overhead_s=eff.seq_overhead_s * fd,
-                      extend_overhead_s=None if eff.extend_overhead_s is None else eff.extend_overhead_s * f)
-        device = replace(self.device, tflops=self.device.tflops / f, hbm_tbps=self.device.hbm_tbps / fd)
-        return replace(self, device=device, efficiency=eff, serve=serve, prefill_host_factor=f,
-                       prefill_spread=spread, decode_host_factor=fd, prefill_size_trend=(exponent, ref))
+        eff = replace(
+            eff,
+            job_overhead_s=eff.job_overhead_s * f,
+            seq_overhead_s=eff.seq_overhead_s * fd,
+            extend_overhead_s=None if eff.extend_overhead_s is None else eff.extend_overhead_s * f,
+        )
+        device = replace(
+            self.device, tflops=self.device.tflops / f, hbm_tbps=self.device.hbm_tbps / fd
+        )
+        return replace(
+            self,
+            device=device,
+            efficiency=eff,
+            serve=serve,
+            prefill_host_factor=f,
+            prefill_spread=spread,
+            decode_host_factor=fd,
+            prefill_size_trend=(exponent, ref),
+        )
 
     def to_dict(self) -> dict:
         d, f = self.device, self.facts
         m = DeviceModel(d, f.devices, self.arch, self.efficiency)
-        return {"source": f.source, "arch": self.arch.name,
-                "prefill_tokens_per_s": f.prefill_tokens_per_s, "decode_tokens_per_s": f.decode_tokens_per_s,
-                "achieved_tflops": round(d.tflops * f.devices, 6),
-                "achieved_hbm_tbps": round(d.hbm_tbps * f.devices, 6),
-                "step_overhead_ms": round(self.efficiency.step_overhead_s * 1e3, 3),
-                "seq_overhead_ms": round(self.efficiency.seq_overhead_s * 1e3, 3),
-                "prefill_overhead_ms": round(self.efficiency.job_overhead_s * 1e3, 3),
-                "extend_overhead_ms": None if self.efficiency.extend_overhead_s is None
-                else round(self.efficiency.extend_overhead_s * 1e3, 3),
-                # every measured point against the fitted model: how well two numbers explain them
-                "prefill_check": {str(n): {"measured": v, "model": round(m.prefill_tokens_per_s(n), 1)}
-                                  for n, v in f.prefill_points},
-                "prefill_grid_check": [{"tokens": n, "cached": c, "measured_ms": round(t * 1e3, 2),
-                                        "model_ms": round(m.prefill_s(n, c) * 1e3, 2)} for n, c, t in f.prefill_grid],
-                "attn_factor": round(self.efficiency.attn_factor, 3),
-                "extend_long_check": None if f.extend_long is None else {
-                    "tokens": f.extend_long[0], "context": f.extend_long[1],
-                    "measured_ms": round(f.extend_long[2] * 1e3, 2),
-                    "model_ms": round(m.extend_s(f.extend_long[0], f.extend_long[1]) * 1e3, 2)},
-                "kv_read_factor": round(self.efficiency.kv_read_factor, 3),
-                "deployment": None if self.serve is None else {
-                    "source": self.serve.source, "prefills": len(self.serve.prefills),
-                    "prefill_host_factor": round(self.prefill_host_factor, 4),
-                    "decode_host_factor": round(self.decode_host_factor, 4),
-                    "decode_steps": sum(d[0] for d in self.serve.decode),
-                    "prefill_size_trend": {"exponent": round(self.prefill_size_trend[0], 4),
-                                           "ref_new_tokens": round(self.prefill_size_trend[1], 1)},
-                    "prefill_spread": {q: round(percentile(list(self.prefill_spread), q * 100), 3) for q in (0.1, 0.5, 0.9)}
-                    if self.prefill_spread else None,
-                    "relay_handover_ms": {q: round(percentile(list(self.serve.handovers), q * 100) * 1e3, 1)
-                                          for q in (0.1, 0.5, 0.9)}
-                    if self.serve.handovers else None,
-                    "relay_handover_queued_ms": {q: round(percentile(list(self.serve.handovers_queued), q * 100) * 1e3, 1)
-                                                 for q in (0.1, 0.5, 0.9)}
-                    if self.serve.handovers_queued else None,
-                    "prefill_shipping_ms_per_mb": {q: round(percentile(list(self.serve.shipping), q * 100) * 1e9, 3)
-                                                   for q in (0.1, 0.5, 0.9)}
-                    if self.serve.shipping else None,
-                    "decode_wall_over_cpu": {i: round(r, 4) for i, r in sorted(self.decode_wall_ratios.items())}
-                    or None,
-                    "prefill_wall_over_cpu": {i: round(r, 4) for i, r in sorted(self.prefill_wall_ratios.items())}
-                    or None,
-                    "serving_latency_ms": {q: round(percentile(list(self.serve.serving_latency), q * 100) * 1e3, 2)
-                                           for q in (0.1, 0.5, 0.9)}
-                    if self.serve.serving_latency else None,
-                    "serving_cpu_ms_per_token": None if self.serve.cpu_per_token_s is None
-                    else round(self.serve.cpu_per_token_s * 1e3, 4)},
-                "corun": None if f.corun is None else {"prefill_factor": f.corun[0], "decode_factor": f.corun[1]},
-                "decode_check": {str(b): {"measured": v, "model": round(m.decode_tokens_per_s(b, f.decode_context), 1)}
-                                 for b, v in f.decode_points},
-                "decode_long_check": None if f.decode_long is None else {
-                    "batch": f.decode_long[0], "context": f.decode_long[1],
-                    "measured_step_ms": round(f.decode_long[2] * 1e3, 2),
-                    "model_step_ms": round(m.decode_step_s(f.decode_long[0], f.decode_long[0] * f.decode_long[1]) * 1e3, 2)}}
+        return {
+            "source": f.source,
+            "arch": self.arch.name,
+            "prefill_tokens_per_s": f.prefill_tokens_per_s,
+            "decode_tokens_per_s": f.decode_tokens_per_s,
+            "achieved_tflops": round(d.tflops * f.devices, 6),
+            "achieved_hbm_tbps": round(d.hbm_tbps * f.devices, 6),
+            "step_overhead_ms": round(self.efficiency.step_overhead_s * 1e3, 3),
+            "seq_overhead_ms": round(self.efficiency.seq_overhead_s * 1e3, 3),
+            "prefill_overhead_ms": round(self.efficiency.job_overhead_s * 1e3, 3),
+            "extend_overhead_ms": None
+            if self.efficiency.extend_overhead_s is None
+            else round(self.efficiency.extend_overhead_s * 1e3, 3),
+            # every measured point against the fitted model: how well two numbers explain them
+            "prefill_check": {
+                str(n): {"measured": v, "model": round(m.prefill_tokens_per_s(n), 1)}
+                for n, v in f.prefill_points
+            },
+            "prefill_grid_check": [
+                {
+                    "tokens": n,
+                    "cached": c,
+                    "measured_ms": round(t * 1e3, 2),
+                    "model_ms": round(m.prefill_s(n, c) * 1e3, 2),
+                }
+                for n, c, t in f.prefill_grid
+            ],
+            "attn_factor": round(self.efficiency.attn_factor, 3),
+            "extend_long_check": None
+            if f.extend_long is None
+            else {
+                "tokens": f.extend_long[0],
+                "context": f.extend_long[1],
+                "measured_ms": round(f.extend_long[2] * 1e3, 2),
+                "model_ms": round(m.extend_s(f.extend_long[0], f.extend_long[1]) * 1e3, 2),
+            },
+            "kv_read_factor": round(self.efficiency.kv_read_factor, 3),
+            "deployment": None
+            if self.serve is None
+            else {
+                "source": self.serve.source,
+                "prefills": len(self.serve.prefills),
+                "prefill_host_factor": round(self.prefill_host_factor, 4),
+                "decode_host_factor": round(self.decode_host_factor, 4),
+                "decode_steps": sum(d[0] for d in self.serve.decode),
+                "prefill_size_trend": {
+                    "exponent": round(self.prefill_size_trend[0], 4),
+                    "ref_new_tokens": round(self.prefill_size_trend[1], 1),
+                },
+                "prefill_spread": {
+                    q: round(percentile(list(self.prefill_spread), q * 100), 3)
+                    for q in (0.1, 0.5, 0.9)
+                }
+                if self.prefill_spread
+                else None,
+                "relay_handover_ms": {
+                    q: round(percentile(list(self.serve.handovers), q * 100) * 1e3, 1)
+                    for q in (0.1, 0.5, 0.9)
+                }
+                if self.serve.handovers
+                else None,
+                "relay_handover_queued_ms": {
+                    q: round(percentile(list(self.serve.handovers_queued), q * 100) * 1e3, 1)
+                    for q in (0.1, 0.5, 0.9)
+                }
+                if self.serve.handovers_queued
+                else None,
+                "prefill_shipping_ms_per_mb": {
+                    q: round(percentile(list(self.serve.shipping), q * 100) * 1e9, 3)
+                    for q in (0.1, 0.5, 0.9)
+                }
+                if self.serve.shipping
+                else None,
+                "decode_wall_over_cpu": {
+                    i: round(r, 4) for i, r in sorted(self.decode_wall_ratios.items())
+                }
+                or None,
+                "prefill_wall_over_cpu": {
+                    i: round(r, 4) for i, r in sorted(self.prefill_wall_ratios.items())
+                }
+                or None,
+                "serving_latency_ms": {
+                    q: round(percentile(list(self.serve.serving_latency), q * 100) * 1e3, 2)
+                    for q in (0.1, 0.5, 0.9)
+                }
+                if self.serve.serving_latency
+                else None,
+                "serving_cpu_ms_per_token": None
+                if self.serve.cpu_per_token_s is None
+                else round(self.serve.cpu_per_token_s * 1e3, 4),
+            },
+            "corun": None
+            if f.corun is None
+            else {"prefill_factor": f.corun[0], "decode_factor": f.corun[1]},
+            "decode_check": {
+                str(b): {
+                    "measured": v,
+                    "model": round(m.decode_tokens_per_s(b, f.decode_context), 1),
+                }
+                for b, v in f.decode_points
+            },
+            "decode_long_check": None
+            if f.decode_long is None
+            else {
+                "batch": f.decode_long[0],
+                "context": f.decode_long[1],
+                "measured_step_ms": round(f.decode_long[2] * 1e3, 2),
+                "model_step_ms": round(
+                    m.decode_step_s(f.decode_long[0], f.decode_long[0] * f.decode_long[1]) * 1e3, 2
+                ),
+            },
+        }
 
 
 def _walk(obj: Any, path: tuple[str, ...] = ()):
@@ -323,27 +414,60 @@ def _engine_bench_layout(data: Any, path: Path) -> BenchFacts | None:
     pre, dec = data.get("prefill"), data.get("decode")
     if not isinstance(pre, dict) or not isinstance(dec, dict):
         return None
-    p_pts = sorted((int(k), float(v["engine_tok_s"])) for k, v in pre.items()
-                   if k.isdigit() and isinstance(v, dict) and isinstance(v.get("engine_tok_s"), (int, float)))
-    d_pts = sorted((int(k), float(v["engine_tok_s"])) for k, v in dec.items()
-                   if k.isdigit() and isinstance(v, dict) and isinstance(v.get("engine_tok_s"), (int, float)))
+    p_pts = sorted(
+        (int(k), float(v["engine_tok_s"]))
+        for k, v in pre.items()
+        if k.isdigit() and isinstance(v, dict) and isinstance(v.get("engine_tok_s"), (int, float))
+    )
+    d_pts = sorted(
+        (int(k), float(v["engine_tok_s"]))
+        for k, v in dec.items()
+        if k.isdigit() and isinstance(v, dict) and isinstance(v.get("engine_tok_s"), (int, float))
+    )
     if not p_pts or not d_pts:
         return None
     model = data.get("model")
-    arch = "tiny-llama" if isinstance(model, str) and model.startswith("builtin:") else data.get("arch")
+    arch = (
+        "tiny-llama"
+        if isinstance(model, str) and model.startswith("builtin:")
+        else data.get("arch")
+    )
     ctx = dec.get("context", p_pts[-1][0])
     threads = data.get("threads")
-    threads = int(threads) if isinstance(threads, int) and not isinstance(threads, bool) and threads > 0 else 1
+    threads = (
+        int(threads)
+        if isinstance(threads, int) and not isinstance(threads, bool) and threads > 0
+        else 1
+    )
     extend = _entry(data, "extend", ("tokens", "context", "extend_ms"), positive=False)
     long_pt = _entry(data, "decode_long", ("batch", "context", "engine_step_ms"))
     ext_long = _entry(data, "extend_long", ("tokens", "context", "extend_ms"))
     corun = _entry(data, "corun", ("prefill_factor", "decode_factor"))
     raw = data["prefill_grid"].get("points") if isinstance(data.get("prefill_grid"), dict) else None
-    grid = (_fields(g, ("tokens", "cached", "prefill_ms")) for g in raw) if isinstance(raw, list) else ()
+    grid = (
+        (_fields(g, ("tokens", "cached", "prefill_ms")) for g in raw)
+        if isinstance(raw, list)
+        else ()
+    )
     grid_pts = tuple(sorted(g for g in grid if g is not None and g[0] > 0 and g[2] > 0))
-    return BenchFacts(str(path), p_pts[-1][1], d_pts[0][1], p_pts[-1][0], d_pts[0][0], int(ctx),
-                      arch if isinstance(arch, str) else None, 1, tuple(p_pts), tuple(d_pts), threads, extend,
-                      long_pt, ext_long, corun, grid_pts)
+    return BenchFacts(
+        str(path),
+        p_pts[-1][1],
+        d_pts[0][1],
+        p_pts[-1][0],
+        d_pts[0][0],
+        int(ctx),
+        arch if isinstance(arch, str) else None,
+        1,
+        tuple(p_pts),
+        tuple(d_pts),
+        threads,
+        extend,
+        long_pt,
+        ext_long,
+        corun,
+        grid_pts,
+    )
 
 
 def _entry(data: dict, key: str, fields: tuple[str, ...], positive: bool = True) -> tuple | None:
@@ -354,11 +478,18 @@ def _entry(data: dict, key: str, fields: tuple[str, ...], positive: bool = True)
 def _fields(d: Any, fields: tuple[str, ...], positive: bool = False) -> tuple | None:
     """`d`'s `fields` as a tuple: sizes (`tokens`, `context`, `batch`, `cached`) as ints, times in
     `_ms` as seconds, the rest as floats; None unless every field is a number (and > 0 if `positive`)."""
-    if not isinstance(d, dict) or not all(isinstance(d.get(k), (int, float)) and (d[k] > 0 or not positive)
-                                          for k in fields):
+    if not isinstance(d, dict) or not all(
+        isinstance(d.get(k), (int, float)) and (d[k] > 0 or not positive) for k in fields
+    ):
         return None
-    return tuple(int(d[k]) if k in ("tokens", "context", "batch", "cached") else
-                 float(d[k]) / 1e3 if k.endswith("_ms") else float(d[k]) for k in fields)
+    return tuple(
+        int(d[k])
+        if k in ("tokens", "context", "batch", "cached")
+        else float(d[k]) / 1e3
+        if k.endswith("_ms")
+        else float(d[k])
+        for k in fields
+    )
 
 
 def load_bench(path: str | Path) -> BenchFacts:
@@ -368,7 +499,9 @@ def load_bench(path: str | Path) -> BenchFacts:
     except OSError as exc:
         raise CalibrationError(f"{path}: cannot read: {exc.strerror or exc}") from None
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise CalibrationError(f"{path}: not JSON ({exc}); pass the output of `pddflow bench engine --json`") from None
+        raise CalibrationError(
+            f"{path}: not JSON ({exc}); pass the output of `pddflow bench engine --json`"
+        ) from None
     facts = _engine_bench_layout(data, path)
     if facts is not None:
         return facts
@@ -380,16 +513,23 @@ def load_bench(path: str | Path) -> BenchFacts:
         raise CalibrationError(
             f"{path}: no {' or '.join(missing)} throughput found; expected numbers under keys like "
             f"`prefill.tokens_per_s` and `decode.tokens_per_s` (or `prefill_tokens_per_s`), as "
-            f"`pddflow bench engine --json` writes")
+            f"`pddflow bench engine --json` writes"
+        )
     for name, v in (("prefill", pre), ("decode", dec)):
         if not (v > 0 and math.isfinite(v)):
-            raise CalibrationError(f"{path}: {name} throughput must be a positive number, got {v!r}")
+            raise CalibrationError(
+                f"{path}: {name} throughput must be a positive number, got {v!r}"
+            )
     prompt = _find(flat, "prefill", ("prompt", "input", "seq_len", "tokens_in")) or 512
     batch = _find(flat, "decode", ("batch",)) or 1
     ctx = _find(flat, "decode", ("context", "ctx", "prompt")) or prompt
-    arch = next((v for p, v in flat if p and p[-1] in ("arch", "model_arch") and isinstance(v, str)), None)
+    arch = next(
+        (v for p, v in flat if p and p[-1] in ("arch", "model_arch") and isinstance(v, str)), None
+    )
     devices = _find(flat, "", ("devices",)) or 1
-    return BenchFacts(str(path), pre, dec, int(prompt), max(1, int(batch)), int(ctx), arch, max(1, int(devices)))
+    return BenchFacts(
+        str(path), pre, dec, int(prompt), max(1, int(batch)), int(ctx), arch, max(1, int(devices))
+    )
 
 
 def is_serve_report(path: str | Path) -> bool:
@@ -425,8 +565,10 @@ def load_serve(paths: list[Path]) -> dict[str, ServeFacts]:
             for inst, d in steps.items() if isinstance(steps, dict) else ():
                 got = _fields(d, ("steps", "cpu_s", "seqs", "context_tokens"))
                 if got is not None:
-                    decode.setdefault(key, []).append((int(got[0]), got[1], int(got[2]), int(got[3])))
-                    wall = _fields(d, ("wall_s",))   # (older reports have none)
+                    decode.setdefault(key, []).append(
+                        (int(got[0]), got[1], int(got[2]), int(got[3]))
+                    )
+                    wall = _fields(d, ("wall_s",))  # (older reports have none)
                     if wall is not None:
                         decode_wall.setdefault(key, []).append((str(inst), wall[0], got[1]))
             host = g.get("host_cpu")
@@ -436,7 +578,7 @@ def load_serve(paths: list[Path]) -> dict[str, ServeFacts]:
             for r in rows if isinstance(rows, list) else ():
                 if not isinstance(r, dict) or not isinstance(r.get("prompt_tokens"), int):
                     continue
-                first = {}   # each event's first occurrence, by name
+                first = {}  # each event's first occurrence, by name
                 for e in r.get("events") or ():
                     if isinstance(e, dict):
                         first.setdefault(str(e.get("event", "")), e)
@@ -449,35 +591,61 @@ def load_serve(paths: list[Path]) -> dict[str, ServeFacts]:
                         prefill_wall.setdefault(key, []).append((send["instance"], wall[0], got[0]))
                 dispatch = _fields(send, ("t_ms", "export_ms", "prefill_ms", "queued_ms"))
                 first_token = _fields(first.get("first_token"), ("t_ms",))
-                if dispatch is not None and first_token is not None and isinstance(r.get("ttft_s"), (int, float)):
+                if (
+                    dispatch is not None
+                    and first_token is not None
+                    and isinstance(r.get("ttft_s"), (int, float))
+                ):
                     sent_at, export, prefill, waited = dispatch
-                    latency.setdefault(key, []).append(max(0.0, sent_at - export - prefill - waited)
-                                                       + max(0.0, r["ttft_s"] - first_token[0]))
-                sends = [t for name, e in first.items() if name.startswith("kv_send")
-                         if (t := _fields(e, ("t_ms", "export_ms", "bytes"))) is not None]
-                if sends and sum(b for _, _, b in sends) > 0:   # the prefill ended one export before its first send
+                    latency.setdefault(key, []).append(
+                        max(0.0, sent_at - export - prefill - waited)
+                        + max(0.0, r["ttft_s"] - first_token[0])
+                    )
+                sends = [
+                    t
+                    for name, e in first.items()
+                    if name.startswith("kv_send")
+                    if (t := _fields(e, ("t_ms", "export_ms", "bytes"))) is not None
+                ]
+                if (
+                    sends and sum(b for _, _, b in sends) > 0
+                ):  # the prefill ended one export before its first send
                     t0, export0, _ = min(sends)
-                    shipping.setdefault(key, []).append((max(t for t, _, _ in sends) - (t0 - export0))
-                                                        / sum(b for _, _, b in sends))
-                for name, e in first.items():   # the relay's copy: export, send, the receiver's ack
+                    shipping.setdefault(key, []).append(
+                        (max(t for t, _, _ in sends) - (t0 - export0)) / sum(b for _, _, b in sends)
+                    )
+                for name, e in first.items():  # the relay's copy: export, send, the receiver's ack
                     if not name.startswith("kv_send:rdma_tensor:"):
                         continue
                     sent = _fields(first.get(name.replace("kv_send:", "kv_sent:", 1)), ("t_ms",))
                     start = _fields(e, ("t_ms", "export_ms"))
                     if sent is not None and start is not None:
                         handovers.setdefault(key, []).append(sent[0] - start[0] + start[1])
-                        pre = _fields(e, ("prefill_ms",))   # the prefill began its own time before it ended
+                        pre = _fields(
+                            e, ("prefill_ms",)
+                        )  # the prefill began its own time before it ended
                         if pre is not None and start[0] - start[1] - pre[0] >= QUEUED_S:
                             queued.setdefault(key, []).append(sent[0] - start[0] + start[1])
     if not per_token and not prefills:
-        raise CalibrationError(f"{', '.join(map(str, paths))}: no `host_cpu` and no per-request prefill times; "
-                               f"pass `pddflow bench serve --json --per-request` output of this version")
-    return {k: ServeFacts(" + ".join(sorted(set(src))), statistics.median(per_token[k]) if k in per_token else None,
-                          tuple(prefills.get(k, ())), tuple(sorted(handovers.get(k, ()))), tuple(decode.get(k, ())),
-                          tuple(sorted(shipping.get(k, ()))), tuple(decode_wall.get(k, ())),
-                          tuple(sorted(queued.get(k, ()))), tuple(prefill_wall.get(k, ())),
-                          tuple(sorted(latency.get(k, ()))))
-            for k, src in sources.items()}
+        raise CalibrationError(
+            f"{', '.join(map(str, paths))}: no `host_cpu` and no per-request prefill times; "
+            f"pass `pddflow bench serve --json --per-request` output of this version"
+        )
+    return {
+        k: ServeFacts(
+            " + ".join(sorted(set(src))),
+            statistics.median(per_token[k]) if k in per_token else None,
+            tuple(prefills.get(k, ())),
+            tuple(sorted(handovers.get(k, ()))),
+            tuple(decode.get(k, ())),
+            tuple(sorted(shipping.get(k, ()))),
+            tuple(decode_wall.get(k, ())),
+            tuple(sorted(queued.get(k, ()))),
+            tuple(prefill_wall.get(k, ())),
+            tuple(sorted(latency.get(k, ()))),
+        )
+        for k, src in sources.items()
+    }
 
 
 def merge(facts: list[BenchFacts]) -> BenchFacts:
@@ -492,7 +660,9 @@ def merge(facts: list[BenchFacts]) -> BenchFacts:
 
     def points(attr: str) -> tuple[tuple[int, float], ...]:
         keys = sorted({k for f in facts for k, _ in getattr(f, attr)})
-        return tuple((k, med([v for f in facts for k2, v in getattr(f, attr) if k2 == k])) for k in keys)
+        return tuple(
+            (k, med([v for f in facts for k2, v in getattr(f, attr) if k2 == k])) for k in keys
+        )
 
     def tuples(attr: str, keyed: int) -> tuple | None:
         """The median of a (sizes..., values...) point; only points at the first one's sizes count."""
@@ -500,28 +670,58 @@ def merge(facts: list[BenchFacts]) -> BenchFacts:
         if not got:
             return None
         same = [g for g in got if g[:keyed] == got[0][:keyed]]
-        return tuple(got[0][:keyed]) + tuple(med([g[i] for g in same]) for i in range(keyed, len(got[0])))
+        return tuple(got[0][:keyed]) + tuple(
+            med([g[i] for g in same]) for i in range(keyed, len(got[0]))
+        )
 
     def grid() -> tuple[tuple[int, int, float], ...]:
         shapes = sorted({g[:2] for f in facts for g in f.prefill_grid})
-        return tuple((n, c, med([t for f in facts for n2, c2, t in f.prefill_grid if (n2, c2) == (n, c)]))
-                     for n, c in shapes)
+        return tuple(
+            (n, c, med([t for f in facts for n2, c2, t in f.prefill_grid if (n2, c2) == (n, c)]))
+            for n, c in shapes
+        )
 
     head = facts[0]
     for f in facts[1:]:
-        if (f.arch, f.devices, f.threads, f.decode_context) != (head.arch, head.devices, head.threads, head.decode_context):
-            raise CalibrationError(f"{f.source}: measured a different setup than {head.source} (model, devices, "
-                                   f"threads or decode context); merge only calibrations of one configuration")
+        if (f.arch, f.devices, f.threads, f.decode_context) != (
+            head.arch,
+            head.devices,
+            head.threads,
+            head.decode_context,
+        ):
+            raise CalibrationError(
+                f"{f.source}: measured a different setup than {head.source} (model, devices, "
+                f"threads or decode context); merge only calibrations of one configuration"
+            )
     pre, dec = points("prefill_points"), points("decode_points")
-    p_main = next(v for k, v in pre if k == head.prompt_tokens) if pre else med([f.prefill_tokens_per_s for f in facts])
-    d_main = next(v for k, v in dec if k == head.decode_batch) if dec else med([f.decode_tokens_per_s for f in facts])
-    return replace(head, source=" + ".join(f.source for f in facts), prefill_tokens_per_s=p_main,
-                   decode_tokens_per_s=d_main, prefill_points=pre, decode_points=dec,
-                   extend=tuples("extend", 2), decode_long=tuples("decode_long", 2),
-                   extend_long=tuples("extend_long", 2), corun=tuples("corun", 0), prefill_grid=grid())
+    p_main = (
+        next(v for k, v in pre if k == head.prompt_tokens)
+        if pre
+        else med([f.prefill_tokens_per_s for f in facts])
+    )
+    d_main = (
+        next(v for k, v in dec if k == head.decode_batch)
+        if dec
+        else med([f.decode_tokens_per_s for f in facts])
+    )
+    return replace(
+        head,
+        source=" + ".join(f.source for f in facts),
+        prefill_tokens_per_s=p_main,
+        decode_tokens_per_s=d_main,
+        prefill_points=pre,
+        decode_points=dec,
+        extend=tuples("extend", 2),
+        decode_long=tuples("decode_long", 2),
+        extend_long=tuples("extend_long", 2),
+        corun=tuples("corun", 0),
+        prefill_grid=grid(),
+    )
 
 
-def fit(facts: BenchFacts, arch: ModelArch | None = None, base: DeviceClass | None = None) -> Calibration:
+def fit(
+    facts: BenchFacts, arch: ModelArch | None = None, base: DeviceClass | None = None
+) -> Calibration:
     """The device class (per device) and step overheads whose roofline reproduces the measurements:
     decode (`_fit_decode`), prefill (`_fit_prefill`), the extend's fixed cost and the attention
     factor. `Calibration.to_dict()` lists every measured point against the fitted model."""
@@ -540,15 +740,27 @@ def fit(facts: BenchFacts, arch: ModelArch | None = None, base: DeviceClass | No
         if grid is not None:
             flops_s, job_ovh, attn_factor = grid
         else:
-            flops_s, job_ovh = _fit_prefill(facts, arch, arch.attention_flops_per_pair * attn_factor)
-        dev = replace(b, name=f"{b.name}@calibrated", tflops=flops_s / 1e12 / n, hbm_tbps=bytes_s / 1e12 / n)
-        eff = replace(UNIT, seq_overhead_s=seq_s, job_overhead_s=job_ovh, kv_read_factor=kv_factor,
-                      attn_factor=attn_factor)
+            flops_s, job_ovh = _fit_prefill(
+                facts, arch, arch.attention_flops_per_pair * attn_factor
+            )
+        dev = replace(
+            b, name=f"{b.name}@calibrated", tflops=flops_s / 1e12 / n, hbm_tbps=bytes_s / 1e12 / n
+        )
+        eff = replace(
+            UNIT,
+            seq_overhead_s=seq_s,
+            job_overhead_s=job_ovh,
+            kv_read_factor=kv_factor,
+            attn_factor=attn_factor,
+        )
         if facts.extend is not None and job_ovh > 0:
             # the measured extend step (handed-off IDs over a context) against the roofline: what
             # is left is the extend call's own fixed cost, often well under a prompt prefill's
             n_, ctx_, t_ = facts.extend
-            eff = replace(eff, extend_overhead_s=max(0.0, t_ - DeviceModel(dev, n, arch, eff).chunk_s(n_, ctx_)))
+            eff = replace(
+                eff,
+                extend_overhead_s=max(0.0, t_ - DeviceModel(dev, n, arch, eff).chunk_s(n_, ctx_)),
+            )
         cal = Calibration(facts, dev, arch, eff)
         if facts.extend_long is None or grid is not None:
             break
@@ -579,7 +791,7 @@ def _fit_decode(facts: BenchFacts, arch: ModelArch) -> tuple[float, float, float
         w2 = arch.weight_bytes + B2 * C * kvb
         det = w1 * B2 - w2 * B
         if det > 0:
-            x = (step * B2 - step2 * B) / det          # seconds per byte
+            x = (step * B2 - step2 * B) / det  # seconds per byte
             s_ = (step - w1 * x) / B
             if x > 0 and s_ >= 0:
                 bytes_s, seq_s = 1 / x, s_
@@ -613,7 +825,7 @@ def _fit_prefill_grid(facts: BenchFacts, arch: ModelArch) -> tuple[float, float,
         return None
     apf = arch.attention_flops_per_pair
     rows = [((1.0, n * arch.flops_per_token, (n * c + n * n / 2) * apf), t) for n, c, t in pts]
-    for cols in ((0, 1, 2), (1, 2)):      # with a fixed cost, then (if it came out negative) without
+    for cols in ((0, 1, 2), (1, 2)):  # with a fixed cost, then (if it came out negative) without
         x = np.array([[r[i] / t for i in cols] for r, t in rows])
         coef = dict(zip(cols, np.linalg.lstsq(x, np.ones(len(rows)), rcond=None)[0]))
         ovh, per_flop, attn = coef.get(0, 0.0), coef[1], coef[2]
@@ -631,6 +843,7 @@ def _fit_prefill(facts: BenchFacts, arch: ModelArch, apf: float) -> tuple[float,
     cost there, so none is fitted). With two or more lengths: t(L) = job overhead + FLOPs(L) /
     FLOP/s through the two longest, when both come out positive (a noisy short point, e.g. one that
     paid a warm-up, gives a negative overhead: then the longest prompt alone, all compute)."""
+
     def flops(tokens: int) -> float:
         return tokens * arch.flops_per_token + tokens * tokens / 2 * apf
 
@@ -648,20 +861,24 @@ def _fit_prefill(facts: BenchFacts, arch: ModelArch, apf: float) -> tuple[float,
     return flops_s, job_ovh
 
 
-
-
-
-def calibrated_plan(plan: Plan, cal: Calibration, local: bool = True,
-                    kv_cache_bytes: int = LOCAL_KV_CACHE_MIB << 20) -> Plan:
+def calibrated_plan(
+    plan: Plan, cal: Calibration, local: bool = True, kv_cache_bytes: int = LOCAL_KV_CACHE_MIB << 20
+) -> Plan:
     """`plan` as the embedded deployment runs it: the local profile's replicas, the benchmark's
     model architecture, every device class replaced by the calibrated one (price kept). Local: each
     worker runs on what the benchmark measured, with the deployment's KV memory per worker (its
     decoders make KV wait for room: at bench serve's load that gate sets the batches)."""
     p = plan.scaled_to_local() if local else plan
-    devices = {k: replace(v, tflops=cal.device.tflops, hbm_tbps=cal.device.hbm_tbps)
-               for k, v in p.device_classes.items()}
+    devices = {
+        k: replace(v, tflops=cal.device.tflops, hbm_tbps=cal.device.hbm_tbps)
+        for k, v in p.device_classes.items()
+    }
     if local:
-        ops = {k: replace(op, devices_per_replica=cal.facts.devices, kv_budget_bytes=float(kv_cache_bytes))
-               for k, op in p.operators.items()}
+        ops = {
+            k: replace(
+                op, devices_per_replica=cal.facts.devices, kv_budget_bytes=float(kv_cache_bytes)
+            )
+            for k, op in p.operators.items()
+        }
         p = replace(p, operators=ops, instances=_instances(ops))
     return replace(p, device_classes=devices, model=replace(p.model, arch=cal.arch))

@@ -22,49 +22,87 @@ from dataclasses import dataclass
 from pddflow.core.arch import ModelArch
 from pddflow.core.device import DeviceClass
 
+
 @dataclass(frozen=True)
 class Efficiency:
-    prefill_mfu: float = 0.5        # achieved / peak FLOP/s
-    decode_mbu: float = 0.8         # achieved / peak memory bandwidth
+    prefill_mfu: float = 0.5  # achieved / peak FLOP/s
+    decode_mbu: float = 0.8  # achieved / peak memory bandwidth
     step_overhead_s: float = 0.001  # fixed cost of one batch step
-    seq_overhead_s: float = 0.0     # cost per decoding sequence per step beyond the roofline (calibrated
-                                    # engines on CPU: sampling and bookkeeping per sequence)
-    job_overhead_s: float = 0.0     # extra fixed cost of a step that runs prefill/extend chunks (calibrated
-                                    # CPU engine: a prefill call costs more than a decode step's overhead)
-    extend_overhead_s: float | None = None   # the same for a step whose chunks are all extends (handed-off
-                                             # token IDs); None: job_overhead_s
-    attn_factor: float = 1.0        # attention FLOPs cost this many times their count at the achieved
-                                    # FLOP/s (calibrated CPU engines: paged attention runs well under
-                                    # the matmuls' rate)
-    kv_read_factor: float = 1.0     # KV bytes read per step cost this many times their bytes at the
-                                    # achieved bandwidth (calibrated CPU engines: gathered, padded reads)
+    seq_overhead_s: float = (
+        0.0  # cost per decoding sequence per step beyond the roofline (calibrated
+    )
+    # engines on CPU: sampling and bookkeeping per sequence)
+    job_overhead_s: float = (
+        0.0  # extra fixed cost of a step that runs prefill/extend chunks (calibrated
+    )
+    # CPU engine: a prefill call costs more than a decode step's overhead)
+    extend_overhead_s: float | None = (
+        None  # the same for a step whose chunks are all extends (handed-off
+    )
+    # token IDs); None: job_overhead_s
+    attn_factor: float = 1.0  # attention FLOPs cost this many times their count at the achieved
+    # FLOP/s (calibrated CPU engines: paged attention runs well under
+    # the matmuls' rate)
+    kv_read_factor: float = 1.0  # KV bytes read per step cost this many times their bytes at the
+    # achieved bandwidth (calibrated CPU engines: gathered, padded reads)
 
     def to_dict(self) -> dict:
-        return {"prefill_mfu": self.prefill_mfu, "decode_mbu": self.decode_mbu,
-                "step_overhead_s": self.step_overhead_s, "seq_overhead_s": self.seq_overhead_s,
-                "job_overhead_s": self.job_overhead_s, "extend_overhead_s": self.extend_overhead_s,
-                "attn_factor": self.attn_factor, "kv_read_factor": self.kv_read_factor}
+        return {
+            "prefill_mfu": self.prefill_mfu,
+            "decode_mbu": self.decode_mbu,
+            "step_overhead_s": self.step_overhead_s,
+            "seq_overhead_s": self.seq_overhead_s,
+            "job_overhead_s": self.job_overhead_s,
+            "extend_overhead_s": self.extend_overhead_s,
+            "attn_factor": self.attn_factor,
+            "kv_read_factor": self.kv_read_factor,
+        }
 
 
 class DeviceModel:
     """Step-time model of one instance (`devices` accelerators of one class running one replica)."""
 
-    __slots__ = ("device", "devices", "arch", "eff", "flops_s", "bytes_s", "fpt", "apf", "kvb", "wt", "ovh", "seq_ovh", "job_ovh", "ext_ovh")
+    __slots__ = (
+        "device",
+        "devices",
+        "arch",
+        "eff",
+        "flops_s",
+        "bytes_s",
+        "fpt",
+        "apf",
+        "kvb",
+        "wt",
+        "ovh",
+        "seq_ovh",
+        "job_ovh",
+        "ext_ovh",
+    )
 
-    def __init__(self, device: DeviceClass, devices: int, arch: ModelArch, eff: Efficiency = Efficiency()):
+    def __init__(
+        self, device: DeviceClass, devices: int, arch: ModelArch, eff: Efficiency = Efficiency()
+    ):
         self.device, self.devices, self.arch, self.eff = device, devices, arch, eff
         self.flops_s = device.tflops * 1e12 * devices * eff.prefill_mfu
         self.bytes_s = device.hbm_tbps * 1e12 * devices * eff.decode_mbu
         self.fpt = arch.flops_per_token
-        self.apf = arch.attention_flops_per_pair * eff.attn_factor  # FLOPs-equivalent per (query, key) pair
-        self.kvb = arch.kv_bytes_per_token * eff.kv_read_factor  # bytes-equivalent read per context token
+        self.apf = (
+            arch.attention_flops_per_pair * eff.attn_factor
+        )  # FLOPs-equivalent per (query, key) pair
+        self.kvb = (
+            arch.kv_bytes_per_token * eff.kv_read_factor
+        )  # bytes-equivalent read per context token
         self.wt = arch.weight_bytes
         self.ovh = eff.step_overhead_s
         self.seq_ovh = eff.seq_overhead_s
         self.job_ovh = eff.job_overhead_s
-        self.ext_ovh = eff.job_overhead_s if eff.extend_overhead_s is None else eff.extend_overhead_s
+        self.ext_ovh = (
+            eff.job_overhead_s if eff.extend_overhead_s is None else eff.extend_overhead_s
+        )
 
-    def step_s(self, new_tokens: float, attn_pairs: float, kv_read_tokens: float, decoding: int = 0) -> float:
+    def step_s(
+        self, new_tokens: float, attn_pairs: float, kv_read_tokens: float, decoding: int = 0
+    ) -> float:
         compute = (new_tokens * self.fpt + attn_pairs * self.apf) / self.flops_s
         memory = (self.wt + kv_read_tokens * self.kvb) / self.bytes_s
         return (compute if compute > memory else memory) + self.ovh + decoding * self.seq_ovh

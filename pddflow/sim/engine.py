@@ -31,25 +31,68 @@ class Job:
     """`tokens` new tokens to compute over a context that already holds `ctx` tokens (a prompt's
     uncached part, or an extend over handed-off token IDs)."""
 
-    __slots__ = ("run", "tokens", "ctx", "sched", "done", "on_done", "kind", "started", "factor", "after_s")
+    __slots__ = (
+        "run",
+        "tokens",
+        "ctx",
+        "sched",
+        "done",
+        "on_done",
+        "kind",
+        "started",
+        "factor",
+        "after_s",
+    )
 
-    def __init__(self, run, tokens: int, ctx: int, on_done: Callable, kind: str = "prefill", factor: float = 1.0,
-                 after_s: float = 0.0):
-        self.run, self.tokens, self.ctx, self.on_done, self.kind = run, max(1, tokens), ctx, on_done, kind
-        self.factor = factor                 # this job's cost against the model (measured spread, 1 = model)
-        self.after_s = after_s               # exclusive: the engine stays busy this long after it (shipping KV)
+    def __init__(
+        self,
+        run,
+        tokens: int,
+        ctx: int,
+        on_done: Callable,
+        kind: str = "prefill",
+        factor: float = 1.0,
+        after_s: float = 0.0,
+    ):
+        self.run, self.tokens, self.ctx, self.on_done, self.kind = (
+            run,
+            max(1, tokens),
+            ctx,
+            on_done,
+            kind,
+        )
+        self.factor = factor  # this job's cost against the model (measured spread, 1 = model)
+        self.after_s = after_s  # exclusive: the engine stays busy this long after it (shipping KV)
         self.sched = 0
         self.done = 0
-        self.started: float | None = None   # when its first chunk's step began
+        self.started: float | None = None  # when its first chunk's step began
 
 
 class Seq:
     """A sequence decoding here: `tokens0` output tokens already emitted when it joined, `output` in all."""
 
-    __slots__ = ("run", "rid", "ctx0", "tokens0", "output", "join_step", "finish_step", "on_first", "on_finish")
+    __slots__ = (
+        "run",
+        "rid",
+        "ctx0",
+        "tokens0",
+        "output",
+        "join_step",
+        "finish_step",
+        "on_first",
+        "on_finish",
+    )
 
-    def __init__(self, run, rid: int, ctx0: int, tokens0: int, output: int,
-                 on_first: Callable | None, on_finish: Callable):
+    def __init__(
+        self,
+        run,
+        rid: int,
+        ctx0: int,
+        tokens0: int,
+        output: int,
+        on_first: Callable | None,
+        on_finish: Callable,
+    ):
         self.run, self.rid, self.ctx0, self.tokens0, self.output = run, rid, ctx0, tokens0, output
         self.on_first, self.on_finish = on_first, on_finish
         self.join_step = -1
@@ -57,12 +100,19 @@ class Seq:
 
 
 class Engine:
-    def __init__(self, loop: EventLoop, name: str, model: DeviceModel, max_batch: int, chunk_tokens: int,
-                 exclusive_jobs: bool = False):
+    def __init__(
+        self,
+        loop: EventLoop,
+        name: str,
+        model: DeviceModel,
+        max_batch: int,
+        chunk_tokens: int,
+        exclusive_jobs: bool = False,
+    ):
         self.loop, self.name, self.model = loop, name, model
         self.exclusive_jobs = exclusive_jobs
-        self._job_alone = False            # the planned step is one exclusive job (no decode step)
-        self._busy_until = 0.0             # an exclusive job's work after it is done (shipping its KV)
+        self._job_alone = False  # the planned step is one exclusive job (no decode step)
+        self._busy_until = 0.0  # an exclusive job's work after it is done (shipping its KV)
         self.max_batch, self.chunk = max(1, max_batch), max(1, chunk_tokens)
         self.running: dict[int, Seq] = {}
         self.waiting: deque[Seq] = deque()
@@ -83,7 +133,9 @@ class Engine:
         self.job_tokens = 0
         # shared-host CPU model (simulator.CpuShare): step times are multiplied by `slowdown()` at
         # planning time; `on_busy` hears every idle <-> busy transition. None: a dedicated device.
-        self.slowdown: Callable[[bool], float] | None = None   # argument: the step runs prefill/extend
+        self.slowdown: Callable[[bool], float] | None = (
+            None  # argument: the step runs prefill/extend
+        )
         self.on_busy: Callable[[Engine], None] | None = None
         # decode-only steps take this many times their time besides the host model (a deployment
         # calibration's measured wall over CPU that the CPU model does not explain); and what they
@@ -172,7 +224,7 @@ class Engine:
         if times is not None and len(times) > 1:
             j = bisect_left(times, loop.now)
             if j < len(times) - 1:
-                del times[j + 1:]
+                del times[j + 1 :]
                 self._k = j + 1
                 self._ver += 1
                 loop.at(times[j], self._boundary, self._ver)
@@ -184,16 +236,18 @@ class Engine:
         self._in_boundary = True
         k = self._k
         if k:
-            b = 0 if self._job_alone else len(self.running)   # an exclusive job: decoders waited
+            b = 0 if self._job_alone else len(self.running)  # an exclusive job: decoders waited
             if not self._job_alone:
                 self.steps += k
             self.ctx_sum += b * k
             self.decode_tokens += b * k
             self.busy_s += now - self._t_plan
-            if b and not self._step_jobs:   # a run of decode-only steps
+            if b and not self._step_jobs:  # a run of decode-only steps
                 self.decode_wall_s += now - self._t_plan
                 self.decode_model_s += (now - self._t_plan) / self._plan_f
-            elif self._job_alone and self._prefills_only():   # one prefill call, as the runtime times it
+            elif (
+                self._job_alone and self._prefills_only()
+            ):  # one prefill call, as the runtime times it
                 self.prefill_wall_s += now - self._t_plan
                 self.prefill_model_s += (now - self._t_plan) / self._plan_f
             if self._step_jobs:
@@ -224,7 +278,7 @@ class Engine:
         self._plan(now)
 
     def _plan(self, now: float) -> None:
-        if self._busy_until > now:          # still shipping the last job's KV: no step until then
+        if self._busy_until > now:  # still shipping the last job's KV: no step until then
             self.busy_s += self._busy_until - now
             self._k, self._times, self._t_plan = 0, [self._busy_until], self._busy_until
             self._ver += 1
@@ -233,7 +287,11 @@ class Engine:
         running, heap, steps = self.running, self._finish, self.steps
         first: list[Seq] = []
         # an exclusive job runs before the batch changes: new sequences join the next decode step
-        while self.waiting and len(running) < self.max_batch and not (self.exclusive_jobs and self.jobs):
+        while (
+            self.waiting
+            and len(running) < self.max_batch
+            and not (self.exclusive_jobs and self.jobs)
+        ):
             seq = self.waiting.popleft()
             seq.join_step = steps
             seq.finish_step = steps + max(1, seq.output - seq.tokens0)
@@ -258,7 +316,7 @@ class Engine:
         elif self.jobs:
             budget, new, pairs, kv = self.chunk, b, float(c), float(c)
             job_ovh = 0.0
-            weighted = 0.0                  # the step's jobs' cost factors, weighted by their tokens
+            weighted = 0.0  # the step's jobs' cost factors, weighted by their tokens
             sj = self._step_jobs
             jobs = self.jobs
             while budget > 0 and jobs:
@@ -283,7 +341,9 @@ class Engine:
             f = weighted / jobs_new if jobs_new > 0 else 1.0
             times = [now + (m.step_s(new, pairs, kv, b) + job_ovh) * f]
         elif b:
-            while heap and (running.get(heap[0][1]) is None or running[heap[0][1]].finish_step != heap[0][0]):
+            while heap and (
+                running.get(heap[0][1]) is None or running[heap[0][1]].finish_step != heap[0][0]
+            ):
                 heappop(heap)
             k = min(heap[0][0] - steps, MAX_PLANNED_STEPS)
             # decode-only steps: compute and memory both grow linearly with the batch's context

@@ -23,8 +23,12 @@ class EventLoop:
     def after(self, dt: float, fn: Callable, *args) -> None:
         self.at(self.now + dt, fn, *args)
 
-    def run(self, until: float = float("inf"), tick: Callable[[float], None] | None = None,
-            tick_every: int = 4096) -> None:
+    def run(
+        self,
+        until: float = float("inf"),
+        tick: Callable[[float], None] | None = None,
+        tick_every: int = 4096,
+    ) -> None:
         q, pop = self._q, heapq.heappop
         n = 0
         while q:

@@ -31,20 +31,28 @@ class Hold:
     __slots__ = ("blocks", "reserved", "hit", "missing")
 
     def __init__(self, blocks: list, reserved: int, hit: int, missing: int):
-        self.blocks = blocks      # cache blocks this request keeps locked
+        self.blocks = blocks  # cache blocks this request keeps locked
         self.reserved = reserved  # blocks reserved outside the cache
-        self.hit = hit            # leading blocks the cache held at acquire time
-        self.missing = missing    # prompt blocks that must arrive (or be computed)
+        self.hit = hit  # leading blocks the cache held at acquire time
+        self.missing = missing  # prompt blocks that must arrive (or be computed)
 
 
 class KVStore:
-    def __init__(self, name: str, capacity_blocks: int, cached: bool, mirror: CacheMirror | None = None,
-                 strict: bool = False):
+    def __init__(
+        self,
+        name: str,
+        capacity_blocks: int,
+        cached: bool,
+        mirror: CacheMirror | None = None,
+        strict: bool = False,
+    ):
         self.name = name
         self.capacity = capacity_blocks
-        self.cache = RadixCache(None, on_evict=self._on_evict, evictable=_unreferenced) if cached else None
+        self.cache = (
+            RadixCache(None, on_evict=self._on_evict, evictable=_unreferenced) if cached else None
+        )
         self.mirror = mirror
-        self.strict = strict            # full mirror comparison after every event (tests)
+        self.strict = strict  # full mirror comparison after every event (tests)
         self.reserved = 0
         self.waiters: deque[Callable[[], bool]] = deque()
         self._evicted: list[int] = []
@@ -93,8 +101,10 @@ class KVStore:
         cached blocks if needed; False when memory is short now. ValueError if it can never fit."""
         need = hold.missing + extra_blocks
         if need + len(hold.blocks) > self.capacity:
-            raise ValueError(f"{self.name}: a request needs {need + len(hold.blocks)} KV blocks, "
-                             f"the budget holds {self.capacity}")
+            raise ValueError(
+                f"{self.name}: a request needs {need + len(hold.blocks)} KV blocks, "
+                f"the budget holds {self.capacity}"
+            )
         if not self._make_room(need):
             return False
         self.reserved += need
@@ -108,11 +118,11 @@ class KVStore:
         self.reserved -= hold.missing
         hold.reserved -= hold.missing
         if self.cache is None:
-            self.reserved += hold.missing     # no cache: the prompt stays a plain reservation
+            self.reserved += hold.missing  # no cache: the prompt stays a plain reservation
             hold.reserved += hold.missing
             hold.missing = 0
             return 0
-        tail = hashes[hold.hit:]
+        tail = hashes[hold.hit :]
         hold.missing = 0
         if not tail:
             return 0
@@ -130,7 +140,7 @@ class KVStore:
         take = min(max(len(hashes) - have, 0), hold.reserved)
         if take <= 0 or self.cache.match_len(hashes[:have]) < have:
             return 0
-        hashes = hashes[:have + take]
+        hashes = hashes[: have + take]
         self.reserved -= take
         hold.reserved -= take
         return self._insert_locked(hold, hashes, skip=have)
@@ -183,7 +193,7 @@ class KVStore:
         return self.used + need <= self.capacity
 
     def _wake(self) -> None:
-        if self._waking:          # a retry released memory itself: the outer loop carries on
+        if self._waking:  # a retry released memory itself: the outer loop carries on
             return
         self._waking = True
         try:
@@ -200,7 +210,9 @@ class KVStore:
 
     def _check(self) -> None:
         if len(self.mirror) != len(self.cache):
-            raise MirrorDrift(f"{self.name}: mirror holds {len(self.mirror)} blocks, cache {len(self.cache)}")
+            raise MirrorDrift(
+                f"{self.name}: mirror holds {len(self.mirror)} blocks, cache {len(self.cache)}"
+            )
         if self.strict:
             self.check_mirror()
 

@@ -47,12 +47,17 @@ def summarize(sim: Simulation, pricing: dict | None = None) -> dict:
     full_kv = sum(r.req.prompt_tokens * sim.kvb for r in runs if r.path.wan_link is not None)
     variants = Counter(r.dec.variant for r in runs)
     handoffs = Counter(r.handoff for r in done if r.handoff)
-    relay_only = sum(1 for r in done if r.path.has_handoff and r.handoff is None and not r.dec.singular)
+    relay_only = sum(
+        1 for r in done if r.path.has_handoff and r.handoff is None and not r.dec.singular
+    )
     if relay_only:
         handoffs["relay_finished"] = relay_only
     hit_pred = [r.dec.predicted_hit for r in runs]
-    hit_real = [min(r.m_hit * sim.bt, r.req.prompt_tokens) / r.req.prompt_tokens for r in runs
-                if r.m_state in ("landed", "released")]
+    hit_real = [
+        min(r.m_hit * sim.bt, r.req.prompt_tokens) / r.req.prompt_tokens
+        for r in runs
+        if r.m_state in ("landed", "released")
+    ]
     busy = Counter()
     count = Counter()
     for iid, eng in sim.engines.items():
@@ -84,21 +89,34 @@ def summarize(sim: Simulation, pricing: dict | None = None) -> dict:
         "wan_bytes": round(wan_bytes),
         "wan_bytes_full_kv": round(full_kv),
         "wan_gbps_avg": round(wan_bytes * 8 / 1e9 / horizon, 3),
-        "wan_transfer_s": _pcts([r.m_transfer_s for r in runs if r.m_transfer_s is not None and r.path.wan_link]),
+        "wan_transfer_s": _pcts(
+            [r.m_transfer_s for r in runs if r.m_transfer_s is not None and r.path.wan_link]
+        ),
         "relay_token_share": round(relay_tokens / out_tokens, 4) if out_tokens else 0.0,
         "variants": dict(sorted(variants.items())),
         "handoffs": dict(sorted(handoffs.items())),
         "singular": sum(1 for r in runs if r.dec.singular),
-        "hit_rate": {"predicted_mean": round(sum(hit_pred) / max(len(hit_pred), 1), 4),
-                     "at_transfer_mean": round(sum(hit_real) / len(hit_real), 4) if hit_real else None,
-                     "workload_unbounded_mean": round(sum(h := wl.unbounded_hit_rates()) / max(len(h), 1), 4)},
+        "hit_rate": {
+            "predicted_mean": round(sum(hit_pred) / max(len(hit_pred), 1), 4),
+            "at_transfer_mean": round(sum(hit_real) / len(hit_real), 4) if hit_real else None,
+            "workload_unbounded_mean": round(
+                sum(h := wl.unbounded_hit_rates()) / max(len(h), 1), 4
+            ),
+        },
         "utilization": {op: round(busy[op] / (count[op] * horizon), 4) for op in sorted(busy)},
         # as `pddflow bench serve` reports its workers': decode steps and the sequences they carried
-        "decode_steps": {iid: {"steps": e.steps, "seqs": e.decode_tokens}
-                         for iid, e in sorted(sim.engines.items()) if e.decode_tokens},
-        "per_variant": {v: {"requests": sum(1 for r in done if r.dec.variant == v),
-                            "ttft_s": _pcts([ttft(r) for r in done if r.dec.variant == v])}
-                        for v in sorted(variants)},
+        "decode_steps": {
+            iid: {"steps": e.steps, "seqs": e.decode_tokens}
+            for iid, e in sorted(sim.engines.items())
+            if e.decode_tokens
+        },
+        "per_variant": {
+            v: {
+                "requests": sum(1 for r in done if r.dec.variant == v),
+                "ttft_s": _pcts([ttft(r) for r in done if r.dec.variant == v]),
+            }
+            for v in sorted(variants)
+        },
     }
     if pricing:
         result["revenue"] = revenue(sim, ok_in, span, pricing)
@@ -108,30 +126,51 @@ def summarize(sim: Simulation, pricing: dict | None = None) -> dict:
 def request_rows(sim: Simulation) -> list[dict]:
     """Every request, as `--per-request` reports it (times in simulated seconds from the start), to
     set beside `pddflow bench serve --per-request` request by request."""
+
     def t(x: float | None) -> float | None:
         return None if x is None else round(x, 4)
 
     rows = []
     for r in sorted(sim.runs, key=lambda r: (r.req.session, r.req.turn, r.req.rid)):
-        rows.append({
-            "rid": r.req.rid, "session": r.req.session, "turn": r.req.turn, "start_s": t(r.arrival),
-            "prompt_tokens": r.req.prompt_tokens, "output_tokens": r.req.output_tokens,
-            "ttft_s": t(r.t_first - r.arrival) if r.t_first is not None else None,
-            "e2e_s": t(r.t_finish - r.arrival) if r.t_finish is not None else None,
-            "variant": r.dec.variant, "handoff": r.handoff, "relay_tokens": r.relay_tokens,
-            "prefill_hit_tokens": r.p_hit_tokens,
-            "prefill_done_s": t(r.t_prefill - r.arrival) if r.t_prefill is not None else None,
-            # as the runtime's kv_send event: waiting for the prefill engine, then computing
-            "prefill_queued_s": t(r.t_prefill_start - r.arrival) if r.t_prefill_start is not None else None,
-            "prefill_s": t(r.t_prefill - r.t_prefill_start) if r.t_prefill_start is not None else None,
-            "kv_bytes": round(r.m_bytes), "kv_hit_blocks": r.m_hit,
-            "kv_sent_s": t(r.m_sent_at - r.arrival) if r.m_transfer_s is not None else None,
-            "kv_transfer_s": t(r.m_transfer_s),
-            # as the relay's kv_landed event: its copy reached the relay, the relay's loop took it
-            "relay_kv_sent_s": t(r.r_landed_at - r.arrival) if r.r_landed_at is not None else None,
-            "relay_kv_landed_s": t(r.r_started_at - r.arrival) if r.r_started_at is not None else None,
-            # as the runtime's kv_waits_for_memory events: landed KV waiting for a decoder's memory
-            "memory_waits": r.memory_waits, "memory_wait_s": t(r.memory_wait_s), "failed": r.failed})
+        rows.append(
+            {
+                "rid": r.req.rid,
+                "session": r.req.session,
+                "turn": r.req.turn,
+                "start_s": t(r.arrival),
+                "prompt_tokens": r.req.prompt_tokens,
+                "output_tokens": r.req.output_tokens,
+                "ttft_s": t(r.t_first - r.arrival) if r.t_first is not None else None,
+                "e2e_s": t(r.t_finish - r.arrival) if r.t_finish is not None else None,
+                "variant": r.dec.variant,
+                "handoff": r.handoff,
+                "relay_tokens": r.relay_tokens,
+                "prefill_hit_tokens": r.p_hit_tokens,
+                "prefill_done_s": t(r.t_prefill - r.arrival) if r.t_prefill is not None else None,
+                # as the runtime's kv_send event: waiting for the prefill engine, then computing
+                "prefill_queued_s": t(r.t_prefill_start - r.arrival)
+                if r.t_prefill_start is not None
+                else None,
+                "prefill_s": t(r.t_prefill - r.t_prefill_start)
+                if r.t_prefill_start is not None
+                else None,
+                "kv_bytes": round(r.m_bytes),
+                "kv_hit_blocks": r.m_hit,
+                "kv_sent_s": t(r.m_sent_at - r.arrival) if r.m_transfer_s is not None else None,
+                "kv_transfer_s": t(r.m_transfer_s),
+                # as the relay's kv_landed event: its copy reached the relay, the relay's loop took it
+                "relay_kv_sent_s": t(r.r_landed_at - r.arrival)
+                if r.r_landed_at is not None
+                else None,
+                "relay_kv_landed_s": t(r.r_started_at - r.arrival)
+                if r.r_started_at is not None
+                else None,
+                # as the runtime's kv_waits_for_memory events: landed KV waiting for a decoder's memory
+                "memory_waits": r.memory_waits,
+                "memory_wait_s": t(r.memory_wait_s),
+                "failed": r.failed,
+            }
+        )
     return rows
 
 
@@ -150,13 +189,23 @@ def revenue(sim: Simulation, ok: list[Run], span_s: float, pricing: dict) -> dic
     """Money earned by the SLA-compliant requests `ok` that arrived in a window of `span_s` seconds,
     at per-token prices; cached prompt tokens (the entry instance's prefix hit) are billed at
     `cached_ratio` of the uncached price."""
-    pin, pout, ratio = pricing["input_per_mtok"], pricing["output_per_mtok"], pricing["cached_ratio"]
+    pin, pout, ratio = (
+        pricing["input_per_mtok"],
+        pricing["output_per_mtok"],
+        pricing["cached_ratio"],
+    )
     total = 0.0
     for r in ok:
         cached = min(r.p_hit_tokens, r.req.prompt_tokens)
-        total += ((r.req.prompt_tokens - cached) + cached * ratio) * pin + r.req.output_tokens * pout
+        total += (
+            (r.req.prompt_tokens - cached) + cached * ratio
+        ) * pin + r.req.output_tokens * pout
     total /= 1e6
     span_h = max(span_s, 1e-9) / 3600
     gpu_h = sum(op.replicas * op.devices_per_replica for op in sim.plan.operators.values()) * span_h
-    return {"usd": round(total, 4), "usd_per_gpu_hour": round(total / gpu_h, 4),
-            "usd_per_cost_usd": round(total / (sim.plan.cost_per_hour() * span_h), 4), **pricing}
+    return {
+        "usd": round(total, 4),
+        "usd_per_gpu_hour": round(total / gpu_h, 4),
+        "usd_per_cost_usd": round(total / (sim.plan.cost_per_hour() * span_h), 4),
+        **pricing,
+    }

@@ -26,7 +26,7 @@ MAX_DELAY_S = 20.0
 # What one TCP stream of a wan_flight channel sustains across datacenters (window/RTT and loss bound);
 # a transfer's rate is capped at streams x this. 0 disables the cap.
 STREAM_GBPS = 2.5
-IDS_BYTES_PER_TOKEN = 15   # token-ID handoff on the wire (PDD: 1.5 KB per 100 tokens)
+IDS_BYTES_PER_TOKEN = 15  # token-ID handoff on the wire (PDD: 1.5 KB per 100 tokens)
 
 
 class Flow:
@@ -35,22 +35,24 @@ class Flow:
     def __init__(self, fid: int, nbytes: float, on_done: Callable):
         self.fid, self.nbytes, self.on_done = fid, nbytes, on_done
         self.start_v = 0.0
-        self.state = "latency"   # latency -> data -> done | cancelled
+        self.state = "latency"  # latency -> data -> done | cancelled
         self.sent = 0.0
 
 
 class SharedLink:
-    def __init__(self, loop: EventLoop, model: LinkModel, rng: random.Random, flow_cap_gbps: float = 0.0):
+    def __init__(
+        self, loop: EventLoop, model: LinkModel, rng: random.Random, flow_cap_gbps: float = 0.0
+    ):
         self.loop, self.model, self.rng = loop, model, rng
         self.bw = model.bytes_per_s
         self.cap = flow_cap_gbps * 1e9 / 8 if flow_cap_gbps > 0 else self.bw
-        self.v = 0.0                 # bytes each active flow has received since t=0 (virtual service)
+        self.v = 0.0  # bytes each active flow has received since t=0 (virtual service)
         self.t = 0.0
         self.active: dict[int, Flow] = {}
         self.heap: list[tuple[float, int]] = []
         self._ver = 0
         self._fid = 0
-        self.in_flight = 0           # flows started and not done (latency phase included)
+        self.in_flight = 0  # flows started and not done (latency phase included)
         self.bytes_sent = 0.0
         self.kv_bytes = 0.0
         self.flows = 0
@@ -63,7 +65,9 @@ class SharedLink:
         f = Flow(self._fid, nbytes, on_done)
         self.in_flight += 1
         self.flows += 1
-        delay = self.model.rtt_ms / 1e3 + min(self.model.jitter.sample_ms(self.rng) / 1e3, MAX_DELAY_S)
+        delay = self.model.rtt_ms / 1e3 + min(
+            self.model.jitter.sample_ms(self.rng) / 1e3, MAX_DELAY_S
+        )
         self.loop.after(delay, self._start_data, f)
         return f
 

@@ -54,11 +54,18 @@ def variant_timeline(sim: Simulation, path: Path, bin_s: float | None = None) ->
     fig, (a1, a2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
     labels = sorted({r.dec.variant + (" (singular)" if r.dec.singular else "") for r in sim.runs})
     for lab in labels:
-        ts = [r.arrival for r in sim.runs if r.dec.variant + (" (singular)" if r.dec.singular else "") == lab]
+        ts = [
+            r.arrival
+            for r in sim.runs
+            if r.dec.variant + (" (singular)" if r.dec.singular else "") == lab
+        ]
         h, _ = np.histogram(ts, edges)
         a1.plot(edges[:-1], h / bin_s, label=lab, drawstyle="steps-post")
-        pts = [(r.arrival, r.t_first - r.arrival) for r in runs
-               if r.dec.variant + (" (singular)" if r.dec.singular else "") == lab]
+        pts = [
+            (r.arrival, r.t_first - r.arrival)
+            for r in runs
+            if r.dec.variant + (" (singular)" if r.dec.singular else "") == lab
+        ]
         if pts:
             x, y = zip(*pts)
             a2.scatter(x, y, s=3, alpha=0.5, label=lab)
@@ -82,8 +89,12 @@ def bathtub(rows: list[dict], graph: str, path: Path) -> Path:
     keys = sorted({k for r in rows for k in r if k.startswith("usd_per_gpu_hour@")})
     for k in keys:
         pts = sorted((r["workload_hit"], r[k]) for r in rows)
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o",
-                label=f"cached tokens at {float(k.split('@')[1]):.0%} of uncached")
+        ax.plot(
+            [p[0] for p in pts],
+            [p[1] for p in pts],
+            marker="o",
+            label=f"cached tokens at {float(k.split('@')[1]):.0%} of uncached",
+        )
     ax.set_xlabel("average prefix-cache hit rate")
     ax.set_ylabel("SLA revenue per GPU-hour (USD)")
     ax.set_title(f"{graph}: benefit per GPU-hour against hit rate")

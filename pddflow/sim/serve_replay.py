@@ -23,9 +23,9 @@ from pddflow.core.serve_sessions import WorkloadSpec, build
 from pddflow.sim.workload import SimRequest, Workload
 
 DEFAULT_TRACE = Path("../shared/traces/mooncake_conversation_trace.jsonl")
-SERVING_ROUNDS = 6          # replays at most, to settle the serving path's load
-SERVING_TOLERANCE = 0.02    # ... until it moves less than this share between two replays
-WALL_FACTOR_BOUNDS = (0.5, 3.0)   # the wall factors' range (wall_factors)
+SERVING_ROUNDS = 6  # replays at most, to settle the serving path's load
+SERVING_TOLERANCE = 0.02  # ... until it moves less than this share between two replays
+WALL_FACTOR_BOUNDS = (0.5, 3.0)  # the wall factors' range (wall_factors)
 
 
 def _placeholder(session: int, turn: int, i: int) -> int:
@@ -33,8 +33,13 @@ def _placeholder(session: int, turn: int, i: int) -> int:
     return -(1 + ((session * 1_000 + turn) * 100_000 + i) % (2**31 - 2))
 
 
-def replay(spec: WorkloadSpec, block_tokens: int, rps: float = 2.0, think_s: float = 1.0,
-           name: str = "serve-workload") -> Workload:
+def replay(
+    spec: WorkloadSpec,
+    block_tokens: int,
+    rps: float = 2.0,
+    think_s: float = 1.0,
+    name: str = "serve-workload",
+) -> Workload:
     """The benchmark's sessions as simulator requests (roots at i/rps, later turns closed-loop)."""
     if rps <= 0:
         raise ValueError("rps must be > 0")
@@ -47,32 +52,70 @@ def replay(spec: WorkloadSpec, block_tokens: int, rps: float = 2.0, think_s: flo
         for turn, out in enumerate(s.output_tokens):
             if turn:
                 prev_out = s.output_tokens[turn - 1]
-                ctx = ctx + [_placeholder(i, turn - 1, k) for k in range(prev_out)] + list(s.user_turns[turn - 1])
+                ctx = (
+                    ctx
+                    + [_placeholder(i, turn - 1, k) for k in range(prev_out)]
+                    + list(s.user_turns[turn - 1])
+                )
             turns.append(ctx)
         contexts.append(turns)
-    done = [[tuple(chain_block_hashes(ctx + [_placeholder(i, turn, k) for k in range(s.output_tokens[turn])],
-                                      block_tokens)) for turn, ctx in enumerate(contexts[i])]
-            for i, s in enumerate(spec.sessions)]
+    done = [
+        [
+            tuple(
+                chain_block_hashes(
+                    ctx + [_placeholder(i, turn, k) for k in range(s.output_tokens[turn])],
+                    block_tokens,
+                )
+            )
+            for turn, ctx in enumerate(contexts[i])
+        ]
+        for i, s in enumerate(spec.sessions)
+    ]
     rid = 0
     ids: dict[tuple[int, int], int] = {}
     for i, s in enumerate(spec.sessions):
         ctx = contexts[i][0]
         ids[(i, 0)] = rid
-        reqs.append(SimRequest(rid, i / rps, len(ctx), s.output_tokens[0],
-                               tuple(chain_block_hashes(ctx, block_tokens)) or (_root_hash(i),),
-                               done_hashes=done[i][0], session=i, turn=0))
+        reqs.append(
+            SimRequest(
+                rid,
+                i / rps,
+                len(ctx),
+                s.output_tokens[0],
+                tuple(chain_block_hashes(ctx, block_tokens)) or (_root_hash(i),),
+                done_hashes=done[i][0],
+                session=i,
+                turn=0,
+            )
+        )
         rid += 1
     for i, s in enumerate(spec.sessions):
         for turn in range(1, len(s.output_tokens)):
             ctx = contexts[i][turn]
             ids[(i, turn)] = rid
-            reqs.append(SimRequest(rid, i / rps, len(ctx), s.output_tokens[turn],
-                                   tuple(chain_block_hashes(ctx, block_tokens)) or (_root_hash(i),),
-                                   parent=ids[(i, turn - 1)], gap_s=think_s, done_hashes=done[i][turn],
-                                   session=i, turn=turn))
+            reqs.append(
+                SimRequest(
+                    rid,
+                    i / rps,
+                    len(ctx),
+                    s.output_tokens[turn],
+                    tuple(chain_block_hashes(ctx, block_tokens)) or (_root_hash(i),),
+                    parent=ids[(i, turn - 1)],
+                    gap_s=think_s,
+                    done_hashes=done[i][turn],
+                    session=i,
+                    turn=turn,
+                )
+            )
             rid += 1
-    meta = {"generator": "serve-workload", "sessions": len(spec.sessions), "scale": spec.scale, "rps": rps,
-            "think_s": think_s, "requests": len(reqs)}
+    meta = {
+        "generator": "serve-workload",
+        "sessions": len(spec.sessions),
+        "scale": spec.scale,
+        "rps": rps,
+        "think_s": think_s,
+        "requests": len(reqs),
+    }
     return Workload(name, reqs, block_tokens, meta)
 
 
@@ -81,13 +124,28 @@ def _root_hash(session: int) -> int:
     return -(10**12 + session)
 
 
-def serve_workload(trace: Path, sessions: int, turns: int, block_tokens: int, *, scale: float = 1 / 32,
-                   vocab: int = 256, seed: int = 0, max_output: int = 128, rps: float = 2.0,
-                   think_s: float = 1.0) -> Workload:
+def serve_workload(
+    trace: Path,
+    sessions: int,
+    turns: int,
+    block_tokens: int,
+    *,
+    scale: float = 1 / 32,
+    vocab: int = 256,
+    seed: int = 0,
+    max_output: int = 128,
+    rps: float = 2.0,
+    think_s: float = 1.0,
+) -> Workload:
     """`pddflow bench serve`'s workload (same defaults) as a simulator workload."""
     spec = build(trace, sessions, turns, scale, vocab=vocab, seed=seed, max_output=max_output)
-    wl = replay(spec, block_tokens, rps, think_s,
-                name=f"serve-workload({sessions}x{turns}, rps={rps:g}, think={think_s:g}s)")
+    wl = replay(
+        spec,
+        block_tokens,
+        rps,
+        think_s,
+        name=f"serve-workload({sessions}x{turns}, rps={rps:g}, think={think_s:g}s)",
+    )
     wl.meta.update({"trace": str(trace), "turns": turns, "max_output": max_output, "seed": seed})
     return wl
 
@@ -103,7 +161,9 @@ def serving_load(sim, cpu_per_token_s: float) -> float:
     return sum(r.req.output_tokens for r in done) / max(span, 1e-9) * cpu_per_token_s
 
 
-def wall_factors(sim, kind: str, measured: dict[str, float], current: dict[str, float]) -> dict[str, float]:
+def wall_factors(
+    sim, kind: str, measured: dict[str, float], current: dict[str, float]
+) -> dict[str, float]:
     """The per-instance `kind` ("decode" or "prefill") wall factors that bring this replay's wall
     over model time of those steps to what the deployment measured (its workers' wall over CPU
     seconds: `decode_wall_over_cpu`, `prefill_wall_over_cpu`): the host model (`HostCpus`) explains

@@ -30,7 +30,14 @@ from dataclasses import replace
 from pddflow.core.cpu_layout import plan_layout
 from pddflow.core.link import jitter_stream, kv_link_seed
 from pddflow.graph.plan import Plan
-from pddflow.scheduler import InstanceLoad, LinkEstimate, RequestFeatures, SchedulerState, Topology, make_policy
+from pddflow.scheduler import (
+    InstanceLoad,
+    LinkEstimate,
+    RequestFeatures,
+    SchedulerState,
+    Topology,
+    make_policy,
+)
 from pddflow.scheduler.base import Policy
 from pddflow.scheduler.decision import Decision
 from pddflow.scheduler.topology import PathInfo
@@ -41,16 +48,51 @@ from pddflow.sim.kvstore import Hold, KVStore
 from pddflow.sim.network import IDS_BYTES_PER_TOKEN, RDMA_LATENCY_S, STREAM_GBPS, Flow, SharedLink
 from pddflow.sim.workload import SimRequest, Workload
 
-QUEUED_S = 0.05   # a prefill that waited this long for its engine ran in a busy period (calibrate.py too)
+QUEUED_S = (
+    0.05  # a prefill that waited this long for its engine ran in a busy period (calibrate.py too)
+)
 
 
 class Run:
     """One request in flight and what happened to it."""
 
-    __slots__ = ("req", "dec", "path", "arrival", "t_prefill", "t_prefill_start", "t_first", "t_finish", "done", "failed",
-                 "p_inst", "p_hold", "p_legs", "r_inst", "r_hold", "r_seq", "r_state", "m_inst", "m_hold",
-                 "m_flow", "m_state", "m_bytes", "m_hit", "ids_sent", "relay_tokens", "handoff", "rounds", "p_hit_tokens", "m_sent_at", "m_transfer_s",
-                 "memory_waits", "memory_wait_s", "p_ship_s", "r_landed_at", "r_started_at")
+    __slots__ = (
+        "req",
+        "dec",
+        "path",
+        "arrival",
+        "t_prefill",
+        "t_prefill_start",
+        "t_first",
+        "t_finish",
+        "done",
+        "failed",
+        "p_inst",
+        "p_hold",
+        "p_legs",
+        "r_inst",
+        "r_hold",
+        "r_seq",
+        "r_state",
+        "m_inst",
+        "m_hold",
+        "m_flow",
+        "m_state",
+        "m_bytes",
+        "m_hit",
+        "ids_sent",
+        "relay_tokens",
+        "handoff",
+        "rounds",
+        "p_hit_tokens",
+        "m_sent_at",
+        "m_transfer_s",
+        "memory_waits",
+        "memory_wait_s",
+        "p_ship_s",
+        "r_landed_at",
+        "r_started_at",
+    )
 
     def __init__(self, req: SimRequest, dec: Decision, path: PathInfo):
         self.req, self.dec, self.path = req, dec, path
@@ -64,27 +106,29 @@ class Run:
         self.r_inst = dec.target(path.relay) if path.relay else None
         self.r_hold: Hold | None = None
         self.r_seq: Seq | None = None
-        self.r_state = "none"          # none | transfer | memory (landed, waits for room) | decoding | released | cancelled
-        self.r_landed_at = self.r_started_at = None   # the KV reached the relay; the relay's loop took it
+        self.r_state = "none"  # none | transfer | memory (landed, waits for room) | decoding | released | cancelled
+        self.r_landed_at = self.r_started_at = (
+            None  # the KV reached the relay; the relay's loop took it
+        )
         self.m_inst = dec.target(path.finisher)
         self.m_hold: Hold | None = None
         self.m_flow: Flow | None = None
-        self.m_state = "none"          # none | transfer | memory (landed, waits for room) | landed | released | cancelled
+        self.m_state = "none"  # none | transfer | memory (landed, waits for room) | landed | released | cancelled
         self.m_bytes = 0.0
         self.m_hit = 0
         self.ids_sent = 0
         self.relay_tokens = 0
-        self.handoff: str | None = None   # one_shot | catch_up | takeover, once it happened
+        self.handoff: str | None = None  # one_shot | catch_up | takeover, once it happened
         self.rounds = 0
         self.p_hit_tokens = 0
         self.m_sent_at = 0.0
         self.m_transfer_s: float | None = None
-        self.memory_waits = 0           # legs whose landed KV waited for decoder memory, and how long
+        self.memory_waits = 0  # legs whose landed KV waited for decoder memory, and how long
         self.memory_wait_s = 0.0
-        self.p_ship_s = 0.0             # the prefill engine's time shipping this prompt's KV (drawn)
+        self.p_ship_s = 0.0  # the prefill engine's time shipping this prompt's KV (drawn)
 
 
-CFS_NICE_STEP = 1.25   # Linux CFS: one nice level is about 1.25x less CPU weight
+CFS_NICE_STEP = 1.25  # Linux CFS: one nice level is about 1.25x less CPU weight
 
 
 class CpuShare:
@@ -112,13 +156,25 @@ class CpuShare:
     client, unpinned) on these cores while the workload runs. Unlike `background` the calibration
     benchmark did not see it, so it only adds to the demand."""
 
-    def __init__(self, cores: float, threads: int = 1, bench_threads: int = 1, thread_exponent: float = 1.0,
-                 background: float = 0.0, host: HostCpus | None = None, serving: float = 0.0):
+    def __init__(
+        self,
+        cores: float,
+        threads: int = 1,
+        bench_threads: int = 1,
+        thread_exponent: float = 1.0,
+        background: float = 0.0,
+        host: HostCpus | None = None,
+        serving: float = 0.0,
+    ):
         self.cores, self.threads = max(cores, 1e-9), max(1, threads)
         self.background = max(0.0, background)
         self.serving = max(0.0, serving)
         self.bench_share = max(1.0, (max(1, bench_threads) + self.background) / self.cores)
-        self.penalty = (max(1, bench_threads) / self.threads) ** thread_exponent if bench_threads > self.threads else 1.0
+        self.penalty = (
+            (max(1, bench_threads) / self.threads) ** thread_exponent
+            if bench_threads > self.threads
+            else 1.0
+        )
         self.engines: list[Engine] = []
         self.nice: dict[str, int] = {}
         self.weight: dict[str, float] = {}
@@ -127,13 +183,17 @@ class CpuShare:
 
     def attach(self, eng: Engine, nice: int = 0) -> None:
         self.engines.append(eng)
-        self.nice[eng.name], self.weight[eng.name] = nice, CFS_NICE_STEP ** -nice
+        self.nice[eng.name], self.weight[eng.name] = nice, CFS_NICE_STEP**-nice
         eng.slowdown = lambda prefill=False, e=eng: self.factor(e, prefill)
         eng.on_busy = self._changed
 
     def factor(self, eng: Engine | None = None, prefill: bool = False) -> float:
         mine = (self.weight[eng.name] if eng is not None else 1.0) * self.threads
-        demand = sum(self.weight[e.name] for e in self.engines if e._busy) * self.threads + self.background + self.serving
+        demand = (
+            sum(self.weight[e.name] for e in self.engines if e._busy) * self.threads
+            + self.background
+            + self.serving
+        )
         given = min(self.threads, self.cores * mine / max(demand, mine))  # cores this engine gets
         f = self.penalty * (self.threads / given) / self.bench_share
         if self.host is not None and self.host.others_busy(self):
@@ -152,9 +212,15 @@ class CpuShare:
             self.host.group_changed(self)
 
     def to_dict(self) -> dict:
-        return {"cores": self.cores, "threads_per_worker": self.threads, "thread_penalty": round(self.penalty, 4),
-                "background_threads": self.background, "serving_threads": round(self.serving, 4), "instances": [e.name for e in self.engines],
-                "nice": dict(self.nice)}
+        return {
+            "cores": self.cores,
+            "threads_per_worker": self.threads,
+            "thread_penalty": round(self.penalty, 4),
+            "background_threads": self.background,
+            "serving_threads": round(self.serving, 4),
+            "instances": [e.name for e in self.engines],
+            "nice": dict(self.nice),
+        }
 
 
 class HostCpus:
@@ -164,9 +230,17 @@ class HostCpus:
     frontend and the client: cores' worth of CPU they take while the workload runs) are unpinned,
     spread over the groups in proportion to their cores."""
 
-    def __init__(self, plan: Plan, cores: float, bench_threads: int = 1, background: float = 0.0,
-                 pinning: str = "auto", thread_exponent: float = 1.0, corun: tuple[float, float] = (1.0, 1.0),
-                 serving: float = 0.0):
+    def __init__(
+        self,
+        plan: Plan,
+        cores: float,
+        bench_threads: int = 1,
+        background: float = 0.0,
+        pinning: str = "auto",
+        thread_exponent: float = 1.0,
+        corun: tuple[float, float] = (1.0, 1.0),
+        serving: float = 0.0,
+    ):
         lay = plan_layout(plan, list(range(max(1, int(cores)))), pinning)
         self.mode, self.nice = lay.mode, lay.nice
         # (prefill, decode) step slowdown while another core group is busy: 1 = cores never slow
@@ -178,9 +252,15 @@ class HostCpus:
             key = lay.cpus[inst.id]
             if key not in groups:
                 n = float(len(key)) if key else cores
-                groups[key] = CpuShare(n, lay.threads[inst.id], bench_threads, thread_exponent,
-                                       background=background * n / max(cores, 1e-9), host=self,
-                                       serving=serving * n / max(cores, 1e-9))
+                groups[key] = CpuShare(
+                    n,
+                    lay.threads[inst.id],
+                    bench_threads,
+                    thread_exponent,
+                    background=background * n / max(cores, 1e-9),
+                    host=self,
+                    serving=serving * n / max(cores, 1e-9),
+                )
             self.share[inst.id] = groups[key]
         self.groups = list(groups.values())
 
@@ -200,22 +280,39 @@ class HostCpus:
                     e.replan()
 
     def to_dict(self) -> dict:
-        return {"layout": self.mode, "corun": {"prefill": self.corun_prefill, "decode": self.corun_decode},
-                "serving_cores": round(sum(g.serving for g in self.groups), 4),
-                "groups": [g.to_dict() for g in self.groups]}
+        return {
+            "layout": self.mode,
+            "corun": {"prefill": self.corun_prefill, "decode": self.corun_decode},
+            "serving_cores": round(sum(g.serving for g in self.groups), 4),
+            "groups": [g.to_dict() for g in self.groups],
+        }
 
 
 class Simulation:
-    def __init__(self, plan: Plan, workload: Workload, *, seed: int = 0, efficiency: Efficiency | None = None,
-                 device_efficiency: dict[str, Efficiency] | None = None, policy: Policy | None = None,
-                 strict_mirrors: bool = False, stream_gbps: float = STREAM_GBPS, cpu: HostCpus | None = None,
-                 prefill_first_token: bool = False, wan_jitter_seed: int | None = None,
-                 prefill_spread: tuple[float, ...] = (), relay_handovers: tuple[float, ...] = (),
-                 exclusive_jobs: bool = False, prefill_shipping: tuple[float, ...] = (),
-                 decode_wall_factors: dict[str, float] | None = None,
-                 relay_handovers_queued: tuple[float, ...] = (),
-                 prefill_wall_factors: dict[str, float] | None = None, serving_latency_s: float = 0.0,
-                 prefill_size_trend: tuple[float, float] = (0.0, 1.0)):
+    def __init__(
+        self,
+        plan: Plan,
+        workload: Workload,
+        *,
+        seed: int = 0,
+        efficiency: Efficiency | None = None,
+        device_efficiency: dict[str, Efficiency] | None = None,
+        policy: Policy | None = None,
+        strict_mirrors: bool = False,
+        stream_gbps: float = STREAM_GBPS,
+        cpu: HostCpus | None = None,
+        prefill_first_token: bool = False,
+        wan_jitter_seed: int | None = None,
+        prefill_spread: tuple[float, ...] = (),
+        relay_handovers: tuple[float, ...] = (),
+        exclusive_jobs: bool = False,
+        prefill_shipping: tuple[float, ...] = (),
+        decode_wall_factors: dict[str, float] | None = None,
+        relay_handovers_queued: tuple[float, ...] = (),
+        prefill_wall_factors: dict[str, float] | None = None,
+        serving_latency_s: float = 0.0,
+        prefill_size_trend: tuple[float, float] = (0.0, 1.0),
+    ):
         self.plan, self.workload, self.seed = plan, workload, seed
         # Each prefill costs the model's time x a factor drawn from `prefill_spread` (median 1: a
         # deployment calibration's measured prefills over the model). A deployment's prefills
@@ -260,33 +357,55 @@ class Simulation:
         self.state = SchedulerState.for_plan(plan)
         self.bt = workload.block_tokens
         self.kvb = plan.model.arch.kv_bytes_per_token
-        self.page = plan.model.block_size     # KV travels in whole pages, as the runtime's blocks do
+        self.page = plan.model.block_size  # KV travels in whole pages, as the runtime's blocks do
         eff = efficiency or Efficiency()
         per_dev = device_efficiency or {}
         # Replaying a deployment (`wan_jitter_seed`: its `--seed`): every WAN transfer draws its delay
         # from the sequence the deployment's emulated KV link draws from, in send order (its
         # one-batch transfers all take stream 0's), so both see the same few dozen delays.
-        self.links = {name: SharedLink(self.loop, link,
-                                       random.Random(f"{seed}/{name}") if wan_jitter_seed is None
-                                       else jitter_stream(kv_link_seed(wan_jitter_seed), 0),
-                                       self._streams(name) * stream_gbps)
-                      for name, link in plan.links.items()}
+        self.links = {
+            name: SharedLink(
+                self.loop,
+                link,
+                random.Random(f"{seed}/{name}")
+                if wan_jitter_seed is None
+                else jitter_stream(kv_link_seed(wan_jitter_seed), 0),
+                self._streams(name) * stream_gbps,
+            )
+            for name, link in plan.links.items()
+        }
         self.engines: dict[str, Engine] = {}
         self.stores: dict[str, KVStore] = {}
         for inst in plan.instances:
             op = plan.operators[inst.operator]
-            model = DeviceModel(plan.device_classes[inst.device], inst.devices, plan.model.arch,
-                                per_dev.get(inst.device, eff))
-            self.engines[inst.id] = Engine(self.loop, inst.id, model, int(op.params.get("max_batch", 64)),
-                                           int(op.params.get("chunk_tokens", 512)), exclusive_jobs)
+            model = DeviceModel(
+                plan.device_classes[inst.device],
+                inst.devices,
+                plan.model.arch,
+                per_dev.get(inst.device, eff),
+            )
+            self.engines[inst.id] = Engine(
+                self.loop,
+                inst.id,
+                model,
+                int(op.params.get("max_batch", 64)),
+                int(op.params.get("chunk_tokens", 512)),
+                exclusive_jobs,
+            )
             if cpu is not None:
                 cpu.attach(inst.id, self.engines[inst.id])
             # a deployment calibration's decode and prefill wall beyond the host model (serve_replay.wall_factors)
             self.engines[inst.id].decode_wall_factor = (decode_wall_factors or {}).get(inst.id, 1.0)
-            self.engines[inst.id].prefill_wall_factor = (prefill_wall_factors or {}).get(inst.id, 1.0)
-            cached = bool(op.params.get("radix_cache", False) or op.params.get("prefix_cache", False))
+            self.engines[inst.id].prefill_wall_factor = (prefill_wall_factors or {}).get(
+                inst.id, 1.0
+            )
+            cached = bool(
+                op.params.get("radix_cache", False) or op.params.get("prefix_cache", False)
+            )
             cap = int(op.kv_budget_bytes // (self.kvb * self.bt))
-            self.stores[inst.id] = KVStore(inst.id, cap, cached, self.state.mirrors.get(inst.id), strict_mirrors)
+            self.stores[inst.id] = KVStore(
+                inst.id, cap, cached, self.state.mirrors.get(inst.id), strict_mirrors
+            )
         self.runs: list[Run] = []
         self.wall_s = 0.0
         self._next = 0
@@ -299,8 +418,14 @@ class Simulation:
 
     def _streams(self, link: str) -> int:
         """Parallel streams a KV transfer over `link` uses (the most any KV channel across it declares)."""
-        return max((int(c.params.get("streams", 1)) for c in self.plan.channels
-                    if c.link == link and c.kind == "wan_flight"), default=1)
+        return max(
+            (
+                int(c.params.get("streams", 1))
+                for c in self.plan.channels
+                if c.link == link and c.kind == "wan_flight"
+            ),
+            default=1,
+        )
 
     # ---- driving --------------------------------------------------------------------------------
     def run(self, progress: Callable[[int, int], None] | None = None) -> list[Run]:
@@ -349,12 +474,16 @@ class Simulation:
         stuck = [r for r in self.runs if not r.done and not r.failed]
         if stuck:
             r = stuck[0]
-            raise RuntimeError(f"{len(stuck)} request(s) never finished (first: #{r.req.rid} variant {r.dec.variant}, "
-                               f"relay {r.r_state}, main {r.m_state}); a simulator bug")
+            raise RuntimeError(
+                f"{len(stuck)} request(s) never finished (first: #{r.req.rid} variant {r.dec.variant}, "
+                f"relay {r.r_state}, main {r.m_state}); a simulator bug"
+            )
         for st in self.stores.values():
             st.check_mirror()
             if st.reserved or st._locked:
-                raise RuntimeError(f"{st.name}: {st.reserved} reserved and {st._locked} locked KV blocks leaked")
+                raise RuntimeError(
+                    f"{st.name}: {st.reserved} reserved and {st._locked} locked KV blocks leaked"
+                )
 
     # ---- 1. arrival and decision ------------------------------------------------------------------
     def _arrive_root(self) -> None:
@@ -374,7 +503,9 @@ class Simulation:
     def _enter(self, req: SimRequest, sent: float) -> None:
         self._arrived += 1
         self._refresh_state()
-        feats = RequestFeatures(str(req.rid), req.prompt_tokens, req.hashes, req.output_tokens, self.bt)
+        feats = RequestFeatures(
+            str(req.rid), req.prompt_tokens, req.hashes, req.output_tokens, self.bt
+        )
         dec = self.policy.decide(feats, self.state)
         run = Run(req, dec, self.topo.paths[dec.variant])
         run.arrival = sent
@@ -389,15 +520,21 @@ class Simulation:
         loads = self.state.loads
         for iid, eng in self.engines.items():
             st = self.stores[iid]
-            loads[iid] = InstanceLoad(len(eng.running), eng.queued() + len(st.waiters), eng.max_batch,
-                                      st.locked_or_reserved() / max(st.capacity, 1),
-                                      eng.queued_tokens() if eng.jobs else 0)
+            loads[iid] = InstanceLoad(
+                len(eng.running),
+                eng.queued() + len(st.waiters),
+                eng.max_batch,
+                st.locked_or_reserved() / max(st.capacity, 1),
+                eng.queued_tokens() if eng.jobs else 0,
+            )
         for name, link in self.links.items():
             est = LinkEstimate.from_model(link.model, link.in_flight)
             self.state.links[name] = replace(est, bytes_per_s=link.new_flow_rate())
 
     # ---- 2. prefill -----------------------------------------------------------------------------
-    def _acquire(self, run: Run, inst: str, extra_tokens: int, then: Callable[[Hold], None]) -> None:
+    def _acquire(
+        self, run: Run, inst: str, extra_tokens: int, then: Callable[[Hold], None]
+    ) -> None:
         """Reserve KV on `inst` now or as soon as memory frees (FIFO); fail the request if it can
         never fit. A request that ended while waiting is dropped."""
         store = self.stores[inst]
@@ -435,9 +572,19 @@ class Simulation:
         if exponent:
             factor *= (max(1, run.req.prompt_tokens - cached) / ref) ** exponent
         if self.prefill_shipping:
-            run.p_ship_s = self._shipping_rng.choice(self.prefill_shipping) * self._shipped_bytes(run)
-        self.engines[run.p_inst].submit_job(Job(run, run.req.prompt_tokens - cached, cached, self._prefill_done,
-                                                factor=factor, after_s=run.p_ship_s))
+            run.p_ship_s = self._shipping_rng.choice(self.prefill_shipping) * self._shipped_bytes(
+                run
+            )
+        self.engines[run.p_inst].submit_job(
+            Job(
+                run,
+                run.req.prompt_tokens - cached,
+                cached,
+                self._prefill_done,
+                factor=factor,
+                after_s=run.p_ship_s,
+            )
+        )
 
     def _shipped_bytes(self, run: Run) -> float:
         """The KV bytes a prefill sends: the whole prompt to the relay, the missing blocks to the finisher."""
@@ -461,11 +608,29 @@ class Simulation:
                 if run.req.output_tokens <= 1:
                     self._finished_at(run, t)
                     return
-                self.engines[run.p_inst].submit_seq(Seq(run, run.req.rid, run.req.prompt_tokens + 1, 1,
-                                                        run.req.output_tokens, None, self._finished))
+                self.engines[run.p_inst].submit_seq(
+                    Seq(
+                        run,
+                        run.req.rid,
+                        run.req.prompt_tokens + 1,
+                        1,
+                        run.req.output_tokens,
+                        None,
+                        self._finished,
+                    )
+                )
                 return
-            self.engines[run.p_inst].submit_seq(Seq(run, run.req.rid, run.req.prompt_tokens, 0, run.req.output_tokens,
-                                                    self._first, self._finished))
+            self.engines[run.p_inst].submit_seq(
+                Seq(
+                    run,
+                    run.req.rid,
+                    run.req.prompt_tokens,
+                    0,
+                    run.req.output_tokens,
+                    self._first,
+                    self._finished,
+                )
+            )
             return
         if path.relay is not None:
             run.p_legs += 1
@@ -482,8 +647,15 @@ class Simulation:
             self.stores[run.p_inst].release(run.p_hold)
             run.p_hold = None
 
-    def _land(self, run: Run, inst: str, hold: Hold, waiting: Callable[[], bool], then: Callable[[], None],
-              drop: Callable[[], None]) -> None:
+    def _land(
+        self,
+        run: Run,
+        inst: str,
+        hold: Hold,
+        waiting: Callable[[], bool],
+        then: Callable[[], None],
+        drop: Callable[[], None],
+    ) -> None:
         """Landed KV on a decoder: reserve the rest of the prompt and the whole output on `inst`,
         now or, behind KV that landed earlier, as soon as memory frees (runtime/worker.py:
         `_room_for`). `waiting()` says the leg still wants the memory; if not, `drop()` it."""
@@ -531,8 +703,14 @@ class Simulation:
             self._relay_release(run)
             return
         run.r_state = "memory"
-        self._land(run, run.r_inst, run.r_hold, lambda: run.r_state == "memory" and not run.done,
-                   lambda: self._relay_start(run), lambda: self._relay_release(run))
+        self._land(
+            run,
+            run.r_inst,
+            run.r_hold,
+            lambda: run.r_state == "memory" and not run.done,
+            lambda: self._relay_start(run),
+            lambda: self._relay_release(run),
+        )
 
     def _relay_start(self, run: Run) -> None:
         self.stores[run.r_inst].commit(run.r_hold, run.req.hashes)
@@ -540,12 +718,26 @@ class Simulation:
         run.r_started_at = self.loop.now
         if self.pft and run.req.output_tokens > 1:
             if run.t_first is None:
-                run.t_first = self.loop.now       # the relay emits prefill's first token on landing
-            run.r_seq = Seq(run, run.req.rid, run.req.prompt_tokens + 1, 1, run.req.output_tokens, None,
-                            self._relay_finished)
+                run.t_first = self.loop.now  # the relay emits prefill's first token on landing
+            run.r_seq = Seq(
+                run,
+                run.req.rid,
+                run.req.prompt_tokens + 1,
+                1,
+                run.req.output_tokens,
+                None,
+                self._relay_finished,
+            )
         else:
-            run.r_seq = Seq(run, run.req.rid, run.req.prompt_tokens, 0, run.req.output_tokens, self._first,
-                            self._relay_finished)
+            run.r_seq = Seq(
+                run,
+                run.req.rid,
+                run.req.prompt_tokens,
+                0,
+                run.req.output_tokens,
+                self._first,
+                self._relay_finished,
+            )
         self.engines[run.r_inst].submit_seq(run.r_seq)
 
     def _relay_release(self, run: Run) -> None:
@@ -567,7 +759,7 @@ class Simulation:
                 run.m_bytes = sent
                 self._leg_done(run)
             elif run.m_state == "transfer":
-                return   # an RDMA leg: it lands on its own
+                return  # an RDMA leg: it lands on its own
             run.m_state = "cancelled"
             self._main_release(run)
 
@@ -582,7 +774,9 @@ class Simulation:
         if link is not None:
             run.m_flow = self.links[link].send(nbytes, lambda t: self._main_landed(run))
         else:
-            dt = RDMA_LATENCY_S + nbytes / self.topo.rdma_bytes_per_s(run.path.entry, run.path.finisher)
+            dt = RDMA_LATENCY_S + nbytes / self.topo.rdma_bytes_per_s(
+                run.path.entry, run.path.finisher
+            )
             self.loop.after(dt, self._main_landed, run)
 
     def _kv_bytes(self, prompt_tokens: int, hit_blocks: int) -> float:
@@ -599,14 +793,22 @@ class Simulation:
         if run.m_state != "transfer":
             return
         run.m_transfer_s = self.loop.now - run.m_sent_at
-        self.engines[run.m_inst].submit_control(lambda _now: self._main_import(run))  # as _relay_landed
+        self.engines[run.m_inst].submit_control(
+            lambda _now: self._main_import(run)
+        )  # as _relay_landed
 
     def _main_import(self, run: Run) -> None:
         if run.m_state != "transfer" or run.m_hold is None:
             return
         run.m_state = "memory"
-        self._land(run, run.m_inst, run.m_hold, lambda: run.m_state == "memory",
-                   lambda: self._main_start(run), lambda: self._main_release(run))
+        self._land(
+            run,
+            run.m_inst,
+            run.m_hold,
+            lambda: run.m_state == "memory",
+            lambda: self._main_start(run),
+            lambda: self._main_release(run),
+        )
 
     def _main_start(self, run: Run) -> None:
         run.m_state = "landed"
@@ -614,16 +816,23 @@ class Simulation:
         if run.done and run.path.has_handoff and not run.dec.singular and run.req.done_hashes:
             # The relay finished first. As in the runtime it still sent main every token ID, and main
             # extends over them so its cache keeps this turn (prompt + output) for the next one.
-            self.engines[run.m_inst].submit_job(Job(run, run.req.output_tokens, run.req.prompt_tokens,
-                                                    self._cache_only_extended, "extend"))
+            self.engines[run.m_inst].submit_job(
+                Job(
+                    run,
+                    run.req.output_tokens,
+                    run.req.prompt_tokens,
+                    self._cache_only_extended,
+                    "extend",
+                )
+            )
             return
         if run.done or (run.dec.singular and run.path.has_handoff):
-            self._main_release(run)       # the relay finished (or will): MD only keeps the blocks cached
+            self._main_release(run)  # the relay finished (or will): MD only keeps the blocks cached
             return
         if run.path.has_handoff and run.r_state == "decoding":
             self.engines[run.r_inst].submit_control(lambda now: self._handoff(run, now))
             return
-        if run.path.has_handoff:          # the relay never started: main decode takes the request over
+        if run.path.has_handoff:  # the relay never started: main decode takes the request over
             run.handoff = "takeover"
             self._relay_release(run)
         self._main_decode(run, 0, None)
@@ -641,10 +850,17 @@ class Simulation:
             return
         if self.pft and tokens0 == 0 and out > 1:
             if run.t_first is None:
-                run.t_first = self.loop.now       # main emits prefill's first token on landing
+                run.t_first = self.loop.now  # main emits prefill's first token on landing
             tokens0 = 1
-        seq = Seq(run, run.req.rid, run.req.prompt_tokens + tokens0, tokens0, out,
-                  self._first if tokens0 == 0 else None, self._finished)
+        seq = Seq(
+            run,
+            run.req.rid,
+            run.req.prompt_tokens + tokens0,
+            tokens0,
+            out,
+            self._first if tokens0 == 0 else None,
+            self._finished,
+        )
         self.engines[run.m_inst].submit_seq(seq)
 
     def _main_release(self, run: Run) -> None:
@@ -662,7 +878,7 @@ class Simulation:
             return
         relay = self.engines[run.r_inst]
         seq = run.r_seq
-        if not relay.is_running(seq):      # still queued for a batch slot: main decode takes over
+        if not relay.is_running(seq):  # still queued for a batch slot: main decode takes over
             relay.remove(seq)
             run.handoff = "takeover"
             self._relay_release(run)
@@ -680,7 +896,11 @@ class Simulation:
         run.ids_sent = n
         run.rounds += 1
         done = self._extended_final if final else self._extended_round
-        self._ids(run, new, lambda t: self.engines[run.m_inst].submit_job(Job(run, new, ctx, done, "extend")))
+        self._ids(
+            run,
+            new,
+            lambda t: self.engines[run.m_inst].submit_job(Job(run, new, ctx, done, "extend")),
+        )
 
     def _ids(self, run: Run, ntokens: int, then: Callable[[float], None]) -> None:
         ch = run.path.handoff
@@ -696,7 +916,11 @@ class Simulation:
             self._main_release(run)
             return
         # main decode acks; the relay checks at its next boundary how far ahead it has run
-        self._ids(run, 1, lambda _t: self.engines[run.r_inst].submit_control(lambda now: self._handoff(run, now)))
+        self._ids(
+            run,
+            1,
+            lambda _t: self.engines[run.r_inst].submit_control(lambda now: self._handoff(run, now)),
+        )
 
     def _extended_final(self, job: Job, t: float) -> None:
         """The extend over the last handed-off IDs also yields the next token."""

@@ -14,18 +14,26 @@ from pddflow.sim.simulator import Simulation
 
 DEFAULT_HITS = (0.0, 0.2, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 DEFAULT_CACHED_RATIOS = (0.10, 0.25)
-INPUT_USD_PER_MTOK = 1.0     # uncached prompt tokens
+INPUT_USD_PER_MTOK = 1.0  # uncached prompt tokens
 OUTPUT_USD_PER_MTOK = 4.0
 
 
-def _trial(plan: Plan, cfg: AgenticConfig, seed: int, sim_kwargs: dict | None) -> tuple[Simulation, dict]:
+def _trial(
+    plan: Plan, cfg: AgenticConfig, seed: int, sim_kwargs: dict | None
+) -> tuple[Simulation, dict]:
     sim = Simulation(plan, generate(cfg), seed=seed, **(sim_kwargs or {}))
     sim.run()
     return sim, summarize(sim)
 
 
-def sla_capacity(plan: Plan, cfg: AgenticConfig, seed: int = 0, sim_kwargs: dict | None = None,
-                 attainment: float = 0.95, steps: int = 4) -> tuple[float, Simulation, dict]:
+def sla_capacity(
+    plan: Plan,
+    cfg: AgenticConfig,
+    seed: int = 0,
+    sim_kwargs: dict | None = None,
+    attainment: float = 0.95,
+    steps: int = 4,
+) -> tuple[float, Simulation, dict]:
     """The highest offered rate (sessions are closed-loop, so the served rate is measured) at which
     at least `attainment` of requests meet the SLA: bracket by doubling or halving, then bisect in
     log space. Returns (offered rps, that run, its summary)."""
@@ -34,7 +42,7 @@ def sla_capacity(plan: Plan, cfg: AgenticConfig, seed: int = 0, sim_kwargs: dict
     ok = m["sla_attainment"] >= attainment
     good = (rps, sim, m) if ok else None
     lo, hi = (rps, None) if ok else (None, rps)
-    for _ in range(8):                                  # bracket
+    for _ in range(8):  # bracket
         if lo is not None and hi is not None:
             break
         rps = rps * 2 if ok else rps / 2
@@ -46,7 +54,7 @@ def sla_capacity(plan: Plan, cfg: AgenticConfig, seed: int = 0, sim_kwargs: dict
             hi = rps
     if lo is None or hi is None:
         return good or (rps, sim, m)
-    for _ in range(steps):                              # bisect
+    for _ in range(steps):  # bisect
         mid = (lo * hi) ** 0.5
         sim, m = _trial(plan, replace(cfg, rps=mid), seed, sim_kwargs)
         if m["sla_attainment"] >= attainment:
@@ -56,27 +64,60 @@ def sla_capacity(plan: Plan, cfg: AgenticConfig, seed: int = 0, sim_kwargs: dict
     return good
 
 
-def hit_rate_sweep(plan: Plan, base: AgenticConfig, hits=DEFAULT_HITS, cached_ratios=DEFAULT_CACHED_RATIOS,
-                   seed: int = 0, sim_kwargs: dict | None = None,
-                   progress: Callable[[int, int], None] | None = None, load: str = "capacity") -> list[dict]:
+def hit_rate_sweep(
+    plan: Plan,
+    base: AgenticConfig,
+    hits=DEFAULT_HITS,
+    cached_ratios=DEFAULT_CACHED_RATIOS,
+    seed: int = 0,
+    sim_kwargs: dict | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    load: str = "capacity",
+) -> list[dict]:
     """One row per hit rate. `load="capacity"`: each point runs at its SLA capacity (the benefit a
     saturated cluster earns); `load="fixed"`: every point at `base.rps` (a demand-limited cluster)."""
     rows = []
     for i, h in enumerate(hits):
-        cfg = replace(base, hit_rate=h, system_prompt_tokens=base.system_prompt_tokens if h >= 0.3 else 0)
+        cfg = replace(
+            base, hit_rate=h, system_prompt_tokens=base.system_prompt_tokens if h >= 0.3 else 0
+        )
         if load == "capacity":
             offered, sim, _ = sla_capacity(plan, cfg, seed, sim_kwargs)
         else:
             offered = cfg.rps
             sim, _ = _trial(plan, cfg, seed, sim_kwargs)
         wl = sim.workload
-        row = {"target_hit": h, "workload_hit": wl.meta.get("hit_rate_unbounded"), "offered_rps": round(offered, 3)}
+        row = {
+            "target_hit": h,
+            "workload_hit": wl.meta.get("hit_rate_unbounded"),
+            "offered_rps": round(offered, 3),
+        }
         for ratio in cached_ratios:
-            m = summarize(sim, {"input_per_mtok": INPUT_USD_PER_MTOK, "output_per_mtok": OUTPUT_USD_PER_MTOK,
-                                "cached_ratio": ratio})
+            m = summarize(
+                sim,
+                {
+                    "input_per_mtok": INPUT_USD_PER_MTOK,
+                    "output_per_mtok": OUTPUT_USD_PER_MTOK,
+                    "cached_ratio": ratio,
+                },
+            )
             row.setdefault("served_hit", m["hit_rate"]["at_transfer_mean"])
-            row.setdefault("summary", {k: m[k] for k in ("ttft_s", "tpot_ms", "slo_goodput_rps", "sla_attainment",
-                                                         "bcr", "relay_token_share", "variants", "wan_bytes")})
+            row.setdefault(
+                "summary",
+                {
+                    k: m[k]
+                    for k in (
+                        "ttft_s",
+                        "tpot_ms",
+                        "slo_goodput_rps",
+                        "sla_attainment",
+                        "bcr",
+                        "relay_token_share",
+                        "variants",
+                        "wan_bytes",
+                    )
+                },
+            )
             row[f"usd_per_gpu_hour@{ratio:g}"] = m["revenue"]["usd_per_gpu_hour"]
         rows.append(row)
         if progress:

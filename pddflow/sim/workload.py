@@ -11,13 +11,13 @@ class SimRequest:
     arrival_s: float
     prompt_tokens: int
     output_tokens: int
-    hashes: tuple[int, ...]          # prefix-chained: equal leading hashes mean an equal prompt prefix
-    parent: int = -1                 # closed-loop sessions: arrive `gap_s` after request `parent` finishes
+    hashes: tuple[int, ...]  # prefix-chained: equal leading hashes mean an equal prompt prefix
+    parent: int = -1  # closed-loop sessions: arrive `gap_s` after request `parent` finishes
     gap_s: float = 0.0
     # prompt + generated tokens' full-block hashes, when known (a replay that knows its outputs): the
     # instance that finishes the request caches them, so the session's next turn hits them too
     done_hashes: tuple[int, ...] = ()
-    session: int = -1                # multi-turn workloads: which session and turn (reports only)
+    session: int = -1  # multi-turn workloads: which session and turn (reports only)
     turn: int = -1
 
 
@@ -25,7 +25,7 @@ class SimRequest:
 class Workload:
     name: str
     requests: list[SimRequest]
-    block_tokens: int                # tokens one hash covers
+    block_tokens: int  # tokens one hash covers
     meta: dict = field(default_factory=dict)
     # Contexts already cached when the replay starts (sessions under way at t=0): the simulator routes
     # each through the scheduler and inserts it into the chosen instances' caches, at no time cost.

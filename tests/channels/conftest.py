@@ -19,9 +19,20 @@ from pddflow.core.payloads import KVBlocks
 TOKEN = "s3cret-token"
 
 
-def make_kv(seq_id: str = "seq-1", num_blocks: int = 12, *, torch_dtype: str | None = "bfloat16",
-            layers: int = 4, block_size: int = 16, heads: int = 2, head_dim: int = 32, partial: int = 5,
-            seed: int = 0, marker: bytes | None = None, marker_block: int = 0) -> KVBlocks:
+def make_kv(
+    seq_id: str = "seq-1",
+    num_blocks: int = 12,
+    *,
+    torch_dtype: str | None = "bfloat16",
+    layers: int = 4,
+    block_size: int = 16,
+    heads: int = 2,
+    head_dim: int = 32,
+    partial: int = 5,
+    seed: int = 0,
+    marker: bytes | None = None,
+    marker_block: int = 0,
+) -> KVBlocks:
     """A KV set with random contents; the last block is partial by `partial` tokens. With marker,
     block `marker_block` is filled with copies of it (the proxy corrupts the first one it sees)."""
     rng = np.random.default_rng(seed)
@@ -32,7 +43,7 @@ def make_kv(seq_id: str = "seq-1", num_blocks: int = 12, *, torch_dtype: str | N
         per_block = nbytes // num_blocks
         lo = marker_block * per_block
         reps = per_block // len(marker)
-        raw[lo: lo + reps * len(marker)] = np.frombuffer(marker * reps, dtype=np.uint8)
+        raw[lo : lo + reps * len(marker)] = np.frombuffer(marker * reps, dtype=np.uint8)
     if torch_dtype is not None:
         import torch
 
@@ -41,7 +52,9 @@ def make_kv(seq_id: str = "seq-1", num_blocks: int = 12, *, torch_dtype: str | N
         data = raw.view(np.float16).reshape(shape).copy()
     hashes = [int(h) for h in rng.integers(0, 2**63 - 1, size=num_blocks, dtype=np.int64)]
     start = 32
-    return KVBlocks(seq_id, hashes, start, start + num_blocks * block_size - partial, block_size, data)
+    return KVBlocks(
+        seq_id, hashes, start, start + num_blocks * block_size - partial, block_size, data
+    )
 
 
 @pytest.fixture
@@ -98,7 +111,9 @@ def same_kv():
     return check
 
 
-def _fails_at_deadline_while_stopped(send, pid: int, timeout_s: float = 1.5, within_s: float = 6.0) -> None:
+def _fails_at_deadline_while_stopped(
+    send, pid: int, timeout_s: float = 1.5, within_s: float = 6.0
+) -> None:
     """Stop the peer process (it stays connected but never answers), then `send(timeout_s)` must
     raise ChannelTimeout at its deadline, not hang; the peer is resumed afterwards."""
     os.kill(pid, signal.SIGSTOP)

@@ -13,23 +13,39 @@ from pddflow.channels.proto import pddflow_pb2 as pb
 from pddflow.core.payloads import KVBlocks, TokenIds
 
 
-@pytest.mark.parametrize("torch_dtype, checksum", [("bfloat16", "xsum64"), ("float16", "crc32"), (None, "xsum64")])
+@pytest.mark.parametrize(
+    "torch_dtype, checksum", [("bfloat16", "xsum64"), ("float16", "crc32"), (None, "xsum64")]
+)
 def test_kv_ipc_round_trip_is_bit_exact(kv_factory, torch_dtype, checksum, no_pickle):
     kv = kv_factory(num_blocks=7, torch_dtype=torch_dtype)
-    buf = codec_kv.encode_ipc(kv, max_batch_bytes=3 * codec_kv.KVLayout.of(kv.data).block_bytes, checksum=checksum)
+    buf = codec_kv.encode_ipc(
+        kv, max_batch_bytes=3 * codec_kv.KVLayout.of(kv.data).block_bytes, checksum=checksum
+    )
     out = codec_kv.decode_ipc(buf)
     assert type(out.data) is type(kv.data)
     assert out.data.dtype == kv.data.dtype and tuple(out.data.shape) == tuple(kv.data.shape)
     assert codec_kv.block_rows(out.data).tobytes() == codec_kv.block_rows(kv.data).tobytes()
-    assert (out.seq_id, out.block_hashes, out.token_start, out.token_end, out.block_size) == \
-        (kv.seq_id, kv.block_hashes, kv.token_start, kv.token_end, kv.block_size)
+    assert (out.seq_id, out.block_hashes, out.token_start, out.token_end, out.block_size) == (
+        kv.seq_id,
+        kv.block_hashes,
+        kv.token_start,
+        kv.token_end,
+        kv.block_size,
+    )
 
 
 def test_schema_columns_and_self_description(kv_factory):
     kv = kv_factory(num_blocks=3, torch_dtype=None)
     src = codec_kv.KVSource.of(kv)
     batch = next(src.batches())
-    assert batch.schema.names == ["block_index", "block_hash", "token_start", "token_end", "checksum", "kv"]
+    assert batch.schema.names == [
+        "block_index",
+        "block_hash",
+        "token_start",
+        "token_end",
+        "checksum",
+        "kv",
+    ]
     meta = codec_kv.schema_meta(batch.schema)
     assert meta["seq_id"] == kv.seq_id and meta["layout"]["block_shape"] == list(kv.data.shape[1:])
     # the last block is partial: its token range ends at token_end
@@ -74,7 +90,9 @@ def test_checksum_mismatch_is_rejected_not_decoded(kv_factory):
     assert codec_kv.schema_meta(b.schema)["checksum"] == "xsum64"
     bad_bytes = bytearray(b.column("kv").buffers()[1].to_pybytes())
     bad_bytes[100] ^= 0x01
-    bad_col = pa.Array.from_buffers(b.schema.field("kv").type, 1, [None, pa.py_buffer(bytes(bad_bytes))])
+    bad_col = pa.Array.from_buffers(
+        b.schema.field("kv").type, 1, [None, pa.py_buffer(bytes(bad_bytes))]
+    )
     bad = pa.RecordBatch.from_arrays([b.column(i) for i in range(5)] + [bad_col], schema=b.schema)
     with pytest.raises(ChannelCorrupt) as err:
         codec_kv.decode_kv(good[:3] + [bad] + good[4:])
@@ -90,9 +108,14 @@ def test_checksum_covers_metadata(kv_factory):
     """A block moved to another index (or given another hash) fails its checksum."""
     kv = kv_factory(num_blocks=2, torch_dtype=None)
     b = next(codec_kv.KVSource.of(kv).batches(max_batch_bytes=1))
-    moved = pa.RecordBatch.from_arrays([pa.array([1], pa.uint32())] + [b.column(i) for i in range(1, 6)],
-                                       schema=b.schema)
-    assert not codec_kv.BatchBlocks.of(moved, codec_kv.KVLayout.of(kv.data).block_bytes).verify("xsum64").any()
+    moved = pa.RecordBatch.from_arrays(
+        [pa.array([1], pa.uint32())] + [b.column(i) for i in range(1, 6)], schema=b.schema
+    )
+    assert (
+        not codec_kv.BatchBlocks.of(moved, codec_kv.KVLayout.of(kv.data).block_bytes)
+        .verify("xsum64")
+        .any()
+    )
 
 
 @pytest.mark.parametrize("alg", sorted(codec_kv.CHECKSUMS))
@@ -108,7 +131,9 @@ def test_checksum_catches_every_bit_flip_and_short_burst(alg):
     width = 64 if alg == "xsum64" else 32
     for start in range(0, 4096 * 8 - width, 997):  # bursts that straddle word boundaries
         d = np.unpackbits(data, bitorder="little")
-        d[start: start + width] ^= rng.integers(0, 2, size=width, dtype=np.uint8) | np.eye(1, width, 0, dtype=np.uint8)[0]
+        d[start : start + width] ^= (
+            rng.integers(0, 2, size=width, dtype=np.uint8) | np.eye(1, width, 0, dtype=np.uint8)[0]
+        )
         assert codec_kv.CHECKSUMS[alg](meta, np.packbits(d, bitorder="little")) != base
     assert codec_kv.CHECKSUMS[alg]((4, 12345, 0, 16), data) != base  # metadata is covered
 
@@ -142,7 +167,8 @@ def test_generated_proto_imports_with_installed_runtime():
 
     assert pb.DESCRIPTOR.package == "pddflow.channels.v1", __version__
     assert {"TokenIds", "Control", "Ack", "Envelope", "KVTransfer", "KVAck", "KVStatus"} <= set(
-        pb.DESCRIPTOR.message_types_by_name)
+        pb.DESCRIPTOR.message_types_by_name
+    )
 
 
 def test_no_pickle_in_channel_sources():
@@ -151,7 +177,11 @@ def test_no_pickle_in_channel_sources():
     import pddflow.channels as ch
 
     root = pathlib.Path(ch.__file__).parent
-    offenders = [p.name for p in root.rglob("*.py") if "import pickle" in p.read_text() or "cPickle" in p.read_text()]
+    offenders = [
+        p.name
+        for p in root.rglob("*.py")
+        if "import pickle" in p.read_text() or "cPickle" in p.read_text()
+    ]
     assert offenders == []
 
 

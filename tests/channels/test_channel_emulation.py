@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from pddflow.channels.deadline import Deadline
 from pddflow.channels.emulation import EmulatedLink, link_from_params
 from pddflow.channels.errors import ChannelTimeout
-from pddflow.channels.deadline import Deadline
 from pddflow.channels.peer import PeerProcess
 from pddflow.channels.wan_flight import WanFlightParams, WanFlightSender
 from pddflow.core.link import Jitter, LinkModel
@@ -30,7 +30,9 @@ def _link(gbps=0.8, rtt_ms=20.0, jitter=Jitter(5.0, 50.0)) -> LinkModel:
 
 def test_token_bucket_paces_at_link_rate():
     clock = FakeClock()
-    em = EmulatedLink(_link(rtt_ms=0, jitter=Jitter()), burst_bytes=0, clock=clock, sleep=clock.sleep)
+    em = EmulatedLink(
+        _link(rtt_ms=0, jitter=Jitter()), burst_bytes=0, clock=clock, sleep=clock.sleep
+    )
     t0 = clock.t
     ready = None
     for _ in range(100):
@@ -40,7 +42,9 @@ def test_token_bucket_paces_at_link_rate():
 
 def test_delay_adds_latency_not_throughput_loss():
     clock = FakeClock()
-    em = EmulatedLink(_link(rtt_ms=200, jitter=Jitter()), burst_bytes=0, clock=clock, sleep=clock.sleep)
+    em = EmulatedLink(
+        _link(rtt_ms=200, jitter=Jitter()), burst_bytes=0, clock=clock, sleep=clock.sleep
+    )
     t0 = clock.t
     ready = None
     for _ in range(100):
@@ -59,24 +63,30 @@ def test_a_small_message_is_not_queued_behind_a_large_one():
     small: dict[str, float] = {}
 
     def sleep(s: float) -> None:
-        if not small:  # the large send waits for its first piece to leave: the small one is offered now
+        if (
+            not small
+        ):  # the large send waits for its first piece to leave: the small one is offered now
             small["t0"] = clock.t
             em.hold(100_000, lane="small")
             small["done"] = clock.t
         clock.sleep(s)
 
-    em = EmulatedLink(_link(gbps=0.8, rtt_ms=0, jitter=Jitter()), burst_bytes=0, clock=clock, sleep=sleep)
+    em = EmulatedLink(
+        _link(gbps=0.8, rtt_ms=0, jitter=Jitter()), burst_bytes=0, clock=clock, sleep=sleep
+    )
     t0 = clock.t
     em.hold(8_000_000, lane="large")
     rate = 0.8e9 / 8
-    assert small["done"] - small["t0"] <= (SHARE_BYTES + 100_000) / rate + 1e-9   # not 8 MB / rate
-    assert clock.t - t0 == pytest.approx(8_100_000 / rate, rel=1e-9)            # the link stayed full
+    assert small["done"] - small["t0"] <= (SHARE_BYTES + 100_000) / rate + 1e-9  # not 8 MB / rate
+    assert clock.t - t0 == pytest.approx(8_100_000 / rate, rel=1e-9)  # the link stayed full
 
 
 def test_arrivals_stay_in_order_per_lane_and_runs_repeat():
     def run(seed: int) -> list[float]:
         clock = FakeClock()
-        em = EmulatedLink(_link(jitter=Jitter(5.0, 500.0)), seed=seed, clock=clock, sleep=clock.sleep)
+        em = EmulatedLink(
+            _link(jitter=Jitter(5.0, 500.0)), seed=seed, clock=clock, sleep=clock.sleep
+        )
         return [em.schedule(10_000, lane=i % 3)[1] for i in range(60)]
 
     a, b, c = run(7), run(7), run(8)
@@ -90,7 +100,9 @@ def test_jitter_distribution_matches_the_link_model():
     clock = FakeClock()
     link = _link(gbps=1000.0, rtt_ms=0.0, jitter=Jitter(10.0, 100.0))
     em = EmulatedLink(link, seed=3, clock=clock, sleep=clock.sleep)
-    delays = sorted(em.schedule(1, lane=i)[1] - clock.t for i in range(4000))  # one message per lane
+    delays = sorted(
+        em.schedule(1, lane=i)[1] - clock.t for i in range(4000)
+    )  # one message per lane
     p50, p99 = delays[2000] * 1e3, delays[3960] * 1e3
     assert p50 == pytest.approx(10.0, rel=0.1) and p99 == pytest.approx(100.0, rel=0.25)
 
@@ -112,10 +124,15 @@ def test_link_from_graph_params():
 def test_shaped_wan_flight_throughput_within_10_percent(kv_factory):
     """64 MiB through a 0.4 Gbps emulated link (about 1.3 s): well below what loopback carries,
     so the bucket, not the machine, sets the pace."""
-    kv = kv_factory("shaped", num_blocks=1024, torch_dtype=None, layers=8, head_dim=64)  # 64 KiB blocks
+    kv = kv_factory(
+        "shaped", num_blocks=1024, torch_dtype=None, layers=8, head_dim=64
+    )  # 64 KiB blocks
     link = LinkModel("A-B", "A", "B", gbps=0.4, rtt_ms=2.0, jitter=Jitter(0.5, 2.0))
     params = WanFlightParams(streams=4, max_batch_bytes=1 << 20, emulate=link, seed=11)
-    with PeerProcess("wan-recv", "--no-digest") as rx, WanFlightSender(rx.address, params=params) as tx:
+    with (
+        PeerProcess("wan-recv", "--no-digest") as rx,
+        WanFlightSender(rx.address, params=params) as tx,
+    ):
         tx.connect(timeout_s=10)  # connections set up outside the measured transfer
         report = tx.send(kv, timeout_s=60)
         rx.line(10)

@@ -13,7 +13,13 @@ import uuid
 import numpy as np
 import pytest
 
-from pddflow.channels.errors import ChannelCancelled, ChannelClosed, ChannelCorrupt, ChannelError, ChannelTimeout
+from pddflow.channels.errors import (
+    ChannelCancelled,
+    ChannelClosed,
+    ChannelCorrupt,
+    ChannelError,
+    ChannelTimeout,
+)
 from pddflow.channels.peer import PeerProcess
 from pddflow.channels.rdma_nixl import NixlTransport
 from pddflow.channels.rdma_tensor import RdmaTensorParams, RdmaTensorReceiver, RdmaTensorSender
@@ -39,7 +45,9 @@ def rx_proc(request, direct_rx, ring_rx):
 
 
 @pytest.mark.parametrize("torch_dtype", ["bfloat16", None])
-def test_round_trip_between_processes_is_bit_exact(rx_proc, kv_factory, same_kv, no_pickle, torch_dtype):
+def test_round_trip_between_processes_is_bit_exact(
+    rx_proc, kv_factory, same_kv, no_pickle, torch_dtype
+):
     rx, mode = rx_proc
     kv = kv_factory(f"rdma-{torch_dtype}", num_blocks=30, torch_dtype=torch_dtype)
     with RdmaTensorSender(rx.address) as tx:
@@ -52,8 +60,12 @@ def test_round_trip_between_processes_is_bit_exact(rx_proc, kv_factory, same_kv,
 
 
 def test_ring_slots_smaller_than_a_block(kv_factory, same_kv):
-    kv = kv_factory("rdma-split", num_blocks=9, torch_dtype=None)  # 16 KiB blocks through 10 KiB slots
-    with PeerProcess("rdma-recv", "--ring-slots", "3", "--slot-mb", "0.01", "--arena-mb", "0") as rx:
+    kv = kv_factory(
+        "rdma-split", num_blocks=9, torch_dtype=None
+    )  # 16 KiB blocks through 10 KiB slots
+    with PeerProcess(
+        "rdma-recv", "--ring-slots", "3", "--slot-mb", "0.01", "--arena-mb", "0"
+    ) as rx:
         with RdmaTensorSender(rx.address) as tx:
             tx.send(kv, timeout_s=20)
         same_kv(kv, rx.line(10)["kv"])
@@ -72,7 +84,9 @@ def test_corrupt_block_is_detected_and_resent(rx_proc, kv_factory, same_kv):
             return bad
         return None
 
-    with RdmaTensorSender(rx_proc.address, params=RdmaTensorParams(checksum="xsum64"), fault=fault) as tx:
+    with RdmaTensorSender(
+        rx_proc.address, params=RdmaTensorParams(checksum="xsum64"), fault=fault
+    ) as tx:
         report = tx.send(kv, timeout_s=20)
     assert hit and report.resent_blocks == 1
     same_kv(kv, rx_proc.line(10)["kv"])
@@ -98,7 +112,9 @@ def test_stopped_receiver_fails_at_deadline(kv_factory, fails_at_deadline_while_
     kv = kv_factory(num_blocks=64, torch_dtype=None)  # 1 MiB through a 2 x 16 KiB ring
     with PeerProcess("rdma-recv", "--ring-slots", "2", "--slot-mb", "0.016") as rx:
         with RdmaTensorSender(rx.address) as tx:
-            tx.send(kv_factory("warm", num_blocks=1, torch_dtype=None), timeout_s=20)  # connected, healthy
+            tx.send(
+                kv_factory("warm", num_blocks=1, torch_dtype=None), timeout_s=20
+            )  # connected, healthy
             rx.line(10)
             fails_at_deadline_while_stopped(lambda t: tx.send(kv, timeout_s=t), rx.pid)
 
@@ -120,7 +136,10 @@ def test_silent_peer_fails_at_deadline(kv_factory):
 
 def test_receiver_killed_mid_transfer_is_reported(kv_factory):
     kv = kv_factory("rdma-dead", num_blocks=64, torch_dtype=None)
-    with PeerProcess("rdma-recv", "--ring-slots", "2", "--slot-mb", "0.016", "--arena-mb", "0") as rx:
+    with PeerProcess(
+        "rdma-recv", "--ring-slots", "2", "--slot-mb", "0.016", "--arena-mb", "0"
+    ) as rx:
+
         def kill_on_fifth(first_block: int, piece: np.ndarray):
             if first_block == 4:  # mid-transfer: after four 16 KiB ring slots went through
                 os.kill(rx.pid, signal.SIGKILL)
@@ -139,7 +158,9 @@ def test_receiver_cancel_refuses_the_set(kv_factory):
         rx.cancel("rdma-cancel", reason="request moved")
         with pytest.raises(ChannelCancelled, match="request moved"):
             tx.send(kv, timeout_s=10)
-        tx.send(kv_factory("rdma-ok", num_blocks=2, torch_dtype=None), timeout_s=10)  # the channel still works
+        tx.send(
+            kv_factory("rdma-ok", num_blocks=2, torch_dtype=None), timeout_s=10
+        )  # the channel still works
         assert rx.recv("rdma-ok", timeout_s=5).num_blocks == 2
 
 
@@ -211,7 +232,10 @@ def test_unknown_transport_lists_valid_names():
 def test_nixl_transport_round_trip(kv_factory):
     kv = kv_factory("nixl", num_blocks=8, torch_dtype=None)
     params = RdmaTensorParams(transport="nixl")
-    with RdmaTensorReceiver("tcp:127.0.0.1:0", params=params) as rx, RdmaTensorSender(rx.address, params=params) as tx:
+    with (
+        RdmaTensorReceiver("tcp:127.0.0.1:0", params=params) as rx,
+        RdmaTensorSender(rx.address, params=params) as tx,
+    ):
         tx.send(kv, timeout_s=30)
         out = rx.recv("nixl", timeout_s=10)
     assert np.array_equal(out.data, kv.data)

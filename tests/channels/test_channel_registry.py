@@ -15,18 +15,33 @@ LINK = LinkModel("A-B", "A", "B", gbps=100, rtt_ms=30, jitter=Jitter(50, 2000))
 
 
 def test_every_networked_core_kind_has_a_transport():
-    assert {k for k in CHANNEL_KINDS.names() if CHANNEL_KINDS.get(k).scope != "process"} <= set(TRANSPORTS.names())
+    assert {k for k in CHANNEL_KINDS.names() if CHANNEL_KINDS.get(k).scope != "process"} <= set(
+        TRANSPORTS.names()
+    )
 
 
 def test_graph_params_become_transport_params(monkeypatch):
     tls = TLSConfig("c.pem", "k.pem", "c.pem")
     wan = TRANSPORTS.get("wan_flight").make_params(
-        {"streams": 8, "tls": True, "token": "", "deadline_s": 12.5, "emulate": True}, tls=tls, link=LINK)
-    assert (wan.streams, wan.tls, wan.token, wan.deadline_s, wan.emulate) == (8, tls, None, 12.5, LINK)
+        {"streams": 8, "tls": True, "token": "", "deadline_s": 12.5, "emulate": True},
+        tls=tls,
+        link=LINK,
+    )
+    assert (wan.streams, wan.tls, wan.token, wan.deadline_s, wan.emulate) == (
+        8,
+        tls,
+        None,
+        12.5,
+        LINK,
+    )
     monkeypatch.setenv("PDD_TOKEN", "from-env")
-    tok = TRANSPORTS.get("token_ids").make_params({"token_env": "PDD_TOKEN", "emulate": False}, link=LINK)
+    tok = TRANSPORTS.get("token_ids").make_params(
+        {"token_env": "PDD_TOKEN", "emulate": False}, link=LINK
+    )
     assert tok.token == "from-env" and tok.emulate is None
-    rdma = TRANSPORTS.get("rdma_tensor").make_params({"ring_slots": 8, "slot_mb": 64, "deadline_s": 30})
+    rdma = TRANSPORTS.get("rdma_tensor").make_params(
+        {"ring_slots": 8, "slot_mb": 64, "deadline_s": 30}
+    )
     assert rdma.slot_bytes == 64 << 20
 
 

@@ -21,7 +21,15 @@ TOKEN = "s3cret-token"
 
 @pytest.fixture(scope="module")
 def secure_srv(tls_dir):
-    p = PeerProcess("tok-server", "--token", TOKEN, "--tls-cert", tls_dir.cert_chain, "--tls-key", tls_dir.private_key)
+    p = PeerProcess(
+        "tok-server",
+        "--token",
+        TOKEN,
+        "--tls-cert",
+        tls_dir.cert_chain,
+        "--tls-key",
+        tls_dir.private_key,
+    )
     yield p
     p.stop()
 
@@ -36,8 +44,11 @@ def test_handoffs_arrive_in_order_with_acks_over_tls(secure_srv, tls_dir, no_pic
         futs = []
         for i in range(20):  # two sequences interleaved, pipelined (acks come back later)
             for seq in ("a", "b"):
-                futs.append(cli.send_async(TokenIds(seq, i * 4, [i, i + 1, i + 2, i + 3], final=i == 19),
-                                           timeout_s=10))
+                futs.append(
+                    cli.send_async(
+                        TokenIds(seq, i * 4, [i, i + 1, i + 2, i + 3], final=i == 19), timeout_s=10
+                    )
+                )
         for f in futs:
             f.result(timeout=15)
         cli.send(Control(ControlKind.RELEASE, "a", "extend done"), timeout_s=10)
@@ -46,10 +57,14 @@ def test_handoffs_arrive_in_order_with_acks_over_tls(secure_srv, tls_dir, no_pic
         got = [m["tokens"] for m in lines if "tokens" in m and m["tokens"]["seq_id"] == seq]
         assert [t["start"] for t in got] == [i * 4 for i in range(20)]
         assert got[-1]["final"] and all(t["peer"] == "relay-0" for t in got)
-    assert lines[-1] == {"control": {"peer": "relay-0", "kind": "release", "seq_id": "a", "reason": "extend done"}}
+    assert lines[-1] == {
+        "control": {"peer": "relay-0", "kind": "release", "seq_id": "a", "reason": "extend done"}
+    }
 
 
-@pytest.mark.parametrize("token, expect", [(None, "missing bearer token"), ("guess", "wrong bearer token")])
+@pytest.mark.parametrize(
+    "token, expect", [(None, "missing bearer token"), ("guess", "wrong bearer token")]
+)
 def test_missing_or_wrong_token_is_refused(secure_srv, tls_dir, token, expect):
     with TokenIdsClient(secure_srv.address, params=TokenIdsParams(token=token, tls=tls_dir)) as cli:
         with pytest.raises(ChannelAuthError, match=expect):
@@ -59,13 +74,19 @@ def test_missing_or_wrong_token_is_refused(secure_srv, tls_dir, token, expect):
 def test_dropped_connection_reconnects_and_resends_exactly_once():
     with PeerProcess("tok-server") as srv:
         host, port = srv.address.split(":")
-        with TcpProxy((host, int(port))) as proxy, \
-                TokenIdsClient(proxy.address, params=TokenIdsParams(deadline_s=30), name="relay-1") as cli:
+        with (
+            TcpProxy((host, int(port))) as proxy,
+            TokenIdsClient(
+                proxy.address, params=TokenIdsParams(deadline_s=30), name="relay-1"
+            ) as cli,
+        ):
             futs = [cli.send_async(TokenIds("s", i, [1000 + i]), timeout_s=30) for i in range(150)]
             while sum(f.done() for f in futs) < 40:
                 time.sleep(0.001)
             proxy.drop_all()  # the link flaps with messages in flight
-            futs += [cli.send_async(TokenIds("s", i, [1000 + i]), timeout_s=30) for i in range(150, 300)]
+            futs += [
+                cli.send_async(TokenIds("s", i, [1000 + i]), timeout_s=30) for i in range(150, 300)
+            ]
             for f in futs:
                 f.result(timeout=40)
             assert proxy.stats.connections >= 2
@@ -80,7 +101,10 @@ def test_control_both_ways_in_process():
         assert m.peer == "relay-2" and m.payload.ids == [5, 6, 7]
         srv.send("relay-2", Control(ControlKind.CANCEL, "r1", "MD lost the KV"), timeout_s=5)
         back = cli.recv(timeout_s=5)
-        assert back.payload == Control(ControlKind.CANCEL, "r1", "MD lost the KV") and back.peer == "server"
+        assert (
+            back.payload == Control(ControlKind.CANCEL, "r1", "MD lost the KV")
+            and back.peer == "server"
+        )
 
 
 def test_silent_peer_fails_at_deadline():
@@ -102,8 +126,10 @@ def test_unreachable_peer_for_server_send_times_out():
 def test_emulated_link_delays_each_direction():
     """Both ends shape with the link model: a round trip takes at least the link's RTT."""
     link = LinkModel("A-B", "A", "B", gbps=1.0, rtt_ms=40.0, jitter=Jitter(5.0, 20.0))
-    with TokenIdsServer(params=TokenIdsParams(emulate=link, seed=1)) as srv, \
-            TokenIdsClient(srv.address, params=TokenIdsParams(emulate=link, seed=1)) as cli:
+    with (
+        TokenIdsServer(params=TokenIdsParams(emulate=link, seed=1)) as srv,
+        TokenIdsClient(srv.address, params=TokenIdsParams(emulate=link, seed=1)) as cli,
+    ):
         cli.connect(timeout_s=10)
         t0 = time.monotonic()
         cli.send(TokenIds("e", 0, list(range(100))), timeout_s=10)
@@ -122,8 +148,10 @@ def test_send_async_never_blocks_and_fails_at_its_deadline():
 
 
 def test_send_async_auth_refusal_reaches_the_future():
-    with TokenIdsServer(params=TokenIdsParams(token=TOKEN)) as srv, \
-            TokenIdsClient(srv.address, params=TokenIdsParams(token="nope")) as cli:
+    with (
+        TokenIdsServer(params=TokenIdsParams(token=TOKEN)) as srv,
+        TokenIdsClient(srv.address, params=TokenIdsParams(token="nope")) as cli,
+    ):
         with pytest.raises(ChannelAuthError, match="wrong bearer token"):
             cli.send_async(TokenIds("x", 0, [1]), timeout_s=5).result(timeout=10)
 

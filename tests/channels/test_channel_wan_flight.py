@@ -18,7 +18,15 @@ MARKER = b"PDD!MARK"
 
 @pytest.fixture(scope="module")
 def secure_rx(tls_dir):
-    p = PeerProcess("wan-recv", "--token", TOKEN, "--tls-cert", tls_dir.cert_chain, "--tls-key", tls_dir.private_key)
+    p = PeerProcess(
+        "wan-recv",
+        "--token",
+        TOKEN,
+        "--tls-cert",
+        tls_dir.cert_chain,
+        "--tls-key",
+        tls_dir.private_key,
+    )
     yield p
     p.stop()
 
@@ -31,11 +39,17 @@ def plain_rx():
 
 
 def _kv_bytes(kv) -> int:
-    return int(kv.data.numel() * kv.data.element_size()) if hasattr(kv.data, "numel") else kv.data.nbytes
+    return (
+        int(kv.data.numel() * kv.data.element_size())
+        if hasattr(kv.data, "numel")
+        else kv.data.nbytes
+    )
 
 
 @pytest.mark.parametrize("torch_dtype", ["bfloat16", None])
-def test_round_trip_bit_exact_over_tls_with_token(secure_rx, tls_dir, kv_factory, same_kv, no_pickle, torch_dtype):
+def test_round_trip_bit_exact_over_tls_with_token(
+    secure_rx, tls_dir, kv_factory, same_kv, no_pickle, torch_dtype
+):
     kv = kv_factory("tls-" + str(torch_dtype), num_blocks=40, torch_dtype=torch_dtype)
     params = WanFlightParams(streams=3, token=TOKEN, tls=tls_dir, max_batch_bytes=64 << 10)
     assert secure_rx.address.startswith("grpc+tls://")
@@ -45,7 +59,9 @@ def test_round_trip_bit_exact_over_tls_with_token(secure_rx, tls_dir, kv_factory
     same_kv(kv, secure_rx.line(10)["kv"])
 
 
-@pytest.mark.parametrize("token, expect", [(None, "missing bearer token"), ("guess", "wrong bearer token")])
+@pytest.mark.parametrize(
+    "token, expect", [(None, "missing bearer token"), ("guess", "wrong bearer token")]
+)
 def test_missing_or_wrong_token_is_refused(secure_rx, tls_dir, kv_factory, token, expect):
     kv = kv_factory(num_blocks=2)
     with WanFlightSender(secure_rx.address, params=WanFlightParams(token=token, tls=tls_dir)) as tx:
@@ -124,7 +140,9 @@ def test_stopped_receiver_process_fails_at_deadline(kv_factory, fails_at_deadlin
     with PeerProcess("wan-recv") as rx:
         with WanFlightSender(rx.address) as tx:
             tx.ping(timeout_s=10)  # connected and healthy ...
-            fails_at_deadline_while_stopped(lambda t: tx.send(kv, timeout_s=t), rx.pid)  # ... then it stops
+            fails_at_deadline_while_stopped(
+                lambda t: tx.send(kv, timeout_s=t), rx.pid
+            )  # ... then it stops
 
 
 def test_receiver_cancel_refuses_the_sequence(kv_factory):
@@ -147,7 +165,9 @@ def test_sender_cancel_frees_receiver_state(kv_factory):
 
 
 def test_message_size_limits_on_both_sides(kv_factory):
-    kv = kv_factory("big-blocks", num_blocks=8, torch_dtype=None, layers=16, head_dim=64)  # 128 KiB blocks
+    kv = kv_factory(
+        "big-blocks", num_blocks=8, torch_dtype=None, layers=16, head_dim=64
+    )  # 128 KiB blocks
     with WanFlightReceiver(params=WanFlightParams(max_message_bytes=256 << 10)) as rx:
         with WanFlightSender(rx.address, params=WanFlightParams(max_message_bytes=64 << 10)) as tx:
             with pytest.raises(ChannelError, match="over the message limit"):

@@ -16,10 +16,23 @@ from pddflow.operators.weights import ModelSource, builtin_weights
 # Small enough for hundreds of forwards per second on 2 cores, large enough to have GQA (2 query
 # heads per KV head), llama3 RoPE scaling that matters at these positions, and several layers.
 SMALL = ModelConfig(
-    arch="llama", vocab_size=97, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=4,
-    num_kv_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0,
-    rope_scaling=RopeScaling("llama3", factor=4.0, low_freq_factor=1.0, high_freq_factor=4.0,
-                             original_max_position_embeddings=32),
+    arch="llama",
+    vocab_size=97,
+    hidden_size=64,
+    intermediate_size=128,
+    num_layers=2,
+    num_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+    rms_norm_eps=1e-5,
+    rope_theta=10000.0,
+    rope_scaling=RopeScaling(
+        "llama3",
+        factor=4.0,
+        low_freq_factor=1.0,
+        high_freq_factor=4.0,
+        original_max_position_embeddings=32,
+    ),
     max_position_embeddings=1024,
 )
 
@@ -47,12 +60,28 @@ def small_engine(**overrides) -> Engine:
 def _llama_config(**extra):
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=211, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
-                       num_attention_heads=4, num_key_value_heads=2, head_dim=16, max_position_embeddings=512,
-                       rms_norm_eps=1e-5, bos_token_id=1, eos_token_id=2,
-                       rope_parameters={"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0,
-                                        "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                        "original_max_position_embeddings": 32}, **extra)
+    return LlamaConfig(
+        vocab_size=211,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-5,
+        bos_token_id=1,
+        eos_token_id=2,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 10000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
+        **extra,
+    )
 
 
 def _save(model, path: Path) -> Path:
@@ -68,17 +97,29 @@ def _save(model, path: Path) -> Path:
 def tiny_llama_dir(tmp_path_factory) -> Path:
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(0)
-    return _save(transformers.LlamaForCausalLM(_llama_config()), tmp_path_factory.mktemp("tiny-llama"))
+    return _save(
+        transformers.LlamaForCausalLM(_llama_config()), tmp_path_factory.mktemp("tiny-llama")
+    )
 
 
 @pytest.fixture(scope="session")
 def tiny_qwen2_dir(tmp_path_factory) -> Path:
     transformers = pytest.importorskip("transformers")
     torch.manual_seed(1)
-    cfg = transformers.Qwen2Config(vocab_size=211, hidden_size=64, intermediate_size=160, num_hidden_layers=3,
-                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
-                                   rms_norm_eps=1e-6, rope_parameters={"rope_type": "default", "rope_theta": 1e6},
-                                   tie_word_embeddings=True, bos_token_id=1, eos_token_id=2)
+    cfg = transformers.Qwen2Config(
+        vocab_size=211,
+        hidden_size=64,
+        intermediate_size=160,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
     model = transformers.Qwen2ForCausalLM(cfg)
     with torch.no_grad():
         # Tied embeddings make a small-weight model echo its input token; stronger layers and

@@ -33,11 +33,17 @@ def test_scheme_is_pinned():
     import hashlib
     import struct
 
-    expect = int.from_bytes(hashlib.blake2b(struct.pack("<4i", 1, 2, 3, 4), digest_size=8).digest(), "little")
+    expect = int.from_bytes(
+        hashlib.blake2b(struct.pack("<4i", 1, 2, 3, 4), digest_size=8).digest(), "little"
+    )
     h = chain_block_hashes([1, 2, 3, 4], 4)
     assert h == [expect]
-    second = hashlib.blake2b(expect.to_bytes(8, "little") + struct.pack("<4i", 5, 6, 7, 8), digest_size=8)
-    assert chain_block_hashes([1, 2, 3, 4, 5, 6, 7, 8], 4)[1] == int.from_bytes(second.digest(), "little")
+    second = hashlib.blake2b(
+        expect.to_bytes(8, "little") + struct.pack("<4i", 5, 6, 7, 8), digest_size=8
+    )
+    assert chain_block_hashes([1, 2, 3, 4, 5, 6, 7, 8], 4)[1] == int.from_bytes(
+        second.digest(), "little"
+    )
 
 
 def test_partial_block_hash_differs_from_full():
@@ -52,8 +58,10 @@ def test_bad_block_size():
 
 
 def test_pure_python_modules_do_not_import_torch():
-    code = ("import sys; import pddflow.core.block_hash, pddflow.operators.radix_cache, "
-            "pddflow.operators.block_allocator, pddflow.operators.config, pddflow.operators.sequence; "
-            "print('torch' in sys.modules)")
+    code = (
+        "import sys; import pddflow.core.block_hash, pddflow.operators.radix_cache, "
+        "pddflow.operators.block_allocator, pddflow.operators.config, pddflow.operators.sequence; "
+        "print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -21,41 +21,79 @@ def run(*args: str):
 
 
 def test_generate_json_matches_engine(tiny_llama_dir):
-    res = run("generate", "--model", str(tiny_llama_dir), "--prompt-ids", "1,5,9,120", "--max-tokens", "7", "--json")
+    res = run(
+        "generate",
+        "--model",
+        str(tiny_llama_dir),
+        "--prompt-ids",
+        "1,5,9,120",
+        "--max-tokens",
+        "7",
+        "--json",
+    )
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
-    assert out["text"] is None            # no tokenizer.json in this checkpoint
-    ref = Engine.from_spec(str(tiny_llama_dir), EngineConfig(kv_cache_bytes=2**20)).generate(
-        [[1, 5, 9, 120]], SamplingParams(max_tokens=7, stop_token_ids=(2,)))[0].output_ids
+    assert out["text"] is None  # no tokenizer.json in this checkpoint
+    ref = (
+        Engine.from_spec(str(tiny_llama_dir), EngineConfig(kv_cache_bytes=2**20))
+        .generate([[1, 5, 9, 120]], SamplingParams(max_tokens=7, stop_token_ids=(2,)))[0]
+        .output_ids
+    )
     assert out["token_ids"] == ref and 1 <= len(ref) <= 7
 
 
 def test_generate_builtin_text_prompt():
-    res = run("generate", "--model", "builtin:tiny-llama", "--prompt", "Hello", "--max-tokens", "4", "--json")
+    res = run(
+        "generate",
+        "--model",
+        "builtin:tiny-llama",
+        "--prompt",
+        "Hello",
+        "--max-tokens",
+        "4",
+        "--json",
+    )
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert len(out["token_ids"]) <= 4 and isinstance(out["text"], str)
 
 
 def test_generate_with_tokenizer_and_seeded_sampling(tiny_llama_with_tokenizer):
-    args = ["generate", "-m", str(tiny_llama_with_tokenizer), "--prompt", "w1 w2 w3", "--max-tokens", "6",
-            "--temperature", "0.8", "--top-p", "0.9", "--seed", "7", "--json"]
+    args = [
+        "generate",
+        "-m",
+        str(tiny_llama_with_tokenizer),
+        "--prompt",
+        "w1 w2 w3",
+        "--max-tokens",
+        "6",
+        "--temperature",
+        "0.8",
+        "--top-p",
+        "0.9",
+        "--seed",
+        "7",
+        "--json",
+    ]
     a, b = run(*args), run(*args)
     assert a.exit_code == 0, a.output
     assert json.loads(a.stdout) == json.loads(b.stdout)
     assert isinstance(json.loads(a.stdout)["text"], str)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--model", "builtin:tiny-lama", "--prompt-ids", "1"], "did you mean 'tiny-llama'"),
-    (["--model", "/no/such/dir", "--prompt-ids", "1"], "neither builtin"),
-    (["--prompt-ids", "1,x,3"], "'x' is not an integer"),
-    (["--prompt-ids", ""], "empty"),
-    (["--prompt-ids", "1,2,100000"], "outside the vocabulary"),
-    (["--prompt", "a", "--prompt-ids", "1"], "exactly one of"),
-    ([], "exactly one of"),
-    (["--prompt-ids", "1", "--max-tokens", "0"], "--max-tokens"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--model", "builtin:tiny-lama", "--prompt-ids", "1"], "did you mean 'tiny-llama'"),
+        (["--model", "/no/such/dir", "--prompt-ids", "1"], "neither builtin"),
+        (["--prompt-ids", "1,x,3"], "'x' is not an integer"),
+        (["--prompt-ids", ""], "empty"),
+        (["--prompt-ids", "1,2,100000"], "outside the vocabulary"),
+        (["--prompt", "a", "--prompt-ids", "1"], "exactly one of"),
+        ([], "exactly one of"),
+        (["--prompt-ids", "1", "--max-tokens", "0"], "--max-tokens"),
+    ],
+)
 def test_generate_errors_are_clear(args, message):
     res = run("generate", *args)
     assert res.exit_code == 2
@@ -68,7 +106,9 @@ def test_text_prompt_without_tokenizer(tiny_llama_dir):
 
 
 def test_bench_engine_quick_json(tiny_llama_dir):
-    res = run("bench", "engine", "--model", str(tiny_llama_dir), "--quick", "--json", "--batch", "3")
+    res = run(
+        "bench", "engine", "--model", str(tiny_llama_dir), "--quick", "--json", "--batch", "3"
+    )
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert set(out["mixed"]) >= {"engine_tok_s", "hf_tok_s", "ratio"}
@@ -76,17 +116,25 @@ def test_bench_engine_quick_json(tiny_llama_dir):
     assert set(out["prefill"]) == {"64", "128"} and {"1", "4"} <= set(out["decode"])
     assert out["extend"]["extend_ms"] > 0 and out["batch_invariant"] is True
     assert out["decode_long"]["batch"] == 4 and out["decode_long"]["engine_step_ms"] > 0
-    assert out["extend_long"] == {"tokens": 128, "context": 768, "extend_ms": out["extend_long"]["extend_ms"]}
-    grid = out["prefill_grid"]["points"]   # prompts over a cached prefix, the prefix really reused
+    assert out["extend_long"] == {
+        "tokens": 128,
+        "context": 768,
+        "extend_ms": out["extend_long"]["extend_ms"],
+    }
+    grid = out["prefill_grid"]["points"]  # prompts over a cached prefix, the prefix really reused
     assert {(p["tokens"], p["cached"]) for p in grid} >= {(32, 0), (128, 256), (256, 768)}
     assert all(p["prefill_ms"] > 0 for p in grid)
     from pddflow.operators.corun_bench import cores_for_corun
 
     if cores_for_corun() is None:
         assert "corun" not in out
-    else:   # measured next to a decoding companion, which is gone again; our affinity is restored
+    else:  # measured next to a decoding companion, which is gone again; our affinity is restored
         co = out["corun"]
-        assert co["prefill_factor"] > 0 and co["decode_factor"] > 0 and co["companion"] == "decode batch 4 over 768 tokens"
+        assert (
+            co["prefill_factor"] > 0
+            and co["decode_factor"] > 0
+            and co["companion"] == "decode batch 4 over 768 tokens"
+        )
         assert len(os.sched_getaffinity(0)) >= 2
         ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
         assert "pddflow.operators.corun_bench" not in ps
@@ -108,12 +156,16 @@ def test_corun_companion_start_has_a_deadline():
 
     from pddflow.operators.corun_bench import _started
 
-    silent = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], stdout=subprocess.PIPE, text=True)
+    silent = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(30)"], stdout=subprocess.PIPE, text=True
+    )
     t = time.monotonic()
     try:
         assert _started(silent, 0.5) is False and time.monotonic() - t < 5
     finally:
         silent.kill()
         silent.wait()
-    crashed = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"], stdout=subprocess.PIPE, text=True)
+    crashed = subprocess.Popen(
+        [sys.executable, "-c", "raise SystemExit(3)"], stdout=subprocess.PIPE, text=True
+    )
     assert _started(crashed, 10) is False and crashed.wait() == 3

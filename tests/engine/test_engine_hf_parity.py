@@ -3,18 +3,52 @@ greedy continuations, for Llama (GQA, llama3 RoPE scaling) and Qwen2 (q/k/v bias
 
 import pytest
 import torch
+from conftest import with_config
 
 from pddflow.core.payloads import SamplingParams
 from pddflow.operators.config import ModelSpecError
 from pddflow.operators.engine import Engine, EngineConfig
 from pddflow.operators.weights import load_model_source
 
-from conftest import with_config
-
 transformers = pytest.importorskip("transformers")
 
-PROMPT = [1, 17, 99, 3, 150, 42, 8, 8, 200, 5, 61, 77, 13, 190, 4, 33, 120, 9, 56, 71, 2, 140, 35, 88,
-          101, 6, 19, 170, 24, 66, 91, 12, 180, 45, 7]
+PROMPT = [
+    1,
+    17,
+    99,
+    3,
+    150,
+    42,
+    8,
+    8,
+    200,
+    5,
+    61,
+    77,
+    13,
+    190,
+    4,
+    33,
+    120,
+    9,
+    56,
+    71,
+    2,
+    140,
+    35,
+    88,
+    101,
+    6,
+    19,
+    170,
+    24,
+    66,
+    91,
+    12,
+    180,
+    45,
+    7,
+]
 
 
 def _hf(path):
@@ -28,7 +62,7 @@ def test_logits_match_hf(fixture, request):
     hf = _hf(path)
     with torch.inference_mode():
         ref = hf(torch.tensor([PROMPT])).logits[0]
-    ours = engine.score(PROMPT)           # chunked in 16s: exercises cross-chunk attention too
+    ours = engine.score(PROMPT)  # chunked in 16s: exercises cross-chunk attention too
     assert ours.shape == ref.shape
     assert (ours - ref).abs().max().item() < 1e-4
 
@@ -40,9 +74,14 @@ def test_greedy_continuation_matches_hf(fixture, request):
     engine = Engine.from_spec(str(path), EngineConfig(kv_cache_bytes=2**22))
     hf = _hf(path)
     with torch.inference_mode():
-        out = hf.generate(torch.tensor([PROMPT]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                          pad_token_id=0)
-    ref = out[0, len(PROMPT):].tolist()
+        out = hf.generate(
+            torch.tensor([PROMPT]),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            pad_token_id=0,
+        )
+    ref = out[0, len(PROMPT) :].tolist()
     ours = engine.generate([PROMPT], SamplingParams(max_tokens=n))[0].output_ids
     assert len(set(ref)) > 3, "degenerate test model"
     assert ours == ref
@@ -68,14 +107,20 @@ def test_builtin_weights_are_deterministic():
     assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("changes, message", [
-    ({"model_type": "gpt2"}, "model_type 'gpt2' is not supported"),
-    ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
-    ({"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}}, "RoPE type 'yarn'"),
-    ({"num_hidden_layers": None}, "lacks required key 'num_hidden_layers'"),
-    ({"num_hidden_layers": 5}, "checkpoint lacks model.layers.3"),
-    ({"hidden_size": 32}, "has shape"),
-])
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"model_type": "gpt2"}, "model_type 'gpt2' is not supported"),
+        ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
+        (
+            {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}},
+            "RoPE type 'yarn'",
+        ),
+        ({"num_hidden_layers": None}, "lacks required key 'num_hidden_layers'"),
+        ({"num_hidden_layers": 5}, "checkpoint lacks model.layers.3"),
+        ({"hidden_size": 32}, "has shape"),
+    ],
+)
 def test_bad_checkpoints_give_clear_errors(tiny_llama_dir, tmp_path, changes, message):
     path = with_config(tiny_llama_dir, tmp_path, **changes)
     with pytest.raises(ModelSpecError, match=message.replace("(", r"\(").replace(")", r"\)")):
@@ -91,9 +136,22 @@ def test_checkpoint_without_safetensors(tmp_path):
 def test_legacy_rope_scaling_keys_are_read():
     from pddflow.operators.config import ModelConfig
 
-    d = {"model_type": "llama", "vocab_size": 10, "hidden_size": 8, "intermediate_size": 16, "num_hidden_layers": 1,
-         "num_attention_heads": 2, "num_key_value_heads": 1, "rope_theta": 5e5,
-         "rope_scaling": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                          "original_max_position_embeddings": 8192}}
+    d = {
+        "model_type": "llama",
+        "vocab_size": 10,
+        "hidden_size": 8,
+        "intermediate_size": 16,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "rope_theta": 5e5,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192,
+        },
+    }
     c = ModelConfig.from_hf(d)
     assert c.rope_theta == 5e5 and c.rope_scaling.rope_type == "llama3" and c.head_dim == 4

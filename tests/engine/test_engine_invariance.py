@@ -7,15 +7,16 @@ from __future__ import annotations
 
 import pytest
 import torch
+from conftest import SMALL, small_engine
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from pddflow.core.payloads import SamplingParams
 from pddflow.operators.engine import Engine
 
-from conftest import SMALL, small_engine
-
-SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+    max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
 prompts = st.lists(st.integers(0, SMALL.vocab_size - 1), min_size=1, max_size=70)
 
 
@@ -41,7 +42,9 @@ def reference(engine: Engine, prompt: list[int], n: int) -> list[int]:
 
 def assert_no_leak(*engines: Engine) -> None:
     for e in engines:
-        assert e.allocator.num_used == len(e.radix), "a block is held by neither the cache nor a sequence"
+        assert e.allocator.num_used == len(e.radix), (
+            "a block is held by neither the cache nor a sequence"
+        )
         e.radix.clear()
         assert e.allocator.num_free == e.allocator.num_blocks
 
@@ -86,7 +89,7 @@ def test_p_rld_md_across_engines_equals_colocated(engine, prompt, n, data):
     p = engine.add_sequence(prompt, params, "req")
     first = engine.prefill(p, chunk_size=data.draw(st.integers(1, 64), label="P chunk"))
 
-    rld = engine.add_sequence(prompt, params, "req-rld")       # relay: same cluster, full KV over RDMA
+    rld = engine.add_sequence(prompt, params, "req-rld")  # relay: same cluster, full KV over RDMA
     engine.import_kv(rld, engine.export_kv(p), cache=False)
     engine.append_tokens(rld, [first])
     while len(rld.output_ids) < k:
@@ -96,10 +99,14 @@ def test_p_rld_md_across_engines_equals_colocated(engine, prompt, n, data):
     md = other.add_sequence(prompt, params, "req")
     hit = other.reuse_prefix(md, keep_last=False)
     assert hit == min(warm, len(prompt)) // other.block_size * other.block_size
-    other.import_kv(md, engine.export_kv(p, start_block=hit // engine.block_size))  # only what MD lacks
+    other.import_kv(
+        md, engine.export_kv(p, start_block=hit // engine.block_size)
+    )  # only what MD lacks
     engine.free(p)
     engine.free(rld)
-    other.sample(md, other.extend(md, handoff, chunk_size=data.draw(st.integers(1, 64), label="MD chunk")))
+    other.sample(
+        md, other.extend(md, handoff, chunk_size=data.draw(st.integers(1, 64), label="MD chunk"))
+    )
     while not md.finished:
         other.decode([md])
     other.free(md)
@@ -113,7 +120,7 @@ def test_prefix_hit_reuses_blocks_and_matches_cold_run(engine, prefix, a, b, n):
     engine = fresh(engine)
     pa, pb = prefix + a, prefix + b
     cold = reference(engine, pb, n)
-    engine.generate([pa], SamplingParams(max_tokens=n))       # warms the cache with prefix + a
+    engine.generate([pa], SamplingParams(max_tokens=n))  # warms the cache with prefix + a
     bs = engine.block_size
     expect = min(len(prefix) // bs, (len(pb) - 1) // bs)
     assert engine.match(engine.add_sequence(pb).block_hashes(bs)) >= expect
@@ -128,8 +135,13 @@ def test_prefix_hit_reuses_blocks_and_matches_cold_run(engine, prefix, a, b, n):
     assert_no_leak(engine)
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
-@given(batch=st.lists(st.tuples(prompts, st.integers(1, 12)), min_size=2, max_size=6), max_batch=st.integers(1, 4))
+@settings(
+    max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    batch=st.lists(st.tuples(prompts, st.integers(1, 12)), min_size=2, max_size=6),
+    max_batch=st.integers(1, 4),
+)
 def test_continuous_batching_equals_one_at_a_time(engine, batch, max_batch):
     engine = fresh(engine)
     refs = [reference(engine, p, n) for p, n in batch]
@@ -151,7 +163,7 @@ def test_extend_logits_are_bit_identical_to_decode_logits(engine):
     def run(chunk: int | None, one_by_one: bool) -> torch.Tensor:
         seq = engine.add_sequence(prompt, SamplingParams(max_tokens=100))
         engine.prefill(seq)
-        seq.token_ids.pop()                      # drop the sampled token: we feed our own
+        seq.token_ids.pop()  # drop the sampled token: we feed our own
         if one_by_one:
             for t in known:
                 logits = engine.extend(seq, [t])  # a 1-row forward: the decode path

@@ -14,7 +14,13 @@ import time
 import pytest
 import torch
 
-from pddflow.kernels.paged_attention import SeqSpan, calibrate, paged_attention_torch, plan_attention, tree_sum
+from pddflow.kernels.paged_attention import (
+    SeqSpan,
+    calibrate,
+    paged_attention_torch,
+    plan_attention,
+    tree_sum,
+)
 
 # A mixed batch: decode rows of different lengths, a prefill chunk starting mid-block, a fresh
 # sequence, a chunk spanning several blocks; GQA with 3 query heads per KV head.
@@ -55,7 +61,9 @@ SCRIPT = CASE + textwrap.dedent("""
 def test_triton_kernels_match_reference_under_interpreter():
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1")
-    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=300
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["attn_max_diff"] < 1e-5
@@ -83,15 +91,22 @@ def test_reference_matches_naive_attention():
     table = [8, 2, 5, 0, 7]
     n, start = 6, 13
     q = torch.randn(n, hkv * G, D, generator=g)
-    plan = plan_attention([SeqSpan(0, n, start, table)], block_size=bs, num_layers=1, num_kv_heads=hkv,
-                          group_size=G, tile=8, row_multiple=4)
-    out = paged_attention_torch(q, pool, 0, plan, D ** -0.5)
+    plan = plan_attention(
+        [SeqSpan(0, n, start, table)],
+        block_size=bs,
+        num_layers=1,
+        num_kv_heads=hkv,
+        group_size=G,
+        tile=8,
+        row_multiple=4,
+    )
+    out = paged_attention_torch(q, pool, 0, plan, D**-0.5)
     K = pool[table, 0, 0].reshape(-1, hkv, D)
     V = pool[table, 0, 1].reshape(-1, hkv, D)
     for r in range(n):
         ctx = start + r + 1
         for h in range(hkv * G):
-            s = (K[:ctx, h // G] @ q[r, h]) * D ** -0.5
+            s = (K[:ctx, h // G] @ q[r, h]) * D**-0.5
             expect = torch.softmax(s, 0) @ V[:ctx, h // G]
             assert torch.allclose(out[r, h], expect, atol=1e-5)
 
@@ -129,7 +144,7 @@ def test_triton_attention_on_cuda_matches_reference():
 def test_triton_kv_copy_on_cuda_and_timing(capsys):
     from pddflow.kernels._triton_kv_copy import gather_blocks_triton, scatter_blocks_triton
 
-    pool = torch.randn(4096, 16, 2, 16, 4, 64, device="cuda")     # tiny-llama geometry: 512 KiB/block
+    pool = torch.randn(4096, 16, 2, 16, 4, 64, device="cuda")  # tiny-llama geometry: 512 KiB/block
     ids = torch.randperm(4096, device="cuda")[:256]
     out = gather_blocks_triton(pool, ids)
     assert torch.equal(out, pool[ids])
@@ -143,8 +158,10 @@ def test_triton_kv_copy_on_cuda_and_timing(capsys):
     torch.cuda.synchronize()
     dt = (time.perf_counter() - t) / 10
     with capsys.disabled():
-        print(f"\ngather 256 blocks ({out.numel() * 4 / 2**20:.0f} MiB): {dt * 1e3:.3f} ms, "
-              f"{out.numel() * 8 / dt / 1e9:.0f} GB/s read+write")
+        print(
+            f"\ngather 256 blocks ({out.numel() * 4 / 2**20:.0f} MiB): {dt * 1e3:.3f} ms, "
+            f"{out.numel() * 8 / dt / 1e9:.0f} GB/s read+write"
+        )
 
 
 @pytest.mark.gpu

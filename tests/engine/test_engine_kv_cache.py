@@ -1,9 +1,8 @@
 import pytest
+from conftest import small_engine
 
 from pddflow.core.payloads import Request, SamplingParams
 from pddflow.operators.block_allocator import BlockAllocator, KVCacheFull
-
-from conftest import small_engine
 
 
 def test_allocator_refcounts():
@@ -21,7 +20,7 @@ def test_allocator_refcounts():
 
 
 def test_request_that_can_never_fit_is_a_clear_error():
-    e = small_engine(kv_cache_bytes=64 * 1024)      # 64 KiB: a handful of 4-token blocks
+    e = small_engine(kv_cache_bytes=64 * 1024)  # 64 KiB: a handful of 4-token blocks
     total = e.allocator.num_blocks
     with pytest.raises(KVCacheFull, match="can never fit") as info:
         e.generate([list(range(10)) * 20], SamplingParams(max_tokens=8))
@@ -44,8 +43,14 @@ def test_admission_waits_for_memory_instead_of_failing():
     blocks = e.allocator.num_blocks
     # each request needs ~40% of the cache: at most two run at once, all complete
     plen = int(blocks * 4 * 0.3)
-    reqs = [Request(f"r{i}", [(i * 13 + j) % 90 for j in range(plen)], SamplingParams(max_tokens=int(blocks * 0.4)))
-            for i in range(5)]
+    reqs = [
+        Request(
+            f"r{i}",
+            [(i * 13 + j) % 90 for j in range(plen)],
+            SamplingParams(max_tokens=int(blocks * 0.4)),
+        )
+        for i in range(5)
+    ]
     peak = []
     outs = e.generate(reqs, max_batch=5, on_step=lambda running: peak.append(len(running)))
     assert all(len(s.output_ids) == r.sampling.max_tokens for s, r in zip(outs, reqs))
@@ -56,16 +61,17 @@ def test_admission_waits_for_memory_instead_of_failing():
 
 def test_cached_blocks_are_evicted_when_memory_is_needed():
     e = small_engine(kv_cache_bytes=128 * 1024)
-    for i in range(6):                               # each turn leaves its blocks in the cache
+    for i in range(6):  # each turn leaves its blocks in the cache
         e.generate([[(i * 31 + j) % 90 for j in range(40)]], SamplingParams(max_tokens=4))
     assert len(e.radix) > 0
     assert e.allocator.num_used == len(e.radix)
 
 
 def test_budget_and_block_geometry():
+    import torch
+
     from pddflow.operators.config import TINY_LLAMA
     from pddflow.operators.kv_cache import block_bytes, blocks_for_budget
-    import torch
 
     assert block_bytes(TINY_LLAMA, 16, torch.float32) == 16 * 32 * 1024
     assert blocks_for_budget(TINY_LLAMA, 16, torch.float32, 2**30) == 2048

@@ -4,12 +4,11 @@ in fresh blocks of another, which then decodes exactly as the colocated run woul
 import numpy as np
 import pytest
 import torch
+from conftest import SMALL, small_engine
 
 from pddflow.core.payloads import KVBlocks, SamplingParams
 
-from conftest import SMALL, small_engine
-
-PROMPT = [(7 * i + 3) % SMALL.vocab_size for i in range(37)]   # 9 full blocks of 4 + 1 partial
+PROMPT = [(7 * i + 3) % SMALL.vocab_size for i in range(37)]  # 9 full blocks of 4 + 1 partial
 
 
 def colocated(n: int) -> list[int]:
@@ -44,7 +43,9 @@ def test_import_accepts_numpy_buffers():
     seq = src.add_sequence(PROMPT, SamplingParams(max_tokens=5))
     first = src.prefill(seq)
     kv = src.export_kv(seq)
-    wire = KVBlocks(kv.seq_id, kv.block_hashes, kv.token_start, kv.token_end, kv.block_size, kv.data.numpy())
+    wire = KVBlocks(
+        kv.seq_id, kv.block_hashes, kv.token_start, kv.token_end, kv.block_size, kv.data.numpy()
+    )
     got = dst.add_sequence(PROMPT, SamplingParams(max_tokens=5))
     dst.import_kv(got, wire, cache=False)
     dst.append_tokens(got, [first])
@@ -56,7 +57,9 @@ def test_import_accepts_numpy_buffers():
 
 def test_export_only_missing_blocks():
     src, dst = small_engine(), small_engine()
-    warm = dst.add_sequence(PROMPT[:20], SamplingParams(max_tokens=1))   # an earlier turn: 5 blocks cached
+    warm = dst.add_sequence(
+        PROMPT[:20], SamplingParams(max_tokens=1)
+    )  # an earlier turn: 5 blocks cached
     dst.prefill(warm)
     dst.free(warm)
     seq = src.add_sequence(PROMPT, SamplingParams(max_tokens=6))
@@ -84,11 +87,14 @@ def test_import_rejects_kv_of_another_prefix():
     assert dst.allocator.num_used == 0
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda kv: setattr(kv, "block_size", 8), "block size"),
-    (lambda kv: setattr(kv, "token_start", 4), "starts at token"),
-    (lambda kv: setattr(kv, "data", kv.data[:3]), "needs 10 blocks"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda kv: setattr(kv, "block_size", 8), "block size"),
+        (lambda kv: setattr(kv, "token_start", 4), "starts at token"),
+        (lambda kv: setattr(kv, "data", kv.data[:3]), "needs 10 blocks"),
+    ],
+)
 def test_import_validates(mutate, message):
     src, dst = small_engine(), small_engine()
     seq = src.add_sequence(PROMPT, SamplingParams(max_tokens=2))

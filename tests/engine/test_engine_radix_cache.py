@@ -21,11 +21,11 @@ def test_insert_keeps_existing_values():
 def test_lru_eviction_is_leaf_first_and_least_recent_first():
     evicted = []
     c = RadixCache(on_evict=evicted.append)
-    c.insert([1, 2, 3], ["a", "b", "c"])      # path A
-    c.insert([1, 5], ["a", "e"])             # branch B shares block 1
-    c.match([1, 2, 3])                       # A is now more recent than B
-    assert c.evict(1) == ["e"]               # B's leaf goes first
-    assert c.evict(2) == ["c", "b"]          # then A's leaves, deepest first
+    c.insert([1, 2, 3], ["a", "b", "c"])  # path A
+    c.insert([1, 5], ["a", "e"])  # branch B shares block 1
+    c.match([1, 2, 3])  # A is now more recent than B
+    assert c.evict(1) == ["e"]  # B's leaf goes first
+    assert c.evict(2) == ["c", "b"]  # then A's leaves, deepest first
     assert c.evict(5) == ["a"]
     assert evicted == ["e", "c", "b", "a"] and len(c) == 0
 
@@ -35,7 +35,7 @@ def test_unevictable_blocks_are_kept():
     c = RadixCache(evictable=lambda v: v not in pinned)
     c.insert([1, 2, 3], ["a", "b", "c"])
     c.insert([9], ["z"])
-    assert c.evict(10) == ["z"]              # "c" pinned, so its ancestors are stuck too
+    assert c.evict(10) == ["z"]  # "c" pinned, so its ancestors are stuck too
     assert c.evictable_count() == 0
     pinned.clear()
     assert c.evictable_count() == 3
@@ -46,7 +46,7 @@ def test_match_len_does_not_touch_lru():
     c = RadixCache()
     c.insert([1], ["a"])
     c.insert([2], ["b"])
-    c.match_len([1])                         # a router peeking must not protect block 1
+    c.match_len([1])  # a router peeking must not protect block 1
     assert c.evict(1) == ["a"]
 
 

@@ -18,53 +18,191 @@ EDGE_PM = "  - {from: prefill.kv, to: main.kv, channel: wan_flight}\n"
 # (case, old text, new text, expected line, expected words in that line's message)
 CASES = [
     ("misspelt_top_key", "device_classes:", "device_clases:", 7, "did you mean 'device_classes'"),
-    ("misspelt_operator_key", "replicas: 2, devices_per_replica: 4}\n  relay", "relicas: 2, devices_per_replica: 4}\n  relay",
-     16, "did you mean 'replicas'"),
-    ("wrong_type", "prefill, cluster: A, device: gpu_a, replicas: 2", "prefill, cluster: A, device: gpu_a, replicas: four",
-     16, "valid integer"),
-    ("missing_required", "prefill: {op: prefill, cluster", "prefill: {cluster", 16, "missing required key 'op'"),
+    (
+        "misspelt_operator_key",
+        "replicas: 2, devices_per_replica: 4}\n  relay",
+        "relicas: 2, devices_per_replica: 4}\n  relay",
+        16,
+        "did you mean 'replicas'",
+    ),
+    (
+        "wrong_type",
+        "prefill, cluster: A, device: gpu_a, replicas: 2",
+        "prefill, cluster: A, device: gpu_a, replicas: four",
+        16,
+        "valid integer",
+    ),
+    (
+        "missing_required",
+        "prefill: {op: prefill, cluster",
+        "prefill: {cluster",
+        16,
+        "missing required key 'op'",
+    ),
     ("unknown_op_type", "{op: prefill,", "{op: prefil,", 16, "did you mean 'prefill'"),
     ("unknown_cluster", "main_decode, cluster: B", "main_decode, cluster: C", 18, "cluster 'C'"),
-    ("unknown_device_class", "cluster: B, device: gpu_b", "cluster: B, device: gpu_c", 18, "'gpu_c', which is not defined"),
-    ("device_not_in_cluster", "cluster: B, device: gpu_b", "cluster: B, device: gpu_a", 18, "cluster B has no gpu_a"),
-    ("too_many_replicas", "replicas: 2, devices_per_replica: 4}\n  relay", "replicas: 4, devices_per_replica: 4}\n  relay",
-     17, "cluster A has 16 gpu_a devices but its operators need 20"),
-    ("weights_do_not_fit", "replicas: 2, devices_per_replica: 4}\n  relay", "replicas: 2, devices_per_replica: 1}\n  relay",
-     16, "weights need"),
+    (
+        "unknown_device_class",
+        "cluster: B, device: gpu_b",
+        "cluster: B, device: gpu_c",
+        18,
+        "'gpu_c', which is not defined",
+    ),
+    (
+        "device_not_in_cluster",
+        "cluster: B, device: gpu_b",
+        "cluster: B, device: gpu_a",
+        18,
+        "cluster B has no gpu_a",
+    ),
+    (
+        "too_many_replicas",
+        "replicas: 2, devices_per_replica: 4}\n  relay",
+        "replicas: 4, devices_per_replica: 4}\n  relay",
+        17,
+        "cluster A has 16 gpu_a devices but its operators need 20",
+    ),
+    (
+        "weights_do_not_fit",
+        "replicas: 2, devices_per_replica: 4}\n  relay",
+        "replicas: 2, devices_per_replica: 1}\n  relay",
+        16,
+        "weights need",
+    ),
     ("edge_unknown_operator", "to: main.kv", "to: mian.kv", 21, "did you mean 'main'"),
     ("edge_unknown_port", "to: main.kv", "to: main.kvv", 21, "did you mean 'kv'"),
-    ("edge_wrong_direction", "from: relay.handoff", "from: relay.kv", 22, "is an input of relay_decode"),
-    ("payload_type_mismatch", "to: main.kv", "to: main.handoff", 21, "prefill.kv sends KVBlocks but main.handoff takes TokenIds"),
-    ("channel_does_not_carry", "main.handoff, channel: token_ids", "main.handoff, channel: wan_flight", 22,
-     "wan_flight carries KVBlocks but relay.handoff sends TokenIds"),
-    ("rdma_across_clusters", "main.kv, channel: wan_flight", "main.kv, channel: rdma_tensor", 21, "cannot cross clusters"),
-    ("no_link", "  A-B: {gbps: 100, rtt_ms: 30, jitter: {p50_ms: 50, p99_ms: 2000}}", "  {}", 21, "no link joins them"),
-    ("unknown_channel_kind", "channel: wan_flight", "channel: wan_flite", 21, "did you mean 'wan_flight'"),
-    ("variant_not_entry", "p_md: {path: [prefill, main]}", "p_md: {path: [relay, main], handoff: one_shot}", 24,
-     "does not take requests"),
-    ("variant_ends_at_relay", "p_md: {path: [prefill, main]}", "p_md: {path: [prefill, relay]}", 24, "ends at the relay"),
-    ("variant_unknown_operator", "p_md: {path: [prefill, main]}", "p_md: {path: [prefill, mian]}", 24,
-     "did you mean 'main'"),
+    (
+        "edge_wrong_direction",
+        "from: relay.handoff",
+        "from: relay.kv",
+        22,
+        "is an input of relay_decode",
+    ),
+    (
+        "payload_type_mismatch",
+        "to: main.kv",
+        "to: main.handoff",
+        21,
+        "prefill.kv sends KVBlocks but main.handoff takes TokenIds",
+    ),
+    (
+        "channel_does_not_carry",
+        "main.handoff, channel: token_ids",
+        "main.handoff, channel: wan_flight",
+        22,
+        "wan_flight carries KVBlocks but relay.handoff sends TokenIds",
+    ),
+    (
+        "rdma_across_clusters",
+        "main.kv, channel: wan_flight",
+        "main.kv, channel: rdma_tensor",
+        21,
+        "cannot cross clusters",
+    ),
+    (
+        "no_link",
+        "  A-B: {gbps: 100, rtt_ms: 30, jitter: {p50_ms: 50, p99_ms: 2000}}",
+        "  {}",
+        21,
+        "no link joins them",
+    ),
+    (
+        "unknown_channel_kind",
+        "channel: wan_flight",
+        "channel: wan_flite",
+        21,
+        "did you mean 'wan_flight'",
+    ),
+    (
+        "variant_not_entry",
+        "p_md: {path: [prefill, main]}",
+        "p_md: {path: [relay, main], handoff: one_shot}",
+        24,
+        "does not take requests",
+    ),
+    (
+        "variant_ends_at_relay",
+        "p_md: {path: [prefill, main]}",
+        "p_md: {path: [prefill, relay]}",
+        24,
+        "ends at the relay",
+    ),
+    (
+        "variant_unknown_operator",
+        "p_md: {path: [prefill, main]}",
+        "p_md: {path: [prefill, mian]}",
+        24,
+        "did you mean 'main'",
+    ),
     ("variant_missing_handoff", ", handoff: adaptive}", "}", 25, "say how it hands off"),
-    ("variant_bad_handoff", "handoff: adaptive", "handoff: oneshot", 25, "'one_shot', 'catch_up' or 'adaptive'"),
+    (
+        "variant_bad_handoff",
+        "handoff: adaptive",
+        "handoff: oneshot",
+        25,
+        "'one_shot', 'catch_up' or 'adaptive'",
+    ),
     ("variant_without_edge", EDGE_PM, "", 23, "no edge joins them"),
-    ("handoff_without_relay", "p_md: {path: [prefill, main]}", "p_md: {path: [prefill, main], handoff: catch_up}", 24,
-     "has no effect"),
-    ("unknown_policy", "policy: predicted_hit_rate", "policy: predicted_hitrate", 27, "did you mean 'predicted_hit_rate'"),
-    ("duplicate_key", "  main: {op: main_decode", "  relay: {op: relay_decode, cluster: A, device: gpu_a}\n  main: {op: main_decode",
-     18, "duplicate key 'relay'"),
-    ("yaml_syntax", "  - {from: prefill.kv, to: relay.kv, channel: rdma_tensor}", "  - {from: prefill.kv, to: relay.kv, channel: rdma_tensor",
-     21, "YAML syntax"),
+    (
+        "handoff_without_relay",
+        "p_md: {path: [prefill, main]}",
+        "p_md: {path: [prefill, main], handoff: catch_up}",
+        24,
+        "has no effect",
+    ),
+    (
+        "unknown_policy",
+        "policy: predicted_hit_rate",
+        "policy: predicted_hitrate",
+        27,
+        "did you mean 'predicted_hit_rate'",
+    ),
+    (
+        "duplicate_key",
+        "  main: {op: main_decode",
+        "  relay: {op: relay_decode, cluster: A, device: gpu_a}\n  main: {op: main_decode",
+        18,
+        "duplicate key 'relay'",
+    ),
+    (
+        "yaml_syntax",
+        "  - {from: prefill.kv, to: relay.kv, channel: rdma_tensor}",
+        "  - {from: prefill.kv, to: relay.kv, channel: rdma_tensor",
+        21,
+        "YAML syntax",
+    ),
     ("unknown_anchor", "weights: builtin:tiny-llama", "weights: *w", 4, "undefined alias"),
     ("tab_indent", "  arch: llama-3-70b", "\tarch: llama-3-70b", 5, "tabs"),
-    ("jitter_p99_below_p50", "p50_ms: 50, p99_ms: 2000", "p50_ms: 500, p99_ms: 20", 14, "below p50_ms"),
+    (
+        "jitter_p99_below_p50",
+        "p50_ms: 50, p99_ms: 2000",
+        "p50_ms: 500, p99_ms: 20",
+        14,
+        "below p50_ms",
+    ),
     ("link_to_unknown_cluster", "  A-B: {gbps", "  A-C: {gbps", 14, "cluster 'C'"),
     ("format_version", "pddflow: 1", "pddflow: 2", 1, "this pddflow reads `pddflow: 1`"),
-    ("unknown_operator_param", "devices_per_replica: 4}\nedges", "devices_per_replica: 4, params: {radix_cach: true}}\nedges",
-     18, "did you mean 'radix_cache'"),
-    ("channel_param_type", "channel: wan_flight}", "channel: wan_flight, params: {streams: four}}", 21, "must be int"),
-    ("local_unknown_operator", "device_classes:", "local: {replicas: {prefil: 1}}\ndevice_classes:", 7,
-     "did you mean 'prefill'"),
+    (
+        "unknown_operator_param",
+        "devices_per_replica: 4}\nedges",
+        "devices_per_replica: 4, params: {radix_cach: true}}\nedges",
+        18,
+        "did you mean 'radix_cache'",
+    ),
+    (
+        "channel_param_type",
+        "channel: wan_flight}",
+        "channel: wan_flight, params: {streams: four}}",
+        21,
+        "must be int",
+    ),
+    (
+        "local_unknown_operator",
+        "device_classes:",
+        "local: {replicas: {prefil: 1}}\ndevice_classes:",
+        7,
+        "did you mean 'prefill'",
+    ),
     ("unknown_arch", "arch: llama-3-70b", "arch: llama-3-7b", 5, "did you mean"),
     ("recursive_alias", "name: broken", "name: &n [*n]", 2, "recursive YAML alias"),
     ("two_documents", "scheduler:", "---\nscheduler:", 27, "more than one YAML document"),
@@ -109,13 +247,17 @@ def test_broken_graph_names_the_line(tmp_path: Path, case, old, new, line, words
     assert hits, f"expected line {line} with {words!r}; got:\n" + "\n".join(lines)
 
 
-@pytest.mark.parametrize("case,raw,line,words", WHOLE_FILE_CASES, ids=[c[0] for c in WHOLE_FILE_CASES])
+@pytest.mark.parametrize(
+    "case,raw,line,words", WHOLE_FILE_CASES, ids=[c[0] for c in WHOLE_FILE_CASES]
+)
 def test_junk_files(tmp_path: Path, case, raw, line, words):
     path = tmp_path / f"{case}.yaml"
     path.write_bytes(raw)
     result = _validate(path)
     assert result.exit_code == 1
-    assert any(ln.startswith(f"{path}:{line}:") and words in ln for ln in result.output.splitlines()), result.output
+    assert any(
+        ln.startswith(f"{path}:{line}:") and words in ln for ln in result.output.splitlines()
+    ), result.output
 
 
 def test_base_graph_is_valid(tmp_path: Path):
@@ -128,13 +270,17 @@ def test_one_mistake_one_message(tmp_path: Path):
     """A missing link is reported on the edge; the variants and inputs that edge serves do not
     cascade into more errors."""
     path = tmp_path / "no_link.yaml"
-    path.write_text(BASE.replace("  A-B: {gbps: 100, rtt_ms: 30, jitter: {p50_ms: 50, p99_ms: 2000}}", "  {}"))
+    path.write_text(
+        BASE.replace("  A-B: {gbps: 100, rtt_ms: 30, jitter: {p50_ms: 50, p99_ms: 2000}}", "  {}")
+    )
     errors = _diagnostics(_validate(path).output, path)
     assert len(errors) == 2 and all("no link joins them" in e for e in errors), errors
 
 
 def test_every_error_at_once(tmp_path: Path):
-    text = BASE.replace("{op: prefill,", "{op: prefil,").replace("policy: predicted_hit_rate", "policy: nope")
+    text = BASE.replace("{op: prefill,", "{op: prefil,").replace(
+        "policy: predicted_hit_rate", "policy: nope"
+    )
     text = text.replace("to: main.kv", "to: main.kvv")
     path = tmp_path / "many.yaml"
     path.write_text(text)

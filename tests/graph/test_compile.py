@@ -9,7 +9,9 @@ import pytest
 from pddflow.graph import GraphError, Plan, load_plan
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = sorted((ROOT / "graphs").glob("*.yaml")) + sorted((ROOT / "graphs" / "examples").glob("*.yaml"))
+SHIPPED = sorted((ROOT / "graphs").glob("*.yaml")) + sorted(
+    (ROOT / "graphs" / "examples").glob("*.yaml")
+)
 
 
 def test_shipped_graphs_are_the_expected_set():
@@ -34,13 +36,22 @@ def test_pdd_plan_contents():
     assert [i.id for i in plan.instances_of("relay")] == ["relay/0", "relay/1"]
     assert len(plan.instances) == 8 + 2 + 10
     wan = plan.channel("prefill.kv->main.kv")
-    assert (wan.kind, wan.cross_cluster, wan.link, wan.payload) == ("wan_flight", True, "A-B", "KVBlocks")
+    assert (wan.kind, wan.cross_cluster, wan.link, wan.payload) == (
+        "wan_flight",
+        True,
+        "A-B",
+        "KVBlocks",
+    )
     assert wan.params["streams"] == 4 and wan.params["deadline_s"] == 30.0  # default filled in
     rdma = plan.channel("prefill.kv->relay.kv")
     assert (rdma.cross_cluster, rdma.link) == (False, None)
     v = plan.variants["p_rld_md"]
     assert v.path == ("prefill", "relay", "main") and v.handoff == "adaptive"
-    assert set(v.channels) == {"prefill.kv->relay.kv", "prefill.kv->main.kv", "relay.handoff->main.handoff"}
+    assert set(v.channels) == {
+        "prefill.kv->relay.kv",
+        "prefill.kv->main.kv",
+        "relay.handoff->main.handoff",
+    }
     assert plan.variants["p_md"].channels == ("prefill.kv->main.kv",)
     assert plan.operators["main"].params["radix_cache"] is True
     assert plan.scheduler.policy == "predicted_hit_rate" and plan.scheduler.ttft_s == 5
@@ -60,7 +71,9 @@ def test_plan_as_networkx():
 
 def test_placement_memory_budget():
     plan = load_plan(str(ROOT / "graphs" / "pdd.yaml"))
-    op = plan.operators["prefill"]  # 4 x 80 GiB at 90% usable, minus Llama-3-70B's 141.2 GB of weights
+    op = plan.operators[
+        "prefill"
+    ]  # 4 x 80 GiB at 90% usable, minus Llama-3-70B's 141.2 GB of weights
     assert op.kv_budget_bytes == pytest.approx(0.9 * 4 * 80 * 2**30 - 141.2e9)
     local = plan.scaled_to_local()
     assert [i.id for i in local.instances] == ["prefill/0", "relay/0", "main/0"]
@@ -69,7 +82,11 @@ def test_placement_memory_budget():
 def test_load_plan_raises_with_every_diagnostic(tmp_path: Path):
     text = (Path(__file__).parent / "base.yaml").read_text()
     bad = tmp_path / "bad.yaml"
-    bad.write_text(text.replace("op: prefill,", "op: prefil,").replace("policy: predicted_hit_rate", "policy: x"))
+    bad.write_text(
+        text.replace("op: prefill,", "op: prefil,").replace(
+            "policy: predicted_hit_rate", "policy: x"
+        )
+    )
     with pytest.raises(GraphError) as exc:
         load_plan(str(bad))
     assert {d.line for d in exc.value.diagnostics} == {16, 27}

@@ -24,26 +24,41 @@ def _plan(tmp_path: Path, text: str):
 def test_pdd_worked_example(tmp_path: Path):
     """100K-token prompts at 50 KB/token are 5 GB each; 4.5 of them per second need 180 Gbps;
     a 90% hit rate cuts that 10x (PDD.md, Feasibility)."""
-    plan = _plan(tmp_path, BASE.replace("arch: llama-3-70b", PDD_ARCH).replace("max_context: 32768", "max_context: 131072")
-                 .replace("gbps: 100", "gbps: 400"))
-    cold = analyze(plan, Load(rps=4.5, prompt_tokens=100_000, output_tokens=1, hit_rate=0.0)).links[0]
+    plan = _plan(
+        tmp_path,
+        BASE.replace("arch: llama-3-70b", PDD_ARCH)
+        .replace("max_context: 32768", "max_context: 131072")
+        .replace("gbps: 100", "gbps: 400"),
+    )
+    cold = analyze(plan, Load(rps=4.5, prompt_tokens=100_000, output_tokens=1, hit_rate=0.0)).links[
+        0
+    ]
     assert cold.classes[0].kv_bytes == pytest.approx(5e9)
     assert cold.required_gbps == pytest.approx(180.0, rel=1e-3)
-    warm = analyze(plan, Load(rps=4.5, prompt_tokens=100_000, output_tokens=1, hit_rate=0.9)).links[0]
+    warm = analyze(plan, Load(rps=4.5, prompt_tokens=100_000, output_tokens=1, hit_rate=0.9)).links[
+        0
+    ]
     assert warm.required_gbps_without_drc == pytest.approx(180.0, rel=1e-3)
     assert warm.required_gbps == pytest.approx(18.0, rel=1e-2)
 
 
 def test_verdict_names_the_overloaded_link(tmp_path: Path):
-    plan = _plan(tmp_path, BASE.replace("arch: llama-3-70b", PDD_ARCH).replace("max_context: 32768", "max_context: 131072"))
+    plan = _plan(
+        tmp_path,
+        BASE.replace("arch: llama-3-70b", PDD_ARCH).replace(
+            "max_context: 32768", "max_context: 131072"
+        ),
+    )
     r = analyze(plan, Load(rps=10, prompt_tokens=100_000, hit_rate=0.5))
     assert not r.feasible and "link A-B" in r.problems[0] and "100 Gbps" in r.problems[0]
 
 
 def test_drc_is_credited_only_where_the_receiver_keeps_a_cache(tmp_path: Path):
-    text = BASE.replace("main: {op: main_decode, cluster: B, device: gpu_b, replicas: 2, devices_per_replica: 4}",
-                        "main: {op: main_decode, cluster: B, device: gpu_b, replicas: 2, devices_per_replica: 4, "
-                        "params: {radix_cache: false}}")
+    text = BASE.replace(
+        "main: {op: main_decode, cluster: B, device: gpu_b, replicas: 2, devices_per_replica: 4}",
+        "main: {op: main_decode, cluster: B, device: gpu_b, replicas: 2, devices_per_replica: 4, "
+        "params: {radix_cache: false}}",
+    )
     link = analyze(_plan(tmp_path, text), Load(rps=1, prompt_tokens=10_000, hit_rate=0.9)).links[0]
     assert link.required_gbps == pytest.approx(link.required_gbps_without_drc)
 

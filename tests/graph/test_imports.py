@@ -11,18 +11,27 @@ HEAVY = ("torch", "pyarrow", "grpc")
 
 
 def _loaded_after(code: str) -> set[str]:
-    probe = code + ("\nimport sys\nsys.stderr.write('HEAVY:' + ' '.join(sorted("
-                     "m for m in sys.modules if m.split('.')[0] in %r)))" % (HEAVY,))
-    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True)
+    probe = code + (
+        "\nimport sys\nsys.stderr.write('HEAVY:' + ' '.join(sorted("
+        "m for m in sys.modules if m.split('.')[0] in %r)))" % (HEAVY,)
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
     return set(out.stderr.rsplit("HEAVY:", 1)[1].split())
 
 
 def test_import_graph_is_light():
-    assert _loaded_after("import pddflow.graph, pddflow.graph.render, pddflow.graph.feasibility") == set()
+    assert (
+        _loaded_after("import pddflow.graph, pddflow.graph.render, pddflow.graph.feasibility")
+        == set()
+    )
 
 
 def test_validate_command_is_light():
-    code = ("import sys\nfrom pddflow.cli import app\n"
-            f"sys.argv = ['pddflow', 'validate', {str(ROOT / 'graphs' / 'pdd.yaml')!r}]\n"
-            "try:\n    app()\nexcept SystemExit as e:\n    assert e.code == 0, e.code\n")
+    code = (
+        "import sys\nfrom pddflow.cli import app\n"
+        f"sys.argv = ['pddflow', 'validate', {str(ROOT / 'graphs' / 'pdd.yaml')!r}]\n"
+        "try:\n    app()\nexcept SystemExit as e:\n    assert e.code == 0, e.code\n"
+    )
     assert _loaded_after(code) == set()

@@ -11,7 +11,7 @@ import pytest
 
 from pddflow.core.registry import Registry, UnknownName
 
-PLUGIN = '''
+PLUGIN = """
 from pddflow.core.operator_types import OperatorType, Param
 from pddflow.core.payloads import Payload
 from pddflow.core.channel_kinds import ChannelKind
@@ -25,7 +25,7 @@ def operators(registry):
 def channels(registry):
     registry.register("carrier_pigeon", ChannelKind(
         "carrier_pigeon", "KV by bird", frozenset({Payload.KV_BLOCKS}), "any"))
-'''
+"""
 
 GRAPH = (Path(__file__).parent / "base.yaml").read_text()
 
@@ -36,22 +36,33 @@ def _install_plugin(root: Path) -> dict[str, str]:
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: demo-plugin\nVersion: 0.1\n")
     (dist / "entry_points.txt").write_text(
-        "[pddflow.operators]\ndemo = demo_plugin:operators\n\n[pddflow.channels]\ndemo = demo_plugin:channels\n")
+        "[pddflow.operators]\ndemo = demo_plugin:operators\n\n[pddflow.channels]\ndemo = demo_plugin:channels\n"
+    )
     return {**os.environ, "PYTHONPATH": str(root)}
 
 
 def _validate(path: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pddflow.cli", "validate", str(path)],
-                          capture_output=True, text=True, env=env, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "pddflow.cli", "validate", str(path)],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
 
 
 def test_plugin_operator_and_channel_validate(tmp_path: Path):
     env = _install_plugin(tmp_path)
-    g = GRAPH.replace("  - {from: prefill.kv, to: main.kv, channel: wan_flight}\n",
-                      "  - {from: prefill.kv, to: hop.kv, channel: rdma_tensor}\n"
-                      "  - {from: hop.kv_out, to: main.kv, channel: carrier_pigeon}\n")
-    g = g.replace("edges:", "  hop: {op: kv_forwarder, cluster: A, device: gpu_a, devices_per_replica: 4, "
-                            "params: {hold_ms: 5}}\nedges:")
+    g = GRAPH.replace(
+        "  - {from: prefill.kv, to: main.kv, channel: wan_flight}\n",
+        "  - {from: prefill.kv, to: hop.kv, channel: rdma_tensor}\n"
+        "  - {from: hop.kv_out, to: main.kv, channel: carrier_pigeon}\n",
+    )
+    g = g.replace(
+        "edges:",
+        "  hop: {op: kv_forwarder, cluster: A, device: gpu_a, devices_per_replica: 4, "
+        "params: {hold_ms: 5}}\nedges:",
+    )
     g = g.replace("p_md: {path: [prefill, main]}", "p_md: {path: [prefill, hop, main]}")
     path = tmp_path / "g.yaml"
     path.write_text(g)
@@ -65,10 +76,13 @@ def test_plugin_operator_and_channel_validate(tmp_path: Path):
 
 def test_cycle_is_reported(tmp_path: Path):
     env = _install_plugin(tmp_path)
-    g = GRAPH.replace("edges:", "  hop1: {op: kv_forwarder, cluster: A, device: gpu_a}\n"
-                                "  hop2: {op: kv_forwarder, cluster: A, device: gpu_a}\nedges:\n"
-                                "  - {from: hop1.kv_out, to: hop2.kv, channel: rdma_tensor}\n"
-                                "  - {from: hop2.kv_out, to: hop1.kv, channel: rdma_tensor}")
+    g = GRAPH.replace(
+        "edges:",
+        "  hop1: {op: kv_forwarder, cluster: A, device: gpu_a}\n"
+        "  hop2: {op: kv_forwarder, cluster: A, device: gpu_a}\nedges:\n"
+        "  - {from: hop1.kv_out, to: hop2.kv, channel: rdma_tensor}\n"
+        "  - {from: hop2.kv_out, to: hop1.kv, channel: rdma_tensor}",
+    )
     g = g.replace("llama-3-70b", "llama-3-8b")
     path = tmp_path / "cycle.yaml"
     path.write_text(g)

@@ -36,7 +36,9 @@ def test_dot_and_mermaid():
     plan = load_plan(PDD)
     dot = render(plan, "dot", "p_rld_md")
     assert dot.startswith('digraph "pdd"') and 'subgraph "cluster_A"' in dot
-    assert '"prefill" -> "main" [label="wan_flight 100 Gbps (A-B)", style=bold, color=crimson' in dot
+    assert (
+        '"prefill" -> "main" [label="wan_flight 100 Gbps (A-B)", style=bold, color=crimson' in dot
+    )
     mer = render(plan, "mermaid", "p_md")
     assert mer.startswith("flowchart LR") and 'prefill ==>|"wan_flight 100 Gbps (A-B)"| main' in mer
     assert "linkStyle 1 stroke:crimson" in mer and "linkStyle 0" not in mer
@@ -69,7 +71,9 @@ def test_plan_cli_json():
     d = json.loads(r.output)
     assert {"placement", "links", "feasible", "problems"} <= set(d)
     link = d["links"][0]
-    assert {"name", "required_gbps", "available_gbps", "transfer_p50_s", "transfer_p99_s"} <= set(link)
+    assert {"name", "required_gbps", "available_gbps", "transfer_p50_s", "transfer_p99_s"} <= set(
+        link
+    )
     assert link["required_gbps"] == pytest.approx(link["required_gbps_without_drc"] * 0.1, rel=1e-3)
     assert [p["operator"] for p in d["placement"]] == ["prefill", "relay", "main"]
     r = runner.invoke(app, ["plan", PDD])
@@ -83,4 +87,6 @@ def test_schema_cli():
     schema = json.loads(r.output)
     assert schema["title"].startswith("pddflow graph") and "operators" in schema["properties"]
     r = runner.invoke(app, ["schema", "--list"])
-    assert "relay_decode" in r.output and "wan_flight" in r.output and "predicted_hit_rate" in r.output
+    assert (
+        "relay_decode" in r.output and "wan_flight" in r.output and "predicted_hit_rate" in r.output
+    )

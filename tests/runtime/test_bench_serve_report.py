@@ -9,23 +9,44 @@ from pddflow.runtime.bench_serve import GraphResult, Sample, summarize
 
 
 def _result(with_timelines: bool) -> GraphResult:
-    res = GraphResult("graphs/pdd.yaml", wall_s=10.0,
-                      metrics={"pddflow_wan_bytes_sent_total": 100.0, "pddflow_wan_bytes_saved_total": 300.0})
+    res = GraphResult(
+        "graphs/pdd.yaml",
+        wall_s=10.0,
+        metrics={"pddflow_wan_bytes_sent_total": 100.0, "pddflow_wan_bytes_saved_total": 300.0},
+    )
     for session in range(2):
         for turn in range(3):
-            tl = {"variant": "p_rld_md", "handoff": "catch_up", "tokens_by_operator": {"relay": 2, "main": 6},
-                  "events": [{"event": "arrival", "t_ms": 0.0}, {"event": "first_token", "t_ms": 250.0}]}
-            res.samples.append(Sample(0.1 * (turn + 1), 0.02, 8, 0.5, f"r{session}{turn}", session, turn,
-                                      start_s=session * 0.5 + turn * 2.0, prompt_tokens=100 + 50 * turn,
-                                      timeline=tl if with_timelines else None))
-    res.samples.reverse()   # as they finish, not in session order
+            tl = {
+                "variant": "p_rld_md",
+                "handoff": "catch_up",
+                "tokens_by_operator": {"relay": 2, "main": 6},
+                "events": [
+                    {"event": "arrival", "t_ms": 0.0},
+                    {"event": "first_token", "t_ms": 250.0},
+                ],
+            }
+            res.samples.append(
+                Sample(
+                    0.1 * (turn + 1),
+                    0.02,
+                    8,
+                    0.5,
+                    f"r{session}{turn}",
+                    session,
+                    turn,
+                    start_s=session * 0.5 + turn * 2.0,
+                    prompt_tokens=100 + 50 * turn,
+                    timeline=tl if with_timelines else None,
+                )
+            )
+    res.samples.reverse()  # as they finish, not in session order
     return res
 
 
 def test_summary_without_per_request_has_no_rows():
     out = summarize(_result(False), sla_ttft_s=1.0, sla_tpot_s=0.05)
     assert "per_request" not in out
-    assert out["host_cpu"] is None   # not measured (off Linux, or a result built by hand)
+    assert out["host_cpu"] is None  # not measured (off Linux, or a result built by hand)
     assert out["requests"] == 6 and out["ttft_s"]["p50"] == pytest.approx(0.2)
     assert out["wan_share_of_full_kv"] == 0.25
 
@@ -51,9 +72,9 @@ def test_process_cpu_reads_a_live_process():
 
     from pddflow.runtime.bench_serve import _process_cpu_s
 
-    sum(i * i for i in range(300_000))   # some CPU of our own
+    sum(i * i for i in range(300_000))  # some CPU of our own
     got = _process_cpu_s(os.getpid())
     if got is None:
         pytest.skip("no /proc here")
     assert got > 0
-    assert _process_cpu_s(2**22 + 12345) is None   # no such process
+    assert _process_cpu_s(2**22 + 12345) is None  # no such process

@@ -19,14 +19,24 @@ def reference() -> list[int]:
     from pddflow.operators.engine import Engine
 
     eng = Engine.from_spec("builtin:tiny-llama")
-    return eng.generate([eng.tokenizer.encode(PROMPT)], SamplingParams(
-        max_tokens=12, temperature=0.0, stop_token_ids=tuple(eng.tokenizer.eos_token_ids)))[0].output_ids
+    return eng.generate(
+        [eng.tokenizer.encode(PROMPT)],
+        SamplingParams(
+            max_tokens=12, temperature=0.0, stop_token_ids=tuple(eng.tokenizer.eos_token_ids)
+        ),
+    )[0].output_ids
 
 
 def _tls_graph(tmp: Path) -> Path:
     text = (ROOT / "graphs" / "pdd.yaml").read_text()
-    text = text.replace("channel: wan_flight, params: {streams: 4}", "channel: wan_flight, params: {streams: 4, tls: true}")
-    text = text.replace("to: main.handoff, channel: token_ids}", "to: main.handoff, channel: token_ids, params: {tls: true}}")
+    text = text.replace(
+        "channel: wan_flight, params: {streams: 4}",
+        "channel: wan_flight, params: {streams: 4, tls: true}",
+    )
+    text = text.replace(
+        "to: main.handoff, channel: token_ids}",
+        "to: main.handoff, channel: token_ids, params: {tls: true}}",
+    )
     assert text.count("tls: true") == 2
     path = tmp / "pdd_tls.yaml"
     path.write_text(text)
@@ -39,7 +49,13 @@ def test_graph_deploys_and_matches_reference(graph, reference, tmp_path):
     dep = Deployment(path, tmp_path / "run")
     try:
         model = get_json(f"{dep.base}/v1/models")[1]["data"][0]["id"]
-        body = {"model": model, "prompt": PROMPT, "max_tokens": 12, "temperature": 0, "return_token_ids": True}
+        body = {
+            "model": model,
+            "prompt": PROMPT,
+            "max_tokens": 12,
+            "temperature": 0,
+            "return_token_ids": True,
+        }
         if graph == "tls":
             body |= {"variant": "p_rld_md", "handoff": "one_shot"}
         code, out = post_json(f"{dep.base}/v1/completions", body, timeout=60)

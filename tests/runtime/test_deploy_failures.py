@@ -17,7 +17,7 @@ from pddflow.runtime.launcher import Deployment, post_json
 
 openai = pytest.importorskip("openai")
 ROOT = Path(__file__).resolve().parents[2]
-LONG = "KV crosses the WAN in blocks; " * 12   # ~360 tokens: about 11 MB of KV for the tiny model
+LONG = "KV crosses the WAN in blocks; " * 12  # ~360 tokens: about 11 MB of KV for the tiny model
 
 
 def _reference(prompt: str, n: int) -> list[int]:
@@ -26,8 +26,12 @@ def _reference(prompt: str, n: int) -> list[int]:
 
     eng = Engine.from_spec("builtin:tiny-llama")
     ids = eng.tokenizer.encode(prompt)
-    return eng.generate([ids], SamplingParams(max_tokens=n, temperature=0.0,
-                                              stop_token_ids=tuple(eng.tokenizer.eos_token_ids)))[0].output_ids
+    return eng.generate(
+        [ids],
+        SamplingParams(
+            max_tokens=n, temperature=0.0, stop_token_ids=tuple(eng.tokenizer.eos_token_ids)
+        ),
+    )[0].output_ids
 
 
 @pytest.fixture(scope="module")
@@ -39,16 +43,24 @@ def pdd(tmp_path_factory):
 
 
 def _timeline(dep: Deployment, rid: str) -> dict:
-    return json.loads(urllib.request.urlopen(f"{dep.base}/v1/requests/{rid}/timeline", timeout=5).read())
+    return json.loads(
+        urllib.request.urlopen(f"{dep.base}/v1/requests/{rid}/timeline", timeout=5).read()
+    )
 
 
 def test_wan_drop_mid_transfer_resumes(pdd):
     client = openai.OpenAI(base_url=f"{pdd.base}/v1", api_key="unused", timeout=120, max_retries=0)
-    code, _ = post_json(f"{pdd.base}/admin/links/A-B/cut", {"seconds": 1.5, "after_bytes": 256 * 1024})
+    code, _ = post_json(
+        f"{pdd.base}/admin/links/A-B/cut", {"seconds": 1.5, "after_bytes": 256 * 1024}
+    )
     assert code == 200
     r = client.completions.with_raw_response.create(
-        model="pdd", prompt=LONG, max_tokens=16, temperature=0,
-        extra_body={"return_token_ids": True, "variant": "p_md"})
+        model="pdd",
+        prompt=LONG,
+        max_tokens=16,
+        temperature=0,
+        extra_body={"return_token_ids": True, "variant": "p_md"},
+    )
     assert r.parse().choices[0].model_extra["token_ids"] == _reference(LONG, 16)
     events = _timeline(pdd, r.headers["x-request-id"])["events"]
     sent = [e for e in events if e["event"].startswith("kv_sent:wan_flight")]
@@ -60,9 +72,14 @@ def test_main_decode_killed_mid_stream(pdd):
     client = openai.OpenAI(base_url=f"{pdd.base}/v1", api_key="unused", timeout=120, max_retries=0)
     prompt, n = "The main decoder is about to disappear.", 48
     want = _reference(prompt, n)
-    stream = client.completions.create(model="pdd", prompt=prompt, max_tokens=n, temperature=0, stream=True,
-                                       extra_body={"return_token_ids": True, "variant": "p_rld_md",
-                                                   "handoff": "one_shot"})
+    stream = client.completions.create(
+        model="pdd",
+        prompt=prompt,
+        max_tokens=n,
+        temperature=0,
+        stream=True,
+        extra_body={"return_token_ids": True, "variant": "p_rld_md", "handoff": "one_shot"},
+    )
     got: list[int] = []
     killed = False
     for chunk in stream:
@@ -81,4 +98,6 @@ def test_main_decode_killed_mid_stream(pdd):
         if h["live_requests"] == 0 and all(w["kv_blocks_used"] == w["cached_blocks"] for w in live):
             break
         time.sleep(0.3)
-    assert h["live_requests"] == 0 and all(w["kv_blocks_used"] == w["cached_blocks"] for w in live), h["workers"]
+    assert h["live_requests"] == 0 and all(
+        w["kv_blocks_used"] == w["cached_blocks"] for w in live
+    ), h["workers"]

@@ -23,10 +23,19 @@ def test_requests_wait_for_kv_memory_instead_of_failing(tmp_path):
 
         def ask(i: int, max_tokens: int = 40) -> tuple[int, dict, str]:
             prompt = [(7 * i + 3 * j) % 250 for j in range(64)]
-            body = {"model": model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0,
-                    "return_token_ids": True, "stop": None}
-            req = urllib.request.Request(f"{dep.base}/v1/completions", json.dumps(body).encode(),
-                                         {"Content-Type": "application/json"})
+            body = {
+                "model": model,
+                "prompt": prompt,
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "return_token_ids": True,
+                "stop": None,
+            }
+            req = urllib.request.Request(
+                f"{dep.base}/v1/completions",
+                json.dumps(body).encode(),
+                {"Content-Type": "application/json"},
+            )
             with urllib.request.urlopen(req, timeout=120) as r:
                 return r.status, json.loads(r.read()), r.headers["x-request-id"]
 
@@ -40,12 +49,19 @@ def test_requests_wait_for_kv_memory_instead_of_failing(tmp_path):
             names = [e["event"] for e in tl["events"]]
             assert "leg_failed" not in names, tl["events"]
             waited += "kv_waits_for_memory" in names
-        assert waited >= 1   # four did not fit at once: some waited, none failed
+        assert waited >= 1  # four did not fit at once: some waited, none failed
 
         prompt = list(range(64))
-        code, out = post_json(f"{dep.base}/v1/completions",
-                              {"model": model, "prompt": prompt, "max_tokens": 300, "temperature": 0}, timeout=60)
-        assert code >= 400 and "KV cache full" in out["error"]["message"] and "max_tokens" in out["error"]["message"]
+        code, out = post_json(
+            f"{dep.base}/v1/completions",
+            {"model": model, "prompt": prompt, "max_tokens": 300, "temperature": 0},
+            timeout=60,
+        )
+        assert (
+            code >= 400
+            and "KV cache full" in out["error"]["message"]
+            and "max_tokens" in out["error"]["message"]
+        )
     finally:
         dep.stop()
     assert dep.leftover_children() == []

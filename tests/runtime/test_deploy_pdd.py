@@ -28,8 +28,14 @@ def reference() -> dict[str, list[int]]:
     out = {}
     for p in PROMPTS:
         ids = eng.tokenizer.encode(p)
-        seq = eng.generate([ids], SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0,
-                                                 stop_token_ids=tuple(eng.tokenizer.eos_token_ids)))[0]
+        seq = eng.generate(
+            [ids],
+            SamplingParams(
+                max_tokens=MAX_TOKENS,
+                temperature=0.0,
+                stop_token_ids=tuple(eng.tokenizer.eos_token_ids),
+            ),
+        )[0]
         out[p] = seq.output_ids
     return out
 
@@ -67,24 +73,34 @@ def test_workers_run_on_their_clusters_cores(pdd):
 ROUTES = [None, ("p_md", None), ("p_rld_md", "one_shot"), ("p_rld_md", "catch_up")]
 
 
-@pytest.mark.parametrize("route", ROUTES, ids=["scheduler", "p_md", "p_rld_md-one_shot", "p_rld_md-catch_up"])
+@pytest.mark.parametrize(
+    "route", ROUTES, ids=["scheduler", "p_md", "p_rld_md-one_shot", "p_rld_md-catch_up"]
+)
 @pytest.mark.parametrize("prompt", PROMPTS, ids=["long", "short"])
 def test_completions_match_reference(client, reference, route, prompt):
     extra = {"return_token_ids": True}
     if route:
         extra["variant"], extra["handoff"] = route[0], route[1]
-    r = client.completions.create(model="pdd", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
-                                  extra_body=extra)
+    r = client.completions.create(
+        model="pdd", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, extra_body=extra
+    )
     assert r.choices[0].model_extra["token_ids"] == reference[prompt]
     assert r.usage.completion_tokens == len(reference[prompt])
 
 
-@pytest.mark.parametrize("route", ROUTES[1:], ids=["p_md", "p_rld_md-one_shot", "p_rld_md-catch_up"])
+@pytest.mark.parametrize(
+    "route", ROUTES[1:], ids=["p_md", "p_rld_md-one_shot", "p_rld_md-catch_up"]
+)
 def test_streaming_matches_reference(client, reference, route):
     prompt = PROMPTS[0]
-    stream = client.completions.create(model="pdd", prompt=prompt, max_tokens=MAX_TOKENS, temperature=0,
-                                       stream=True, extra_body={"return_token_ids": True, "variant": route[0],
-                                                                "handoff": route[1]})
+    stream = client.completions.create(
+        model="pdd",
+        prompt=prompt,
+        max_tokens=MAX_TOKENS,
+        temperature=0,
+        stream=True,
+        extra_body={"return_token_ids": True, "variant": route[0], "handoff": route[1]},
+    )
     ids: list[int] = []
     for chunk in stream:
         ids += chunk.choices[0].model_extra.get("token_ids", [])
@@ -92,8 +108,13 @@ def test_streaming_matches_reference(client, reference, route):
 
 
 def test_chat_streaming(client):
-    stream = client.chat.completions.create(model="pdd", messages=[{"role": "user", "content": "hi"}],
-                                            max_tokens=8, temperature=0, stream=True)
+    stream = client.chat.completions.create(
+        model="pdd",
+        messages=[{"role": "user", "content": "hi"}],
+        max_tokens=8,
+        temperature=0,
+        stream=True,
+    )
     chunks = list(stream)
     assert chunks[-1].choices[0].finish_reason in ("length", "stop")
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -101,54 +122,98 @@ def test_chat_streaming(client):
 
 def test_models_and_bad_requests(pdd, client):
     assert [m.id for m in client.models.list()] == ["pdd"]
-    code, body = post_json(f"{pdd.base}/v1/completions", {"model": "pdd", "prompt": "x", "max_tokens": -1})
+    code, body = post_json(
+        f"{pdd.base}/v1/completions", {"model": "pdd", "prompt": "x", "max_tokens": -1}
+    )
     assert code == 400 and "max_tokens" in body["error"]["message"]
     code, body = post_json(f"{pdd.base}/v1/completions", {"model": "nope", "prompt": "x"})
     assert code == 404 and "serves 'pdd'" in body["error"]["message"]
     code, body = post_json(f"{pdd.base}/v1/completions", {"model": "pdd", "prompt": [1, 99999]})
     assert code == 400 and "outside the vocabulary" in body["error"]["message"]
-    code, body = post_json(f"{pdd.base}/v1/completions", {"model": "pdd", "prompt": "x", "variant": "p_x"})
+    code, body = post_json(
+        f"{pdd.base}/v1/completions", {"model": "pdd", "prompt": "x", "variant": "p_x"}
+    )
     assert code == 400 and "unknown variant" in body["error"]["message"]
 
 
 def test_metrics_timeline_and_no_leaks(pdd, client):
-    r = client.completions.with_raw_response.create(model="pdd", prompt=PROMPTS[0], max_tokens=8, temperature=0,
-                                                    extra_body={"variant": "p_rld_md", "handoff": "one_shot"})
+    r = client.completions.with_raw_response.create(
+        model="pdd",
+        prompt=PROMPTS[0],
+        max_tokens=8,
+        temperature=0,
+        extra_body={"variant": "p_rld_md", "handoff": "one_shot"},
+    )
     rid = r.headers["x-request-id"]
     import urllib.request
 
     text = urllib.request.urlopen(f"{pdd.base}/metrics", timeout=5).read().decode()
-    for name in ("pddflow_ttft_seconds_bucket", "pddflow_inter_token_seconds_bucket", "pddflow_requests_total",
-                 "pddflow_wan_bytes_sent_total", "pddflow_wan_bytes_saved_total", "pddflow_kv_transfer_seconds",
-                 "pddflow_relay_token_share", "pddflow_queue_depth", "pddflow_kv_blocks_used"):
+    for name in (
+        "pddflow_ttft_seconds_bucket",
+        "pddflow_inter_token_seconds_bucket",
+        "pddflow_requests_total",
+        "pddflow_wan_bytes_sent_total",
+        "pddflow_wan_bytes_saved_total",
+        "pddflow_kv_transfer_seconds",
+        "pddflow_relay_token_share",
+        "pddflow_queue_depth",
+        "pddflow_kv_blocks_used",
+    ):
         assert name in text, name
-    tl = __import__("json").loads(urllib.request.urlopen(f"{pdd.base}/v1/requests/{rid}/timeline", timeout=5).read())
+    tl = __import__("json").loads(
+        urllib.request.urlopen(f"{pdd.base}/v1/requests/{rid}/timeline", timeout=5).read()
+    )
     names = [e["event"] for e in tl["events"]]
     for ev in ("arrival", "first_token", "kv_landed", "handoff_start", "handoff_sent", "finish"):
         assert ev in names, [e.get("error") for e in tl["events"] if e["event"] == "leg_failed"]
     h = pdd.wait_idle()
     assert h["mirror_drift"] == []
-    steps = {inst: w["decode"] for inst, w in h["workers"].items() if w["decode"] and w["decode"]["steps"]}
-    assert set(steps) <= {"relay/0", "main/0"} and steps   # decoders count their steps, prefill has none
-    assert all(d["cpu_s"] > 0 and d["seqs"] >= d["steps"] and d["context_tokens"] >= d["seqs"] for d in steps.values())
+    steps = {
+        inst: w["decode"]
+        for inst, w in h["workers"].items()
+        if w["decode"] and w["decode"]["steps"]
+    }
+    assert (
+        set(steps) <= {"relay/0", "main/0"} and steps
+    )  # decoders count their steps, prefill has none
+    assert all(
+        d["cpu_s"] > 0 and d["seqs"] >= d["steps"] and d["context_tokens"] >= d["seqs"]
+        for d in steps.values()
+    )
     # the loop iterations that ran them took at least their CPU in wall time
     assert all(d["wall_s"] >= d["cpu_s"] * 0.95 for d in steps.values()), steps
     for inst, w in h["workers"].items():
-        assert w["kv_blocks_used"] == w["cached_blocks"], (inst, w)  # only the prefix caches hold blocks
+        assert w["kv_blocks_used"] == w["cached_blocks"], (
+            inst,
+            w,
+        )  # only the prefix caches hold blocks
     # the ended request's timeline still takes its legs' late events (the WAN sender hears the
     # final acknowledgement after an emulated return delay, often after the request ended)
     import time
 
     deadline = time.monotonic() + 30
     while True:
-        tl = __import__("json").loads(urllib.request.urlopen(f"{pdd.base}/v1/requests/{rid}/timeline", timeout=5).read())
+        tl = __import__("json").loads(
+            urllib.request.urlopen(f"{pdd.base}/v1/requests/{rid}/timeline", timeout=5).read()
+        )
         by = {e["event"]: e for e in tl["events"]}
         if "kv_sent:wan_flight:main/0" in by or time.monotonic() > deadline:
             break
         time.sleep(0.2)
     assert "kv_sent:wan_flight:main/0" in by and "kv_sent:rdma_tensor:relay/0" in by
-    assert by["kv_send:wan_flight:main/0"]["prefill_ms"] > 0 and by["kv_send:wan_flight:main/0"]["queued_ms"] >= 0
-    send = by["kv_send:rdma_tensor:relay/0"]   # what a bench serve report calibrates the simulator with
+    assert (
+        by["kv_send:wan_flight:main/0"]["prefill_ms"] > 0
+        and by["kv_send:wan_flight:main/0"]["queued_ms"] >= 0
+    )
+    send = by[
+        "kv_send:rdma_tensor:relay/0"
+    ]  # what a bench serve report calibrates the simulator with
     assert send["prefill_cpu_ms"] > 0 and send["cached_tokens"] >= 0 and send["export_ms"] >= 0
-    landed = next(e for e in tl["events"] if e["event"] == "kv_landed" and e.get("instance") == "relay/0")
-    assert landed["bytes"] > 0 and landed["waited_ms"] >= 0 and landed["import_ms"] >= landed["import_cpu_ms"] * 0.5
+    landed = next(
+        e for e in tl["events"] if e["event"] == "kv_landed" and e.get("instance") == "relay/0"
+    )
+    assert (
+        landed["bytes"] > 0
+        and landed["waited_ms"] >= 0
+        and landed["import_ms"] >= landed["import_cpu_ms"] * 0.5
+    )

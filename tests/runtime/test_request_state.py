@@ -8,16 +8,18 @@ from pddflow.runtime.request_state import RequestState, StreamConflict, TokenRun
 
 
 def _state(max_tokens: int = 10) -> RequestState:
-    return RequestState("r", prompt_len=5, max_tokens=max_tokens, variant="p_rld_md", handoff="one_shot")
+    return RequestState(
+        "r", prompt_len=5, max_tokens=max_tokens, variant="p_rld_md", handoff="one_shot"
+    )
 
 
 def test_handoff_overlap_merges_without_repeat_or_gap():
     s = _state()
     s.add(TokenRun(0, [7], "prefill"))
     s.add(TokenRun(1, [8, 9, 10], "relay"))
-    s.add(TokenRun(6, [13, 14], "main"))          # arrives before the gap is filled
+    s.add(TokenRun(6, [13, 14], "main"))  # arrives before the gap is filled
     assert s.tokens == [7, 8, 9, 10]
-    s.add(TokenRun(3, [10, 11, 12], "main"))      # overlaps the relay's last token, agrees
+    s.add(TokenRun(3, [10, 11, 12], "main"))  # overlaps the relay's last token, agrees
     assert s.tokens == [7, 8, 9, 10, 11, 12, 13, 14]
     assert s.sources == ["prefill", "relay", "relay", "relay", "main", "main", "main", "main"]
     assert s.take_new() == [7, 8, 9, 10, 11, 12, 13, 14] and s.take_new() == []

@@ -18,7 +18,7 @@ def _prompts(rng: random.Random, n: int) -> list[tuple[int, ...]]:
     for _ in range(n):
         if sessions and rng.random() < 0.7:
             i = rng.randrange(len(sessions))
-            if len(sessions[i]) > 30:          # compacted: start over from the shared first block
+            if len(sessions[i]) > 30:  # compacted: start over from the shared first block
                 sessions[i] = (0,)
             grow = rng.randint(1, 4)
             sessions[i] = sessions[i] + tuple(range(nid[0], nid[0] + grow))
@@ -41,7 +41,7 @@ def test_mirror_matches_cache_under_eviction(seed):
     for prompt in _prompts(rng, 400):
         assert mirror.match(prompt) == store.cache.match_len(prompt)
         hold = store.acquire(prompt, extra_blocks=rng.randint(0, 3))
-        if hold is None:                       # memory short: release the oldest live request first
+        if hold is None:  # memory short: release the oldest live request first
             store.release(live.pop(0)[0])
             hold = store.acquire(prompt, extra_blocks=0)
             if hold is None:
@@ -52,7 +52,7 @@ def test_mirror_matches_cache_under_eviction(seed):
             store.release(live.pop(0)[0])
     for hold, _ in live:
         store.release(hold)
-    assert store.evicted_blocks > 0            # the test exercised eviction
+    assert store.evicted_blocks > 0  # the test exercised eviction
     store.check_mirror()
     assert store.reserved == 0 and store.locked_or_reserved() == 0
 
@@ -61,7 +61,7 @@ def test_mirror_detects_a_lost_event():
     cache = RadixCache()
     mirror = CacheMirror("m")
     cache.insert([1, 2, 3], [None] * 3)
-    mirror.on_insert([1, 2])                   # one insert event lost
+    mirror.on_insert([1, 2])  # one insert event lost
     with pytest.raises(MirrorDrift):
         mirror.check(h for h, _ in cache)
     with pytest.raises(MirrorDrift):
@@ -86,7 +86,7 @@ def test_change_journal_keeps_mirror_exact(seed):
     rng = random.Random(seed)
     cache = RadixCache(capacity=40)
     mirror = CacheMirror("main/0")
-    ins, ev = cache.take_changes()            # starts the journal: the (empty) cache as inserted
+    ins, ev = cache.take_changes()  # starts the journal: the (empty) cache as inserted
     mirror.on_insert(ins)
     assert ev == []
     churned = 0
@@ -115,11 +115,11 @@ def test_reset_recovers_from_a_lost_delta():
     mirror = CacheMirror("m")
     cache.take_changes()
     cache.insert([1, 2, 3], [None] * 3)
-    cache.take_changes()                       # this delta is lost on the way
+    cache.take_changes()  # this delta is lost on the way
     cache.insert([1, 2, 3, 4], [None] * 4)
     mirror.on_insert(cache.take_changes()[0])
     with pytest.raises(MirrorDrift):
         mirror.check(h for h, _ in cache)
-    mirror.reset(h for h, _ in cache)         # the worker's full listing after a reconnect
+    mirror.reset(h for h, _ in cache)  # the worker's full listing after a reconnect
     mirror.check(h for h, _ in cache)
     assert mirror.digest == 1 ^ 2 ^ 3 ^ 4 and mirror.match([1, 2, 3, 4, 5]) == 4

@@ -9,21 +9,33 @@ import pytest
 
 from pddflow.core.registry import UnknownName
 from pddflow.graph import load_plan
-from pddflow.scheduler import (Decision, InstanceLoad, LinkEstimate, RequestFeatures, SchedulerState, make_policy)
+from pddflow.scheduler import (
+    Decision,
+    InstanceLoad,
+    LinkEstimate,
+    RequestFeatures,
+    SchedulerState,
+    make_policy,
+)
 from pddflow.scheduler.first_variant import FirstVariantPolicy
 from pddflow.scheduler.predicted_hit_rate import PredictedHitRatePolicy
 from pddflow.scheduler.uncached_threshold import UncachedThresholdPolicy
 
 ROOT = Path(__file__).resolve().parents[2]
-GRAPHS = sorted((ROOT / "graphs").glob("*.yaml")) + sorted((ROOT / "graphs" / "examples").glob("*.yaml")) \
+GRAPHS = (
+    sorted((ROOT / "graphs").glob("*.yaml"))
+    + sorted((ROOT / "graphs" / "examples").glob("*.yaml"))
     + sorted((ROOT / "graphs" / "sim").glob("*.yaml"))
+)
 
 
 def plan(name: str):
     return load_plan(str(ROOT / "graphs" / name))
 
 
-def req(tokens: int = 32768, out: int = 1000, rid: str = "r", start: int = 0, bt: int = 512) -> RequestFeatures:
+def req(
+    tokens: int = 32768, out: int = 1000, rid: str = "r", start: int = 0, bt: int = 512
+) -> RequestFeatures:
     n = -(-tokens // bt)
     return RequestFeatures(rid, tokens, tuple(range(start, start + n)), out, bt)
 
@@ -42,8 +54,12 @@ def test_every_shipped_plan_gets_a_complete_decision(path: Path):
 def test_make_policy_resolves_the_registry_impl():
     assert isinstance(make_policy(plan("pdd.yaml")), PredictedHitRatePolicy)
     assert isinstance(make_policy(plan("cross_dc_pd.yaml")), FirstVariantPolicy)
-    assert isinstance(make_policy(plan("examples/prfaas_remote_prefill.yaml")), UncachedThresholdPolicy)
-    bad = replace(plan("pdd.yaml"), scheduler=replace(plan("pdd.yaml").scheduler, policy="predicted_hitrate"))
+    assert isinstance(
+        make_policy(plan("examples/prfaas_remote_prefill.yaml")), UncachedThresholdPolicy
+    )
+    bad = replace(
+        plan("pdd.yaml"), scheduler=replace(plan("pdd.yaml").scheduler, policy="predicted_hitrate")
+    )
     with pytest.raises(UnknownName, match="did you mean 'predicted_hit_rate'"):
         make_policy(bad)
 
@@ -54,7 +70,7 @@ def test_cold_request_goes_through_the_relay_warm_one_direct():
     cold = pol.decide(req(rid="cold"), st)
     assert cold.variant == "p_rld_md" and cold.predicted_hit == 0.0
     assert cold.predicted_transfer_s > pol.params["relay_if_transfer_over_s"]
-    st.mirrors["main/3"].on_insert(range(64))           # main/3 holds the whole prompt
+    st.mirrors["main/3"].on_insert(range(64))  # main/3 holds the whole prompt
     warm = pol.decide(req(rid="warm"), st)
     assert warm.variant == "p_md" and warm.target("main") == "main/3"
     assert warm.predicted_hit == 1.0 and warm.transfer_bytes == 0
@@ -72,9 +88,9 @@ def test_saturated_relays_fall_back_to_direct():
 def test_adaptive_handoff_follows_relay_load():
     p = plan("pdd.yaml")
     pol, st = make_policy(p), SchedulerState.for_plan(p)
-    assert pol.decide(req(rid="a"), st).handoff == "catch_up"      # idle relay: keep generating
+    assert pol.decide(req(rid="a"), st).handoff == "catch_up"  # idle relay: keep generating
     for inst in p.operators["relay"].instances:
-        st.set_load(inst, InstanceLoad(running=50, max_batch=64))   # 0.78 > catch_up_load 0.7
+        st.set_load(inst, InstanceLoad(running=50, max_batch=64))  # 0.78 > catch_up_load 0.7
     d = pol.decide(req(rid="b"), st)
     assert d.variant == "p_rld_md" and d.handoff == "one_shot"
 
@@ -82,10 +98,19 @@ def test_adaptive_handoff_follows_relay_load():
 def test_slow_link_estimate_moves_warmish_requests_to_the_relay():
     p = plan("pdd.yaml")
     pol, st = make_policy(p), SchedulerState.for_plan(p)
-    st.mirrors["main/0"].on_insert(range(60))                        # 60 of 64 blocks cached
+    st.mirrors["main/0"].on_insert(range(60))  # 60 of 64 blocks cached
     assert pol.decide(req(rid="a"), st).variant == "p_md"
-    st.set_link(LinkEstimate("A-B", bytes_per_s=1e8, rtt_s=0.03, delay_p50_s=0.05, delay_p90_s=0.4,
-                             delay_p99_s=2.0, active_flows=30))      # a congested WAN
+    st.set_link(
+        LinkEstimate(
+            "A-B",
+            bytes_per_s=1e8,
+            rtt_s=0.03,
+            delay_p50_s=0.05,
+            delay_p90_s=0.4,
+            delay_p99_s=2.0,
+            active_flows=30,
+        )
+    )  # a congested WAN
     assert pol.decide(req(rid="b"), st).variant == "p_rld_md"
 
 
@@ -95,7 +120,9 @@ def test_singular_traffic_is_bounded():
     share = pol.params["singular_max_share"]
     long_short = [pol.decide(req(40000, 100, rid=f"s{i}", start=i * 1000), st) for i in range(200)]
     singular = [d for d in long_short if d.singular]
-    assert singular and all(d.variant == "p_rld_md" for d in singular)   # relay finishes, WAN leg cancelled
+    assert singular and all(
+        d.variant == "p_rld_md" for d in singular
+    )  # relay finishes, WAN leg cancelled
     assert len(singular) <= share * 200 + 1
     normal = pol.decide(req(40000, 2000, rid="n"), st)
     assert not normal.singular
@@ -116,7 +143,7 @@ def test_three_dc_picks_the_pool_holding_the_prefix():
     d = pol.decide(req(131072), st)
     assert d.variant in ("p_mdc", "p_rld_mdc") and d.target(d.targets[-1][0]) == "main_c/2"
     assert d.predicted_hit == 1.0
-    st.mirrors["main_b/5"].on_insert(range(256))         # now the faster link's pool has it too
+    st.mirrors["main_b/5"].on_insert(range(256))  # now the faster link's pool has it too
     d = pol.decide(req(131072, rid="b"), st)
     assert d.variant == "p_mdb" and d.target("main_b") == "main_b/5"
 
@@ -124,9 +151,9 @@ def test_three_dc_picks_the_pool_holding_the_prefix():
 def test_uncached_threshold_prfaas():
     p = plan("examples/prfaas_remote_prefill.yaml")
     pol, st = make_policy(p), SchedulerState.for_plan(p)
-    assert pol.decide(req(32768), st).variant == "remote"            # 32K uncached > 8192
+    assert pol.decide(req(32768), st).variant == "remote"  # 32K uncached > 8192
     assert pol.decide(req(4096), st).variant == "local"
-    st.mirrors["decode/1"].on_insert(range(60))                      # 4 of 64 blocks uncached
+    st.mirrors["decode/1"].on_insert(range(60))  # 4 of 64 blocks uncached
     d = pol.decide(req(32768, rid="w"), st)
     assert d.variant == "local" and d.target("decode") == "decode/1"
 
@@ -136,7 +163,9 @@ def test_first_variant_is_cache_aware_and_load_guarded():
     pol, st = make_policy(p), SchedulerState.for_plan(p)
     st.mirrors["decode/4"].on_insert(range(64))
     assert pol.decide(req(), st).target("decode") == "decode/4"
-    st.set_load("decode/4", InstanceLoad(running=64, max_batch=64))  # full: the prefix is not worth it
+    st.set_load(
+        "decode/4", InstanceLoad(running=64, max_batch=64)
+    )  # full: the prefix is not worth it
     assert pol.decide(req(rid="b"), st).target("decode") != "decode/4"
 
 

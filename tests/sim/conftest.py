@@ -16,7 +16,15 @@ def serve_trace(tmp_path: Path) -> Path:
     lines = []
     for i in range(12):
         inp = 512 * (3 + i % 5) - 100
-        lines.append(json.dumps({"timestamp": i * 100, "input_length": inp, "output_length": 40 + 37 * i,
-                                 "hash_ids": [0] + [1000 * i + k for k in range(1, -(-inp // 512))]}))
+        lines.append(
+            json.dumps(
+                {
+                    "timestamp": i * 100,
+                    "input_length": inp,
+                    "output_length": 40 + 37 * i,
+                    "hash_ids": [0] + [1000 * i + k for k in range(1, -(-inp // 512))],
+                }
+            )
+        )
     f.write_text("\n".join(lines) + "\n")
     return f

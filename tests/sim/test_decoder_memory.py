@@ -24,18 +24,18 @@ def test_pinned_prefix_survives_eviction_and_reserve_waits_for_room():
     store = KVStore("main/0", capacity_blocks=10, cached=True)
     first = store.acquire((1, 2, 3, 4), 0)
     store.commit(first, (1, 2, 3, 4))
-    store.release(first)                              # cached, evictable
+    store.release(first)  # cached, evictable
     pinned = store.pin((1, 2, 3, 4, 5, 6))
     assert (pinned.hit, pinned.missing, pinned.reserved) == (4, 2, 0)
     assert store.locked_or_reserved() == 4 and store.reserved == 0
-    other = store.acquire((7, 8, 9, 10, 11, 12), 0)   # fits beside the pinned four, evicting nothing
+    other = store.acquire((7, 8, 9, 10, 11, 12), 0)  # fits beside the pinned four, evicting nothing
     assert other is not None and store.cache.match_len((1, 2, 3, 4)) == 4
-    assert store.reserve(pinned, 1) is False          # 4 + 6 used, 3 more do not fit
-    assert store.cache.match_len((1, 2, 3, 4)) == 4   # a failed reserve keeps the pin
+    assert store.reserve(pinned, 1) is False  # 4 + 6 used, 3 more do not fit
+    assert store.cache.match_len((1, 2, 3, 4)) == 4  # a failed reserve keeps the pin
     store.release(other)
     assert store.reserve(pinned, 1) is True and pinned.reserved == 3
     with pytest.raises(ValueError, match="budget holds 10"):
-        store.reserve(store.pin((1, 2, 3, 4)), 7)     # 4 pinned + 7 can never fit
+        store.reserve(store.pin((1, 2, 3, 4)), 7)  # 4 pinned + 7 can never fit
     store.release(pinned)
 
 
@@ -43,9 +43,11 @@ def _one_request_fits_main() -> tuple[Simulation, list]:
     """cross_dc_pd on one prefill and one main whose memory holds one request (prompt + output),
     a slow constant-delay WAN, and two requests that arrive together."""
     plan = load_plan(str(ROOT / "graphs" / "cross_dc_pd.yaml")).scaled_to_local()
-    link = {n: replace(lk, gbps=1.0, jitter=Jitter(dist="constant")) for n, lk in plan.links.items()}
+    link = {
+        n: replace(lk, gbps=1.0, jitter=Jitter(dist="constant")) for n, lk in plan.links.items()
+    }
     kvb = plan.model.arch.kv_bytes_per_token
-    main = replace(plan.operators["main"], kv_budget_bytes=20 * 16 * kvb)        # 20 blocks of 16 tokens
+    main = replace(plan.operators["main"], kv_budget_bytes=20 * 16 * kvb)  # 20 blocks of 16 tokens
     plan = replace(plan, links=link, operators={**plan.operators, "main": main})
     reqs = [SimRequest(i, 0.0, 160, 32, tuple(range(100 * i + 1, 100 * i + 11))) for i in range(2)]
     sim = Simulation(plan, Workload("two", reqs, block_tokens=16), stream_gbps=0)
@@ -72,6 +74,8 @@ def test_a_request_that_can_never_fit_fails_with_the_budget_named():
     kvb = plan.model.arch.kv_bytes_per_token
     main = replace(plan.operators["main"], kv_budget_bytes=8 * 16 * kvb)
     plan = replace(plan, operators={**plan.operators, "main": main})
-    sim = Simulation(plan, Workload("big", [SimRequest(0, 0.0, 160, 32, tuple(range(1, 11)))], block_tokens=16))
+    sim = Simulation(
+        plan, Workload("big", [SimRequest(0, 0.0, 160, 32, tuple(range(1, 11)))], block_tokens=16)
+    )
     (run,) = sim.run()
     assert run.failed and "budget holds 8" in run.failed

@@ -24,7 +24,13 @@ def _model():
 def test_planned_decode_steps_equal_one_event_per_step():
     """Sequences arriving mid-run join at the next step boundary; finishing times must match a
     step-by-step reference exactly, although the engine plans runs of steps at once."""
-    arrivals = [(0.0, 1000, 50), (0.1037, 3000, 30), (0.2, 500, 80), (0.2001, 700, 5), (1.5, 100, 20)]
+    arrivals = [
+        (0.0, 1000, 50),
+        (0.1037, 3000, 30),
+        (0.2, 500, 80),
+        (0.2001, 700, 5),
+        (1.5, 100, 20),
+    ]
     loop = EventLoop()
     eng = Engine(loop, "e", _model(), max_batch=64, chunk_tokens=512)
     got = {}
@@ -51,7 +57,7 @@ def test_planned_decode_steps_equal_one_event_per_step():
                 del running[i]
     assert got == pytest.approx(want, rel=1e-9)
     assert eng.decode_tokens == sum(o for _, _, o in arrivals)
-    assert loop.processed < sum(o for _, _, o in arrivals)   # fewer events than steps
+    assert loop.processed < sum(o for _, _, o in arrivals)  # fewer events than steps
 
 
 def test_prefill_chunks_and_first_token():
@@ -61,11 +67,11 @@ def test_prefill_chunks_and_first_token():
     eng.submit_job(Job("a", 5000, 0, lambda j, t: done.append(("a", t))))
     eng.submit_job(Job("b", 100, 1000, lambda j, t: done.append(("b", t))))
     loop.run()
-    assert [d[0] for d in done] == ["a", "b"]            # FIFO
+    assert [d[0] for d in done] == ["a", "b"]  # FIFO
     assert eng.job_tokens == 5100
     m = _model()
-    t1 = m.step_s(2048, 2048 ** 2 / 2, 2048)
-    assert done[0][1] > 2 * t1                              # three chunks, not one
+    t1 = m.step_s(2048, 2048**2 / 2, 2048)
+    assert done[0][1] > 2 * t1  # three chunks, not one
 
 
 def test_exclusive_jobs_run_alone_and_whole_as_the_runtime_loop():
@@ -77,14 +83,18 @@ def test_exclusive_jobs_run_alone_and_whole_as_the_runtime_loop():
     eng = Engine(loop, "p", m, max_batch=8, chunk_tokens=512, exclusive_jobs=True)
     done, finished = {}, {}
     eng.submit_seq(Seq(None, 0, 1000, 0, 3, None, lambda s, t: finished.__setitem__(s.rid, t)))
-    loop.at(1e-9, eng.submit_job, Job("a", 300, 0, lambda j, t: done.__setitem__("a", t), after_s=0.5))
+    loop.at(
+        1e-9, eng.submit_job, Job("a", 300, 0, lambda j, t: done.__setitem__("a", t), after_s=0.5)
+    )
     loop.at(1e-9, eng.submit_job, Job("b", 200, 100, lambda j, t: done.__setitem__("b", t)))
     loop.run()
     step1 = m.decode_step_s(1, 1000)
     assert done["a"] == pytest.approx(step1 + m.prefill_s(300, 0), rel=1e-9)
     assert done["b"] == pytest.approx(done["a"] + 0.5 + m.prefill_s(200, 100), rel=1e-9)
     # the sequence's first step ran before the jobs arrived; its other two wait for both jobs
-    assert finished[0] == pytest.approx(done["b"] + m.decode_step_s(1, 1001) + m.decode_step_s(1, 1002), rel=1e-9)
+    assert finished[0] == pytest.approx(
+        done["b"] + m.decode_step_s(1, 1001) + m.decode_step_s(1, 1002), rel=1e-9
+    )
     assert eng.decode_tokens == 3 and eng.steps == 3
 
     packed = EventLoop()
@@ -93,7 +103,7 @@ def test_exclusive_jobs_run_alone_and_whole_as_the_runtime_loop():
     mixed.submit_job(Job("a", 300, 0, lambda j, t: ends.__setitem__("a", t)))
     mixed.submit_job(Job("b", 200, 100, lambda j, t: ends.__setitem__("b", t)))
     packed.run()
-    assert ends["a"] == ends["b"]                          # production engines: one chunk carries both
+    assert ends["a"] == ends["b"]  # production engines: one chunk carries both
 
 
 def test_wall_factors_scale_their_own_steps():
@@ -107,13 +117,22 @@ def test_wall_factors_scale_their_own_steps():
     done, finished = {}, {}
     eng.submit_job(Job("a", 300, 0, lambda j, t: done.__setitem__("a", t)))
     eng.submit_job(Job("x", 40, 300, lambda j, t: done.__setitem__("x", t), kind="extend"))
-    loop.at(1e-9, eng.submit_seq, Seq(None, 0, 1000, 0, 2, None, lambda s, t: finished.__setitem__(s.rid, t)))
+    loop.at(
+        1e-9,
+        eng.submit_seq,
+        Seq(None, 0, 1000, 0, 2, None, lambda s, t: finished.__setitem__(s.rid, t)),
+    )
     loop.run()
     assert done["a"] == pytest.approx(1.5 * m.prefill_s(300, 0), rel=1e-9)
-    assert done["x"] == pytest.approx(done["a"] + m.extend_s(40, 300), rel=1e-9)      # an extend: no factor
-    assert finished[0] == pytest.approx(done["x"] + 2.0 * (m.decode_step_s(1, 1000) + m.decode_step_s(1, 1001)),
-                                        rel=1e-9)
-    assert eng.prefill_wall_over_model == pytest.approx(1.5) and eng.decode_wall_over_model == pytest.approx(2.0)
+    assert done["x"] == pytest.approx(
+        done["a"] + m.extend_s(40, 300), rel=1e-9
+    )  # an extend: no factor
+    assert finished[0] == pytest.approx(
+        done["x"] + 2.0 * (m.decode_step_s(1, 1000) + m.decode_step_s(1, 1001)), rel=1e-9
+    )
+    assert eng.prefill_wall_over_model == pytest.approx(
+        1.5
+    ) and eng.decode_wall_over_model == pytest.approx(2.0)
 
 
 def _link(gbps=8.0, jitter=Jitter(0, 0, "constant")):
@@ -122,7 +141,7 @@ def _link(gbps=8.0, jitter=Jitter(0, 0, "constant")):
 
 def test_link_shares_bandwidth_and_cancels():
     loop = EventLoop()
-    link = SharedLink(loop, _link(), random.Random(0))    # 1 GB/s
+    link = SharedLink(loop, _link(), random.Random(0))  # 1 GB/s
     done = {}
     link.send(1e9, lambda t: done.__setitem__("a", t))
     link.send(1e9, lambda t: done.__setitem__("b", t))
@@ -139,12 +158,14 @@ def test_link_shares_bandwidth_and_cancels():
 
 def test_flow_cap_and_jitter():
     loop = EventLoop()
-    link = SharedLink(loop, _link(gbps=80), random.Random(0), flow_cap_gbps=8.0)   # 10 GB/s link, 1 GB/s per flow
+    link = SharedLink(
+        loop, _link(gbps=80), random.Random(0), flow_cap_gbps=8.0
+    )  # 10 GB/s link, 1 GB/s per flow
     done = []
     for _ in range(5):
         link.send(1e9, done.append)
     loop.run()
-    assert done == pytest.approx([1.0] * 5)                # five capped flows fit side by side
+    assert done == pytest.approx([1.0] * 5)  # five capped flows fit side by side
     loop = EventLoop()
     link = SharedLink(loop, _link(jitter=Jitter(50, 2000)), random.Random(7))
     times = []
@@ -152,7 +173,7 @@ def test_flow_cap_and_jitter():
         loop.at(i * 30.0, link.send, 0.0, times.append)
     loop.run()
     delays = sorted(t - i * 30.0 for i, t in enumerate(times))
-    assert 0.02 < delays[200] < 0.12 and delays[-1] > 0.5     # p50 near 50 ms, a heavy tail
+    assert 0.02 < delays[200] < 0.12 and delays[-1] > 0.5  # p50 near 50 ms, a heavy tail
 
 
 def test_replay_draws_the_emulated_links_delays():
@@ -166,19 +187,26 @@ def test_replay_draws_the_emulated_links_delays():
     from pddflow.sim.simulator import Simulation
     from pddflow.sim.workload import Workload
 
-    plan = load_plan(str(Path(__file__).resolve().parents[2] / "graphs" / "pdd.yaml")).scaled_to_local()
+    plan = load_plan(
+        str(Path(__file__).resolve().parents[2] / "graphs" / "pdd.yaml")
+    ).scaled_to_local()
     model = next(iter(plan.links.values()))
     sim = Simulation(plan, Workload("empty", [], plan.model.block_size), wan_jitter_seed=3)
     link = next(iter(sim.links.values()))
     clock = [0.0]
-    emu = EmulatedLink(LinkModel("x", "a", "b", 1e6, model.rtt_ms, model.jitter), seed=kv_link_seed(3),
-                       clock=lambda: clock[0], sleep=lambda s: clock.__setitem__(0, clock[0] + s))
+    emu = EmulatedLink(
+        LinkModel("x", "a", "b", 1e6, model.rtt_ms, model.jitter),
+        seed=kv_link_seed(3),
+        clock=lambda: clock[0],
+        sleep=lambda s: clock.__setitem__(0, clock[0] + s),
+    )
     for k in range(20):
-        clock[0] = 100.0 * k                     # far apart: each arrival is depart + one delay
+        clock[0] = 100.0 * k  # far apart: each arrival is depart + one delay
         depart, arrival = emu.schedule(1000)
         link.loop.now = 100.0 * k
         t = []
         link.send(0.0, t.append)
         link.loop.run()
-        assert t[0] - 100.0 * k == pytest.approx(model.rtt_ms / 1e3 + (arrival - depart - model.rtt_ms / 2e3),
-                                                 abs=1e-9), k
+        assert t[0] - 100.0 * k == pytest.approx(
+            model.rtt_ms / 1e3 + (arrival - depart - model.rtt_ms / 2e3), abs=1e-9
+        ), k

@@ -25,14 +25,14 @@ def test_replay_matches_the_bench_workload(serve_trace, seed):
     assert len(wl.requests) == spec.requests == 12
     by_session = {}
     roots = [r for r in wl.requests if r.parent < 0]
-    assert [r.arrival_s for r in roots] == [0.0, 0.5, 1.0]          # session i starts at i / rps
+    assert [r.arrival_s for r in roots] == [0.0, 0.5, 1.0]  # session i starts at i / rps
     for r in roots:
         chain, cur = [r], r
         while True:
             nxt = [c for c in wl.requests if c.parent == cur.rid]
             if not nxt:
                 break
-            assert len(nxt) == 1 and nxt[0].gap_s == 1.0              # closed loop, think time
+            assert len(nxt) == 1 and nxt[0].gap_s == 1.0  # closed loop, think time
             cur = nxt[0]
             chain.append(cur)
         by_session[len(by_session)] = chain
@@ -48,8 +48,8 @@ def test_replay_matches_the_bench_workload(serve_trace, seed):
             assert len(r.hashes) == ctx // 16
             # the next turn shares every full block of this turn's prompt + output
             if k + 1 < len(chain):
-                assert chain[k + 1].hashes[:len(r.done_hashes)] == r.done_hashes
-                assert r.done_hashes[:len(r.hashes)] == r.hashes
+                assert chain[k + 1].hashes[: len(r.done_hashes)] == r.done_hashes
+                assert r.done_hashes[: len(r.hashes)] == r.hashes
 
 
 def test_replay_runs_on_the_local_profile_with_a_shared_cpu(serve_trace):
@@ -64,7 +64,10 @@ def test_replay_runs_on_the_local_profile_with_a_shared_cpu(serve_trace):
     # as the runtime pins them on 2 cores: cluster A (prefill, relay) on one, B (main) on the other
     assert len(cpu.groups) == 2 and cpu.mode == "cluster"
     sim = Simulation(plan, wl, cpu=cpu)
-    assert sorted(sorted(e.name for e in g.engines) for g in cpu.groups) == [["main/0"], ["prefill/0", "relay/0"]]
+    assert sorted(sorted(e.name for e in g.engines) for g in cpu.groups) == [
+        ["main/0"],
+        ["prefill/0", "relay/0"],
+    ]
     runs = sim.run()
     assert len(runs) == 6 and all(r.done and not r.failed for r in runs)
     # as the runtime's reused_blocks: the block holding the prompt's last token always travels
@@ -80,9 +83,13 @@ def _local_plan():
 
 
 def test_sim_does_not_import_the_runtime():
-    code = ("import sys\nimport pddflow.sim.serve_replay, pddflow.sim.simulator, pddflow.commands.sim_cmds\n"
-            "print(' '.join(sorted(m for m in sys.modules if m.startswith('pddflow.runtime'))))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    code = (
+        "import sys\nimport pddflow.sim.serve_replay, pddflow.sim.simulator, pddflow.commands.sim_cmds\n"
+        "print(' '.join(sorted(m for m in sys.modules if m.startswith('pddflow.runtime'))))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
     assert out.stdout.strip() == ""
 
 
@@ -101,9 +108,12 @@ def test_prefill_overhead_fit_reproduces_both_prefill_points(tmp_path):
     from pddflow.sim.device import DeviceModel
 
     def cal(p64, p128):
-        doc = {"model": "builtin:tiny-llama", "threads": 1,
-               "prefill": {"64": {"engine_tok_s": p64}, "128": {"engine_tok_s": p128}},
-               "decode": {"context": 32, "1": {"engine_tok_s": 17.2}, "4": {"engine_tok_s": 63.7}}}
+        doc = {
+            "model": "builtin:tiny-llama",
+            "threads": 1,
+            "prefill": {"64": {"engine_tok_s": p64}, "128": {"engine_tok_s": p128}},
+            "decode": {"context": 32, "1": {"engine_tok_s": 17.2}, "4": {"engine_tok_s": 63.7}},
+        }
         f = tmp_path / f"e{p64}.json"
         f.write_text(json.dumps(doc))
         c = fit(load_bench(f))
@@ -113,7 +123,7 @@ def test_prefill_overhead_fit_reproduces_both_prefill_points(tmp_path):
     assert c.facts.threads == 1 and c.efficiency.job_overhead_s > 0
     assert m.prefill_tokens_per_s(64) == pytest.approx(344.2, rel=1e-6)
     assert m.prefill_tokens_per_s(128) == pytest.approx(456.8, rel=1e-6)
-    c, m = cal(28.9, 267.9)      # the short point paid a warm-up: no overhead, the long point alone
+    c, m = cal(28.9, 267.9)  # the short point paid a warm-up: no overhead, the long point alone
     assert c.efficiency.job_overhead_s == 0
     assert m.prefill_tokens_per_s(128) == pytest.approx(267.9, rel=1e-6)
 
@@ -121,27 +131,61 @@ def test_prefill_overhead_fit_reproduces_both_prefill_points(tmp_path):
 def test_cli_serve_workload(tmp_path, serve_trace):
     trace = serve_trace
     bench = tmp_path / "engine.json"
-    bench.write_text(json.dumps({"model": "builtin:tiny-llama", "threads": 1,
-                                 "prefill": {"64": {"engine_tok_s": 344.2}, "128": {"engine_tok_s": 456.8}},
-                                 "decode": {"context": 32, "1": {"engine_tok_s": 17.2}, "4": {"engine_tok_s": 63.7}}}))
-    out = subprocess.run([sys.executable, "-m", "pddflow.cli", "simulate", str(ROOT / "graphs" / "pdd.yaml"),
-                          "--serve-workload", "--trace", str(trace), "--sessions", "3", "--turns", "3",
-                          "--wan-gbps", "0.05", "--calibrate", str(bench), "--json", "-q", "--per-request"],
-                         capture_output=True, text=True, timeout=120, cwd=ROOT, check=False)
+    bench.write_text(
+        json.dumps(
+            {
+                "model": "builtin:tiny-llama",
+                "threads": 1,
+                "prefill": {"64": {"engine_tok_s": 344.2}, "128": {"engine_tok_s": 456.8}},
+                "decode": {"context": 32, "1": {"engine_tok_s": 17.2}, "4": {"engine_tok_s": 63.7}},
+            }
+        )
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pddflow.cli",
+            "simulate",
+            str(ROOT / "graphs" / "pdd.yaml"),
+            "--serve-workload",
+            "--trace",
+            str(trace),
+            "--sessions",
+            "3",
+            "--turns",
+            "3",
+            "--wan-gbps",
+            "0.05",
+            "--calibrate",
+            str(bench),
+            "--json",
+            "-q",
+            "--per-request",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+        check=False,
+    )
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     assert d["requests"] == 9 and d["failed"] == 0
     groups = d["cpu_share"]["groups"]
     assert sorted(i for g in groups for i in g["instances"]) == ["main/0", "prefill/0", "relay/0"]
     assert all(g["threads_per_worker"] >= 1 for g in groups) and d["ttft_s"]["p50"] > 0
-    rows = d["per_request"]   # keyed like `bench serve --per-request`: session, turn
+    rows = d["per_request"]  # keyed like `bench serve --per-request`: session, turn
     assert [(r["session"], r["turn"]) for r in rows] == [(s, t) for s in range(3) for t in range(3)]
     assert all(r["ttft_s"] > 0 and r["prefill_done_s"] > 0 for r in rows)
     first, later = rows[0], rows[1]
     assert first["prefill_hit_tokens"] == 0 and later["prefill_hit_tokens"] > 0
     # KV to main travels in whole pages: a cold prompt's last, partial block too
     page = 16 * 32768
-    assert first["kv_bytes"] == -(-first["prompt_tokens"] // 16) * page and later["kv_bytes"] % page == 0
+    assert (
+        first["kv_bytes"] == -(-first["prompt_tokens"] // 16) * page
+        and later["kv_bytes"] % page == 0
+    )
 
 
 def test_cpu_share_weights_a_lower_priority_decoder_like_cfs():
@@ -159,7 +203,7 @@ def test_cpu_share_weights_a_lower_priority_decoder_like_cfs():
     p._busy = True
     assert p.slowdown() == pytest.approx(1.0)
     r._busy = True
-    w = 1.25 ** -5
+    w = 1.25**-5
     assert p.slowdown() == pytest.approx(1 + w) and r.slowdown() == pytest.approx((1 + w) / w)
     p._busy = False
     assert r.slowdown() == pytest.approx(1.0)
@@ -174,8 +218,10 @@ def test_corun_slows_a_group_only_while_another_group_is_busy():
     plan = _local_plan()
     cpu = HostCpus(plan, 2, corun=(1.2, 1.5))
     replans = []
-    engines = {i.id: SimpleNamespace(name=i.id, _busy=False, replan=lambda n=i.id: replans.append(n))
-               for i in plan.instances}
+    engines = {
+        i.id: SimpleNamespace(name=i.id, _busy=False, replan=lambda n=i.id: replans.append(n))
+        for i in plan.instances
+    }
     for name, e in engines.items():
         cpu.attach(name, e)
     p, m = engines["prefill/0"], engines["main/0"]
@@ -201,10 +247,14 @@ def test_serving_latency_counts_from_the_send(serve_trace):
     base = Simulation(plan, wl, prefill_first_token=True)
     late = Simulation(plan, wl, prefill_first_token=True, serving_latency_s=0.02)
     a, b = base.run(), late.run()
-    assert [r.req.rid for r in a] == [r.req.rid for r in b] and all(r.done and not r.failed for r in a + b)
+    assert [r.req.rid for r in a] == [r.req.rid for r in b] and all(
+        r.done and not r.failed for r in a + b
+    )
     for x, y in zip(a, b):
         assert (y.t_first - y.arrival) - (x.t_first - x.arrival) == pytest.approx(0.02, abs=1e-9)
-        assert y.t_prefill_start - y.arrival == pytest.approx(x.t_prefill_start - x.arrival + 0.02, abs=1e-9)
+        assert y.t_prefill_start - y.arrival == pytest.approx(
+            x.t_prefill_start - x.arrival + 0.02, abs=1e-9
+        )
     # the closed loop: each later turn is sent a think time after the client saw the last token
     assert b[-1].arrival - a[-1].arrival == pytest.approx(2 * 0.02, abs=1e-9)
 
@@ -216,7 +266,11 @@ def test_prefill_size_trend_scales_each_prefill(serve_trace):
     plan = _local_plan()
     wl = replay(spec, plan.model.block_size)
     n = wl.requests[0].prompt_tokens
-    runs = [Simulation(plan, wl, exclusive_jobs=True, prefill_spread=(1.0,), prefill_size_trend=trend).run()[0]
-            for trend in ((0.0, 1.0), (-0.5, n / 4))]
+    runs = [
+        Simulation(
+            plan, wl, exclusive_jobs=True, prefill_spread=(1.0,), prefill_size_trend=trend
+        ).run()[0]
+        for trend in ((0.0, 1.0), (-0.5, n / 4))
+    ]
     took = [r.t_prefill - r.t_prefill_start for r in runs]
-    assert took[1] == pytest.approx(took[0] * 4 ** -0.5, rel=1e-9)
+    assert took[1] == pytest.approx(took[0] * 4**-0.5, rel=1e-9)

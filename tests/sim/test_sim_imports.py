@@ -10,8 +10,12 @@ HEAVY = ("torch", "pyarrow", "grpc", "numpy", "matplotlib")
 
 
 def test_scheduler_and_simulator_imports_are_light():
-    code = ("import sys\nimport pddflow.scheduler, pddflow.sim.simulator, pddflow.sim.metrics, "
-            "pddflow.commands.sim_cmds\n"
-            f"print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r})))")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
+    code = (
+        "import sys\nimport pddflow.scheduler, pddflow.sim.simulator, pddflow.sim.metrics, "
+        "pddflow.commands.sim_cmds\n"
+        f"print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r})))"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    )
     assert out.stdout.strip() == ""

@@ -18,11 +18,30 @@ from pddflow.sim.simulator import Simulation
 from pddflow.sim.trace import load_trace
 
 ROOT = Path(__file__).resolve().parents[2]
-TRACE = ROOT.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"  # shared/ beside the repo
-REQUIRED = {"requests", "wall_s", "ttft_s", "tpot_ms", "slo_goodput_rps", "cost_per_hour", "bcr", "wan_bytes",
-            "relay_token_share", "variants"}
-PLANS = ["pdd.yaml", "cross_dc_pd.yaml", "same_dc_pd.yaml", "colocated.yaml", "examples/prfaas_remote_prefill.yaml",
-         "examples/three_dc_two_main_pools.yaml", "sim/pdd_88.yaml"]
+TRACE = (
+    ROOT.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
+)  # shared/ beside the repo
+REQUIRED = {
+    "requests",
+    "wall_s",
+    "ttft_s",
+    "tpot_ms",
+    "slo_goodput_rps",
+    "cost_per_hour",
+    "bcr",
+    "wan_bytes",
+    "relay_token_share",
+    "variants",
+}
+PLANS = [
+    "pdd.yaml",
+    "cross_dc_pd.yaml",
+    "same_dc_pd.yaml",
+    "colocated.yaml",
+    "examples/prfaas_remote_prefill.yaml",
+    "examples/three_dc_two_main_pools.yaml",
+    "sim/pdd_88.yaml",
+]
 
 
 def small_agentic(n=600, **kw) -> object:
@@ -53,8 +72,15 @@ def test_trace_slice_with_tight_caches_never_drifts():
     """A small MD memory forces evictions; every insert and eviction reaches the mirror and a full
     comparison after each event finds no drift."""
     p = load_plan(str(ROOT / "graphs" / "pdd.yaml"))
-    ops = {**p.operators, "main": replace(p.operators["main"], kv_budget_bytes=p.operators["main"].kv_budget_bytes / 4)}
-    sim = Simulation(replace(p, operators=ops), load_trace(TRACE, limit=400), seed=3, strict_mirrors=True)
+    ops = {
+        **p.operators,
+        "main": replace(
+            p.operators["main"], kv_budget_bytes=p.operators["main"].kv_budget_bytes / 4
+        ),
+    }
+    sim = Simulation(
+        replace(p, operators=ops), load_trace(TRACE, limit=400), seed=3, strict_mirrors=True
+    )
     sim.run()
     assert sum(st.evicted_blocks for st in sim.stores.values() if st.mirror is not None) > 0
     assert all(r.done for r in sim.runs)
@@ -67,14 +93,20 @@ def test_same_seed_same_result_different_seed_differs():
         m.pop("wall_s")
     assert a == b
     assert a != c
-    assert generate(AgenticConfig(requests=200, seed=1)).requests == generate(AgenticConfig(requests=200, seed=1)).requests
+    assert (
+        generate(AgenticConfig(requests=200, seed=1)).requests
+        == generate(AgenticConfig(requests=200, seed=1)).requests
+    )
 
 
 def test_handoff_modes_and_singular_traffic():
     wl = generate(AgenticConfig(requests=800, rps=8, hit_rate=0.5, output_tokens=300, seed=2))
     p = load_plan(str(ROOT / "graphs" / "sim" / "pdd_88.yaml"))
     runs = {}
-    for name, params in (("one_shot", {"catch_up_load": 0.0}), ("catch_up", {"catch_up_load": 99.0})):
+    for name, params in (
+        ("one_shot", {"catch_up_load": 0.0}),
+        ("catch_up", {"catch_up_load": 99.0}),
+    ):
         sim = Simulation(p, wl, seed=1, policy=make_policy(p, params))
         sim.run()
         runs[name] = sim
@@ -84,20 +116,28 @@ def test_handoff_modes_and_singular_traffic():
         assert handed and all(0 < r.relay_tokens < r.req.output_tokens for r in handed)
         assert all(r.t_finish >= r.t_first for r in sim.runs)
     rounds = [r.rounds for r in runs["catch_up"].runs if r.handoff == "catch_up"]
-    assert max(rounds) >= 2 and all(r.rounds == 1 for r in runs["one_shot"].runs if r.handoff == "one_shot")
+    assert max(rounds) >= 2 and all(
+        r.rounds == 1 for r in runs["one_shot"].runs if r.handoff == "one_shot"
+    )
     sing = [r for r in runs["catch_up"].runs if r.dec.singular]
     assert sing and len(sing) <= 0.04 * len(wl.requests) + 1
-    for r in sing:   # finished on the relay; the WAN leg stopped early (or it was short anyway)
+    for r in sing:  # finished on the relay; the WAN leg stopped early (or it was short anyway)
         assert r.relay_tokens == r.req.output_tokens and r.m_state in ("cancelled", "released")
-    assert any(r.m_state == "cancelled" and r.m_bytes < (r.req.prompt_tokens * p.model.arch.kv_bytes_per_token)
-               for r in sing)
+    assert any(
+        r.m_state == "cancelled"
+        and r.m_bytes < (r.req.prompt_tokens * p.model.arch.kv_bytes_per_token)
+        for r in sing
+    )
 
 
 def test_pdd_direction_on_a_shaped_workload():
     """PDD-shaped topology, agentic traffic at ~90% hit: PDD cuts cross-DC PD's TTFT tail by about
     half or more, its relay produces under 10% of tokens, and its BCR beats the same-DC baseline."""
     wl = generate(AgenticConfig(requests=2500, rps=8, hit_rate=0.9, seed=11))
-    m = {g: summarize(_sim(f"sim/{g}.yaml", wl, seed=11)) for g in ("pdd_88", "cross_dc_pd_88", "same_dc_pd_88")}
+    m = {
+        g: summarize(_sim(f"sim/{g}.yaml", wl, seed=11))
+        for g in ("pdd_88", "cross_dc_pd_88", "same_dc_pd_88")
+    }
     assert m["pdd_88"]["ttft_s"]["p99"] <= 0.6 * m["cross_dc_pd_88"]["ttft_s"]["p99"]
     assert m["pdd_88"]["ttft_s"]["p90"] < m["cross_dc_pd_88"]["ttft_s"]["p90"]
     assert 0 < m["pdd_88"]["relay_token_share"] < 0.10
@@ -108,14 +148,38 @@ def test_pdd_direction_on_a_shaped_workload():
 
 @pytest.mark.skipif(not TRACE.exists(), reason="shared trace not present")
 def test_cli_json_and_plots(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "pddflow.cli", "simulate", str(ROOT / "graphs" / "pdd.yaml"),
-                          str(ROOT / "graphs" / "cross_dc_pd.yaml"), "--trace", str(TRACE), "-n", "300", "--json",
-                          "--plot", str(tmp_path), "-q"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pddflow.cli",
+            "simulate",
+            str(ROOT / "graphs" / "pdd.yaml"),
+            str(ROOT / "graphs" / "cross_dc_pd.yaml"),
+            "--trace",
+            str(TRACE),
+            "-n",
+            "300",
+            "--json",
+            "--plot",
+            str(tmp_path),
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
     assert [g["graph"] for g in d["graphs"]] == ["pdd", "cross_dc_pd"]
     for g in d["graphs"]:
         assert REQUIRED <= set(g) and g["requests"] == 300
-        assert {"p50", "p90", "p99"} <= set(g["ttft_s"]) and {"p50", "p90", "p99"} <= set(g["tpot_ms"])
+        assert {"p50", "p90", "p99"} <= set(g["ttft_s"]) and {"p50", "p90", "p99"} <= set(
+            g["tpot_ms"]
+        )
     assert "cross_dc_pd" in d["ratios_vs_first"]
-    assert {p.name for p in tmp_path.glob("*.png")} == {"ttft_cdf.png", "timeline_pdd.png", "timeline_cross_dc_pd.png"}
+    assert {p.name for p in tmp_path.glob("*.png")} == {
+        "ttft_cdf.png",
+        "timeline_pdd.png",
+        "timeline_cross_dc_pd.png",
+    }

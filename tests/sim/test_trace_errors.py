@@ -17,11 +17,26 @@ CASES = [
     ("not json {", "not valid JSON"),
     ("[1, 2]", "expected a JSON object"),
     ('{"timestamp": 5, "input_length": 600, "output_length": 5}', "missing key(s) hash_ids"),
-    ('{"timestamp": -1, "input_length": 600, "output_length": 5, "hash_ids": [0, 1]}', "timestamp must be"),
-    ('{"timestamp": 5, "input_length": "600", "output_length": 5, "hash_ids": [0, 1]}', "input_length must be"),
-    ('{"timestamp": 5, "input_length": 600, "output_length": 0, "hash_ids": [0, 1]}', "output_length must be"),
-    ('{"timestamp": 5, "input_length": 600, "output_length": 5, "hash_ids": [0]}', "expected ceil(600/512) = 2"),
-    ('{"timestamp": 5, "input_length": 600, "output_length": 5, "hash_ids": [0, "x"]}', "list of integers"),
+    (
+        '{"timestamp": -1, "input_length": 600, "output_length": 5, "hash_ids": [0, 1]}',
+        "timestamp must be",
+    ),
+    (
+        '{"timestamp": 5, "input_length": "600", "output_length": 5, "hash_ids": [0, 1]}',
+        "input_length must be",
+    ),
+    (
+        '{"timestamp": 5, "input_length": 600, "output_length": 0, "hash_ids": [0, 1]}',
+        "output_length must be",
+    ),
+    (
+        '{"timestamp": 5, "input_length": 600, "output_length": 5, "hash_ids": [0]}',
+        "expected ceil(600/512) = 2",
+    ),
+    (
+        '{"timestamp": 5, "input_length": 600, "output_length": 5, "hash_ids": [0, "x"]}',
+        "list of integers",
+    ),
 ]
 
 
@@ -52,8 +67,21 @@ def test_unsorted_and_empty_and_missing(tmp_path):
 def test_cli_reports_bad_trace_without_traceback(tmp_path):
     f = tmp_path / "bad.jsonl"
     f.write_text(GOOD + "\n" + '{"timestamp": 1}' + "\n")
-    out = subprocess.run([sys.executable, "-m", "pddflow.cli", "simulate", str(ROOT / "graphs" / "pdd.yaml"),
-                          "--trace", str(f), "-q"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pddflow.cli",
+            "simulate",
+            str(ROOT / "graphs" / "pdd.yaml"),
+            "--trace",
+            str(f),
+            "-q",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 1
     assert f"error: {f}:2: missing key(s)" in out.stderr
     assert "Traceback" not in out.stderr

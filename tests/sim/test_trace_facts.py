@@ -11,7 +11,9 @@ import pytest
 from pddflow.sim.trace import load_trace
 
 # shared/ lies beside the repository (CI copies it there too)
-TRACE = Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
+TRACE = (
+    Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
+)
 
 
 @pytest.mark.skipif(not TRACE.exists(), reason="shared trace not present")

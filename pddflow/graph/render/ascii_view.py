@@ -22,18 +22,26 @@ def render(plan: Plan, variant: str | None = None) -> str:
             if op.cluster == cluster.name:
                 mark = "*" if name in path else " "
                 lines.append(f"{mark} {name:<12} {operator_summary(plan, name)}")
-        inner = [c for c in plan.channels if not c.cross_cluster and plan.operators[c.src].cluster == cluster.name]
+        inner = [
+            c
+            for c in plan.channels
+            if not c.cross_cluster and plan.operators[c.src].cluster == cluster.name
+        ]
         if inner:
             lines.append("")
         for c in inner:
             mark = "*" if c.id in marked else " "
-            lines.append(f"{mark} {c.src}.{c.src_port} --[{edge_label(plan, c)}]--> {c.dst}.{c.dst_port}")
+            lines.append(
+                f"{mark} {c.src}.{c.src_port} --[{edge_label(plan, c)}]--> {c.dst}.{c.dst_port}"
+            )
         out.extend(_box(f"cluster {cluster.name} ({devs})", lines))
     for link in plan.links.values():
         crossing = [c for c in plan.channels if c.link == link.name]
         j = link.jitter
-        out.append(f"link {link.name}: {link.a} <-> {link.b}  {link.gbps:g} Gbps, RTT {link.rtt_ms:g} ms, "
-                   f"jitter {j.dist} p50 {j.p50_ms:g} ms / p99 {j.p99_ms:g} ms")
+        out.append(
+            f"link {link.name}: {link.a} <-> {link.b}  {link.gbps:g} Gbps, RTT {link.rtt_ms:g} ms, "
+            f"jitter {j.dist} p50 {j.p50_ms:g} ms / p99 {j.p99_ms:g} ms"
+        )
         for c in crossing:
             mark = "*" if c.id in marked else " "
             out.append(f"  {mark} {c.src}.{c.src_port} ==[{c.kind}]==> {c.dst}.{c.dst_port}")
