@@ -90,17 +90,14 @@ Fault = Callable[[int, np.ndarray], "np.ndarray | None"]
 class RdmaTensorParams:
     """Channel params a graph edge passes (`channel: rdma_tensor`)."""
 
-    ring_slots: int = (
-        4  # 4 x 2 MiB: the ring stays in cache between the two copies (measured best here)
-    )
+    # 4 x 2 MiB: the ring stays in cache between the two copies (measured best here)
+    ring_slots: int = 4
     slot_mb: float = 2.0
-    arena_mb: float = (
-        512.0  # direct-landing arena per receiver (pages are committed on first use); 0: ring only
-    )
+    # direct-landing arena per receiver (pages are committed on first use); 0: ring only
+    arena_mb: float = 512.0
     deadline_s: float = 10.0
-    checksum: str | None = (
-        None  # sender side: None, "xsum64" or "crc32"; the receiver verifies and NACKs
-    )
+    # sender side: None, "xsum64" or "crc32"; the receiver verifies and NACKs
+    checksum: str | None = None
     transport: str = "auto"  # auto | shm | nixl
     max_block_retries: int = 3
 

@@ -81,9 +81,8 @@ class WanFlightParams:
     emulate: LinkModel | None = None
     seed: int = 0
     checksum: str = "xsum64"  # per-block checksum: xsum64 (fast) or crc32 (codec_kv.py)
-    tune_host_malloc: bool = (
-        True  # receiver: let glibc recycle gRPC's freed receive buffers (see below)
-    )
+    # receiver: let glibc recycle gRPC's freed receive buffers (see below)
+    tune_host_malloc: bool = True
 
     def __post_init__(self) -> None:
         check_algorithm(self.checksum)

@@ -313,9 +313,8 @@ def simulate(
 
     try:
         if kind == "serve":
-            sim_kwargs["prefill_first_token"] = (
-                True  # compared with the runtime: its first-token path,
-            )
+            # compared with the runtime: its first-token path,
+            sim_kwargs["prefill_first_token"] = True
             sim_kwargs["exclusive_jobs"] = True  # its one model call at a time
             # and its WAN delays: `bench serve` deploys with the default --seed 0
             sim_kwargs["wan_jitter_seed"] = 0

@@ -13,9 +13,8 @@ import hashlib
 import struct
 from collections.abc import Sequence
 
-DIGEST_BYTES = (
-    8  # 64-bit hashes: collision odds are negligible at cache sizes of millions of blocks
-)
+# 64-bit hashes: collision odds are negligible at cache sizes of millions of blocks
+DIGEST_BYTES = 8
 
 
 def _digest(parent: int | None, tokens: Sequence[int]) -> int:

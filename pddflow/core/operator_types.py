@@ -39,9 +39,13 @@ class OperatorType:
 
 OPERATOR_TYPES: Registry[OperatorType] = Registry("operator type", "pddflow.operators")
 
+DEFAULT_MAX_BATCH = 64
+DEFAULT_CHUNK_TOKENS = 512
 _RADIX = Param(bool, True, "keep a decode-side radix cache (DRC) so only missing KV blocks travel")
-_CHUNK = Param(int, 512, "prefill/extend chunk size in tokens (bounds one step's latency)")
-_BATCH = Param(int, 64, "most sequences in one decode step (continuous batching)")
+_CHUNK = Param(
+    int, DEFAULT_CHUNK_TOKENS, "prefill/extend chunk size in tokens (bounds one step's latency)"
+)
+_BATCH = Param(int, DEFAULT_MAX_BATCH, "most sequences in one decode step (continuous batching)")
 
 for _t in (
     OperatorType(

@@ -88,7 +88,7 @@ def analyze(plan: Plan, load: Load) -> Feasibility:
             share = channel_share(plan, c.id, shares)
             if c.payload == str(Payload.KV_BLOCKS):
                 per_req = load.prompt_tokens * kv
-                uses_drc = bool(plan.operators[c.dst].params.get("radix_cache", False))
+                uses_drc = plan.operators[c.dst].caches_prefixes
                 kv_drc |= uses_drc
                 full += load.rps * share * per_req
                 drc += load.rps * share * per_req * ((1 - load.hit_rate) if uses_drc else 1.0)

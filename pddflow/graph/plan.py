@@ -7,11 +7,13 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, replace
+from functools import cached_property
 from typing import Any
 
 from pddflow.core.arch import ModelArch
 from pddflow.core.device import DeviceClass
 from pddflow.core.link import Jitter, LinkModel
+from pddflow.core.operator_types import DEFAULT_CHUNK_TOKENS, DEFAULT_MAX_BATCH
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,21 @@ class OperatorPlan:
     params: dict[str, Any]  # every declared parameter, defaults filled in
     kv_budget_bytes: float  # per replica: device memory minus weights, at production scale
     instances: tuple[str, ...] = ()
+
+    # The compiler fills every declared parameter; these are the facts every consumer reads, with
+    # the one default for operator types that do not declare them.
+    @property
+    def max_batch(self) -> int:
+        return int(self.params.get("max_batch", DEFAULT_MAX_BATCH))
+
+    @property
+    def chunk_tokens(self) -> int:
+        return int(self.params.get("chunk_tokens", DEFAULT_CHUNK_TOKENS))
+
+    @property
+    def caches_prefixes(self) -> bool:
+        """A prefix cache on the entry side, or a decode-side radix cache (DRC)."""
+        return bool(self.params.get("radix_cache") or self.params.get("prefix_cache"))
 
 
 @dataclass(frozen=True)
@@ -111,6 +128,19 @@ class Plan:
 
     def channels_between(self, src: str, dst: str) -> list[ChannelPlan]:
         return [c for c in self.channels if c.src == src and c.dst == dst]
+
+    @cached_property
+    def _instance_by_id(self) -> dict[str, Instance]:
+        return {i.id: i for i in self.instances}
+
+    def instance(self, instance_id: str) -> Instance:
+        try:
+            return self._instance_by_id[instance_id]
+        except KeyError:
+            raise KeyError(f"{self.name}: no instance {instance_id!r}") from None
+
+    def operator_of(self, instance_id: str) -> OperatorPlan:
+        return self.operators[self.instance(instance_id).operator]
 
     def instances_of(self, operator: str) -> list[Instance]:
         return [i for i in self.instances if i.operator == operator]

@@ -63,9 +63,8 @@ class BenchSizes:
     mixed_output: tuple[int, int] = (8, 256)
     repeats: int = 2
     mixed_repeats: int = 1
-    statistic: str = (
-        "best"  # of the repeats: best (comparisons) or median (calibration: typical load)
-    )
+    # of the repeats: best (comparisons) or median (calibration: typical load)
+    statistic: str = "best"
 
 
 # Quick is what `pddflow simulate --calibrate` fits, so it reports the median of 3 short runs: one run

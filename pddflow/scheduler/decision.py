@@ -11,16 +11,14 @@ class Decision:
     targets: tuple[
         tuple[str, str], ...
     ]  # (operator, instance id) for every operator of the path, in path order
-    handoff: str | None = (
-        None  # one_shot | catch_up (adaptive resolved), None without a relay handoff
-    )
+    # one_shot | catch_up (adaptive resolved), None without a relay handoff
+    handoff: str | None = None
     singular: bool = False  # the relay finishes the request; its WAN leg is cancelled
     predicted_hit: float = 0.0  # share of prompt tokens the finishing decoder's cache holds
     predicted_hit_tokens: int = 0
     transfer_bytes: float = 0.0  # KV bytes predicted to cross to the finishing decoder
-    predicted_transfer_s: float = (
-        0.0  # that transfer at P90 under the current link estimate (0 inside a cluster)
-    )
+    # that transfer at P90 under the current link estimate (0 inside a cluster)
+    predicted_transfer_s: float = 0.0
     reason: str = ""
 
     def target(self, operator: str) -> str:

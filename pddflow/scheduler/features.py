@@ -18,12 +18,10 @@ class RequestFeatures:
     block_hashes: tuple[
         int, ...
     ]  # chained hashes, one per `block_tokens` of the prompt (last may be partial)
-    expected_output_tokens: (
-        int  # max_tokens in the runtime; the trace's output length in the simulator
-    )
-    block_tokens: int = (
-        16  # tokens one hash covers (the plan's block_size; 512 for Mooncake traces)
-    )
+    # max_tokens in the runtime; the trace's output length in the simulator
+    expected_output_tokens: int
+    # tokens one hash covers (the plan's block_size; 512 for Mooncake traces)
+    block_tokens: int = 16
 
     def cached_tokens(self, hit_blocks: int) -> int:
         """Prompt tokens covered by the first `hit_blocks` blocks (the last block may be partial)."""

@@ -30,9 +30,7 @@ class SchedulerState:
             i.id: CacheMirror(i.id) for i in plan.instances if i.operator in topo.cached_operators
         }
         loads = {
-            i.id: InstanceLoad(
-                max_batch=int(plan.operators[i.operator].params.get("max_batch", 64))
-            )
+            i.id: InstanceLoad(max_batch=plan.operators[i.operator].max_batch)
             for i in plan.instances
         }
         links = {name: LinkEstimate.from_model(link) for name, link in plan.links.items()}

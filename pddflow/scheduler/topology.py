@@ -83,7 +83,7 @@ class Topology:
         """Operators whose instances keep a radix/prefix cache (the scheduler mirrors each instance)."""
         out = []
         for name, op in self.plan.operators.items():
-            if op.params.get("radix_cache", False) or op.params.get("prefix_cache", False):
+            if op.caches_prefixes:
                 out.append(name)
         return tuple(out)
 

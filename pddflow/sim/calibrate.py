@@ -59,15 +59,12 @@ class BenchFacts:
     decode_points: tuple[tuple[int, float], ...] = ()  # (batch, tokens/s)
     threads: int = 1  # CPU threads the benchmark ran with (`threads`)
     extend: tuple[int, int, float] | None = None  # (tokens, context, seconds) of one extend step
-    decode_long: tuple[int, int, float] | None = (
-        None  # (batch, context, seconds) of one long-context decode step
-    )
-    extend_long: tuple[int, int, float] | None = (
-        None  # (tokens, context, seconds): new tokens over a long cached context
-    )
-    corun: tuple[float, float] | None = (
-        None  # (prefill, decode) slowdown while another core decodes
-    )
+    # (batch, context, seconds) of one long-context decode step
+    decode_long: tuple[int, int, float] | None = None
+    # (tokens, context, seconds): new tokens over a long cached context
+    extend_long: tuple[int, int, float] | None = None
+    # (prefill, decode) slowdown while another core decodes
+    corun: tuple[float, float] | None = None
     prefill_grid: tuple[
         tuple[int, int, float], ...
     ] = ()  # (new tokens, cached tokens, seconds) of prompts over a cached prefix
@@ -155,13 +152,11 @@ class Calibration:
     arch: ModelArch
     efficiency: Efficiency = UNIT
     serve: ServeFacts | None = None
-    prefill_host_factor: float = (
-        1.0  # deployment prefill CPU / the engine benchmark's (from `serve`)
-    )
+    # deployment prefill CPU / the engine benchmark's (from `serve`)
+    prefill_host_factor: float = 1.0
     prefill_spread: tuple[float, ...] = ()  # each measured prefill over the scaled model (median 1)
-    decode_host_factor: float = (
-        1.0  # deployment decode-step CPU / the engine benchmark's (from `serve`)
-    )
+    # deployment decode-step CPU / the engine benchmark's (from `serve`)
+    decode_host_factor: float = 1.0
     # (exponent, reference new tokens): a deployment prefill of n new tokens costs (n / ref) **
     # exponent times the scaled model besides its drawn spread (`_size_trend`)
     prefill_size_trend: tuple[float, float] = (0.0, 1.0)

@@ -28,17 +28,14 @@ class Efficiency:
     prefill_mfu: float = 0.5  # achieved / peak FLOP/s
     decode_mbu: float = 0.8  # achieved / peak memory bandwidth
     step_overhead_s: float = 0.001  # fixed cost of one batch step
-    seq_overhead_s: float = (
-        0.0  # cost per decoding sequence per step beyond the roofline (calibrated
-    )
+    # cost per decoding sequence per step beyond the roofline (calibrated
+    seq_overhead_s: float = 0.0
     # engines on CPU: sampling and bookkeeping per sequence)
-    job_overhead_s: float = (
-        0.0  # extra fixed cost of a step that runs prefill/extend chunks (calibrated
-    )
+    # extra fixed cost of a step that runs prefill/extend chunks (calibrated
+    job_overhead_s: float = 0.0
     # CPU engine: a prefill call costs more than a decode step's overhead)
-    extend_overhead_s: float | None = (
-        None  # the same for a step whose chunks are all extends (handed-off
-    )
+    # the same for a step whose chunks are all extends (handed-off
+    extend_overhead_s: float | None = None
     # token IDs); None: job_overhead_s
     attn_factor: float = 1.0  # attention FLOPs cost this many times their count at the achieved
     # FLOP/s (calibrated CPU engines: paged attention runs well under

@@ -133,9 +133,8 @@ class Engine:
         self.job_tokens = 0
         # shared-host CPU model (simulator.CpuShare): step times are multiplied by `slowdown()` at
         # planning time; `on_busy` hears every idle <-> busy transition. None: a dedicated device.
-        self.slowdown: Callable[[bool], float] | None = (
-            None  # argument: the step runs prefill/extend
-        )
+        # argument: the step runs prefill/extend
+        self.slowdown: Callable[[bool], float] | None = None
         self.on_busy: Callable[[Engine], None] | None = None
         # decode-only steps take this many times their time besides the host model (a deployment
         # calibration's measured wall over CPU that the CPU model does not explain); and what they

@@ -28,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from pddflow.core.cpu_layout import plan_layout
+from pddflow.core.kv_reuse import reused_blocks
 from pddflow.core.link import jitter_stream, kv_link_seed
 from pddflow.graph.plan import Plan
 from pddflow.scheduler import (
@@ -48,9 +49,8 @@ from pddflow.sim.kvstore import Hold, KVStore
 from pddflow.sim.network import IDS_BYTES_PER_TOKEN, RDMA_LATENCY_S, STREAM_GBPS, Flow, SharedLink
 from pddflow.sim.workload import SimRequest, Workload
 
-QUEUED_S = (
-    0.05  # a prefill that waited this long for its engine ran in a busy period (calibrate.py too)
-)
+# a prefill that waited this long for its engine ran in a busy period (calibrate.py too)
+QUEUED_S = 0.05
 
 
 class Run:
@@ -107,9 +107,8 @@ class Run:
         self.r_hold: Hold | None = None
         self.r_seq: Seq | None = None
         self.r_state = "none"  # none | transfer | memory (landed, waits for room) | decoding | released | cancelled
-        self.r_landed_at = self.r_started_at = (
-            None  # the KV reached the relay; the relay's loop took it
-        )
+        # the KV reached the relay; the relay's loop took it
+        self.r_landed_at = self.r_started_at = None
         self.m_inst = dec.target(path.finisher)
         self.m_hold: Hold | None = None
         self.m_flow: Flow | None = None
@@ -388,8 +387,8 @@ class Simulation:
                 self.loop,
                 inst.id,
                 model,
-                int(op.params.get("max_batch", 64)),
-                int(op.params.get("chunk_tokens", 512)),
+                op.max_batch,
+                op.chunk_tokens,
                 exclusive_jobs,
             )
             if cpu is not None:
@@ -399,12 +398,9 @@ class Simulation:
             self.engines[inst.id].prefill_wall_factor = (prefill_wall_factors or {}).get(
                 inst.id, 1.0
             )
-            cached = bool(
-                op.params.get("radix_cache", False) or op.params.get("prefix_cache", False)
-            )
             cap = int(op.kv_budget_bytes // (self.kvb * self.bt))
             self.stores[inst.id] = KVStore(
-                inst.id, cap, cached, self.state.mirrors.get(inst.id), strict_mirrors
+                inst.id, cap, op.caches_prefixes, self.state.mirrors.get(inst.id), strict_mirrors
             )
         self.runs: list[Run] = []
         self.wall_s = 0.0
@@ -781,9 +777,9 @@ class Simulation:
 
     def _kv_bytes(self, prompt_tokens: int, hit_blocks: int) -> float:
         """What prefill sends for a prompt whose first `hit_blocks` blocks the target has: as the
-        runtime (`runtime/worker.py: reused_blocks`), whole pages from the first one not reused, and
+        runtime, whole pages from the first one not reused, and
         the block holding the prompt's last token always travels."""
-        reused = min(hit_blocks, (prompt_tokens - 1) // self.bt) * self.bt
+        reused = reused_blocks(hit_blocks, prompt_tokens, self.bt) * self.bt
         end = -(-prompt_tokens // self.page) * self.page
         return float(max(end - reused, 0) * self.kvb)
 
