@@ -1,1 +1,1 @@
-"""The real deployment (`pddflow deploy`): deployer backends, workers, API, metrics. Built by the runtime issue."""
+"""The real deployment (`pddflow deploy`): deployer, frontend, workers, API, metrics."""

@@ -104,9 +104,8 @@ def make_app(frontend: Frontend, backend: Any = None) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        frontend.attach(
-            asyncio.get_running_loop()
-        )  # reports are handled on the server's loop from now on
+        # reports are handled on the server's loop from now on
+        frontend.attach(asyncio.get_running_loop())
         yield
 
     app = FastAPI(
@@ -210,7 +209,7 @@ async def _serve(frontend: Frontend, body: _Body, prompt_ids: list[int], chat: b
     if body.model != frontend.model_id:
         return _error(
             404,
-            f"model {body.model!r} is not served here; this deployment serves {frontend.model_id!r}",
+            f"model {body.model!r} is not served here; it serves {frontend.model_id!r}",
             kind="not_found_error",
             param="model",
         )
@@ -234,9 +233,8 @@ async def _serve(frontend: Frontend, body: _Body, prompt_ids: list[int], chat: b
     deadline = time.monotonic() + (body.timeout_s or DEFAULT_TIMEOUT_S)
     try:
         stream = frontend.generate(rid, prompt_ids, sampling, deadline, body.variant, body.handoff)
-        first = await anext(
-            stream, None
-        )  # rejections (bad variant, overload) surface before any byte is sent
+        # rejections (bad variant, overload) surface before any byte is sent
+        first = await anext(stream, None)
     except RequestRejected as exc:
         return _error(
             exc.status,

@@ -18,9 +18,9 @@ from pathlib import Path
 
 import httpx
 
+from pddflow.core.serve_sessions import WorkloadSpec
 from pddflow.core.stats import percentile
 from pddflow.runtime.launcher import Deployment
-from pddflow.runtime.serve_workload import WorkloadSpec
 
 
 @dataclass
@@ -49,9 +49,8 @@ class GraphResult:
     # share the workers' cores; `pddflow simulate --calibrate` reads them as a load per token.
     frontend_cpu_s: float | None = None
     client_cpu_s: float | None = None
-    decode: dict[str, dict] = field(
-        default_factory=dict
-    )  # instance -> its decode steps over the run
+    # instance -> its decode steps over the run
+    decode: dict[str, dict] = field(default_factory=dict)
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -273,9 +272,8 @@ def summarize(res: GraphResult, sla_ttft_s: float, sla_tpot_s: float) -> dict:
         "host_cpu": _host_cpu(res),
         "decode_steps": res.decode or None,
         "ttft_mean_s": round(statistics.fmean(ttft), 4) if ttft else None,
-        "ttft_samples_s": sorted(
-            round(x, 4) for x in ttft
-        ),  # every request, to recompute any statistic
+        # every request, to recompute any statistic
+        "ttft_samples_s": sorted(round(x, 4) for x in ttft),
         **(
             {
                 "per_request": [

@@ -46,10 +46,8 @@ class LocalBackend:
         self.relays: dict[str, list[TcpProxy]] = {}  # link name -> relays of its endpoints
 
     def start(self, plan: Plan, wiring: Wiring, run_dir: Path) -> None:
-        for (
-            link,
-            addrs,
-        ) in wiring.links.items():  # cross-cluster traffic goes through a cuttable relay
+        # cross-cluster traffic goes through a cuttable relay
+        for link, addrs in wiring.links.items():
             for addr in addrs:
                 scheme, _, hostport = addr.rpartition("://")
                 host, port = hostport.rsplit(":", 1)

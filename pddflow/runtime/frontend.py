@@ -16,7 +16,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import replace
 from typing import Any
 
 from pddflow.core.block_hash import chain_block_hashes
@@ -27,7 +27,8 @@ from pddflow.runtime.metrics import Metrics
 from pddflow.runtime.model_info import ModelInfo
 from pddflow.runtime.proto import runtime_pb2 as pb
 from pddflow.runtime.request_state import RequestState, StreamConflict, TokenRun
-from pddflow.runtime.rpc import FRONTEND, WorkerClient, serve
+from pddflow.runtime.route import RESUMED, Live, Route, mode_name
+from pddflow.runtime.rpc import FRONTEND, WorkerClient, as_concurrent, grpc_text, serve
 from pddflow.runtime.wiring import Wiring
 from pddflow.scheduler import (
     InstanceLoad,
@@ -36,33 +37,13 @@ from pddflow.scheduler import (
     SchedulerState,
     make_policy,
 )
-from pddflow.scheduler.decision import Decision
 
 log = logging.getLogger("pddflow.frontend")
 TIMELINES_KEPT = 1000
-RESUMED = "~resumed"  # suffix of the sequence id of a request resumed on another decoder
 
 
-@dataclass(eq=False)
-class Route:
-    decision: Decision
-    prefill: str = ""
-    relay: str = ""
-    main: str = ""
-    handoff: str = ""
-    legs: set[str] = field(default_factory=set)  # instances holding a live leg
-    handed_off: bool = False
-    resumed: bool = False
-    resumed_on: set[str] = field(default_factory=set)
-
-
-@dataclass(eq=False)
-class Live:
-    state: RequestState
-    route: Route
-    prompt_ids: list[int]
-    sampling: SamplingParams
-    deadline: float
+def event_name(kind: pb.EventKind.ValueType) -> str:
+    return pb.EventKind.Name(kind).removeprefix("EVENT_").lower()
 
 
 class Frontend:
@@ -82,8 +63,9 @@ class Frontend:
         self.lost: set[str] = set()
         self.drift: list[str] = []
         self.live: dict[str, Live] = {}
-        # ended requests, kept for their timelines; a leg that outlives the request (main's KV landing
-        # after the relay finished) still adds its events here
+        self.resumed: dict[str, str] = {}  # a resumed request's sequence id -> its request id
+        # ended requests, kept for their timelines; a leg that outlives the request (main's KV
+        # landing after the relay finished) still adds its events here
         self.done: OrderedDict[str, RequestState] = OrderedDict()
         self.loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
@@ -106,7 +88,7 @@ class Frontend:
                 "kv_blocks_used": s.kv_blocks_used if s else None,
                 "cached_blocks": s.cached_blocks if s else None,
                 "running": s.running if s else None,
-                # decode steps since start: a simulator calibrates the deployment's decode cost with it
+                # decode steps since start: a simulator calibrates the deployment's decode cost
                 "decode": {
                     "steps": s.decode_steps,
                     "cpu_s": round(s.decode_cpu_s, 4),
@@ -144,20 +126,14 @@ class Frontend:
         handoff: str | None,
     ) -> AsyncIterator[list[int]]:
         if sampling.seed is None:  # every leg must draw the same randomness at each position
-            sampling = SamplingParams(
-                sampling.max_tokens,
-                sampling.temperature,
-                sampling.top_p,
-                random.getrandbits(63),
-                sampling.stop_token_ids,
-            )
+            sampling = replace(sampling, seed=random.getrandbits(63))
         route = self._route(request_id, prompt_ids, sampling, variant, handoff)
         st = RequestState(
             request_id,
             len(prompt_ids),
             sampling.max_tokens,
             route.decision.variant,
-            route.handoff or None,
+            mode_name(route.handoff),
         )
         live = Live(st, route, prompt_ids, sampling, deadline)
         self.live[request_id] = live
@@ -224,45 +200,7 @@ class Frontend:
             raise RequestRejected(
                 503, f"instances {', '.join(dead)} of variant {decision.variant} are down"
             )
-        r = Route(decision)
-        for op, inst in decision.targets:
-            t = self.plan.operators[op].op_type
-            if t in ("prefill", "colocated"):
-                r.prefill = inst
-            elif t == "relay_decode":
-                r.relay = inst
-            else:
-                r.main = inst
-        if r.relay and r.main and not decision.singular:
-            r.handoff = handoff or decision.handoff or "one_shot"
-        return r
-
-    def _job(self, live: Live, **over: Any) -> pb.Job:
-        r, s = live.route, live.sampling
-        bs = self.plan.model.block_size
-        main_blocks = r.decision.predicted_hit_tokens // bs if r.main else 0
-        fields = dict(
-            seq_id=live.state.request_id,
-            prompt_ids=live.prompt_ids,
-            sampling=pb.Sampling(
-                max_tokens=s.max_tokens,
-                temperature=s.temperature,
-                top_p=s.top_p,
-                seed=s.seed,
-                stop_token_ids=list(s.stop_token_ids),
-            ),
-            timeout_s=max(0.1, live.deadline - time.monotonic()),
-            variant=r.decision.variant,
-            prefill=r.prefill,
-            relay=r.relay,
-            main=r.main,
-            handoff=r.handoff,
-            main_cached_blocks=main_blocks,
-            singular=r.decision.singular,
-            catch_up_tokens=self.plan.variants[r.decision.variant].catch_up_tokens,
-        )
-        fields.update(over)
-        return pb.Job(**fields)
+        return Route.of(self.plan, decision, handoff)
 
     async def _submit(self, live: Live) -> None:
         r = live.route
@@ -271,15 +209,15 @@ class Frontend:
             for i in (r.prefill, r.relay, r.main)
             if i and not (i == r.main and r.decision.singular)
         ]
-        job = self._job(live)
+        job = live.job(self.plan)
         futs = [(i, self.clients[i].future("Submit", job)) for i in targets]
         r.legs.update(targets)
         for inst, fut in futs:
             try:
-                await asyncio.wrap_future(_as_concurrent(fut))
+                await asyncio.wrap_future(as_concurrent(fut))
             except Exception as exc:  # noqa: BLE001 - a dead worker: the request cannot start
                 raise RequestRejected(
-                    503, f"worker {inst} did not take the request: {_grpc_text(exc)}"
+                    503, f"worker {inst} did not take the request: {grpc_text(exc)}"
                 ) from None
 
     # ---- reports (gRPC threads -> the loop) --------------------------------------------------
@@ -337,13 +275,13 @@ class Frontend:
 
     def _on_status(self, inst: str, s: pb.WorkerStatus) -> None:
         self.status[inst] = s
-        op = self.plan.operators[inst.split("/")[0]]
+        op = self.plan.operator_of(inst)
         self.sched.set_load(
             inst,
             InstanceLoad(
                 running=s.running,
                 queued=s.waiting,
-                max_batch=int(op.params.get("max_batch", 64)),
+                max_batch=op.max_batch,
                 kv_used=s.kv_blocks_used / max(s.kv_blocks_total, 1),
             ),
         )
@@ -351,9 +289,8 @@ class Frontend:
         self.metrics.kv_blocks_used.labels(inst).set(s.kv_blocks_used)
         self.metrics.kv_blocks_total.labels(inst).set(s.kv_blocks_total)
         m = self.sched.mirror(inst)
-        if (
-            m is not None
-        ):  # deltas precede the status on the same ordered stream: they must agree now
+        # deltas precede the status on the same ordered stream: they must agree now
+        if m is not None:
             if len(m) != s.cached_blocks or m.digest != s.cache_digest:
                 self._drift(f"{inst}: mirror holds {len(m)} blocks, cache {s.cached_blocks}")
 
@@ -363,14 +300,14 @@ class Frontend:
             log.error("radix mirror drift: %s", msg)
 
     def _live(self, seq_id: str) -> Live | None:
-        return self.live.get(seq_id.removesuffix(RESUMED))
+        return self.live.get(self.resumed.get(seq_id, seq_id))
 
     def _on_tokens(self, inst: str, t: pb.Tokens) -> None:
         live = self._live(t.seq_id)
         if live is None:
             return
         st, r = live.state, live.route
-        op = inst.split("/")[0]
+        op = self.plan.instance(inst).operator
         if self.plan.operators[op].op_type == "prefill":
             # Prefill's first token reaches the client through the decoder that continues from it
             # (as in every PD system): TTFT includes getting the KV to a decoder.
@@ -409,67 +346,61 @@ class Frontend:
 
     def _on_event(self, inst: str, e: pb.Event) -> None:
         live = self._live(e.seq_id)
-        name = e.name
-        if name.startswith(("kv_send:", "kv_sent:")):
-            step, kind, dst = name.split(":", 2)
-            ch = next(
-                (
-                    c
-                    for c in self.plan.channels
-                    if c.src == inst.split("/")[0] and c.dst == dst.split("/")[0] and c.kind == kind
-                ),
-                None,
-            )
-            if ch is not None and step == "kv_sent":
-                self.metrics.kv_transfer.labels(ch.id).observe(e.values.get("seconds", 0.0))
-            elif (
-                ch is not None and ch.link
-            ):  # counted when the transfer starts, even if later cancelled
-                self.metrics.wan_bytes.labels(ch.link).inc(e.values.get("bytes", 0.0))
-                self.metrics.wan_saved.labels(ch.link).inc(e.values.get("saved_bytes", 0.0))
+        if e.kind in (pb.EVENT_KV_SEND, pb.EVENT_KV_SENT):
+            self._count_transfer(inst, e)
         # an ended request's timeline still takes its legs' late events
-        st = live.state if live is not None else self.done.get(e.seq_id.removesuffix(RESUMED))
+        request_id = self.resumed.get(e.seq_id, e.seq_id)
+        st = live.state if live is not None else self.done.get(request_id)
         if st is not None:
-            st.event(name, instance=inst, **dict(e.values))
+            where = {"channel": e.channel, "peer": e.peer} if e.peer else {}
+            st.event(event_name(e.kind), instance=inst, **where, **dict(e.values))
         if live is None:
             return
         r = live.route
-        if (
-            name == "kv_landed"
-            and inst == r.main
-            and r.relay
-            and r.handoff
-            and not live.state.finished
-        ):
-            live.state.event("handoff_start", mode=r.handoff)
+        main_landed = e.kind == pb.EVENT_KV_LANDED and inst == r.main
+        if main_landed and r.relay and r.handoff and not live.state.finished:
+            live.state.event("handoff_start", mode=mode_name(r.handoff))
             self._call(r.relay, "Handoff", pb.StartHandoff(seq_id=e.seq_id, mode=r.handoff))
-        elif name == "handoff_sent" and inst == r.relay:
+        elif e.kind == pb.EVENT_HANDOFF_SENT and inst == r.relay:
             r.handed_off = True
+
+    def _count_transfer(self, inst: str, e: pb.Event) -> None:
+        src, dst = self.plan.instance(inst).operator, self.plan.instance(e.peer).operator
+        ch = next((c for c in self.plan.channels_between(src, dst) if c.kind == e.channel), None)
+        if ch is None:
+            return
+        if e.kind == pb.EVENT_KV_SENT:
+            self.metrics.kv_transfer.labels(ch.id).observe(e.values.get("seconds", 0.0))
+        elif ch.link:  # counted when the transfer starts, even if later cancelled
+            self.metrics.wan_bytes.labels(ch.link).inc(e.values.get("bytes", 0.0))
+            self.metrics.wan_saved.labels(ch.link).inc(e.values.get("saved_bytes", 0.0))
 
     def _on_failure(self, inst: str, f: pb.Failure) -> None:
         live = self._live(f.seq_id)
         if live is None:
             return
         st, r = live.state, live.route
-        st.event("leg_failed", instance=inst, leg=f.leg, error=f.error)
-        if f.leg == "kv_recovered":
+        kind = pb.FailureKind.Name(f.kind).removeprefix("FAILURE_").lower()
+        where = {"channel": f.channel, "peer": f.peer} if f.peer else {}
+        st.event("leg_failed", instance=inst, kind=kind, **where, error=f.error)
+        if f.kind == pb.FAILURE_KV_RECOVERED:
             self.metrics.fallbacks.labels("kv_recomputed").inc()
             return
-        if f.leg in ("kv_wan_flight", "kv_rdma_tensor"):
-            dst = f.error.split(":", 1)[0].removeprefix("to ")
-            self._call(dst, "Recompute", pb.Cancel(seq_id=f.seq_id, reason=f.error))
+        if f.kind == pb.FAILURE_KV_TRANSFER:
+            reason = f"{inst} -> {f.peer}: {f.error}"
+            self._call(f.peer, "Recompute", pb.Cancel(seq_id=f.seq_id, reason=reason))
             return
-        if f.leg == "handoff":  # main unreachable: the relay keeps decoding to the end
+        if f.kind == pb.FAILURE_HANDOFF:  # main unreachable: the relay keeps decoding to the end
             self.metrics.fallbacks.labels("relay_finishes").inc()
             if r.main in r.legs:
                 self._abort_leg(live, r.main, "handoff failed")
             return
         if inst == r.main and r.relay and not r.handed_off and r.relay in r.legs:
             self.metrics.fallbacks.labels("relay_finishes").inc()
-            r.main, r.handoff = "", ""
+            r.main, r.handoff = "", pb.HANDOFF_NONE
             return
         if not self._resume(live, lost=inst):
-            st.fail(f"{inst}: {f.leg}: {f.error}")
+            st.fail(f"{inst}: {kind}: {f.error}")
 
     def _on_worker_lost(self, inst: str) -> None:
         if inst in self.lost:
@@ -486,26 +417,27 @@ class Frontend:
 
     def _resume(self, live: Live, lost: str) -> bool:
         """Finish a request whose decoder is gone on another decoder of its route (the relay when
-        main is lost, main when the relay is lost): it re-prefills prompt + tokens so far locally."""
+        main is lost, main when the relay is lost): it prefills prompt + tokens so far locally."""
         r, st = live.route, live.state
         survivors = [i for i in (r.relay, r.main) if i and i != lost and i not in self.lost]
-        if not survivors or r.resumed:
+        if not survivors or r.resumed_seq:
             return False
         target = survivors[0]
-        r.resumed = True
         for inst in list(r.legs):
             self._abort_leg(live, inst, f"resuming on {target}")
         done = list(st.tokens)
         # A new sequence id: the aborts of the old legs and this submit may arrive in any order.
-        job = self._job(
-            live,
-            seq_id=f"{st.request_id}{RESUMED}",
+        r.resumed_seq = f"{st.request_id}{RESUMED}"
+        self.resumed[r.resumed_seq] = st.request_id
+        job = live.job(
+            self.plan,
+            seq_id=r.resumed_seq,
             prompt_ids=live.prompt_ids + done,
             local_prefill=True,
             output_offset=len(done),
             relay="",
             main="",
-            handoff="",
+            handoff=pb.HANDOFF_NONE,
             main_cached_blocks=0,
             singular=False,
             sampling=pb.Sampling(
@@ -527,26 +459,28 @@ class Frontend:
     def _abort_leg(self, live: Live, inst: str, reason: str) -> None:
         live.route.legs.discard(inst)
         if inst not in self.lost:
-            sid = live.state.request_id + (
-                RESUMED if live.route.resumed and inst in live.route.resumed_on else ""
-            )
-            self._call(inst, "Abort", pb.Cancel(seq_id=sid, reason=reason))
+            r = live.route
+            seq_id = r.resumed_seq if inst in r.resumed_on else live.state.request_id
+            self._call(inst, "Abort", pb.Cancel(seq_id=seq_id, reason=reason))
 
     def _close(self, live: Live) -> None:
         st, r = live.state, live.route
         ok = st.finished and not st.error
         reason = "finished" if ok else (st.error or "client went away")
         for inst in list(r.legs):
+            # main still extends over the relay's IDs to keep its cache; it ends the leg itself
             if ok and inst == r.main and r.relay and not r.decision.singular:
-                continue  # main still extends over the relay's IDs to keep its cache; it ends the leg itself
+                continue
             self._abort_leg(live, inst, reason)
         outcome = "ok" if st.finished and not st.error else ("error" if st.error else "cancelled")
-        self.metrics.requests.labels(r.decision.variant, r.handoff or "none", outcome).inc()
+        handoff = mode_name(r.handoff) or "none"
+        self.metrics.requests.labels(r.decision.variant, handoff, outcome).inc()
         self.metrics.e2e.observe(time.monotonic() - st.arrival)
         self.live.pop(st.request_id, None)
         self.done[st.request_id] = st
         while len(self.done) > TIMELINES_KEPT:
-            self.done.popitem(last=False)
+            request_id, _ = self.done.popitem(last=False)
+            self.resumed.pop(f"{request_id}{RESUMED}", None)
 
     def _call(self, inst: str, method: str, msg: Any) -> None:
         if inst in self.lost:
@@ -555,7 +489,7 @@ class Frontend:
         fut.add_done_callback(
             lambda f: (
                 f.exception()
-                and log.warning("%s.%s failed: %s", inst, method, _grpc_text(f.exception()))
+                and log.warning("%s.%s failed: %s", inst, method, grpc_text(f.exception()))
             )
         )
 
@@ -563,25 +497,3 @@ class Frontend:
         self.server.stop(grace=0.5)
         for c in self.clients.values():
             c.close()
-
-
-def _as_concurrent(fut: Any) -> Any:
-    """grpc.Future -> concurrent.futures.Future, so asyncio can await it."""
-    import concurrent.futures
-
-    out: concurrent.futures.Future = concurrent.futures.Future()
-
-    def done(f: Any) -> None:
-        exc = f.exception()
-        if exc is not None:
-            out.set_exception(exc)
-        else:
-            out.set_result(f.result())
-
-    fut.add_done_callback(done)
-    return out
-
-
-def _grpc_text(exc: BaseException) -> str:
-    details = getattr(exc, "details", None)
-    return details() if callable(details) else str(exc)

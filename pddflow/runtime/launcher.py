@@ -83,9 +83,8 @@ class Deployment:
         deadline = time.monotonic() + startup_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise LaunchError(
-                    f"deploy exited with {self.proc.returncode}:\n{self.proc.stdout.read().decode()}"
-                )
+                out = self.proc.stdout.read().decode()
+                raise LaunchError(f"deploy exited with {self.proc.returncode}:\n{out}")
             try:
                 code, _ = get_json(f"{self.base}/health", timeout=1)
                 if code == 200:

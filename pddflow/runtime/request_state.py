@@ -18,6 +18,13 @@ class TokenRun:
     final: bool = False  # the source produced the sequence's last token
 
 
+@dataclass(frozen=True)
+class TimelineEvent:
+    name: str
+    at: float  # monotonic
+    detail: dict[str, Any]
+
+
 class StreamConflict(Exception):
     """Two workers disagree about the token at one position: a correctness bug, never ignored."""
 
@@ -36,7 +43,7 @@ class RequestState:
     end: int = 0  # output length: max_tokens, or less once a source says final
     finished: bool = False
     error: str | None = None
-    events: list[tuple[str, float, dict[str, Any]]] = field(default_factory=list)
+    events: list[TimelineEvent] = field(default_factory=list)
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     emitted: int = 0  # tokens handed to the client so far
     token_times: list[float] = field(default_factory=list)
@@ -45,7 +52,7 @@ class RequestState:
         self.end = self.max_tokens
 
     def event(self, name: str, **detail: Any) -> None:
-        self.events.append((name, time.monotonic(), detail))
+        self.events.append(TimelineEvent(name, time.monotonic(), detail))
 
     def add(self, run: TokenRun) -> None:
         """Accept tokens at any position; a position reported twice (the relay and main decode
@@ -103,6 +110,7 @@ class RequestState:
             "error": self.error,
             "tokens_by_operator": {s: self.sources.count(s) for s in dict.fromkeys(self.sources)},
             "events": [
-                {"event": n, "t_ms": round((t - t0) * 1e3, 3), **d} for n, t, d in self.events
+                {"event": e.name, "t_ms": round((e.at - t0) * 1e3, 3), **e.detail}
+                for e in self.events
             ],
         }

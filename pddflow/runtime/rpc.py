@@ -100,7 +100,7 @@ class WorkerClient:
 
 
 def open_reports(address: str, messages: Iterator[pb.Report]) -> grpc.Future:
-    """A worker's report stream to the frontend; runs until `messages` ends or the channel closes."""
+    """A worker's report stream to the frontend, until `messages` ends or the channel closes."""
     channel = grpc.insecure_channel(address, options=_OPTIONS)
     call = channel.stream_unary(
         f"/{FRONTEND}/Reports",
@@ -110,3 +110,25 @@ def open_reports(address: str, messages: Iterator[pb.Report]) -> grpc.Future:
     fut = call.future(messages, wait_for_ready=True)  # the frontend may still be starting
     fut.add_done_callback(lambda _: channel.close())
     return fut
+
+
+def as_concurrent(fut: Any) -> Any:
+    """grpc.Future -> concurrent.futures.Future, so asyncio can await it."""
+    import concurrent.futures
+
+    out: concurrent.futures.Future = concurrent.futures.Future()
+
+    def done(f: Any) -> None:
+        exc = f.exception()
+        if exc is not None:
+            out.set_exception(exc)
+        else:
+            out.set_result(f.result())
+
+    fut.add_done_callback(done)
+    return out
+
+
+def grpc_text(exc: BaseException) -> str:
+    details = getattr(exc, "details", None)
+    return details() if callable(details) else str(exc)

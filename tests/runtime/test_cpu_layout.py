@@ -28,9 +28,8 @@ def test_enough_cores_every_instance_its_own(n):
     lay = layout(PDD, list(range(100, 100 + n)))
     assert lay.mode == "instance"
     sets = [set(c) for c in lay.cpus.values()]
-    assert (
-        all(sets) and sum(len(s) for s in sets) == n and len(set().union(*sets)) == n
-    )  # disjoint, all used
+    # disjoint, all used
+    assert all(sets) and sum(len(s) for s in sets) == n and len(set().union(*sets)) == n
     assert all(lay.threads[i] == len(lay.cpus[i]) for i, _, _ in PDD) and set(
         lay.nice.values()
     ) == {0}

@@ -9,6 +9,8 @@ import pytest
 
 from pddflow.runtime.launcher import Deployment, get_json, post_json
 
+pytestmark = pytest.mark.slow  # starts a deployment: worker processes
+
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = "Baselines deploy the same way."
 

@@ -9,7 +9,11 @@ import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+import pytest
+
 from pddflow.runtime.launcher import Deployment, get_json, post_json
+
+pytestmark = pytest.mark.slow  # starts a deployment: worker processes
 
 ROOT = Path(__file__).resolve().parents[2]
 

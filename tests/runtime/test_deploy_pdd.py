@@ -11,6 +11,8 @@ import pytest
 
 from pddflow.runtime.launcher import Deployment, post_json
 
+pytestmark = pytest.mark.slow  # starts a deployment: worker processes
+
 ROOT = Path(__file__).resolve().parents[2]
 
 openai = pytest.importorskip("openai")
@@ -58,7 +60,7 @@ def client(pdd):
 
 
 def test_workers_run_on_their_clusters_cores(pdd):
-    """Emulated clusters do not share cores (cpu_layout.py): each worker runs where the wiring says."""
+    """Emulated clusters do not share cores: each worker runs where the wiring says."""
     import json
 
     wiring = json.loads((pdd.run_dir / "wiring.json").read_text())
@@ -173,9 +175,8 @@ def test_metrics_timeline_and_no_leaks(pdd, client):
         for inst, w in h["workers"].items()
         if w["decode"] and w["decode"]["steps"]
     }
-    assert (
-        set(steps) <= {"relay/0", "main/0"} and steps
-    )  # decoders count their steps, prefill has none
+    # decoders count their steps, prefill has none
+    assert set(steps) <= {"relay/0", "main/0"} and steps
     assert all(
         d["cpu_s"] > 0 and d["seqs"] >= d["steps"] and d["context_tokens"] >= d["seqs"]
         for d in steps.values()
@@ -183,10 +184,8 @@ def test_metrics_timeline_and_no_leaks(pdd, client):
     # the loop iterations that ran them took at least their CPU in wall time
     assert all(d["wall_s"] >= d["cpu_s"] * 0.95 for d in steps.values()), steps
     for inst, w in h["workers"].items():
-        assert w["kv_blocks_used"] == w["cached_blocks"], (
-            inst,
-            w,
-        )  # only the prefix caches hold blocks
+        # only the prefix caches hold blocks
+        assert w["kv_blocks_used"] == w["cached_blocks"], (inst, w)
     # the ended request's timeline still takes its legs' late events (the WAN sender hears the
     # final acknowledgement after an emulated return delay, often after the request ended)
     import time
@@ -196,24 +195,18 @@ def test_metrics_timeline_and_no_leaks(pdd, client):
         tl = __import__("json").loads(
             urllib.request.urlopen(f"{pdd.base}/v1/requests/{rid}/timeline", timeout=5).read()
         )
-        by = {e["event"]: e for e in tl["events"]}
-        if "kv_sent:wan_flight:main/0" in by or time.monotonic() > deadline:
+        by = {(e["event"], e.get("peer")): e for e in tl["events"]}
+        if ("kv_sent", "main/0") in by or time.monotonic() > deadline:
             break
         time.sleep(0.2)
-    assert "kv_sent:wan_flight:main/0" in by and "kv_sent:rdma_tensor:relay/0" in by
-    assert (
-        by["kv_send:wan_flight:main/0"]["prefill_ms"] > 0
-        and by["kv_send:wan_flight:main/0"]["queued_ms"] >= 0
-    )
-    send = by[
-        "kv_send:rdma_tensor:relay/0"
-    ]  # what a bench serve report calibrates the simulator with
-    assert send["prefill_cpu_ms"] > 0 and send["cached_tokens"] >= 0 and send["export_ms"] >= 0
+    assert by[("kv_sent", "main/0")]["channel"] == "wan_flight"
+    assert by[("kv_sent", "relay/0")]["channel"] == "rdma_tensor"
+    wan, rdma = by[("kv_send", "main/0")], by[("kv_send", "relay/0")]
+    # both copies leave after the same prefill: the relay gets the whole prompt, main all but
+    # the blocks its cache already holds
+    assert wan["prefill_ms"] == rdma["prefill_ms"] > 0 and rdma["prefill_cpu_ms"] > 0
+    assert wan["bytes"] + wan["saved_bytes"] == rdma["bytes"] > 0
     landed = next(
         e for e in tl["events"] if e["event"] == "kv_landed" and e.get("instance") == "relay/0"
     )
-    assert (
-        landed["bytes"] > 0
-        and landed["waited_ms"] >= 0
-        and landed["import_ms"] >= landed["import_cpu_ms"] * 0.5
-    )
+    assert landed["bytes"] == rdma["bytes"]  # the relay imported exactly what prefill sent

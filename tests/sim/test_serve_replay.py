@@ -93,14 +93,6 @@ def test_sim_does_not_import_the_runtime():
     assert out.stdout.strip() == ""
 
 
-def test_runtime_names_still_importable():
-    from pddflow.runtime import serve_workload as sw
-
-    assert sw.build is build
-    for name in ("WorkloadSpec", "SessionSpec", "TraceError", "read_trace"):
-        assert hasattr(sw, name)
-
-
 def test_prefill_overhead_fit_reproduces_both_prefill_points(tmp_path):
     """Two prefill sizes whose time grows slower than the FLOPs: a fixed prefill-call cost plus an
     achieved FLOP/s reproduce both; a noisy short point (negative overhead) falls back to all-compute."""

@@ -23,19 +23,19 @@ from pddflow.graph.plan import ChannelPlan, Plan
 from pddflow.runtime.proto import runtime_pb2 as pb
 from pddflow.runtime.rpc import open_reports
 from pddflow.runtime.wiring import Wiring
+from pddflow.runtime.workers.inbox import Abort, CaughtUp, HandoffTokens, KVArrived, KVLost
 
 POLL_S = 0.2  # receive loops wake this often to notice shutdown
+TRANSPORTS = ("rdma_tensor", "wan_flight", "token_ids")  # the channel kinds this runtime opens
 
 
 class WorkerIO:
     def __init__(self, wiring: Wiring, plan: Plan, instance: str, inbox: queue.Queue):
         self.wiring, self.plan, self.instance, self.inbox = wiring, plan, instance, inbox
-        self.operator = plan.instances[[i.id for i in plan.instances].index(instance)].operator
-        self.cluster = plan.operators[self.operator].cluster
+        self.operator = plan.instance(instance).operator
         self.closed = threading.Event()
-        self.resync = (
-            threading.Event()
-        )  # set when the report stream reopened; the worker resends its cache
+        # set when the report stream reopened: the worker resends its whole cache listing
+        self.resync = threading.Event()
         self.reports: queue.Queue = queue.Queue()
         self._senders: dict[tuple[str, str], Any] = {}
         self._lock = threading.Lock()
@@ -45,6 +45,11 @@ class WorkerIO:
         for ch in plan.channels:
             if ch.dst != self.operator:
                 continue
+            if ch.kind not in TRANSPORTS:
+                raise ChannelError(
+                    f"{instance}: channel {ch.id} is of kind {ch.kind!r}, which this runtime "
+                    f"cannot open (it has {', '.join(TRANSPORTS)})"
+                )
             if ch.kind == "rdma_tensor" and not any(
                 isinstance(r, RdmaTensorReceiver) for r in self.kv_receivers
             ):
@@ -153,7 +158,7 @@ class WorkerIO:
             return s
 
     def _channel(self, kind: str, dst_instance: str) -> ChannelPlan:
-        dst_op = dst_instance.split("/")[0]
+        dst_op = self.plan.instance(dst_instance).operator
         for c in self.plan.channels:
             if c.src == self.operator and c.dst == dst_op and c.kind == kind:
                 return c
@@ -165,12 +170,14 @@ class WorkerIO:
         """The channel's own deadline (its `deadline_s` parameter) toward dst_instance."""
         return float(self._channel(kind, dst_instance).params["deadline_s"])
 
-    def kv_kind_to(self, dst_instance: str) -> str | None:
-        dst_op = dst_instance.split("/")[0]
-        for c in self.plan.channels:
-            if c.src == self.operator and c.dst == dst_op and c.payload == "KVBlocks":
+    def kv_kind_to(self, dst_instance: str) -> str:
+        dst_op = self.plan.instance(dst_instance).operator
+        for c in self.plan.channels_between(self.operator, dst_op):
+            if c.payload == "KVBlocks":
                 return c.kind
-        return None
+        raise ChannelError(
+            f"{self.instance}: the plan has no KV edge from {self.operator} to {dst_op}"
+        )
 
     # ---- receive pumps: channel threads -> the compute loop's inbox ----
     def _pump_kv(self, receiver: Any) -> None:
@@ -182,9 +189,9 @@ class WorkerIO:
             except ChannelClosed:
                 return
             except ChannelError as exc:  # a transfer that failed at the receiver: the leg decides
-                self.inbox.put(("kv_error", getattr(exc, "seq_id", ""), str(exc)))
+                self.inbox.put(KVLost(getattr(exc, "seq_id", ""), str(exc)))
                 continue
-            self.inbox.put(("kv", kv, time.monotonic()))  # (when it reached this process)
+            self.inbox.put(KVArrived(kv, time.monotonic()))
 
     def _pump_tokens(self, endpoint: Any) -> None:
         while not self.closed.is_set():
@@ -198,13 +205,12 @@ class WorkerIO:
                 time.sleep(POLL_S)
                 continue
             if isinstance(msg.payload, TokenIds):
-                self.inbox.put(("handoff_tokens", msg.peer, msg.payload))
+                self.inbox.put(HandoffTokens(msg.peer, msg.payload))
             elif msg.payload.kind == ControlKind.RELEASE:
-                self.inbox.put(("release", msg.payload.seq_id))
+                self.inbox.put(CaughtUp(msg.payload.seq_id))
             elif msg.payload.kind == ControlKind.CANCEL:
-                self.inbox.put(
-                    ("abort", msg.payload.seq_id, msg.payload.reason or "cancelled by peer")
-                )
+                reason = msg.payload.reason or "cancelled by peer"
+                self.inbox.put(Abort(msg.payload.seq_id, reason))
 
     def release(self, peer: str, seq_id: str, timeout_s: float) -> None:
         """Main decode tells the relay it has caught up (sent back on the handoff stream)."""
@@ -217,6 +223,31 @@ class WorkerIO:
     def report(self, **body: Any) -> None:
         self.reports.put(pb.Report(instance=self.instance, **body))
 
+    def event(
+        self,
+        seq_id: str,
+        kind: pb.EventKind.ValueType,
+        channel: str = "",
+        peer: str = "",
+        **values: float,
+    ) -> None:
+        at = time.time()
+        event = pb.Event(
+            seq_id=seq_id, kind=kind, t_unix=at, values=values, channel=channel, peer=peer
+        )
+        self.report(event=event)
+
+    def fail(
+        self,
+        seq_id: str,
+        kind: pb.FailureKind.ValueType,
+        error: str,
+        peer: str = "",
+        channel: str = "",
+    ) -> None:
+        failure = pb.Failure(seq_id=seq_id, kind=kind, error=error, peer=peer, channel=channel)
+        self.report(failure=failure)
+
     def _report_stream(self) -> Iterator[pb.Report]:
         while not self.closed.is_set():
             try:
@@ -228,9 +259,8 @@ class WorkerIO:
         """Hold the report stream open; if it breaks while the frontend lives, open it again."""
         first = True
         while not self.closed.is_set():
-            if (
-                not first
-            ):  # a report taken by the broken stream may be lost: resend the cache listing
+            # a report taken by the broken stream may be lost: resend the cache listing
+            if not first:
                 self.resync.set()
             first = False
             fut = open_reports(self.wiring.frontend, self._report_stream())

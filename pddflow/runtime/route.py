@@ -1,0 +1,86 @@
+"""A request in flight at the frontend: the route the scheduler chose (which instance plays which
+part, the handoff mode) and the Job each instance on it receives."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from pddflow.core.payloads import SamplingParams
+from pddflow.graph.plan import Plan
+from pddflow.runtime.proto import runtime_pb2 as pb
+from pddflow.runtime.request_state import RequestState
+from pddflow.scheduler.decision import Decision
+
+RESUMED = "~resumed"  # a resumed request's legs get a new sequence id: old legs' reports differ
+HANDOFF_MODES = {"one_shot": pb.HANDOFF_ONE_SHOT, "catch_up": pb.HANDOFF_CATCH_UP}
+
+
+def mode_name(mode: pb.HandoffMode.ValueType) -> str | None:
+    return pb.HandoffMode.Name(mode).removeprefix("HANDOFF_").lower() if mode else None
+
+
+@dataclass(eq=False)
+class Route:
+    decision: Decision
+    prefill: str = ""
+    relay: str = ""
+    main: str = ""
+    handoff: pb.HandoffMode.ValueType = pb.HANDOFF_NONE
+    legs: set[str] = field(default_factory=set)  # instances holding a live leg
+    handed_off: bool = False
+    resumed_seq: str = ""  # the sequence id of its legs after it was resumed on another decoder
+    resumed_on: set[str] = field(default_factory=set)
+
+    @staticmethod
+    def of(plan: Plan, decision: Decision, handoff: str | None = None) -> Route:
+        """Who prefills, relays and finishes; `handoff` forces the mode (else the decision's)."""
+        r = Route(decision)
+        for op, inst in decision.targets:
+            t = plan.operators[op].op_type
+            if t in ("prefill", "colocated"):
+                r.prefill = inst
+            elif t == "relay_decode":
+                r.relay = inst
+            else:
+                r.main = inst
+        if r.relay and r.main and not decision.singular:
+            r.handoff = HANDOFF_MODES[handoff or decision.handoff or "one_shot"]
+        return r
+
+
+@dataclass(eq=False)
+class Live:
+    state: RequestState
+    route: Route
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    deadline: float
+
+    def job(self, plan: Plan, **over: Any) -> pb.Job:
+        """The leg every instance on the route receives (`over` replaces fields)."""
+        r, s = self.route, self.sampling
+        main_blocks = r.decision.predicted_hit_tokens // plan.model.block_size if r.main else 0
+        fields = dict(
+            seq_id=self.state.request_id,
+            prompt_ids=self.prompt_ids,
+            sampling=pb.Sampling(
+                max_tokens=s.max_tokens,
+                temperature=s.temperature,
+                top_p=s.top_p,
+                seed=s.seed,
+                stop_token_ids=list(s.stop_token_ids),
+            ),
+            timeout_s=max(0.1, self.deadline - time.monotonic()),
+            variant=r.decision.variant,
+            prefill=r.prefill,
+            relay=r.relay,
+            main=r.main,
+            handoff=r.handoff,
+            main_cached_blocks=main_blocks,
+            singular=r.decision.singular,
+            catch_up_tokens=plan.variants[r.decision.variant].catch_up_tokens,
+        )
+        fields.update(over)
+        return pb.Job(**fields)

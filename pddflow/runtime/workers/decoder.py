@@ -1,0 +1,241 @@
+"""What every decoding role shares: landing the prompt's KV, memory admission, the
+continuous-batching decode step, and a local prefill for a request resumed here after its decoder
+was lost.
+
+A decoder takes landed KV only when the request's prompt and whole output fit in its free blocks
+plus what the prefix cache can give back, and then allocates them all at once, so no decode step
+can run out of blocks; otherwise the KV waits, first come first served, under the request's
+deadline."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from pddflow.core.payloads import KVBlocks
+from pddflow.operators.block_allocator import KVCacheFull
+from pddflow.runtime.proto import runtime_pb2 as pb
+from pddflow.runtime.workers.inbox import FirstToken, InboxItem, KVArrived, KVLost
+from pddflow.runtime.workers.loop import Leg, Worker
+
+
+@dataclass(eq=False)
+class DecodeLeg(Leg):
+    kv: KVBlocks | None = None  # landed, not yet imported
+    kv_arrived: float = 0.0  # when that KV reached this process
+    kv_ready: bool = False  # the prompt's KV is in this worker's cache
+    first: int | None = None  # the first generated token (prefill's, via the frontend)
+    decoding: bool = False
+
+
+@dataclass
+class DecodeStats:
+    """Decode steps since the worker started, reported in its status."""
+
+    steps: int = 0
+    cpu_s: float = 0.0  # the loop thread's
+    seqs: int = 0  # sequences stepped
+    context_tokens: int = 0  # context those sequences held
+    wall_s: float = 0.0
+
+
+class DecoderWorker(Worker):
+    leg_type = DecodeLeg
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self.memory_wait: list[DecodeLeg] = []  # landed KV waiting for room, FIFO
+        self.stats = DecodeStats()
+
+    def on_job(self, leg: DecodeLeg) -> None:
+        if leg.job.local_prefill:
+            self.compute_queue.append(leg)
+
+    def on_input(self, leg: DecodeLeg, item: InboxItem) -> None:
+        if isinstance(item, KVArrived):
+            leg.kv, leg.kv_arrived = item.kv, item.arrived
+            self.land(leg)
+        elif isinstance(item, KVLost):
+            self.recompute_kv(leg, item.reason)
+        elif isinstance(item, FirstToken):
+            leg.first = item.token
+            self.maybe_start(leg)
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def idle(self) -> bool:
+        return not (self.compute_queue or self.decoding())
+
+    def step(self) -> None:
+        self.land_waiting()
+        if self.compute_queue:
+            self.compute(self.compute_queue.pop(0))
+        elif batch := self.decoding()[: self.op.max_batch]:
+            self.decode(batch)
+
+    def decoding(self) -> list[DecodeLeg]:
+        return [leg for leg in self.legs.values() if leg.decoding]
+
+    def running(self) -> int:
+        return len(self.decoding())
+
+    def compute(self, leg: DecodeLeg) -> None:
+        """A local prefill, then decode here."""
+        try:
+            self.engine.reuse_prefix(leg.seq)
+            self.engine.prefill(leg.seq)
+            self.emit_last(leg)
+            leg.kv_ready = True
+            leg.decoding = not leg.seq.finished
+            if leg.seq.finished:
+                self.finish(leg)
+        except Exception as exc:  # noqa: BLE001 - one request's failure must not stop the worker
+            self.fail(leg, pb.FAILURE_COMPUTE, exc)
+
+    def decode(self, batch: list[DecodeLeg]) -> None:
+        seqs = [leg.seq for leg in batch]
+        context = sum(s.num_computed for s in seqs)
+        t0, c0 = time.monotonic(), time.thread_time()
+        try:
+            self.engine.decode(seqs)
+        except Exception as exc:  # noqa: BLE001
+            for leg in batch:
+                self.fail(leg, pb.FAILURE_COMPUTE, exc)
+            return
+        st = self.stats
+        st.steps += 1
+        st.cpu_s += time.thread_time() - c0
+        st.seqs += len(seqs)
+        st.context_tokens += context
+        for leg in batch:
+            self.emit_last(leg)
+            self.after_token(leg)
+            if leg.seq.finished:
+                self.on_finished(leg)
+                self.finish(leg)
+        st.wall_s += time.monotonic() - t0
+
+    def after_token(self, leg: DecodeLeg) -> None:
+        """A decode step gave `leg` a token (the relay hands catch-up batches over here)."""
+
+    def on_finished(self, leg: DecodeLeg) -> None:
+        """`leg` emitted its last token; the leg ends after this."""
+
+    # ---- landing the KV ----------------------------------------------------------------------
+    def land(self, leg: DecodeLeg) -> None:
+        if not self.room_for(leg):
+            return
+        t0, c0 = time.monotonic(), time.thread_time()
+        try:
+            self.engine.import_kv(leg.seq, leg.kv)
+        except Exception as exc:  # noqa: BLE001 - a bad transfer: recompute from token IDs
+            self.recompute_kv(leg, f"cannot import KV: {exc}")
+            return
+        self.engine.reserve(leg.seq, self.total_tokens(leg))  # room_for said it fits
+        # waited_ms: the KV reached this process, the loop took it later (a step in progress, a
+        # shared core, no room in memory)
+        values = {
+            "waited_ms": (t0 - leg.kv_arrived) * 1e3,
+            "import_ms": (time.monotonic() - t0) * 1e3,
+            "import_cpu_ms": (time.thread_time() - c0) * 1e3,
+            "bytes": float(leg.kv.data.nbytes),
+        }
+        leg.kv, leg.kv_ready = None, True
+        self.io.event(leg.seq_id, pb.EVENT_KV_LANDED, **values)
+        self.maybe_start(leg)
+
+    @staticmethod
+    def total_tokens(leg: DecodeLeg) -> int:
+        return leg.seq.num_prompt_tokens + leg.seq.sampling.max_tokens
+
+    def room_for(self, leg: DecodeLeg) -> bool:
+        """Whether the request's prompt and whole output fit now; if not, it waits in line (a
+        request that could never fit fails now, saying so)."""
+        alloc, bs = self.engine.allocator, self.engine.block_size
+        held = len(leg.seq.block_table)
+        need = max(0, -(-self.total_tokens(leg) // bs) - held)
+        if need > alloc.num_blocks - held:
+            what = f"{leg.seq_id} (its prompt and max_tokens)"
+            full = KVCacheFull(
+                need, alloc.num_free, alloc.num_blocks, self.engine.block_bytes, what
+            )
+            self.fail(leg, pb.FAILURE_COMPUTE, full)
+            return False
+        if not self.memory_wait or self.memory_wait[0] is leg:
+            evictable = self.engine.radix.evictable_count() if self.op.caches_prefixes else 0
+            if need <= alloc.num_free + evictable:
+                if self.memory_wait:
+                    self.memory_wait.pop(0)
+                return True
+        if leg not in self.memory_wait:
+            self.memory_wait.append(leg)
+            self.io.event(leg.seq_id, pb.EVENT_KV_WAITS_FOR_MEMORY, blocks=need)
+        return False
+
+    def land_waiting(self) -> None:
+        """Land waiting KV, oldest first, while it fits."""
+        while self.memory_wait:
+            leg = self.memory_wait[0]
+            if leg.seq_id not in self.legs:  # ended while it waited
+                self.memory_wait.pop(0)
+                continue
+            self.land(leg)
+            if self.memory_wait and self.memory_wait[0] is leg:
+                return
+
+    def recompute_kv(self, leg: DecodeLeg, error: str) -> None:
+        """The KV will not come: recompute the prompt from its token IDs (declared fallback)."""
+        if leg.kv_ready:
+            return
+        try:
+            self.engine.compute_to(leg.seq, leg.seq.num_prompt_tokens)
+            self.engine.reserve(leg.seq, self.total_tokens(leg))
+        except Exception as exc:  # noqa: BLE001
+            self.fail(leg, pb.FAILURE_COMPUTE, exc)
+            return
+        leg.kv, leg.kv_ready = None, True
+        self.io.event(leg.seq_id, pb.EVENT_KV_RECOMPUTED)
+        self.io.fail(leg.seq_id, pb.FAILURE_KV_RECOVERED, error)
+        self.maybe_start(leg)
+
+    def maybe_start(self, leg: DecodeLeg) -> None:
+        """Decode once the KV is here and prefill's first token too."""
+        if not leg.kv_ready or leg.decoding or leg.first is None or not self.starts_alone(leg):
+            return
+        self.engine.append_tokens(leg.seq, [leg.first])
+        self.emit(leg, [leg.first], start=0)  # the client sees it once a decoder holds the KV
+        leg.decoding = True
+        self.started(leg)
+
+    def starts_alone(self, leg: DecodeLeg) -> bool:
+        """False where the request continues from a relay's handoff instead."""
+        return True
+
+    def started(self, leg: DecodeLeg) -> None:
+        """`leg` has begun decoding."""
+
+    # ---- endings and status ------------------------------------------------------------------
+    def finish(self, leg: DecodeLeg, reason: str = "") -> None:
+        if leg in self.memory_wait:
+            self.memory_wait.remove(leg)
+        if not leg.kv_ready and reason:
+            for receiver in self.io.kv_receivers:
+                receiver.cancel(leg.seq_id, reason)
+        super().finish(leg, reason)
+
+    def status(self) -> pb.WorkerStatus:
+        status = super().status()
+        st = self.stats
+        status.decode_steps, status.decode_cpu_s, status.decode_wall_s = (
+            st.steps,
+            st.cpu_s,
+            st.wall_s,
+        )
+        status.decode_seqs, status.decode_context_tokens = st.seqs, st.context_tokens
+        return status
+
+
+class ColocatedWorker(DecoderWorker):
+    """Prefill and decode on one instance: every job is a local prefill."""
+
+    def on_job(self, leg: DecodeLeg) -> None:
+        self.compute_queue.append(leg)

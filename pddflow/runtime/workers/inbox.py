@@ -1,0 +1,106 @@
+"""What reaches a worker's loop: one typed message per input, put on its inbox by the RPC threads
+(the frontend's calls) and the channel threads (KV, handoff IDs, control from a peer)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pddflow.core.payloads import KVBlocks, TokenIds
+from pddflow.runtime.proto import runtime_pb2 as pb
+
+
+@dataclass(frozen=True)
+class JobArrived:
+    job: pb.Job
+    received: float  # monotonic, stamped by the RPC thread: a leg's queue time starts here
+
+    @property
+    def seq_id(self) -> str:
+        return self.job.seq_id
+
+
+@dataclass(frozen=True)
+class FirstToken:
+    """Prefill's first generated token, for the decoder that continues from it."""
+
+    seq_id: str
+    token: int
+
+
+@dataclass(frozen=True)
+class HandoffRequested:
+    """The frontend: main's KV has landed, hand the request over."""
+
+    seq_id: str
+    mode: pb.HandoffMode.ValueType
+
+
+@dataclass(frozen=True)
+class Abort:
+    seq_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class KVLost:
+    """This leg's KV will not arrive: recompute it from the prompt's token IDs."""
+
+    seq_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class KVArrived:
+    kv: KVBlocks
+    arrived: float  # monotonic: when the KV reached this process
+
+    @property
+    def seq_id(self) -> str:
+        return self.kv.seq_id
+
+
+@dataclass(frozen=True)
+class HandoffTokens:
+    """A batch of the relay's generated IDs, for main to extend over."""
+
+    peer: str  # the relay instance that sent them
+    ids: TokenIds
+
+    @property
+    def seq_id(self) -> str:
+        return self.ids.seq_id
+
+
+@dataclass(frozen=True)
+class CaughtUp:
+    """Main has extended over every catch-up batch: the relay sends the rest and stops."""
+
+    seq_id: str
+
+
+@dataclass(frozen=True)
+class HandoffDelivered:
+    """Main took the final batch: the relay's leg ends."""
+
+    seq_id: str
+
+
+@dataclass(frozen=True)
+class HandoffUndeliverable:
+    """Main cannot be reached: the relay finishes the request itself."""
+
+    seq_id: str
+
+
+InboxItem = (
+    JobArrived
+    | FirstToken
+    | HandoffRequested
+    | Abort
+    | KVLost
+    | KVArrived
+    | HandoffTokens
+    | CaughtUp
+    | HandoffDelivered
+    | HandoffUndeliverable
+)

@@ -1,0 +1,261 @@
+"""The loop every worker role shares: admit what arrived, run one model step, report.
+
+A worker is one operator instance in its own process. RPC threads (the frontend's calls) and
+channel threads (KV, handoff IDs) only put typed messages on the inbox; everything that touches
+the engine or a leg happens on the loop thread. Roles (prefill.py, decoder.py, relay.py, main.py)
+say what a request does here."""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import traceback
+from dataclasses import dataclass
+from typing import Any
+
+from pddflow.core.payloads import SamplingParams
+from pddflow.graph.plan import OperatorPlan
+from pddflow.runtime.proto import runtime_pb2 as pb
+from pddflow.runtime.rpc import WORKER, serve
+from pddflow.runtime.wiring import Wiring
+from pddflow.runtime.workers.connections import WorkerIO
+from pddflow.runtime.workers.inbox import (
+    Abort,
+    CaughtUp,
+    FirstToken,
+    HandoffDelivered,
+    HandoffRequested,
+    HandoffUndeliverable,
+    InboxItem,
+    JobArrived,
+    KVLost,
+)
+
+STATUS_EVERY_S = 0.5
+EARLY_KEEP_S = 60.0  # inputs that arrive before their job are kept this long
+AFTER_START = (CaughtUp, HandoffDelivered, HandoffUndeliverable)  # only a running leg makes these
+
+
+@dataclass(eq=False)
+class Leg:
+    """One request on this worker; each role extends it with what only it needs."""
+
+    job: pb.Job
+    deadline: float
+    received: float  # when the job reached this process
+    seq: Any = None  # the engine's Sequence
+
+    @property
+    def seq_id(self) -> str:
+        return self.job.seq_id
+
+
+class Worker:
+    leg_type: type[Leg] = Leg
+
+    def __init__(self, wiring: Wiring, instance: str):
+        import torch
+
+        from pddflow.operators.engine import Engine, EngineConfig
+
+        if wiring.threads.get(instance):
+            torch.set_num_threads(wiring.threads[instance])  # this worker's share of the host
+        self.wiring, self.instance = wiring, instance
+        self.plan = wiring.plan()
+        self.op: OperatorPlan = self.plan.operator_of(instance)
+        self.inbox: queue.Queue[InboxItem] = queue.Queue()
+        self.stopping = threading.Event()
+        self.io = WorkerIO(wiring, self.plan, instance, self.inbox)
+        config = EngineConfig(
+            block_size=self.plan.model.block_size,
+            kv_cache_bytes=wiring.kv_cache_bytes,
+            chunk_size=self.op.chunk_tokens,
+            prefix_cache=self.op.caches_prefixes,
+        )
+        self.engine = Engine.from_spec(self.plan.model.weights, config)
+        self.legs: dict[str, Leg] = {}
+        self.early: dict[str, tuple[float, list[InboxItem]]] = {}  # seq_id -> (first seen, items)
+        self.compute_queue: list[Leg] = []  # prefills and extends, in arrival order
+        self._last_status = 0.0
+        self._status = pb.WorkerStatus(instance=instance, ready=False)
+        put = self._enqueue
+        self.rpc, _ = serve(
+            WORKER,
+            {
+                "Submit": (pb.Job, pb.Reply, lambda m: put(JobArrived(m, time.monotonic()))),
+                "Feed": (pb.Tokens, pb.Reply, lambda m: put(FirstToken(m.seq_id, m.ids[0]))),
+                "Handoff": (
+                    pb.StartHandoff,
+                    pb.Reply,
+                    lambda m: put(HandoffRequested(m.seq_id, m.mode)),
+                ),
+                "Abort": (pb.Cancel, pb.Reply, lambda m: put(Abort(m.seq_id, m.reason))),
+                "Recompute": (pb.Cancel, pb.Reply, lambda m: put(KVLost(m.seq_id, m.reason))),
+                "Status": (pb.Empty, pb.WorkerStatus, lambda _: self._status),
+            },
+            port=int(wiring.workers[instance].rpc.rsplit(":", 1)[1]),
+        )
+
+    def _enqueue(self, item: InboxItem) -> pb.Reply:
+        self.inbox.put(item)
+        return pb.Reply(ok=True)
+
+    # ---- the loop ----------------------------------------------------------------------------
+    def run(self) -> None:
+        self._status = self.status()
+        self.io.report(status=self._status)
+        while not self.stopping.is_set():
+            try:
+                self.admit(block=self.idle())
+                self.step()
+                self.expire()
+                self.publish()
+            except Exception:  # noqa: BLE001 - one request's bug must not take the worker down
+                traceback.print_exc()
+
+    def idle(self) -> bool:
+        return not self.compute_queue
+
+    def step(self) -> None:
+        if self.compute_queue:
+            self.compute(self.compute_queue.pop(0))
+
+    def admit(self, block: bool) -> None:
+        try:
+            item = self.inbox.get(timeout=0.05) if block else self.inbox.get_nowait()
+        except queue.Empty:
+            return
+        while True:
+            self.handle(item)
+            try:
+                item = self.inbox.get_nowait()
+            except queue.Empty:
+                return
+
+    def handle(self, item: InboxItem) -> None:
+        if isinstance(item, JobArrived):
+            self._start_leg(item)
+            return
+        leg = self.legs.get(item.seq_id)
+        if leg is None and isinstance(item, AFTER_START):
+            return  # its leg has ended
+        if leg is None:  # arrived before its job (or after its end): keep it a while
+            self.early.setdefault(item.seq_id, (time.monotonic(), []))[1].append(item)
+        elif isinstance(item, Abort):
+            self.finish(leg, reason=item.reason)
+        else:
+            self.on_input(leg, item)
+
+    def _start_leg(self, arrived: JobArrived) -> None:
+        job = arrived.job
+        s = job.sampling
+        sampling = SamplingParams(
+            max_tokens=s.max_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            seed=s.seed,
+            stop_token_ids=tuple(s.stop_token_ids),
+        )
+        timeout = job.timeout_s or self.wiring.leg_timeout_s
+        leg = self.leg_type(job, arrived.received + timeout, arrived.received)
+        try:
+            leg.seq = self.engine.add_sequence(list(job.prompt_ids), sampling, job.seq_id)
+        except ValueError as exc:
+            self.io.fail(job.seq_id, pb.FAILURE_COMPUTE, str(exc))
+            return
+        self.legs[job.seq_id] = leg
+        self.on_job(leg)
+        for item in self.early.pop(job.seq_id, (0.0, []))[1]:
+            self.handle(item)
+
+    # ---- what each role defines --------------------------------------------------------------
+    def on_job(self, leg: Leg) -> None:
+        raise NotImplementedError
+
+    def on_input(self, leg: Leg, item: InboxItem) -> None:
+        """An input other than the job and an abort (which the loop handles)."""
+
+    def compute(self, leg: Leg) -> None:
+        raise NotImplementedError
+
+    # ---- shared by every role ----------------------------------------------------------------
+    def emit(self, leg: Leg, ids: list[int], start: int) -> None:
+        seq = leg.seq
+        tokens = pb.Tokens(
+            seq_id=leg.seq_id,
+            start=start,
+            ids=ids,
+            final=seq.finished,
+            finish_reason=seq.finish_reason or "",
+        )
+        self.io.report(tokens=tokens)
+
+    def emit_last(self, leg: Leg) -> None:
+        """The sequence's newest token, at its position in the client's output."""
+        seq = leg.seq
+        self.emit(leg, [seq.output_ids[-1]], len(seq.output_ids) - 1 + leg.job.output_offset)
+
+    def finish(self, leg: Leg, reason: str = "") -> None:
+        self.legs.pop(leg.seq_id, None)
+        if leg in self.compute_queue:
+            self.compute_queue.remove(leg)
+        if leg.seq is not None and leg.seq.block_table is not None:
+            self.engine.free(leg.seq)
+
+    def fail(self, leg: Leg, kind: pb.FailureKind.ValueType, exc: BaseException) -> None:
+        self.io.fail(leg.seq_id, kind, f"{type(exc).__name__}: {exc}")
+        traceback.print_exc()
+        self.finish(leg, reason=str(exc))
+
+    def expire(self) -> None:
+        now = time.monotonic()
+        for leg in [leg for leg in self.legs.values() if leg.deadline < now]:
+            self.io.fail(leg.seq_id, pb.FAILURE_DEADLINE, f"{self.instance}: deadline passed")
+            self.finish(leg, reason="deadline passed")
+        for seq_id in [s for s, (since, _) in self.early.items() if since < now - EARLY_KEEP_S]:
+            del self.early[seq_id]
+
+    # ---- status and the router's cache mirror ------------------------------------------------
+    def status(self) -> pb.WorkerStatus:
+        """A snapshot, taken on the loop thread (RPC threads answer with the last one)."""
+        alloc = self.engine.allocator
+        digest = 0
+        cached = [h for h, _ in self.engine.radix]
+        for h in cached:
+            digest ^= h
+        return pb.WorkerStatus(
+            instance=self.instance,
+            ready=True,
+            running=self.running(),
+            waiting=len(self.legs) - self.running(),
+            kv_blocks_used=alloc.num_blocks - alloc.num_free,
+            kv_blocks_total=alloc.num_blocks,
+            cached_blocks=len(cached),
+            cache_digest=digest,
+        )
+
+    def running(self) -> int:
+        """Legs in a decode batch (none on a worker that does not decode)."""
+        return 0
+
+    def publish(self) -> None:
+        if self.op.caches_prefixes:  # the router mirrors every cache it can route on
+            radix = self.engine.radix
+            if self.io.resync.is_set():  # the report stream reconnected and may have lost a delta
+                self.io.resync.clear()
+                radix.take_changes()
+                self.io.report(cache=pb.CacheDelta(inserted=sorted(h for h, _ in radix), full=True))
+            else:
+                inserted, evicted = radix.take_changes()  # O(change), not a diff of the cache
+                if inserted or evicted:
+                    self.io.report(cache=pb.CacheDelta(inserted=inserted, evicted=evicted))
+        if time.monotonic() - self._last_status > STATUS_EVERY_S:
+            self._last_status = time.monotonic()
+            self._status = self.status()
+            self.io.report(status=self._status)
+
+    def close(self) -> None:
+        self.stopping.set()
+        self.rpc.stop(grace=0.5)
+        self.io.close()

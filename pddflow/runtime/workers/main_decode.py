@@ -1,0 +1,100 @@
+"""MainDecode (and plain PD decode): adopt the cached prefix the router counted on, import the rest
+of the prompt's KV, then either decode from prefill's first token (P-MD) or extend over the
+relay's token IDs and decode to the end (P-RLD-MD)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from pddflow.core.kv_reuse import reused_blocks
+from pddflow.core.payloads import TokenIds
+from pddflow.runtime.proto import runtime_pb2 as pb
+from pddflow.runtime.workers.decoder import DecodeLeg, DecoderWorker
+from pddflow.runtime.workers.inbox import HandoffTokens, InboxItem
+
+
+@dataclass(eq=False)
+class MainLeg(DecodeLeg):
+    handoff: list[TokenIds] = field(default_factory=list)  # the relay's IDs, not yet extended
+    relay: str = ""  # the relay instance that sends them
+
+
+class MainWorker(DecoderWorker):
+    leg_type = MainLeg
+
+    def on_job(self, leg: MainLeg) -> None:
+        if leg.job.local_prefill:
+            self.compute_queue.append(leg)
+        else:
+            self.adopt_prefix(leg)
+
+    def on_input(self, leg: MainLeg, item: InboxItem) -> None:
+        if isinstance(item, HandoffTokens):
+            leg.relay = item.peer
+            leg.handoff.append(item.ids)
+            if leg.kv_ready and leg not in self.compute_queue:
+                self.compute_queue.append(leg)
+        else:
+            super().on_input(leg, item)
+
+    def adopt_prefix(self, leg: MainLeg) -> None:
+        """Take exactly the cached prefix blocks the router counted on (prefill sends the rest);
+        blocks evicted since the decision are recomputed from the prompt's token IDs."""
+        seq, bs = leg.seq, self.engine.block_size
+        blocks = reused_blocks(leg.job.main_cached_blocks, seq.num_prompt_tokens, bs)
+        if blocks == 0:
+            return
+        have = self.engine.radix.match(seq.block_hashes(bs, blocks * bs))
+        self.engine.allocator.incref(have)
+        seq.block_table, seq.num_computed = list(have), len(have) * bs
+        if len(have) < blocks:
+            self.engine.compute_to(seq, blocks * bs)
+            missing = blocks - len(have)
+            self.io.event(leg.seq_id, pb.EVENT_CACHE_MISS_RECOMPUTED, blocks=missing)
+
+    def maybe_start(self, leg: MainLeg) -> None:
+        if leg.kv_ready and not leg.decoding and leg.handoff:
+            if leg not in self.compute_queue:
+                self.compute_queue.append(leg)
+        else:
+            super().maybe_start(leg)
+
+    def starts_alone(self, leg: MainLeg) -> bool:
+        return not leg.job.relay or leg.job.singular
+
+    def compute(self, leg: MainLeg) -> None:
+        if not leg.handoff:
+            super().compute(leg)  # a local prefill
+            return
+        try:
+            self.extend(leg)
+        except Exception as exc:  # noqa: BLE001 - one request's failure must not stop the worker
+            self.fail(leg, pb.FAILURE_COMPUTE, exc)
+
+    def extend(self, leg: MainLeg) -> None:
+        """Extend over the next batch of the relay's IDs; after the final one, sample and decode."""
+        batch, seq = leg.handoff.pop(0), leg.seq
+        if batch.start != len(seq.output_ids):
+            raise RuntimeError(
+                f"handoff for {leg.seq_id} starts at {batch.start}, expected {len(seq.output_ids)}"
+            )
+        logits = self.engine.extend(seq, batch.ids)
+        self.io.event(leg.seq_id, pb.EVENT_EXTEND_DONE, tokens=len(batch.ids))
+        if batch.final and self._complete(seq):  # the relay finished it: keep the KV, emit nothing
+            self.finish(leg)
+        elif batch.final:
+            self.engine.sample(seq, logits)
+            self.emit_last(leg)
+            if seq.finished:
+                self.finish(leg)
+            else:
+                leg.decoding = True
+        elif not leg.handoff:
+            timeout = max(0.1, leg.deadline - time.monotonic())
+            self.io.release(leg.relay, leg.seq_id, timeout_s=timeout)
+
+    @staticmethod
+    def _complete(seq) -> bool:
+        out, stops = seq.output_ids, seq.sampling.stop_token_ids
+        return len(out) >= seq.sampling.max_tokens or (bool(out) and out[-1] in stops)

@@ -1,0 +1,93 @@
+"""Prefill: compute the prompt's KV and first token, then ship the KV two ways at once (PDD's
+dual-path KV): the whole prompt to the relay over RDMA, and to main decode over the WAN only the
+blocks main's radix cache lacks."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from pddflow.core.kv_reuse import reused_blocks
+from pddflow.runtime.proto import runtime_pb2 as pb
+from pddflow.runtime.workers.loop import Leg, Worker
+
+
+@dataclass(eq=False)
+class PrefillLeg(Leg):
+    queued_ms: float = 0.0  # job received -> prefill started
+    prefill_ms: float = 0.0
+    prefill_cpu_ms: float = 0.0  # wall >> CPU: the prefill waited for its core
+    cached_tokens: int = 0  # prompt tokens the prefix cache gave
+
+
+class PrefillWorker(Worker):
+    leg_type = PrefillLeg
+
+    def on_job(self, leg: PrefillLeg) -> None:
+        self.compute_queue.append(leg)
+
+    def compute(self, leg: PrefillLeg) -> None:
+        try:
+            leg.cached_tokens = self.engine.reuse_prefix(leg.seq)
+            t0, c0 = time.monotonic(), time.thread_time()
+            self.engine.prefill(leg.seq)
+            leg.queued_ms = (t0 - leg.received) * 1e3
+            leg.prefill_ms = (time.monotonic() - t0) * 1e3
+            leg.prefill_cpu_ms = (time.thread_time() - c0) * 1e3
+            self.emit_last(leg)
+            if not leg.seq.finished:  # the first token can end it: then nobody needs the KV
+                self._ship_kv(leg)
+            self.finish(leg)
+        except Exception as exc:  # noqa: BLE001 - one request's failure must not stop the worker
+            self.fail(leg, pb.FAILURE_COMPUTE, exc)
+
+    def _ship_kv(self, leg: PrefillLeg) -> None:
+        job, seq, block_bytes = leg.job, leg.seq, self.engine.block_bytes
+        targets = []
+        if job.relay:
+            targets.append((job.relay, 0))
+        if job.main and not job.singular:
+            reused = reused_blocks(
+                job.main_cached_blocks, seq.num_prompt_tokens, self.engine.block_size
+            )
+            targets.append((job.main, reused))
+        for peer, start_block in targets:
+            kind = self.io.kv_kind_to(peer)
+            timeout = max(0.1, min(leg.deadline - time.monotonic(), self.io.deadline_s(kind, peer)))
+            t0, c0 = time.monotonic(), time.thread_time()
+            kv = self.engine.export_kv(seq, start_block=start_block)
+            values = {
+                "bytes": kv.num_blocks * block_bytes,
+                "saved_bytes": start_block * block_bytes,
+                "queued_ms": leg.queued_ms,
+                "prefill_ms": leg.prefill_ms,
+                "prefill_cpu_ms": leg.prefill_cpu_ms,
+                "cached_tokens": leg.cached_tokens,
+                "export_ms": (time.monotonic() - t0) * 1e3,
+                "export_cpu_ms": (time.thread_time() - c0) * 1e3,
+            }
+            self.io.event(seq.seq_id, pb.EVENT_KV_SEND, channel=kind, peer=peer, **values)
+            sent_at = time.monotonic()
+            fut = self.io.sender(kind, peer).send_async(kv, timeout_s=timeout)
+            fut.add_done_callback(
+                lambda f, peer=peer, kind=kind, t0=sent_at, sid=seq.seq_id: self._kv_sent(
+                    sid, peer, kind, t0, f
+                )
+            )
+
+    def _kv_sent(self, seq_id: str, peer: str, kind: str, t0: float, fut: Any) -> None:
+        """On a channel thread: the send ended."""
+        exc = fut.exception()
+        if exc is not None:
+            self.io.fail(seq_id, pb.FAILURE_KV_TRANSFER, str(exc), peer=peer, channel=kind)
+            return
+        r = fut.result()
+        values = {
+            "bytes": r.bytes,
+            "seconds": time.monotonic() - t0,
+            "blocks": r.num_blocks,
+            "reconnects": r.reconnects,
+            "resent_blocks": r.resent_blocks,
+        }
+        self.io.event(seq_id, pb.EVENT_KV_SENT, channel=kind, peer=peer, **values)

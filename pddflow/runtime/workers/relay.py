@@ -1,0 +1,107 @@
+"""RelayDecode: decode as soon as the KV lands (eager tokens), and when the frontend says main's KV
+has landed, hand main the generated token IDs: one-shot (all at once, then stop) or catch-up
+(batches while decoding, stop when main says it has caught up)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from pddflow.core.payloads import TokenIds
+from pddflow.runtime.proto import runtime_pb2 as pb
+from pddflow.runtime.workers.decoder import DecodeLeg, DecoderWorker
+from pddflow.runtime.workers.inbox import (
+    CaughtUp,
+    HandoffDelivered,
+    HandoffRequested,
+    HandoffUndeliverable,
+    InboxItem,
+)
+
+
+@dataclass(eq=False)
+class RelayLeg(DecodeLeg):
+    handing_off: pb.HandoffMode.ValueType = pb.HANDOFF_NONE
+    pending_handoff: pb.HandoffMode.ValueType = pb.HANDOFF_NONE  # asked before decoding began
+    sent_upto: int = 0  # output tokens already handed to main
+    caught_up: bool = False
+
+
+class RelayWorker(DecoderWorker):
+    leg_type = RelayLeg
+
+    def on_input(self, leg: RelayLeg, item: InboxItem) -> None:
+        if isinstance(item, HandoffRequested):
+            self.start_handoff(leg, item.mode)
+        elif isinstance(item, CaughtUp):
+            leg.caught_up = True
+            if leg.handing_off == pb.HANDOFF_CATCH_UP and leg.decoding:
+                leg.decoding = False
+                self.send_ids(leg, final=True)
+        elif isinstance(item, HandoffDelivered):
+            self.finish(leg, reason="handed off")
+        elif isinstance(item, HandoffUndeliverable):
+            self.keep_decoding(leg)
+        else:
+            super().on_input(leg, item)
+
+    def started(self, leg: RelayLeg) -> None:
+        if leg.pending_handoff:
+            self.start_handoff(leg, leg.pending_handoff)
+
+    def after_token(self, leg: RelayLeg) -> None:
+        unsent = len(leg.seq.output_ids) - leg.sent_upto
+        catching_up = leg.handing_off == pb.HANDOFF_CATCH_UP and not leg.caught_up
+        if catching_up and unsent >= max(1, leg.job.catch_up_tokens):
+            self.send_ids(leg, final=False)
+
+    def on_finished(self, leg: RelayLeg) -> None:
+        """Finished before handing off: main still gets every ID, so its radix cache stays aligned
+        with prefill's (both PDD pipelines end at main)."""
+        if leg.job.main and not leg.job.singular:
+            try:
+                self.send_ids(leg, final=True)
+            except Exception as exc:  # noqa: BLE001 - the request is done; main misses a turn
+                self.io.fail(leg.seq_id, pb.FAILURE_HANDOFF, str(exc))
+
+    # ---- the Extend-Decode handoff -----------------------------------------------------------
+    def start_handoff(self, leg: RelayLeg, mode: pb.HandoffMode.ValueType) -> None:
+        if not leg.decoding:  # main's KV landed before the relay's: hand over once it decodes
+            leg.pending_handoff = mode
+            return
+        leg.handing_off = mode
+        try:
+            if mode == pb.HANDOFF_ONE_SHOT:
+                leg.decoding = False
+                self.send_ids(leg, final=True)
+            else:
+                self.send_ids(leg, final=False)
+        except Exception as exc:  # noqa: BLE001 - main unreachable: the relay keeps decoding
+            self.keep_decoding(leg)
+            self.io.fail(leg.seq_id, pb.FAILURE_HANDOFF, str(exc))
+
+    def keep_decoding(self, leg: RelayLeg) -> None:
+        leg.handing_off, leg.decoding = pb.HANDOFF_NONE, not leg.seq.finished
+
+    def send_ids(self, leg: RelayLeg, final: bool) -> None:
+        if leg.seq.finished and not final:
+            return
+        ids = leg.seq.output_ids[leg.sent_upto :]
+        msg = TokenIds(leg.seq_id, leg.sent_upto, list(ids), final=final)
+        leg.sent_upto += len(ids)
+        main = self.io.sender("token_ids", leg.job.main)
+        fut = main.send_async(msg, timeout_s=max(0.1, leg.deadline - time.monotonic()))
+        kind = pb.EVENT_HANDOFF_SENT if final else pb.EVENT_CATCH_UP_SENT
+        self.io.event(leg.seq_id, kind, tokens=len(ids), start=msg.start)
+        if final:
+            fut.add_done_callback(lambda f, seq_id=leg.seq_id: self._delivered(seq_id, f))
+
+    def _delivered(self, seq_id: str, fut: Any) -> None:
+        """On a channel thread: the final batch reached main, or main is gone (declared fallback:
+        the relay finishes the request itself)."""
+        if fut.exception() is None:
+            self.inbox.put(HandoffDelivered(seq_id))
+        else:
+            self.io.fail(seq_id, pb.FAILURE_HANDOFF, str(fut.exception()))
+            self.inbox.put(HandoffUndeliverable(seq_id))
