@@ -6,8 +6,7 @@
     emulation    shapes a real channel with the graph's LinkModel (both ends on one machine)
 
 The names below load lazily, so `import pddflow.channels` does not pull in pyarrow or grpc. See
-docs/channels.md for wire formats, options and the API the runtime uses; `registry.TRANSPORTS`
-maps the channel kinds of `pddflow.core.channel_kinds` to their implementations.
+docs/channels.md for wire formats, options and the API the runtime uses.
 """
 
 from __future__ import annotations
@@ -43,8 +42,6 @@ _EXPORTS = {
     "TokenIdsParams": "token_ids",
     "TokenIdsClient": "token_ids",
     "TokenIdsServer": "token_ids",
-    "TRANSPORTS": "registry",
-    "ChannelTransport": "registry",
 }
 
 __all__ = sorted(_EXPORTS)
