@@ -194,7 +194,7 @@ class WanFlightReceiver:
             # gRPC allocates each message's receive buffers with malloc and frees them once the batch
             # has landed; with glibc's default thresholds those MBs go back to the kernel and every
             # batch page-faults them in again (a third of the receiver's CPU here). Process-wide.
-            from pddflow.operators.host_memory import keep_freed_memory
+            from pddflow.core.host_memory import keep_freed_memory
 
             keep_freed_memory()
         self._lock = threading.Lock()
