@@ -83,7 +83,6 @@ _RING = struct.Struct(
 _DIRECT_PIECE = 8 << 20  # direct writes go in pieces: deadline and cancel checks between them
 
 Alloc = Callable[[str, int, KVLayout], Any]
-Fault = Callable[[int, np.ndarray], "np.ndarray | None"]
 
 
 @dataclass(frozen=True)
@@ -463,11 +462,9 @@ class RdmaTensorSender:
         address: str,
         *,
         params: RdmaTensorParams = RdmaTensorParams(),
-        fault: Fault | None = None,
     ):
         self.address = address
         self.params = params
-        self._fault = fault  # tests: may return a corrupted copy of a piece before it is written
         self._lock = threading.Lock()
         self._frames: Frames | None = None
         self._ring: RegionWriter | None = None
@@ -654,7 +651,7 @@ class RdmaTensorSender:
         try:
             while True:
                 piece_max = _DIRECT_PIECE if direct else self._slot_bytes
-                for first_block, lo, hi in _pieces(todo, bb, piece_max):
+                for lo, hi in _pieces(todo, bb, piece_max):
                     if self._abort.is_set():
                         frames.send(
                             CANCEL,
@@ -664,16 +661,7 @@ class RdmaTensorSender:
                         )
                         raise ChannelCancelled(f"{dl.what}: cancelled by sender")
                     dl.check("writing KV")
-                    piece = flat[lo:hi]
-                    if self._fault is not None:
-                        bad = self._fault(first_block, piece)
-                        piece = piece if bad is None else bad
-                    if direct:
-                        self._arena.write_at(place + lo, piece, dl)  # type: ignore[union-attr]
-                    else:
-                        slot = self._take_slot(dl)
-                        self._ring.write_at(slot * self._slot_bytes, piece, dl)
-                        frames.send(CHUNK, _CHUNK.pack(slot, lo, hi - lo))
+                    self._write_piece(lo, flat[lo:hi], place if direct else None, dl)
                 frames.send(END)
                 ack = pb.KVAck.FromString(
                     self._expect(RESULT, dl, "waiting for the receiver to confirm")
@@ -696,6 +684,16 @@ class RdmaTensorSender:
         finally:
             for w in writers:
                 w.end()
+
+    def _write_piece(self, offset: int, piece: np.ndarray, place: int | None, dl: Deadline) -> None:
+        """Bytes [offset, offset + len(piece)) of the set: straight into the arena region at
+        `place`, or (place None) through a free ring slot that the receiver copies out."""
+        if place is not None:
+            self._arena.write_at(place + offset, piece, dl)  # type: ignore[union-attr]
+            return
+        slot = self._take_slot(dl)
+        self._ring.write_at(slot * self._slot_bytes, piece, dl)  # type: ignore[union-attr]
+        self._frames.send(CHUNK, _CHUNK.pack(slot, offset, piece.shape[0]))  # type: ignore[union-attr]
 
     def _take_slot(self, dl: Deadline) -> int:
         while not self._free:
@@ -723,8 +721,8 @@ class RdmaTensorSender:
         return kind, body
 
 
-def _pieces(blocks: list[int], block_bytes: int, max_bytes: int) -> Iterator[tuple[int, int, int]]:
-    """(first block, byte lo, byte hi) pieces of at most max_bytes over runs of consecutive blocks."""
+def _pieces(blocks: list[int], block_bytes: int, max_bytes: int) -> Iterator[tuple[int, int]]:
+    """(byte lo, byte hi) pieces of at most max_bytes over runs of consecutive blocks."""
     i = 0
     while i < len(blocks):
         j = i
@@ -733,6 +731,6 @@ def _pieces(blocks: list[int], block_bytes: int, max_bytes: int) -> Iterator[tup
         lo, end = blocks[i] * block_bytes, (blocks[j] + 1) * block_bytes
         while lo < end:
             hi = min(end, lo + max_bytes)
-            yield lo // block_bytes, lo, hi
+            yield lo, hi
             lo = hi
         i = j + 1

@@ -8,9 +8,9 @@ import pytest
 from pddflow.channels.deadline import Deadline
 from pddflow.channels.emulation import EmulatedLink, link_from_params
 from pddflow.channels.errors import ChannelTimeout
-from pddflow.channels.peer import PeerProcess
 from pddflow.channels.wan_flight import WanFlightParams, WanFlightSender
 from pddflow.core.link import Jitter, LinkModel
+from pddflow.testing.peer import PeerProcess
 
 
 class FakeClock:

@@ -20,9 +20,10 @@ from pddflow.channels.errors import (
     ChannelError,
     ChannelTimeout,
 )
-from pddflow.channels.peer import PeerProcess
 from pddflow.channels.rdma_nixl import NixlTransport
 from pddflow.channels.rdma_tensor import RdmaTensorParams, RdmaTensorReceiver, RdmaTensorSender
+from pddflow.testing.faults import FaultyKVSender
+from pddflow.testing.peer import PeerProcess
 
 
 @pytest.fixture(scope="module")
@@ -76,15 +77,15 @@ def test_corrupt_block_is_detected_and_resent(rx_proc, kv_factory, same_kv):
     kv = kv_factory("rdma-corrupt", num_blocks=12, torch_dtype=None)
     hit = []
 
-    def fault(first_block: int, piece: np.ndarray):
-        if first_block == 0 and not hit:  # corrupt the first write once, in transit
+    def fault(offset: int, piece: np.ndarray):
+        if offset == 0 and not hit:  # corrupt the first write once, in transit
             hit.append(1)
             bad = piece.copy()
             bad[1000] ^= 0x40
             return bad
         return None
 
-    with RdmaTensorSender(
+    with FaultyKVSender(
         rx_proc.address, params=RdmaTensorParams(checksum="xsum64"), fault=fault
     ) as tx:
         report = tx.send(kv, timeout_s=20)
@@ -96,13 +97,13 @@ def test_block_that_stays_corrupt_fails_after_retries(direct_rx, kv_factory):
     rx_proc = direct_rx
     kv = kv_factory("rdma-hopeless", num_blocks=3, torch_dtype=None)
 
-    def always(first_block: int, piece: np.ndarray):
+    def always(offset: int, piece: np.ndarray):
         bad = piece.copy()
         bad[0] ^= 1
         return bad
 
     params = RdmaTensorParams(checksum="crc32", max_block_retries=2)
-    with RdmaTensorSender(rx_proc.address, params=params, fault=always) as tx:
+    with FaultyKVSender(rx_proc.address, params=params, fault=always) as tx:
         with pytest.raises(ChannelCorrupt) as err:
             tx.send(kv, timeout_s=20)
     assert err.value.bad_blocks
@@ -139,15 +140,17 @@ def test_receiver_killed_mid_transfer_is_reported(kv_factory):
     with PeerProcess(
         "rdma-recv", "--ring-slots", "2", "--slot-mb", "0.016", "--arena-mb", "0"
     ) as rx:
+        writes = []
 
-        def kill_on_fifth(first_block: int, piece: np.ndarray):
-            if first_block == 4:  # mid-transfer: after four 16 KiB ring slots went through
+        def kill_on_fifth(offset: int, piece: np.ndarray):
+            writes.append(offset)
+            if len(writes) == 5:  # mid-transfer: after four 16 KiB ring slots went through
                 os.kill(rx.pid, signal.SIGKILL)
                 rx.proc.wait(10)
             return None
 
         params = RdmaTensorParams(slot_mb=0.016)
-        with RdmaTensorSender(rx.address, params=params, fault=kill_on_fifth) as tx:
+        with FaultyKVSender(rx.address, params=params, fault=kill_on_fifth) as tx:
             with pytest.raises((ChannelClosed, ChannelTimeout)):
                 tx.send(kv, timeout_s=10)
 
@@ -190,12 +193,12 @@ def test_cancelled_set_keeps_its_arena_region_until_the_sender_stops(kv_factory)
         full = rx.arena_free_bytes()
         seen = []
 
-        def cancel_mid_write(first_block: int, piece: np.ndarray):
+        def cancel_mid_write(offset: int, piece: np.ndarray):
             rx.cancel("rdma-cancel-mid", reason="pair failed")
             seen.append(rx.arena_free_bytes())  # the writer is about to write: still reserved
             return None
 
-        with RdmaTensorSender(rx.address, params=params, fault=cancel_mid_write) as tx:
+        with FaultyKVSender(rx.address, params=params, fault=cancel_mid_write) as tx:
             with pytest.raises(ChannelCancelled, match="pair failed"):
                 tx.send(kv, timeout_s=10)
         assert seen == [full - (128 << 10)]

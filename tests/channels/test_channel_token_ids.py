@@ -10,11 +10,12 @@ import pytest
 
 from pddflow.channels.codec_tokens import Control, ControlKind
 from pddflow.channels.errors import ChannelAuthError, ChannelTimeout
-from pddflow.channels.peer import PeerProcess
-from pddflow.channels.tcpproxy import BlackHole, TcpProxy
+from pddflow.channels.link_relay import LinkRelay
 from pddflow.channels.token_ids import TokenIdsClient, TokenIdsParams, TokenIdsServer
 from pddflow.core.link import Jitter, LinkModel
 from pddflow.core.payloads import TokenIds
+from pddflow.testing.faults import BlackHole
+from pddflow.testing.peer import PeerProcess
 
 TOKEN = "s3cret-token"
 
@@ -75,21 +76,21 @@ def test_dropped_connection_reconnects_and_resends_exactly_once():
     with PeerProcess("tok-server") as srv:
         host, port = srv.address.split(":")
         with (
-            TcpProxy((host, int(port))) as proxy,
+            LinkRelay((host, int(port))) as relay,
             TokenIdsClient(
-                proxy.address, params=TokenIdsParams(deadline_s=30), name="relay-1"
+                relay.address, params=TokenIdsParams(deadline_s=30), name="relay-1"
             ) as cli,
         ):
             futs = [cli.send_async(TokenIds("s", i, [1000 + i]), timeout_s=30) for i in range(150)]
             while sum(f.done() for f in futs) < 40:
                 time.sleep(0.001)
-            proxy.drop_all()  # the link flaps with messages in flight
+            relay.drop_all()  # the link flaps with messages in flight
             futs += [
                 cli.send_async(TokenIds("s", i, [1000 + i]), timeout_s=30) for i in range(150, 300)
             ]
             for f in futs:
                 f.result(timeout=40)
-            assert proxy.stats.connections >= 2
+            assert relay.stats.connections >= 2
         starts = [m["tokens"]["start"] for m in _drain(srv, 300)]
     assert starts == list(range(300))  # every message once, in order, despite resends
 

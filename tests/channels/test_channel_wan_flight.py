@@ -8,9 +8,10 @@ import time
 import pytest
 
 from pddflow.channels.errors import ChannelAuthError, ChannelCancelled, ChannelError, ChannelTimeout
-from pddflow.channels.peer import PeerProcess
-from pddflow.channels.tcpproxy import BlackHole, TcpProxy
+from pddflow.channels.link_relay import LinkRelay
 from pddflow.channels.wan_flight import WanFlightParams, WanFlightReceiver, WanFlightSender
+from pddflow.testing.faults import BlackHole, FaultyRelay
+from pddflow.testing.peer import PeerProcess
 
 TOKEN = "s3cret-token"
 MARKER = b"PDD!MARK"
@@ -75,24 +76,25 @@ def test_connection_killed_mid_transfer_resumes(plain_rx, kv_factory, same_kv):
     kv = kv_factory("resume", num_blocks=256, torch_dtype=None)  # 4 MiB in 16 KiB blocks
     total = _kv_bytes(kv)
     host, port = plain_rx.address.removeprefix("grpc://").split(":")
-    with TcpProxy((host, int(port)), kill_after_up_bytes=int(total * 0.6)) as proxy:
+    with LinkRelay((host, int(port))) as relay:
+        relay.cut(0, after_bytes=int(total * 0.6))
         params = WanFlightParams(streams=2, max_batch_bytes=64 << 10)
-        with WanFlightSender(f"grpc://{proxy.address}", params=params) as tx:
+        with WanFlightSender(f"grpc://{relay.address}", params=params) as tx:
             report = tx.send(kv, timeout_s=60)
-        assert proxy.stats.kills == 1 and report.reconnects >= 1
+        assert relay.stats.cuts == 1 and report.reconnects >= 1
         # resumed, not restarted: well under the 1.6x a restart from block 0 would move
-        assert proxy.stats.up_bytes < 1.45 * total
+        assert relay.stats.up_bytes < 1.45 * total
     same_kv(kv, plain_rx.line(10)["kv"])
 
 
 def test_corrupt_block_is_detected_and_resent(plain_rx, kv_factory, same_kv):
     kv = kv_factory("corrupt", num_blocks=32, torch_dtype=None, marker=MARKER, marker_block=9)
     host, port = plain_rx.address.removeprefix("grpc://").split(":")
-    with TcpProxy((host, int(port)), corrupt_marker=MARKER) as proxy:
+    with FaultyRelay((host, int(port)), corrupt_marker=MARKER) as relay:
         params = WanFlightParams(streams=1, max_batch_bytes=64 << 10)
-        with WanFlightSender(f"grpc://{proxy.address}", params=params) as tx:
+        with WanFlightSender(f"grpc://{relay.address}", params=params) as tx:
             report = tx.send(kv, timeout_s=30)
-        assert proxy.stats.corruptions == 1
+        assert relay.corruptions == 1
     assert report.resent_blocks == 1  # block 9, rejected by its CRC, sent again
     same_kv(kv, plain_rx.line(10)["kv"])  # and what landed is the original
 
@@ -100,13 +102,13 @@ def test_corrupt_block_is_detected_and_resent(plain_rx, kv_factory, same_kv):
 def test_parallel_streams_use_separate_connections(plain_rx, kv_factory, same_kv):
     kv = kv_factory("streams", num_blocks=128, torch_dtype=None)  # 2 MiB in 32 runs of 64 KiB
     host, port = plain_rx.address.removeprefix("grpc://").split(":")
-    with TcpProxy((host, int(port))) as proxy:
+    with LinkRelay((host, int(port))) as relay:
         params = WanFlightParams(streams=4, max_batch_bytes=64 << 10)
-        with WanFlightSender(f"grpc://{proxy.address}", params=params) as tx:
+        with WanFlightSender(f"grpc://{relay.address}", params=params) as tx:
             tx.connect(timeout_s=10)
             tx.send(kv, timeout_s=30)
-        assert proxy.stats.connections >= 4  # one TCP connection per stream
-        carried = [n for n in proxy.stats.per_connection_up if n > 64 << 10]
+        assert relay.stats.connections >= 4  # one TCP connection per stream
+        carried = [n for n in relay.stats.per_connection_up if n > 64 << 10]
         assert len(carried) >= 2  # and the blocks really went over several of them
     same_kv(kv, plain_rx.line(10)["kv"])
 
@@ -115,12 +117,12 @@ def test_slow_stream_takes_less_work(plain_rx, kv_factory, same_kv):
     """Streams pull runs from a shared queue: a throttled connection carries well under its 1/4."""
     kv = kv_factory("slow-path", num_blocks=256, torch_dtype=None)  # 4 MiB in 64 runs of 64 KiB
     host, port = plain_rx.address.removeprefix("grpc://").split(":")
-    with TcpProxy((host, int(port)), throttle={0: 1 << 20}) as proxy:  # connection 0: 1 MiB/s
+    with FaultyRelay((host, int(port)), throttle={0: 1 << 20}) as relay:  # connection 0: 1 MiB/s
         params = WanFlightParams(streams=4, max_batch_bytes=64 << 10)
-        with WanFlightSender(f"grpc://{proxy.address}", params=params, ack_window=2) as tx:
+        with WanFlightSender(f"grpc://{relay.address}", params=params, ack_window=2) as tx:
             tx.connect(timeout_s=10)
             tx.send(kv, timeout_s=60)
-        share = proxy.stats.per_connection_up[0] / sum(proxy.stats.per_connection_up)
+        share = relay.stats.per_connection_up[0] / sum(relay.stats.per_connection_up)
     assert share < 0.15, share
     same_kv(kv, plain_rx.line(10)["kv"])
 
