@@ -116,11 +116,11 @@ def rdma_tensor_runner(
     stack: ExitStack, kv: Any, ring_slots: int, slot_mb: float, direct: bool
 ) -> Callable[[], float]:
     """direct: the receiver's landing arena (the default); else the ring into a warm destination."""
-    from pddflow.channels.rdma_tensor import RdmaTensorParams, RdmaTensorSender
+    from pddflow.channels.shm_kv import SharedMemoryKVParams, SharedMemoryKVSender
     from pddflow.testing.peer import PeerProcess
 
     arena_mb = max(512.0, 2 * kv.data.nbytes / (1 << 20)) if direct else 0.0
-    params = RdmaTensorParams(
+    params = SharedMemoryKVParams(
         ring_slots=ring_slots, slot_mb=slot_mb, arena_mb=arena_mb, deadline_s=600
     )
     args = [
@@ -133,7 +133,7 @@ def rdma_tensor_runner(
         str(arena_mb),
     ]
     rx = stack.enter_context(PeerProcess("rdma-recv", *args, *([] if direct else ["--reuse-dest"])))
-    tx = stack.enter_context(RdmaTensorSender(rx.address, params=params))
+    tx = stack.enter_context(SharedMemoryKVSender(rx.address, params=params))
 
     def run() -> float:
         report = tx.send(kv, timeout_s=600)

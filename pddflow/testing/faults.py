@@ -18,15 +18,19 @@ import numpy as np
 
 from pddflow.channels.deadline import Deadline
 from pddflow.channels.link_relay import LinkRelay
-from pddflow.channels.rdma_tensor import RdmaTensorParams, RdmaTensorSender
+from pddflow.channels.shm_kv import SharedMemoryKVParams, SharedMemoryKVSender
 
 # (byte offset of the piece in the KV set, the piece) -> a piece to write instead, or None
 WriteFault = Callable[[int, np.ndarray], "np.ndarray | None"]
 
 
-class FaultyKVSender(RdmaTensorSender):
+class FaultyKVSender(SharedMemoryKVSender):
     def __init__(
-        self, address: str, *, fault: WriteFault, params: RdmaTensorParams = RdmaTensorParams()
+        self,
+        address: str,
+        *,
+        fault: WriteFault,
+        params: SharedMemoryKVParams = SharedMemoryKVParams(),
     ):
         super().__init__(address, params=params)
         self._fault = fault

@@ -141,12 +141,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         _serve_receiver(rx, rx.location, args, stop)
     elif args.role == "rdma-recv":
-        from pddflow.channels.rdma_tensor import RdmaTensorParams, RdmaTensorReceiver
+        from pddflow.channels.shm_kv import SharedMemoryKVParams, SharedMemoryKVReceiver
 
-        params = RdmaTensorParams(
+        params = SharedMemoryKVParams(
             ring_slots=args.ring_slots, slot_mb=args.slot_mb, arena_mb=args.arena_mb
         )
-        rx = RdmaTensorReceiver(params=params, alloc=_ReusedDest() if args.reuse_dest else None)
+        rx = SharedMemoryKVReceiver(params=params, alloc=_ReusedDest() if args.reuse_dest else None)
         _serve_receiver(rx, rx.address, args, stop)
     elif args.role == "tok-server":
         from pddflow.channels.codec_tokens import Control

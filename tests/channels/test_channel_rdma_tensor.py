@@ -20,8 +20,12 @@ from pddflow.channels.errors import (
     ChannelError,
     ChannelTimeout,
 )
-from pddflow.channels.rdma_nixl import NixlTransport
-from pddflow.channels.rdma_tensor import RdmaTensorParams, RdmaTensorReceiver, RdmaTensorSender
+from pddflow.channels.nixl_region import NixlBackend
+from pddflow.channels.shm_kv import (
+    SharedMemoryKVParams,
+    SharedMemoryKVReceiver,
+    SharedMemoryKVSender,
+)
 from pddflow.testing.faults import FaultyKVSender
 from pddflow.testing.peer import PeerProcess
 
@@ -51,7 +55,7 @@ def test_round_trip_between_processes_is_bit_exact(
 ):
     rx, mode = rx_proc
     kv = kv_factory(f"rdma-{torch_dtype}", num_blocks=30, torch_dtype=torch_dtype)
-    with RdmaTensorSender(rx.address) as tx:
+    with SharedMemoryKVSender(rx.address) as tx:
         report = tx.send(kv, timeout_s=20)
         assert report.num_blocks == 30 and tx.last_mode == mode
         same_kv(kv, rx.line(10)["kv"])
@@ -67,7 +71,7 @@ def test_ring_slots_smaller_than_a_block(kv_factory, same_kv):
     with PeerProcess(
         "rdma-recv", "--ring-slots", "3", "--slot-mb", "0.01", "--arena-mb", "0"
     ) as rx:
-        with RdmaTensorSender(rx.address) as tx:
+        with SharedMemoryKVSender(rx.address) as tx:
             tx.send(kv, timeout_s=20)
         same_kv(kv, rx.line(10)["kv"])
 
@@ -86,7 +90,7 @@ def test_corrupt_block_is_detected_and_resent(rx_proc, kv_factory, same_kv):
         return None
 
     with FaultyKVSender(
-        rx_proc.address, params=RdmaTensorParams(checksum="xsum64"), fault=fault
+        rx_proc.address, params=SharedMemoryKVParams(checksum="xsum64"), fault=fault
     ) as tx:
         report = tx.send(kv, timeout_s=20)
     assert hit and report.resent_blocks == 1
@@ -102,7 +106,7 @@ def test_block_that_stays_corrupt_fails_after_retries(direct_rx, kv_factory):
         bad[0] ^= 1
         return bad
 
-    params = RdmaTensorParams(checksum="crc32", max_block_retries=2)
+    params = SharedMemoryKVParams(checksum="crc32", max_block_retries=2)
     with FaultyKVSender(rx_proc.address, params=params, fault=always) as tx:
         with pytest.raises(ChannelCorrupt) as err:
             tx.send(kv, timeout_s=20)
@@ -112,7 +116,7 @@ def test_block_that_stays_corrupt_fails_after_retries(direct_rx, kv_factory):
 def test_stopped_receiver_fails_at_deadline(kv_factory, fails_at_deadline_while_stopped):
     kv = kv_factory(num_blocks=64, torch_dtype=None)  # 1 MiB through a 2 x 16 KiB ring
     with PeerProcess("rdma-recv", "--ring-slots", "2", "--slot-mb", "0.016") as rx:
-        with RdmaTensorSender(rx.address) as tx:
+        with SharedMemoryKVSender(rx.address) as tx:
             tx.send(
                 kv_factory("warm", num_blocks=1, torch_dtype=None), timeout_s=20
             )  # connected, healthy
@@ -126,7 +130,7 @@ def test_silent_peer_fails_at_deadline(kv_factory):
     hole.bind("\0" + name)
     hole.listen(4)  # accepts into the backlog, never answers
     try:
-        with RdmaTensorSender(f"unix:@{name}") as tx:
+        with SharedMemoryKVSender(f"unix:@{name}") as tx:
             t0 = time.monotonic()
             with pytest.raises(ChannelTimeout):
                 tx.send(kv_factory(num_blocks=2), timeout_s=1.0)
@@ -149,7 +153,7 @@ def test_receiver_killed_mid_transfer_is_reported(kv_factory):
                 rx.proc.wait(10)
             return None
 
-        params = RdmaTensorParams(slot_mb=0.016)
+        params = SharedMemoryKVParams(slot_mb=0.016)
         with FaultyKVSender(rx.address, params=params, fault=kill_on_fifth) as tx:
             with pytest.raises((ChannelClosed, ChannelTimeout)):
                 tx.send(kv, timeout_s=10)
@@ -157,7 +161,7 @@ def test_receiver_killed_mid_transfer_is_reported(kv_factory):
 
 def test_receiver_cancel_refuses_the_set(kv_factory):
     kv = kv_factory("rdma-cancel", num_blocks=4, torch_dtype=None)
-    with RdmaTensorReceiver() as rx, RdmaTensorSender(rx.address) as tx:
+    with SharedMemoryKVReceiver() as rx, SharedMemoryKVSender(rx.address) as tx:
         rx.cancel("rdma-cancel", reason="request moved")
         with pytest.raises(ChannelCancelled, match="request moved"):
             tx.send(kv, timeout_s=10)
@@ -169,8 +173,11 @@ def test_receiver_cancel_refuses_the_set(kv_factory):
 
 def test_arena_memory_returns_when_the_tensor_is_dropped(kv_factory):
     kv = kv_factory("rdma-arena", num_blocks=8, torch_dtype="bfloat16")  # 128 KiB
-    params = RdmaTensorParams(arena_mb=1)
-    with RdmaTensorReceiver(params=params) as rx, RdmaTensorSender(rx.address, params=params) as tx:
+    params = SharedMemoryKVParams(arena_mb=1)
+    with (
+        SharedMemoryKVReceiver(params=params) as rx,
+        SharedMemoryKVSender(rx.address, params=params) as tx,
+    ):
         full = rx.arena_free_bytes()
         tx.send(kv, timeout_s=10)
         got = rx.recv("rdma-arena", timeout_s=5)
@@ -188,8 +195,8 @@ def test_arena_memory_returns_when_the_tensor_is_dropped(kv_factory):
 def test_cancelled_set_keeps_its_arena_region_until_the_sender_stops(kv_factory):
     """A region the sender is still writing into must not go to another set, even after cancel."""
     kv = kv_factory("rdma-cancel-mid", num_blocks=8, torch_dtype=None)  # 128 KiB
-    params = RdmaTensorParams(arena_mb=1)
-    with RdmaTensorReceiver(params=params) as rx:
+    params = SharedMemoryKVParams(arena_mb=1)
+    with SharedMemoryKVReceiver(params=params) as rx:
         full = rx.arena_free_bytes()
         seen = []
 
@@ -209,8 +216,11 @@ def test_cancelled_set_keeps_its_arena_region_until_the_sender_stops(kv_factory)
 
 
 def test_full_arena_falls_back_to_the_ring(kv_factory):
-    params = RdmaTensorParams(arena_mb=0.25)  # 256 KiB
-    with RdmaTensorReceiver(params=params) as rx, RdmaTensorSender(rx.address, params=params) as tx:
+    params = SharedMemoryKVParams(arena_mb=0.25)  # 256 KiB
+    with (
+        SharedMemoryKVReceiver(params=params) as rx,
+        SharedMemoryKVSender(rx.address, params=params) as tx,
+    ):
         held = []
         for i in range(3):  # 3 x 128 KiB, kept by the worker: the third no longer fits
             kv = kv_factory(f"hold-{i}", num_blocks=8, torch_dtype=None, seed=i)
@@ -221,23 +231,23 @@ def test_full_arena_falls_back_to_the_ring(kv_factory):
 
 
 def test_recv_has_a_deadline():
-    with RdmaTensorReceiver() as rx:
+    with SharedMemoryKVReceiver() as rx:
         with pytest.raises(ChannelTimeout):
             rx.recv(timeout_s=0.2)
 
 
 def test_unknown_transport_lists_valid_names():
     with pytest.raises(ChannelError, match="valid: auto, nixl, shm"):
-        RdmaTensorReceiver(params=RdmaTensorParams(transport="verbs"))
+        SharedMemoryKVReceiver(params=SharedMemoryKVParams(transport="verbs"))
 
 
-@pytest.mark.skipif(not NixlTransport.available(), reason="NIXL is not installed here")
+@pytest.mark.skipif(not NixlBackend.available(), reason="NIXL is not installed here")
 def test_nixl_transport_round_trip(kv_factory):
     kv = kv_factory("nixl", num_blocks=8, torch_dtype=None)
-    params = RdmaTensorParams(transport="nixl")
+    params = SharedMemoryKVParams(transport="nixl")
     with (
-        RdmaTensorReceiver("tcp:127.0.0.1:0", params=params) as rx,
-        RdmaTensorSender(rx.address, params=params) as tx,
+        SharedMemoryKVReceiver("tcp:127.0.0.1:0", params=params) as rx,
+        SharedMemoryKVSender(rx.address, params=params) as tx,
     ):
         tx.send(kv, timeout_s=30)
         out = rx.recv("nixl", timeout_s=10)
