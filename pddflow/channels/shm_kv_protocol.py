@@ -34,8 +34,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
-from pddflow.channels.codec_kv import check_algorithm
 from pddflow.channels.errors import ChannelError
+from pddflow.channels.kv_checksum import check_algorithm
 from pddflow.channels.memory_region import RegionBackend
 from pddflow.channels.nixl_region import NixlBackend
 from pddflow.channels.shm_region import SharedMemoryBackend

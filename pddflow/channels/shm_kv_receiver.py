@@ -16,11 +16,12 @@ from typing import Any
 
 import numpy as np
 
-from pddflow.channels.codec_kv import KVLanding, KVLayout
 from pddflow.channels.control_socket import ControlSocket, close_fds, format_address, parse_address
 from pddflow.channels.deadline import Deadline
 from pddflow.channels.errors import ChannelClosed, ChannelError, ChannelTimeout
 from pddflow.channels.inbox import Inbox
+from pddflow.channels.kv_landing import KVLanding
+from pddflow.channels.kv_layout import KVLayout
 from pddflow.channels.memory_region import Region
 from pddflow.channels.proto import pddflow_pb2 as pb
 from pddflow.channels.shm_kv_protocol import (

@@ -37,14 +37,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.flight as fl
 
-from pddflow.channels.codec_kv import (
-    BatchBlocks,
-    KVLanding,
-    KVLayout,
-    KVSource,
-    bitmap_indices,
-    check_algorithm,
-)
+from pddflow.channels.codec_kv import BatchBlocks, KVSource
 from pddflow.channels.deadline import Deadline
 from pddflow.channels.emulation import EmulatedLink
 from pddflow.channels.errors import (
@@ -56,6 +49,9 @@ from pddflow.channels.errors import (
     ChannelTimeout,
 )
 from pddflow.channels.inbox import Inbox
+from pddflow.channels.kv_checksum import check_algorithm
+from pddflow.channels.kv_landing import KVLanding, bitmap_indices
+from pddflow.channels.kv_layout import KVLayout
 from pddflow.channels.proto import pddflow_pb2 as pb
 from pddflow.channels.security import AUTH_HEADER, TLSConfig, bearer, check_bearer
 from pddflow.channels.transfer import TransferReport

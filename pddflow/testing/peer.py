@@ -37,7 +37,7 @@ def _emit(obj: dict) -> None:
 
 def kv_digest(kv: Any) -> dict:
     """What a test compares on both sides: bytes, hashes, token range, dtype, shape."""
-    from pddflow.channels.codec_kv import block_rows
+    from pddflow.channels.kv_layout import block_rows
 
     rows = block_rows(kv.data)
     return {
@@ -66,7 +66,7 @@ class _ReusedDest:
             or tuple(self.buf.shape[1:]) != layout.block_shape
         ):
             self.buf = layout.empty(num_blocks)
-            from pddflow.channels.codec_kv import block_rows
+            from pddflow.channels.kv_layout import block_rows
 
             block_rows(self.buf).fill(0)  # touch every page now, like a cache allocated at startup
         return self.buf[:num_blocks]
