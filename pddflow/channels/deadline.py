@@ -10,9 +10,9 @@ from pddflow.channels.errors import ChannelTimeout
 
 
 class Deadline:
-    """An absolute `time.monotonic()` instant. `Deadline.of(timeout_s, deadline)` picks the earlier of
-    a relative timeout and an absolute deadline (e.g. `Request.deadline_s`); both None is refused:
-    there is no infinite wait in this package."""
+    """An absolute `time.monotonic()` instant. `Deadline.of(timeout_s, deadline)` picks the earlier
+    of a relative timeout and an absolute deadline (e.g. `Request.deadline_s`); both None is
+    refused: there is no infinite wait in this package."""
 
     __slots__ = ("at", "what")
 
