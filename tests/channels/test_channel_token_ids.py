@@ -39,6 +39,7 @@ def _drain(peer: PeerProcess, n: int) -> list[dict]:
     return [peer.line(10) for _ in range(n)]
 
 
+@pytest.mark.slow
 def test_handoffs_arrive_in_order_with_acks_over_tls(secure_srv, tls_dir, no_pickle):
     params = TokenIdsParams(token=TOKEN, tls=tls_dir)
     with TokenIdsClient(secure_srv.address, params=params, name="relay-0") as cli:
@@ -63,6 +64,7 @@ def test_handoffs_arrive_in_order_with_acks_over_tls(secure_srv, tls_dir, no_pic
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "token, expect", [(None, "missing bearer token"), ("guess", "wrong bearer token")]
 )
@@ -72,6 +74,7 @@ def test_missing_or_wrong_token_is_refused(secure_srv, tls_dir, token, expect):
             cli.send(TokenIds("x", 0, [1]), timeout_s=10)
 
 
+@pytest.mark.slow
 def test_dropped_connection_reconnects_and_resends_exactly_once():
     with PeerProcess("tok-server") as srv:
         host, port = srv.address.split(":")
@@ -108,6 +111,7 @@ def test_control_both_ways_in_process():
         )
 
 
+@pytest.mark.slow
 def test_silent_peer_fails_at_deadline():
     with BlackHole() as hole, TokenIdsClient(hole.address) as cli:
         t0 = time.monotonic()
@@ -138,6 +142,7 @@ def test_emulated_link_delays_each_direction():
         assert srv.recv(timeout_s=5).payload.ids == list(range(100))
 
 
+@pytest.mark.slow
 def test_send_async_never_blocks_and_fails_at_its_deadline():
     with BlackHole() as hole, TokenIdsClient(hole.address) as cli:
         t0 = time.monotonic()
