@@ -35,6 +35,20 @@ class Deadline:
             )
         return cls(min(candidates), what)
 
+    @classmethod
+    def for_call(
+        cls,
+        timeout_s: float | None,
+        deadline: float | None,
+        default_s: float,
+        what: str = "channel call",
+    ) -> Deadline:
+        """A channel call's deadline: the earlier of its timeout_s and deadline, or the channel's
+        default_s when the caller gave neither."""
+        if timeout_s is None and deadline is None:
+            timeout_s = default_s
+        return cls.of(timeout_s, deadline, what)
+
     def remaining(self) -> float:
         """Seconds left, never negative."""
         return max(0.0, self.at - time.monotonic())

@@ -77,6 +77,24 @@ class KVLanding:
             str(meta.get("checksum", DEFAULT_CHECKSUM)),
         )
 
+    @classmethod
+    def from_transfer(
+        cls, header: Any, layout: KVLayout, dest: Any = None, tensor_lib: str | None = None
+    ) -> KVLanding:
+        """From a transfer's protobuf header (`KVTransfer`), as a channel's receiver gets it."""
+        return cls(
+            header.seq_id,
+            header.num_blocks,
+            header.token_start,
+            header.token_end,
+            header.block_size,
+            layout,
+            hashes_signed=header.hashes_signed,
+            dest=dest,
+            tensor_lib=tensor_lib,
+            checksum=header.checksum or DEFAULT_CHECKSUM,
+        )
+
     @property
     def complete(self) -> bool:
         return self.count == self.num_blocks

@@ -31,6 +31,7 @@ costs more than the copy.
 
 from __future__ import annotations
 
+import enum
 import struct
 from dataclasses import dataclass
 
@@ -40,7 +41,22 @@ from pddflow.channels.memory_region import RegionBackend
 from pddflow.channels.nixl_region import NixlBackend
 from pddflow.channels.shm_region import SharedMemoryBackend
 
-HELLO, RING, BEGIN, CHUNK, END, FREE, RESULT, CANCEL, ERROR, PLACE = range(1, 11)
+
+class Frame(enum.IntEnum):
+    """Control frame kinds (the table above)."""
+
+    HELLO = 1
+    RING = 2
+    BEGIN = 3
+    CHUNK = 4
+    END = 5
+    FREE = 6
+    RESULT = 7
+    CANCEL = 8
+    ERROR = 9
+    PLACE = 10
+
+
 VERSION = 2
 NO_PLACE = (1 << 64) - 1
 CHUNK_FORMAT = struct.Struct("<IQQ")  # slot, byte offset in the set, length

@@ -25,22 +25,13 @@ from pddflow.channels.kv_layout import KVLayout
 from pddflow.channels.memory_region import Region
 from pddflow.channels.proto import pddflow_pb2 as pb
 from pddflow.channels.shm_kv_protocol import (
-    BEGIN,
-    CANCEL,
-    CHUNK,
     CHUNK_FORMAT,
-    END,
-    ERROR,
-    FREE,
     FREE_FORMAT,
-    HELLO,
     NO_PLACE,
-    PLACE,
     PLACE_FORMAT,
-    RESULT,
-    RING,
     RING_FORMAT,
     VERSION,
+    Frame,
     SharedMemoryKVParams,
     pick_backend,
 )
@@ -164,9 +155,10 @@ class SharedMemoryKVReceiver:
         timeout_s: float | None = None,
         deadline: float | None = None,
     ) -> KVBlocks:
-        dl = Deadline.of(
-            timeout_s if timeout_s is not None or deadline is not None else self.params.deadline_s,
+        dl = Deadline.for_call(
+            timeout_s,
             deadline,
+            self.params.deadline_s,
             what=f"rdma_tensor recv{'(' + seq_id + ')' if seq_id else ''}",
         )
         return self._inbox.get(seq_id, dl)
@@ -223,8 +215,10 @@ class SharedMemoryKVReceiver:
                 Deadline.of(10.0, what="rdma_tensor handshake"), "waiting for HELLO"
             )
             close_fds(fds)
-            if kind != HELLO or pb.Hello.FromString(body).version != VERSION:
-                control.send(ERROR, b"rdma_tensor: bad handshake (protocol version mismatch?)")
+            if kind != Frame.HELLO or pb.Hello.FromString(body).version != VERSION:
+                control.send(
+                    Frame.ERROR, b"rdma_tensor: bad handshake (protocol version mismatch?)"
+                )
                 return
             ring = self._backend.create_region(
                 self.params.ring_slots * self.params.slot_bytes, populate=True
@@ -251,7 +245,7 @@ class SharedMemoryKVReceiver:
             return
         except ChannelError as exc:
             try:
-                control.send(ERROR, str(exc).encode()[:4000])
+                control.send(Frame.ERROR, str(exc).encode()[:4000])
             except ChannelError:
                 pass
         finally:
@@ -277,10 +271,10 @@ class SharedMemoryKVReceiver:
             p.ring_slots, p.slot_bytes, arena_bytes, len(ring_fds), len(arena_fds), len(name)
         )
         body = head + name + struct.pack("<I", len(ring_payload)) + ring_payload + arena_payload
-        control.send(RING, body, ring_fds + arena_fds)
+        control.send(Frame.RING, body, ring_fds + arena_fds)
 
     def _on_frame(self, c: _SenderConnection, kind: int, body: bytes) -> None:
-        if kind == CHUNK:
+        if kind == Frame.CHUNK:
             slot, offset, n = CHUNK_FORMAT.unpack(body)
             flat = c.flat  # cancel() may clear it from another thread
             if flat is not None:
@@ -289,12 +283,12 @@ class SharedMemoryKVReceiver:
                         f"rdma_tensor: chunk [{offset}, {offset + n}) outside the KV set"
                     )
                 np.copyto(flat[offset : offset + n], c.ring.view(slot * c.slot_bytes, n))
-            c.control.send(FREE, FREE_FORMAT.pack(slot))
-        elif kind == BEGIN:
+            c.control.send(Frame.FREE, FREE_FORMAT.pack(slot))
+        elif kind == Frame.BEGIN:
             self._begin(c, pb.KVTransfer.FromString(body))
-        elif kind == END:
+        elif kind == Frame.END:
             self._end(c)
-        elif kind == CANCEL:
+        elif kind == Frame.CANCEL:
             msg = pb.KVCancel.FromString(body)
             self._inbox.cancel(msg.seq_id, msg.reason or "cancelled by sender")
             c.reset()
@@ -304,9 +298,7 @@ class SharedMemoryKVReceiver:
     def _begin(self, c: _SenderConnection, header: Any) -> None:
         reason = self._inbox.cancelled_reason(header.seq_id)
         if reason is not None:
-            c.control.send(
-                ERROR, f"rdma_tensor: {header.seq_id!r} cancelled by receiver: {reason}".encode()
-            )
+            _refuse_cancelled(c, header.seq_id, reason)
             return
         c.header = header
         c.dl = Deadline.of(header.timeout_s + 1.0, what=f"rdma_tensor receive {header.seq_id!r}")
@@ -323,21 +315,10 @@ class SharedMemoryKVReceiver:
                 dest = layout.view(
                     region.reshape(header.num_blocks, layout.block_bytes), self._tensor_lib
                 )
-        c.landing = KVLanding(
-            header.seq_id,
-            header.num_blocks,
-            header.token_start,
-            header.token_end,
-            header.block_size,
-            layout,
-            hashes_signed=header.hashes_signed,
-            dest=dest,
-            tensor_lib=self._tensor_lib,
-            checksum=header.checksum or "xsum64",
-        )
+        c.landing = KVLanding.from_transfer(header, layout, dest, self._tensor_lib)
         c.flat = c.landing.rows.reshape(-1)
         c.hash_bits = np.array(header.block_hashes, dtype=np.uint64)
-        c.control.send(PLACE, PLACE_FORMAT.pack(place))
+        c.control.send(Frame.PLACE, PLACE_FORMAT.pack(place))
 
     def _end(self, c: _SenderConnection) -> None:
         header = c.header
@@ -346,18 +327,22 @@ class SharedMemoryKVReceiver:
         landing = c.landing
         if landing is None:
             reason = self._inbox.cancelled_reason(header.seq_id) or "cancelled"
-            c.control.send(
-                ERROR, f"rdma_tensor: {header.seq_id!r} cancelled by receiver: {reason}".encode()
-            )
+            _refuse_cancelled(c, header.seq_id, reason)
             c.reset()
             return
         sums = list(header.checksums) if len(header.checksums) else None
         _, rejected = landing.land_in_place(landing.missing(), c.hash_bits, sums)
         complete = landing.complete
         ack = pb.KVAck(rejected=rejected, complete=complete, received_total=landing.count)
-        c.control.send(RESULT, ack.SerializeToString())
+        c.control.send(Frame.RESULT, ack.SerializeToString())
         if complete:
             result = landing.result()
             c.reset()
             del landing  # hold nothing: the worker's references alone keep an arena region alive
             self._inbox.put(result)
+
+
+def _refuse_cancelled(c: _SenderConnection, seq_id: str, reason: str) -> None:
+    # the sender reads "cancelled" in an ERROR as ChannelCancelled
+    message = f"rdma_tensor: {seq_id!r} cancelled by receiver: {reason}"
+    c.control.send(Frame.ERROR, message.encode())

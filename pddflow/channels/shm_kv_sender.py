@@ -22,23 +22,14 @@ from pddflow.channels.errors import ChannelCancelled, ChannelClosed, ChannelCorr
 from pddflow.channels.memory_region import RegionWriter
 from pddflow.channels.proto import pddflow_pb2 as pb
 from pddflow.channels.shm_kv_protocol import (
-    BEGIN,
-    CANCEL,
-    CHUNK,
     CHUNK_FORMAT,
     DIRECT_PIECE,
-    END,
-    ERROR,
-    FREE,
     FREE_FORMAT,
-    HELLO,
     NO_PLACE,
-    PLACE,
     PLACE_FORMAT,
-    RESULT,
-    RING,
     RING_FORMAT,
     VERSION,
+    Frame,
     SharedMemoryKVParams,
     region_backends,
 )
@@ -78,9 +69,10 @@ class SharedMemoryKVSender:
         if self._closed:
             raise ChannelClosed("rdma_tensor sender closed")
         src = kv if isinstance(kv, KVSource) else KVSource.of(kv, self.params.checksum or "xsum64")
-        dl = Deadline.of(
-            timeout_s if timeout_s is not None or deadline is not None else self.params.deadline_s,
+        dl = Deadline.for_call(
+            timeout_s,
             deadline,
+            self.params.deadline_s,
             what=f"rdma_tensor send {src.kv.seq_id!r} to {self.address}",
         )
         t0 = time.perf_counter()
@@ -117,7 +109,7 @@ class SharedMemoryKVSender:
         with self._lock:
             if self._control is not None:
                 self._control.send(
-                    CANCEL, pb.KVCancel(seq_id=seq_id, reason=reason).SerializeToString()
+                    Frame.CANCEL, pb.KVCancel(seq_id=seq_id, reason=reason).SerializeToString()
                 )
 
     def close(self) -> None:
@@ -151,12 +143,12 @@ class SharedMemoryKVSender:
         fds: list[int] = []
         try:
             control.send(
-                HELLO, pb.Hello(peer=f"pid{os.getpid()}", version=VERSION).SerializeToString()
+                Frame.HELLO, pb.Hello(peer=f"pid{os.getpid()}", version=VERSION).SerializeToString()
             )
             kind, body, fds = control.recv(dl, "waiting for the receiver's ring")
-            if kind == ERROR:
+            if kind == Frame.ERROR:
                 raise ChannelError(body.decode(errors="replace"))
-            if kind != RING:
+            if kind != Frame.RING:
                 raise ChannelError(f"rdma_tensor: expected RING, got frame {kind}")
             slots, slot_bytes, arena_bytes, n_ring_fds, n_arena_fds, name_len = (
                 RING_FORMAT.unpack_from(body)
@@ -218,9 +210,9 @@ class SharedMemoryKVSender:
         if self.params.checksum:
             header.checksum = src.checksum
             header.checksums.extend(src.sums(range(kv.num_blocks)))
-        control.send(BEGIN, header.SerializeToString())
+        control.send(Frame.BEGIN, header.SerializeToString())
         (place,) = PLACE_FORMAT.unpack(
-            self._expect(PLACE, dl, "waiting for the receiver to place the set")
+            self._expect(Frame.PLACE, dl, "waiting for the receiver to place the set")
         )
         direct = place != NO_PLACE
         if direct and self._arena is None:
@@ -241,13 +233,13 @@ class SharedMemoryKVSender:
                 for lo, hi in _pieces(todo, block_bytes, piece_max):
                     if self._abort.is_set():
                         cancel = pb.KVCancel(seq_id=kv.seq_id, reason="cancelled by sender")
-                        control.send(CANCEL, cancel.SerializeToString())
+                        control.send(Frame.CANCEL, cancel.SerializeToString())
                         raise ChannelCancelled(f"{dl.what}: cancelled by sender")
                     dl.check("writing KV")
                     self._write_piece(lo, flat[lo:hi], place if direct else None, dl)
-                control.send(END)
+                control.send(Frame.END)
                 ack = pb.KVAck.FromString(
-                    self._expect(RESULT, dl, "waiting for the receiver to confirm")
+                    self._expect(Frame.RESULT, dl, "waiting for the receiver to confirm")
                 )
                 if ack.complete:
                     return header.transfer_id, resent
@@ -276,7 +268,7 @@ class SharedMemoryKVSender:
             return
         slot = self._take_slot(dl)
         self._ring.write_at(slot * self._slot_bytes, piece, dl)  # type: ignore[union-attr]
-        self._control.send(CHUNK, CHUNK_FORMAT.pack(slot, offset, piece.shape[0]))  # type: ignore[union-attr]
+        self._control.send(Frame.CHUNK, CHUNK_FORMAT.pack(slot, offset, piece.shape[0]))  # type: ignore[union-attr]
 
     def _take_slot(self, dl: Deadline) -> int:
         while not self._free:
@@ -293,14 +285,14 @@ class SharedMemoryKVSender:
         """Take in a frame from the receiver: a freed slot, an error, or what _expect waits for."""
         kind, body, fds = frame
         close_fds(fds)
-        if kind == FREE:
+        if kind == Frame.FREE:
             self._free.append(FREE_FORMAT.unpack(body)[0])
-        elif kind == ERROR:
+        elif kind == Frame.ERROR:
             text = body.decode(errors="replace")
             if "cancelled" in text:
                 raise ChannelCancelled(f"{dl.what}: {text}")
             raise ChannelError(f"{dl.what}: receiver error: {text}")
-        elif kind not in (RESULT, PLACE):
+        elif kind not in (Frame.RESULT, Frame.PLACE):
             raise ChannelError(f"{dl.what}: unexpected frame type {kind}")
         return kind, body
 

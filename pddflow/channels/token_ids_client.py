@@ -26,7 +26,6 @@ from pddflow.channels.token_ids_protocol import (
     TokenIdsParams,
     grpc_options,
     rpc_error,
-    timeout_or_default,
 )
 from pddflow.core.payloads import TokenIds
 
@@ -65,10 +64,8 @@ class TokenIdsClient:
 
     def connect(self, timeout_s: float | None = None, deadline: float | None = None) -> None:
         self._ensure(
-            Deadline.of(
-                timeout_or_default(timeout_s, deadline, self.params),
-                deadline,
-                what=f"token_ids connect {self.target}",
+            Deadline.for_call(
+                timeout_s, deadline, self.params.deadline_s, what=f"token_ids connect {self.target}"
             )
         )
 
@@ -107,11 +104,7 @@ class TokenIdsClient:
     def recv(self, timeout_s: float | None = None, deadline: float | None = None) -> Message:
         """The next TokenIds or Control the server sent us."""
         return self._mailbox.get(
-            Deadline.of(
-                timeout_or_default(timeout_s, deadline, self.params),
-                deadline,
-                what="token_ids recv",
-            )
+            Deadline.for_call(timeout_s, deadline, self.params.deadline_s, what="token_ids recv")
         )
 
     def close(self) -> None:
@@ -135,9 +128,10 @@ class TokenIdsClient:
         self.close()
 
     def _deadline(self, payload: Any, timeout_s: float | None, deadline: float | None) -> Deadline:
-        return Deadline.of(
-            timeout_or_default(timeout_s, deadline, self.params),
+        return Deadline.for_call(
+            timeout_s,
             deadline,
+            self.params.deadline_s,
             what=f"token_ids send {payload.seq_id!r} to {self.target}",
         )
 

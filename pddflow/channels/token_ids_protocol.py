@@ -56,14 +56,6 @@ def grpc_options(params: TokenIdsParams, server: bool) -> list[tuple[str, int]]:
     return opts
 
 
-def timeout_or_default(
-    timeout_s: float | None, deadline: float | None, params: TokenIdsParams
-) -> float | None:
-    """The relative timeout of a call: as given, or the channel's default when the caller gave
-    neither a timeout nor a deadline."""
-    return timeout_s if timeout_s is not None or deadline is not None else params.deadline_s
-
-
 def rpc_error(exc: grpc.RpcError, target: str) -> ChannelError:
     """A failed gRPC stream as the channel error a caller can act on."""
     code = exc.code() if hasattr(exc, "code") else None

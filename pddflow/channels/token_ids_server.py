@@ -22,7 +22,6 @@ from pddflow.channels.token_ids_protocol import (
     VERSION,
     TokenIdsParams,
     grpc_options,
-    timeout_or_default,
 )
 from pddflow.core.payloads import TokenIds
 
@@ -94,11 +93,7 @@ class TokenIdsServer:
 
     def recv(self, timeout_s: float | None = None, deadline: float | None = None) -> Message:
         return self._mailbox.get(
-            Deadline.of(
-                timeout_or_default(timeout_s, deadline, self.params),
-                deadline,
-                what="token_ids recv",
-            )
+            Deadline.for_call(timeout_s, deadline, self.params.deadline_s, what="token_ids recv")
         )
 
     def send(
@@ -110,10 +105,8 @@ class TokenIdsServer:
         deadline: float | None = None,
     ) -> None:
         """Deliver to a connected (or reconnecting) peer and wait for its ack."""
-        dl = Deadline.of(
-            timeout_or_default(timeout_s, deadline, self.params),
-            deadline,
-            what=f"token_ids send to {peer!r}",
+        dl = Deadline.for_call(
+            timeout_s, deadline, self.params.deadline_s, what=f"token_ids send to {peer!r}"
         )
         wait_ack(self._delivery(peer).submit(payload, dl), dl)
 
@@ -127,10 +120,8 @@ class TokenIdsServer:
     ) -> Future[None]:
         """Queue for the peer now (in call order); the Future resolves on its ack or fails with
         ChannelTimeout at the deadline."""
-        dl = Deadline.of(
-            timeout_or_default(timeout_s, deadline, self.params),
-            deadline,
-            what=f"token_ids send to {peer!r}",
+        dl = Deadline.for_call(
+            timeout_s, deadline, self.params.deadline_s, what=f"token_ids send to {peer!r}"
         )
         return self._delivery(peer).submit(payload, dl)
 

@@ -148,9 +148,10 @@ class WanFlightReceiver:
         timeout_s: float | None = None,
         deadline: float | None = None,
     ) -> KVBlocks:
-        dl = Deadline.of(
-            timeout_s if timeout_s is not None or deadline is not None else self.params.deadline_s,
+        dl = Deadline.for_call(
+            timeout_s,
             deadline,
+            self.params.deadline_s,
             what=f"wan_flight recv{'(' + seq_id + ')' if seq_id else ''}",
         )
         with self._lock:
@@ -216,18 +217,7 @@ class WanFlightReceiver:
                     return inb
             layout = KVLayout.from_proto(header.layout)
             dest = self._alloc(header.seq_id, header.num_blocks, layout) if self._alloc else None
-            landing = KVLanding(
-                header.seq_id,
-                header.num_blocks,
-                header.token_start,
-                header.token_end,
-                header.block_size,
-                layout,
-                hashes_signed=header.hashes_signed,
-                dest=dest,
-                tensor_lib=self._tensor_lib,
-                checksum=header.checksum or "xsum64",
-            )
+            landing = KVLanding.from_transfer(header, layout, dest, self._tensor_lib)
             with self._lock:
                 inb = self._inbound[header.transfer_id] = _InboundTransfer(
                     header, landing, time.monotonic() + header.timeout_s + 5.0

@@ -87,9 +87,10 @@ class WanFlightSender:
         if self._closed:
             raise ChannelClosed("wan_flight sender closed")
         src = kv if isinstance(kv, KVSource) else KVSource.of(kv, self.params.checksum)
-        dl = Deadline.of(
-            timeout_s if timeout_s is not None or deadline is not None else self.params.deadline_s,
+        dl = Deadline.for_call(
+            timeout_s,
             deadline,
+            self.params.deadline_s,
             what=f"wan_flight send {src.kv.seq_id!r} to {self.location}",
         )
         # 64 KiB of room for the batch's other columns and its framing
