@@ -1,13 +1,14 @@
 """Typed channels between operator processes: what crosses which wire in PDD.
 
-    rdma_tensor  KVBlocks inside a cluster: shared-memory ring between processes (NIXL where installed)
+    rdma_tensor  KVBlocks inside a cluster: written straight into the receiver's shared memory
+                 (NIXL where installed); classes SharedMemoryKV* in shm_kv.py
     wan_flight   KVBlocks across clusters: Arrow Flight, parallel streams, resumable, TLS + token
     token_ids    TokenIds and control (cancel, release) anywhere: gRPC bidirectional stream
     emulation    shapes a real channel with the graph's LinkModel (both ends on one machine)
+    link_relay   the TCP relay an emulated link's connections cross, so the link can be cut
 
 The names below load lazily, so `import pddflow.channels` does not pull in pyarrow or grpc. See
-docs/channels.md for wire formats, options and the API the runtime uses; `registry.TRANSPORTS`
-maps the channel kinds of `pddflow.core.channel_kinds` to their implementations.
+docs/channels.md for wire formats, options and the API the runtime uses.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ _EXPORTS = {
     "ChannelCancelled": "errors",
     "ChannelClosed": "errors",
     "Deadline": "deadline",
-    "KVLayout": "codec_kv",
+    "KVLayout": "kv_layout",
     "KVSource": "codec_kv",
     "encode_ipc": "codec_kv",
-    "decode_ipc": "codec_kv",
+    "decode_ipc": "kv_landing",
     "Control": "codec_tokens",
     "ControlKind": "codec_tokens",
     "Message": "codec_tokens",
@@ -37,14 +38,12 @@ _EXPORTS = {
     "WanFlightSender": "wan_flight",
     "WanFlightReceiver": "wan_flight",
     "TransferReport": "transfer",
-    "RdmaTensorParams": "rdma_tensor",
-    "RdmaTensorSender": "rdma_tensor",
-    "RdmaTensorReceiver": "rdma_tensor",
+    "SharedMemoryKVParams": "shm_kv",
+    "SharedMemoryKVSender": "shm_kv",
+    "SharedMemoryKVReceiver": "shm_kv",
     "TokenIdsParams": "token_ids",
     "TokenIdsClient": "token_ids",
     "TokenIdsServer": "token_ids",
-    "TRANSPORTS": "registry",
-    "ChannelTransport": "registry",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -9,12 +9,9 @@ from pddflow.channels.proto import pddflow_pb2 as pb
 from pddflow.core.payloads import TokenIds
 
 
-class ControlKind(str, enum.Enum):
+class ControlKind(enum.StrEnum):
     CANCEL = "cancel"  # stop work on the sequence and free its KV (a failed or moved leg)
     RELEASE = "release"  # the receiver has what it needs; the sender may free the sequence's KV
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)

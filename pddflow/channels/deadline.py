@@ -10,9 +10,9 @@ from pddflow.channels.errors import ChannelTimeout
 
 
 class Deadline:
-    """An absolute `time.monotonic()` instant. `Deadline.of(timeout_s, deadline)` picks the earlier of
-    a relative timeout and an absolute deadline (e.g. `Request.deadline_s`); both None is refused:
-    there is no infinite wait in this package."""
+    """An absolute `time.monotonic()` instant. `Deadline.of(timeout_s, deadline)` picks the earlier
+    of a relative timeout and an absolute deadline (e.g. `Request.deadline_s`); both None is
+    refused: there is no infinite wait in this package."""
 
     __slots__ = ("at", "what")
 
@@ -34,6 +34,20 @@ class Deadline:
                 f"{what}: a timeout_s or an absolute deadline is required (no wait is unbounded)"
             )
         return cls(min(candidates), what)
+
+    @classmethod
+    def for_call(
+        cls,
+        timeout_s: float | None,
+        deadline: float | None,
+        default_s: float,
+        what: str = "channel call",
+    ) -> Deadline:
+        """A channel call's deadline: the earlier of its timeout_s and deadline, or the channel's
+        default_s when the caller gave neither."""
+        if timeout_s is None and deadline is None:
+            timeout_s = default_s
+        return cls.of(timeout_s, deadline, what)
 
     def remaining(self) -> float:
         """Seconds left, never negative."""

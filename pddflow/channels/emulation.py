@@ -3,8 +3,8 @@ between two datacenters, using the graph's `pddflow.core.link.LinkModel`.
 
 An end shapes what it sends (a link is two directions; token_ids gives each end the LinkModel and
 a different seed; a wan_flight sender shapes its data and adds the return delay of the final
-acknowledgement, since the KV flows one way). Per message of n bytes on lane k (a lane is one TCP stream: messages on it stay
-in order):
+acknowledgement, since the KV flows one way). Per message of n bytes on lane k (a lane is one
+TCP stream: messages on it stay in order):
 
     departure  token bucket at link.gbps, depth burst_bytes, shared by every lane of the link
                (a backlogged lane offers its next message when the previous one departed)

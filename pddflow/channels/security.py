@@ -51,7 +51,10 @@ def check_bearer(
 ) -> str | None:
     """None when the header carries the expected token, else the refusal message."""
     if not values:
-        return f"{channel}: missing bearer token (this receiver requires `authorization: Bearer <token>`)"
+        return (
+            f"{channel}: missing bearer token "
+            "(this receiver requires `authorization: Bearer <token>`)"
+        )
     for v in values:
         v = v.decode() if isinstance(v, bytes) else str(v)
         scheme, _, got = v.partition(" ")
@@ -65,8 +68,8 @@ def self_signed(
     hosts: tuple[str, ...] = ("localhost", "127.0.0.1"),
     days: int = 30,
 ) -> TLSConfig:
-    """Write cert.pem/key.pem for `hosts` into directory and return a TLSConfig that both a server and
-    a client on this machine can use (the certificate is its own root)."""
+    """Write cert.pem/key.pem for `hosts` into directory and return a TLSConfig that both a server
+    and a client on this machine can use (the certificate is its own root)."""
     openssl = shutil.which("openssl")
     if openssl is None:
         raise RuntimeError(

@@ -33,7 +33,7 @@ def bench_channels(
     Receivers run in their own processes; everything stays on 127.0.0.1."""
     from rich.console import Console
 
-    from pddflow.channels.bench import run_all
+    from pddflow.testing.channel_bench import run_all
 
     err = Console(stderr=True)
     with err.status("starting") as status:

@@ -12,7 +12,6 @@ One concept per module:
   radix_cache.py      prefix cache keyed by chained block hashes (pure Python)
   sequence.py         one request's tokens, block table and progress (pure Python)
   sampling.py         greedy / temperature + top-p with stateless per-request seeds
-  host_memory.py      glibc tuning so large CPU buffers are recycled, not re-faulted
   engine.py           prefill / decode / extend / KV export-import / free / match
   engine_bench.py     `pddflow bench engine` (engine vs HF transformers)
 

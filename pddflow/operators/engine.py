@@ -27,6 +27,7 @@ from dataclasses import dataclass
 import torch
 
 from pddflow.core.block_hash import partial_block_hash
+from pddflow.core.host_memory import keep_freed_memory
 from pddflow.core.payloads import KVBlocks, Request, SamplingParams
 from pddflow.kernels.kv_copy import gather_blocks, scatter_blocks
 from pddflow.kernels.paged_attention import (
@@ -38,7 +39,6 @@ from pddflow.kernels.paged_attention import (
 )
 from pddflow.operators.block_allocator import BlockAllocator, KVCacheFull
 from pddflow.operators.config import ModelConfig
-from pddflow.operators.host_memory import keep_freed_memory
 from pddflow.operators.kv_cache import KVPool, block_bytes, blocks_for_budget
 from pddflow.operators.model import LlamaModel
 from pddflow.operators.radix_cache import RadixCache

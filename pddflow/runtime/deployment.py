@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from pddflow.channels.tcpproxy import TcpProxy
+from pddflow.channels.link_relay import LinkRelay
 from pddflow.graph.plan import Plan
 from pddflow.runtime.processes import WorkerProcess, stop_all
 from pddflow.runtime.wiring import Wiring
@@ -43,7 +43,7 @@ class LocalBackend:
 
     def __init__(self) -> None:
         self.workers: list[WorkerProcess] = []
-        self.relays: dict[str, list[TcpProxy]] = {}  # link name -> relays of its endpoints
+        self.relays: dict[str, list[LinkRelay]] = {}  # link name -> relays of its endpoints
 
     def start(self, plan: Plan, wiring: Wiring, run_dir: Path) -> None:
         # cross-cluster traffic goes through a cuttable relay
@@ -51,7 +51,7 @@ class LocalBackend:
             for addr in addrs:
                 scheme, _, hostport = addr.rpartition("://")
                 host, port = hostport.rsplit(":", 1)
-                relay = TcpProxy((host, int(port)))
+                relay = LinkRelay((host, int(port)))
                 self.relays.setdefault(link, []).append(relay)
                 wiring.via[addr] = f"{scheme}://{relay.address}" if scheme else relay.address
         path = run_dir / "wiring.json"

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 from pddflow.channels.errors import ChannelTimeout
-from pddflow.channels.peer import PeerProcess, kv_digest
 from pddflow.core.payloads import KVBlocks
+from pddflow.testing.peer import PeerProcess, kv_digest
 
 TOKEN = "s3cret-token"
 
@@ -34,7 +34,7 @@ def make_kv(
     marker_block: int = 0,
 ) -> KVBlocks:
     """A KV set with random contents; the last block is partial by `partial` tokens. With marker,
-    block `marker_block` is filled with copies of it (the proxy corrupts the first one it sees)."""
+    block `marker_block` is filled with copies of it (FaultyRelay corrupts the first one)."""
     rng = np.random.default_rng(seed)
     shape = (num_blocks, layers, 2, block_size, heads, head_dim)
     nbytes = int(np.prod(shape)) * 2

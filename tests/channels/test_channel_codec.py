@@ -7,10 +7,13 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pddflow.channels import codec_kv, codec_tokens
+from pddflow.channels import codec_kv, codec_tokens, kv_checksum, kv_landing, kv_layout
 from pddflow.channels.errors import ChannelCorrupt, ChannelError
 from pddflow.channels.proto import pddflow_pb2 as pb
 from pddflow.core.payloads import KVBlocks, TokenIds
+
+# kv_factory's default block: 4 layers x (K, V) x 16 tokens x 2 heads x 32 dims x 2 bytes
+BLOCK_BYTES = 4 * 2 * 16 * 2 * 32 * 2
 
 
 @pytest.mark.parametrize(
@@ -18,13 +21,11 @@ from pddflow.core.payloads import KVBlocks, TokenIds
 )
 def test_kv_ipc_round_trip_is_bit_exact(kv_factory, torch_dtype, checksum, no_pickle):
     kv = kv_factory(num_blocks=7, torch_dtype=torch_dtype)
-    buf = codec_kv.encode_ipc(
-        kv, max_batch_bytes=3 * codec_kv.KVLayout.of(kv.data).block_bytes, checksum=checksum
-    )
-    out = codec_kv.decode_ipc(buf)
+    buf = codec_kv.encode_ipc(kv, max_batch_bytes=3 * BLOCK_BYTES, checksum=checksum)
+    out = kv_landing.decode_ipc(buf)
     assert type(out.data) is type(kv.data)
     assert out.data.dtype == kv.data.dtype and tuple(out.data.shape) == tuple(kv.data.shape)
-    assert codec_kv.block_rows(out.data).tobytes() == codec_kv.block_rows(kv.data).tobytes()
+    assert kv_layout.block_rows(out.data).tobytes() == kv_layout.block_rows(kv.data).tobytes()
     assert (out.seq_id, out.block_hashes, out.token_start, out.token_end, out.block_size) == (
         kv.seq_id,
         kv.block_hashes,
@@ -75,7 +76,7 @@ def test_signed_and_unsigned_hashes_round_trip(kv_factory):
     kv = kv_factory(num_blocks=3, torch_dtype=None)
     for hashes in ([-1, 2, -(2**63)], [2**64 - 1, 0, 2**63]):
         kv.block_hashes = hashes
-        assert codec_kv.decode_ipc(codec_kv.encode_ipc(kv)).block_hashes == hashes
+        assert kv_landing.decode_ipc(codec_kv.encode_ipc(kv)).block_hashes == hashes
     kv.block_hashes = [-1, 2**64 - 1, 0]
     with pytest.raises(ChannelError):
         codec_kv.KVSource.of(kv)
@@ -95,12 +96,12 @@ def test_checksum_mismatch_is_rejected_not_decoded(kv_factory):
     )
     bad = pa.RecordBatch.from_arrays([b.column(i) for i in range(5)] + [bad_col], schema=b.schema)
     with pytest.raises(ChannelCorrupt) as err:
-        codec_kv.decode_kv(good[:3] + [bad] + good[4:])
+        kv_landing.decode_kv(good[:3] + [bad] + good[4:])
     assert err.value.bad_blocks == [3]
     with pytest.raises(ChannelCorrupt):
         codec_kv.view_batch(bad)
-    landing = codec_kv.KVLanding.from_meta(codec_kv.schema_meta(b.schema))
-    accepted, rejected = landing.land(codec_kv.BatchBlocks.of(bad, landing.layout.block_bytes))
+    landing = kv_landing.KVLanding.from_meta(codec_kv.schema_meta(b.schema))
+    accepted, rejected = landing.land(codec_kv.BatchBlocks.of(bad, BLOCK_BYTES))
     assert (accepted, rejected) == ([], [3]) and not landing.landed[3]
 
 
@@ -111,31 +112,27 @@ def test_checksum_covers_metadata(kv_factory):
     moved = pa.RecordBatch.from_arrays(
         [pa.array([1], pa.uint32())] + [b.column(i) for i in range(1, 6)], schema=b.schema
     )
-    assert (
-        not codec_kv.BatchBlocks.of(moved, codec_kv.KVLayout.of(kv.data).block_bytes)
-        .verify("xsum64")
-        .any()
-    )
+    assert not codec_kv.BatchBlocks.of(moved, BLOCK_BYTES).verify("xsum64").any()
 
 
-@pytest.mark.parametrize("alg", sorted(codec_kv.CHECKSUMS))
+@pytest.mark.parametrize("alg", sorted(kv_checksum.CHECKSUMS))
 def test_checksum_catches_every_bit_flip_and_short_burst(alg):
     rng = np.random.default_rng(5)
     data = rng.integers(0, 256, size=4096 + 5, dtype=np.uint8)  # a tail that is not a whole word
     meta = (3, 12345, 0, 16)
-    base = codec_kv.CHECKSUMS[alg](meta, data)
+    base = kv_checksum.CHECKSUMS[alg](meta, data)
     for bit in range(0, data.size * 8, 7):  # single bit flips everywhere, tail included
         d = data.copy()
         d[bit // 8] ^= 1 << (bit % 8)
-        assert codec_kv.CHECKSUMS[alg](meta, d) != base
+        assert kv_checksum.CHECKSUMS[alg](meta, d) != base
     width = 64 if alg == "xsum64" else 32
     for start in range(0, 4096 * 8 - width, 997):  # bursts that straddle word boundaries
         d = np.unpackbits(data, bitorder="little")
         d[start : start + width] ^= (
             rng.integers(0, 2, size=width, dtype=np.uint8) | np.eye(1, width, 0, dtype=np.uint8)[0]
         )
-        assert codec_kv.CHECKSUMS[alg](meta, np.packbits(d, bitorder="little")) != base
-    assert codec_kv.CHECKSUMS[alg]((4, 12345, 0, 16), data) != base  # metadata is covered
+        assert kv_checksum.CHECKSUMS[alg](meta, np.packbits(d, bitorder="little")) != base
+    assert kv_checksum.CHECKSUMS[alg]((4, 12345, 0, 16), data) != base  # metadata is covered
 
 
 def test_non_contiguous_tensor_is_refused(kv_factory):
@@ -188,5 +185,5 @@ def test_no_pickle_in_channel_sources():
 def test_empty_kv_set_round_trips():
     data = np.zeros((0, 2, 2, 16, 2, 8), dtype=np.float16)
     kv = KVBlocks("empty", [], 0, 0, 16, data)
-    out = codec_kv.decode_ipc(codec_kv.encode_ipc(kv))
+    out = kv_landing.decode_ipc(codec_kv.encode_ipc(kv))
     assert out.num_blocks == 0 and out.data.shape == data.shape

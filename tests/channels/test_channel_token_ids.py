@@ -10,11 +10,12 @@ import pytest
 
 from pddflow.channels.codec_tokens import Control, ControlKind
 from pddflow.channels.errors import ChannelAuthError, ChannelTimeout
-from pddflow.channels.peer import PeerProcess
-from pddflow.channels.tcpproxy import BlackHole, TcpProxy
+from pddflow.channels.link_relay import LinkRelay
 from pddflow.channels.token_ids import TokenIdsClient, TokenIdsParams, TokenIdsServer
 from pddflow.core.link import Jitter, LinkModel
 from pddflow.core.payloads import TokenIds
+from pddflow.testing.faults import BlackHole
+from pddflow.testing.peer import PeerProcess
 
 TOKEN = "s3cret-token"
 
@@ -38,6 +39,7 @@ def _drain(peer: PeerProcess, n: int) -> list[dict]:
     return [peer.line(10) for _ in range(n)]
 
 
+@pytest.mark.slow
 def test_handoffs_arrive_in_order_with_acks_over_tls(secure_srv, tls_dir, no_pickle):
     params = TokenIdsParams(token=TOKEN, tls=tls_dir)
     with TokenIdsClient(secure_srv.address, params=params, name="relay-0") as cli:
@@ -62,6 +64,7 @@ def test_handoffs_arrive_in_order_with_acks_over_tls(secure_srv, tls_dir, no_pic
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "token, expect", [(None, "missing bearer token"), ("guess", "wrong bearer token")]
 )
@@ -71,25 +74,26 @@ def test_missing_or_wrong_token_is_refused(secure_srv, tls_dir, token, expect):
             cli.send(TokenIds("x", 0, [1]), timeout_s=10)
 
 
+@pytest.mark.slow
 def test_dropped_connection_reconnects_and_resends_exactly_once():
     with PeerProcess("tok-server") as srv:
         host, port = srv.address.split(":")
         with (
-            TcpProxy((host, int(port))) as proxy,
+            LinkRelay((host, int(port))) as relay,
             TokenIdsClient(
-                proxy.address, params=TokenIdsParams(deadline_s=30), name="relay-1"
+                relay.address, params=TokenIdsParams(deadline_s=30), name="relay-1"
             ) as cli,
         ):
             futs = [cli.send_async(TokenIds("s", i, [1000 + i]), timeout_s=30) for i in range(150)]
             while sum(f.done() for f in futs) < 40:
                 time.sleep(0.001)
-            proxy.drop_all()  # the link flaps with messages in flight
+            relay.drop_all()  # the link flaps with messages in flight
             futs += [
                 cli.send_async(TokenIds("s", i, [1000 + i]), timeout_s=30) for i in range(150, 300)
             ]
             for f in futs:
                 f.result(timeout=40)
-            assert proxy.stats.connections >= 2
+            assert relay.stats.connections >= 2
         starts = [m["tokens"]["start"] for m in _drain(srv, 300)]
     assert starts == list(range(300))  # every message once, in order, despite resends
 
@@ -107,6 +111,7 @@ def test_control_both_ways_in_process():
         )
 
 
+@pytest.mark.slow
 def test_silent_peer_fails_at_deadline():
     with BlackHole() as hole, TokenIdsClient(hole.address) as cli:
         t0 = time.monotonic()
@@ -137,6 +142,7 @@ def test_emulated_link_delays_each_direction():
         assert srv.recv(timeout_s=5).payload.ids == list(range(100))
 
 
+@pytest.mark.slow
 def test_send_async_never_blocks_and_fails_at_its_deadline():
     with BlackHole() as hole, TokenIdsClient(hole.address) as cli:
         t0 = time.monotonic()

@@ -13,8 +13,12 @@ from typing import Any
 
 from pddflow.channels.codec_tokens import Control, ControlKind
 from pddflow.channels.errors import ChannelClosed, ChannelError, ChannelTimeout
-from pddflow.channels.rdma_tensor import RdmaTensorParams, RdmaTensorReceiver, RdmaTensorSender
 from pddflow.channels.security import TLSConfig
+from pddflow.channels.shm_kv import (
+    SharedMemoryKVParams,
+    SharedMemoryKVReceiver,
+    SharedMemoryKVSender,
+)
 from pddflow.channels.token_ids import TokenIdsClient, TokenIdsParams, TokenIdsServer
 from pddflow.channels.wan_flight import WanFlightParams, WanFlightReceiver, WanFlightSender
 from pddflow.core.link import Jitter
@@ -51,10 +55,10 @@ class WorkerIO:
                     f"cannot open (it has {', '.join(TRANSPORTS)})"
                 )
             if ch.kind == "rdma_tensor" and not any(
-                isinstance(r, RdmaTensorReceiver) for r in self.kv_receivers
+                isinstance(r, SharedMemoryKVReceiver) for r in self.kv_receivers
             ):
                 self.kv_receivers.append(
-                    RdmaTensorReceiver(ep.kv_rdma, params=self._rdma_params(ch))
+                    SharedMemoryKVReceiver(ep.kv_rdma, params=self._rdma_params(ch))
                 )
             elif ch.kind == "wan_flight" and not any(
                 isinstance(r, WanFlightReceiver) for r in self.kv_receivers
@@ -98,8 +102,8 @@ class WorkerIO:
     def _auth(self, ch: ChannelPlan) -> str | None:
         return (ch.params.get("token") or self.wiring.auth_token) if ch.cross_cluster else None
 
-    def _rdma_params(self, ch: ChannelPlan) -> RdmaTensorParams:
-        return RdmaTensorParams(
+    def _rdma_params(self, ch: ChannelPlan) -> SharedMemoryKVParams:
+        return SharedMemoryKVParams(
             ring_slots=ch.params["ring_slots"],
             slot_mb=ch.params["slot_mb"],
             arena_mb=ch.params["arena_mb"],
@@ -140,7 +144,7 @@ class WorkerIO:
             ch = self._channel(kind, dst_instance)
             ep = self.wiring.workers[dst_instance]
             if kind == "rdma_tensor":
-                s = RdmaTensorSender(ep.kv_rdma, params=self._rdma_params(ch))
+                s = SharedMemoryKVSender(ep.kv_rdma, params=self._rdma_params(ch))
             elif kind == "wan_flight":
                 params = self._flight_params(ch)
                 target = self.wiring.reach(ep.kv_flight)

@@ -1,14 +1,14 @@
-"""rdma_tensor data plane over NVIDIA NIXL (UCX underneath: RDMA NICs, NVLink, shared memory).
+"""Regions over NVIDIA NIXL (UCX underneath: RDMA NICs, NVLink, shared memory), used where `nixl`
+is importable.
 
-Used where `nixl` is importable (`pick_transport("auto")`), skipped otherwise. The receiver
-registers each region (ring, arena) with a NIXL agent and sends the agent's metadata and the
-region's address over the control connection; the sender adds it as a remote agent, registers
-each send's source tensor and turns `write_at(offset, src)` into a NIXL WRITE, returning once the
-transfer reports DONE (the bytes are in the receiver's memory), so the protocol above is the same
-as with shared memory. Control frames still go over the control socket (Unix or TCP).
+The receiver registers each region (ring, arena) with a NIXL agent and describes it as the
+agent's metadata plus the region's address; the sender adds that agent as a remote one,
+registers each send's source rows and turns `write_at(offset, src)` into a NIXL WRITE that
+returns once the transfer reports DONE (the bytes are in the receiver's memory). Control frames
+still go over the control socket (Unix or TCP).
 
-This module is written against NIXL's Python API (`nixl._api.nixl_agent`) and is not exercised in
-environments without NIXL; `tests/channels` skips its test there.
+Written against NIXL's Python API (`nixl._api.nixl_agent`); it has not run where NIXL is not
+installed, and its test skips there.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import numpy as np
 
 from pddflow.channels.deadline import Deadline
 from pddflow.channels.errors import ChannelError
-from pddflow.channels.rdma_transport import Region, RegionWriter, Transport
+from pddflow.channels.memory_region import Region, RegionBackend, RegionWriter
 
 
 def _api() -> Any:
@@ -44,13 +44,14 @@ def _unpack(data: bytes) -> list[bytes]:
     return out
 
 
-class _NixlRegion(Region):
+class NixlRegion(Region):
     def __init__(self, nbytes: int, populate: bool):
         api = _api()
         self.nbytes = nbytes
         self.name = f"pddflow-rx-{uuid.uuid4().hex[:12]}"
         self.agent = api.nixl_agent(self.name, api.nixl_agent_config(backends=["UCX"]))
-        self._arr = np.zeros(nbytes, dtype=np.uint8)  # touched now, so registration pins real pages
+        # zeros touches every page now, so registration pins real pages
+        self._arr = np.zeros(nbytes, dtype=np.uint8)
         self._reg = self.agent.register_memory(
             self.agent.get_reg_descs([(self._arr.ctypes.data, self._arr.nbytes, 0, "")], "DRAM")
         )
@@ -74,11 +75,11 @@ class _NixlRegion(Region):
     def close(self) -> None:
         try:
             self.agent.deregister_memory(self._reg)
-        except Exception:  # noqa: BLE001 - teardown of a half-broken agent must not mask the real error
+        except Exception:  # noqa: BLE001 - a half-broken agent's teardown must not mask the error
             pass
 
 
-class _NixlWriter(RegionWriter):
+class NixlWriter(RegionWriter):
     def __init__(self, nbytes: int, payload: bytes):
         api = _api()
         remote_name, metadata, region = _unpack(payload)
@@ -138,7 +139,7 @@ class _NixlWriter(RegionWriter):
             pass
 
 
-class NixlTransport(Transport):
+class NixlBackend(RegionBackend):
     name = "nixl"
 
     @staticmethod
@@ -150,7 +151,7 @@ class NixlTransport(Transport):
             return False
 
     def create_region(self, nbytes: int, populate: bool) -> Region:
-        return _NixlRegion(nbytes, populate)
+        return NixlRegion(nbytes, populate)
 
     def attach(self, nbytes: int, payload: bytes, fds: list[int]) -> RegionWriter:
-        return _NixlWriter(nbytes, payload)
+        return NixlWriter(nbytes, payload)

@@ -1,8 +1,9 @@
 """`pddflow bench channels`: every channel next to its baseline, measured in one run on 127.0.0.1.
 
-    wan_flight   a KV set pushed to a receiver process, unshaped   vs  raw_tcp: the same bytes over one socket
+    wan_flight   a KV set pushed to a receiver process, unshaped
+                 vs raw_tcp: the same bytes over one socket
     rdma_tensor  the same KV set to a receiver process (direct landing; the ring path reported too)
-                                                                   vs  memcpy: the same bytes, in process
+                 vs memcpy: the same bytes, in process
     token_ids    TCP payload bytes of a 100-token handoff (through a counting relay) and its
                  round trip (send -> receiver queue -> ack) P50/P99, direct
     shaped       wan_flight through the emulated link at a configured rate, and the rate achieved
@@ -28,13 +29,8 @@ from typing import Any
 
 import numpy as np
 
-BLOCK_SHAPE = (
-    32,
-    2,
-    16,
-    8,
-    128,
-)  # a Llama-3-8B-like block: 32 layers, K/V, 16 tokens, 8 KV heads, dim 128
+# a Llama-3-8B-like block: 32 layers, K/V, 16 tokens, 8 KV heads, head dim 128
+BLOCK_SHAPE = (32, 2, 16, 8, 128)
 BLOCK_BYTES = int(np.prod(BLOCK_SHAPE)) * 2  # fp16: 2 MiB
 
 
@@ -77,7 +73,7 @@ def make_kv(size_mb: int) -> Any:
 
 
 def raw_tcp_runner(stack: ExitStack, kv: Any) -> Callable[[], float]:
-    from pddflow.channels.peer import PeerProcess
+    from pddflow.testing.peer import PeerProcess
 
     src = memoryview(kv.data.reshape(-1).view(np.uint8))
     rx = stack.enter_context(PeerProcess("tcp-recv", "--nbytes", str(kv.data.nbytes)))
@@ -98,8 +94,8 @@ def raw_tcp_runner(stack: ExitStack, kv: Any) -> Callable[[], float]:
 def wan_flight_runner(
     stack: ExitStack, kv: Any, streams: int, emulate: Any = None
 ) -> Callable[[], float]:
-    from pddflow.channels.peer import PeerProcess
     from pddflow.channels.wan_flight import WanFlightParams, WanFlightSender
+    from pddflow.testing.peer import PeerProcess
 
     params = WanFlightParams(streams=streams, emulate=emulate, deadline_s=600)
     rx = stack.enter_context(PeerProcess("wan-recv", "--reuse-dest", "--no-digest"))
@@ -120,11 +116,11 @@ def rdma_tensor_runner(
     stack: ExitStack, kv: Any, ring_slots: int, slot_mb: float, direct: bool
 ) -> Callable[[], float]:
     """direct: the receiver's landing arena (the default); else the ring into a warm destination."""
-    from pddflow.channels.peer import PeerProcess
-    from pddflow.channels.rdma_tensor import RdmaTensorParams, RdmaTensorSender
+    from pddflow.channels.shm_kv import SharedMemoryKVParams, SharedMemoryKVSender
+    from pddflow.testing.peer import PeerProcess
 
     arena_mb = max(512.0, 2 * kv.data.nbytes / (1 << 20)) if direct else 0.0
-    params = RdmaTensorParams(
+    params = SharedMemoryKVParams(
         ring_slots=ring_slots, slot_mb=slot_mb, arena_mb=arena_mb, deadline_s=600
     )
     args = [
@@ -137,15 +133,14 @@ def rdma_tensor_runner(
         str(arena_mb),
     ]
     rx = stack.enter_context(PeerProcess("rdma-recv", *args, *([] if direct else ["--reuse-dest"])))
-    tx = stack.enter_context(RdmaTensorSender(rx.address, params=params))
+    tx = stack.enter_context(SharedMemoryKVSender(rx.address, params=params))
 
     def run() -> float:
         report = tx.send(kv, timeout_s=600)
         rx.line(120)
         if tx.last_mode != ("direct" if direct else "ring"):
-            raise RuntimeError(
-                f"rdma_tensor travelled by {tx.last_mode}, expected {'direct' if direct else 'ring'}"
-            )
+            want = "direct" if direct else "ring"
+            raise RuntimeError(f"rdma_tensor travelled by {tx.last_mode}, expected {want}")
         return report.seconds
 
     return run
@@ -165,16 +160,14 @@ def memcpy_runner(kv: Any) -> Callable[[], float]:
 
 def bench_token_ids(samples: int) -> dict:
     from pddflow.channels.codec_tokens import envelope
-    from pddflow.channels.peer import PeerProcess
-    from pddflow.channels.tcpproxy import TcpProxy
+    from pddflow.channels.link_relay import LinkRelay
     from pddflow.channels.token_ids import TokenIdsClient
     from pddflow.core.payloads import TokenIds
+    from pddflow.testing.peer import PeerProcess
 
     rng = random.Random(0)
 
-    def handoff(
-        i: int,
-    ) -> TokenIds:  # 100 generated IDs from a 128K vocabulary, deep in a long prompt
+    def handoff(i: int) -> TokenIds:  # 100 generated IDs from a 128K vocabulary, deep in a prompt
         return TokenIds(
             f"req-{i:016x}", 65536 + 100 * i, [rng.randrange(128_000) for _ in range(100)]
         )
@@ -196,18 +189,18 @@ def bench_token_ids(samples: int) -> dict:
         out["rtt_p99_ms"] = round(rtts[min(len(rtts) - 1, int(len(rtts) * 0.99))] * 1e3, 4)
         out["rtt_samples"] = len(rtts)
         host, port = srv.address.split(":")
-        with TcpProxy((host, int(port))) as proxy:  # wire size, through a byte-counting relay
-            with TokenIdsClient(proxy.address, name="bench-relay-2") as cli:
+        with LinkRelay((host, int(port))) as relay:  # wire size, through a byte-counting relay
+            with TokenIdsClient(relay.address, name="bench-relay-2") as cli:
                 cli.connect(timeout_s=30)
                 for i in range(50):
                     cli.send(handoff(i), timeout_s=10)
                 time.sleep(0.05)
-                proxy.reset_counters()
+                relay.reset_counters()
                 n = 500
                 for i in range(n):
                     cli.send(handoff(i), timeout_s=10)
                 time.sleep(0.05)
-                up, down = proxy.stats.up_bytes, proxy.stats.down_bytes
+                up, down = relay.stats.up_bytes, relay.stats.down_bytes
         out["bytes_per_100_tokens"] = round(up / n, 1)
         out["ack_bytes_per_handoff"] = round(down / n, 1)
         out["protobuf_bytes"] = envelope(handoff(0), 1).ByteSize()
@@ -235,7 +228,8 @@ def run_all(
         "host_cpus": os.cpu_count(),
     }
     progress(
-        f"wan_flight ({streams} streams) vs raw TCP, {res['size_mb']} MiB, {reps} alternating runs each"
+        f"wan_flight ({streams} streams) vs raw TCP, {res['size_mb']} MiB, "
+        f"{reps} alternating runs each"
     )
     with ExitStack() as stack:
         pair = _pair(
@@ -249,7 +243,8 @@ def run_all(
     res["raw_tcp"] = pair["raw_tcp"]
     res["wan_flight"] = {**pair["wan_flight"], "streams": streams, "checksum": "xsum64"}
     progress(
-        f"rdma_tensor (direct landing, and a {ring_slots} x {slot_mb} MiB ring) vs in-process memcpy"
+        f"rdma_tensor (direct landing, and a {ring_slots} x {slot_mb} MiB ring) "
+        "vs in-process memcpy"
     )
     with ExitStack() as stack:
         pair = _pair(

@@ -1,9 +1,11 @@
 """Receiver peers in their own OS process, for the channel tests and `pddflow bench channels`.
 
-    python -m pddflow.channels.peer wan-recv  [--token T] [--tls-cert C --tls-key K] [--reuse-dest] [--no-digest]
-    python -m pddflow.channels.peer rdma-recv [--ring-slots N] [--slot-mb M] [--arena-mb A] [--reuse-dest] [--no-digest]
-    python -m pddflow.channels.peer tok-server [--token T] [--tls-cert C --tls-key K] [--quiet]
-    python -m pddflow.channels.peer tcp-recv  --nbytes N
+    python -m pddflow.testing.peer wan-recv  [--token T] [--tls-cert C --tls-key K]
+                                             [--reuse-dest] [--no-digest]
+    python -m pddflow.testing.peer rdma-recv [--ring-slots N] [--slot-mb M] [--arena-mb A]
+                                             [--reuse-dest] [--no-digest]
+    python -m pddflow.testing.peer tok-server [--token T] [--tls-cert C --tls-key K] [--quiet]
+    python -m pddflow.testing.peer tcp-recv  --nbytes N
 
 Each prints one JSON line `{"ready": ..., "address": ...}`, then one JSON line per KV set (or
 message) received, and exits when its stdin closes, so a parent that dies takes it along. The
@@ -35,7 +37,7 @@ def _emit(obj: dict) -> None:
 
 def kv_digest(kv: Any) -> dict:
     """What a test compares on both sides: bytes, hashes, token range, dtype, shape."""
-    from pddflow.channels.codec_kv import block_rows
+    from pddflow.channels.kv_layout import block_rows
 
     rows = block_rows(kv.data)
     return {
@@ -64,7 +66,7 @@ class _ReusedDest:
             or tuple(self.buf.shape[1:]) != layout.block_shape
         ):
             self.buf = layout.empty(num_blocks)
-            from pddflow.channels.codec_kv import block_rows
+            from pddflow.channels.kv_layout import block_rows
 
             block_rows(self.buf).fill(0)  # touch every page now, like a cache allocated at startup
         return self.buf[:num_blocks]
@@ -115,7 +117,7 @@ def _serve_receiver(rx: Any, address: str, args: argparse.Namespace, stop: threa
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pddflow.channels.peer")
+    ap = argparse.ArgumentParser(prog="python -m pddflow.testing.peer")
     ap.add_argument("role", choices=["wan-recv", "rdma-recv", "tok-server", "tcp-recv"])
     ap.add_argument("--token")
     ap.add_argument("--tls-cert")
@@ -139,12 +141,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         _serve_receiver(rx, rx.location, args, stop)
     elif args.role == "rdma-recv":
-        from pddflow.channels.rdma_tensor import RdmaTensorParams, RdmaTensorReceiver
+        from pddflow.channels.shm_kv import SharedMemoryKVParams, SharedMemoryKVReceiver
 
-        params = RdmaTensorParams(
+        params = SharedMemoryKVParams(
             ring_slots=args.ring_slots, slot_mb=args.slot_mb, arena_mb=args.arena_mb
         )
-        rx = RdmaTensorReceiver(params=params, alloc=_ReusedDest() if args.reuse_dest else None)
+        rx = SharedMemoryKVReceiver(params=params, alloc=_ReusedDest() if args.reuse_dest else None)
         _serve_receiver(rx, rx.address, args, stop)
     elif args.role == "tok-server":
         from pddflow.channels.codec_tokens import Control
@@ -226,13 +228,12 @@ def _tcp_recv(nbytes: int, stop: threading.Event) -> None:
 
 
 class PeerProcess:
-    """Start a peer (`python -m pddflow.channels.peer ROLE ...`) and read its JSON lines."""
+    """Start a peer (`python -m pddflow.testing.peer ROLE ...`) and read its JSON lines."""
 
     def __init__(self, role: str, *args: str, ready_timeout_s: float = 60.0):
-        cmd = [sys.executable, "-m", "pddflow.channels.peer", role, *args]
-        self._err = (
-            tempfile.TemporaryFile()
-        )  # a file, not a pipe: a chatty child never blocks on it
+        cmd = [sys.executable, "-m", "pddflow.testing.peer", role, *args]
+        # a file, not a pipe: a chatty child never blocks on it
+        self._err = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._err
         )

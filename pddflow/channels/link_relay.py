@@ -1,0 +1,164 @@
+"""The TCP relay of an emulated link: what lets a link between two emulated clusters be cut.
+
+When both clusters run on one machine (`pddflow deploy`'s local backend), every channel that
+crosses a link connects through one of these relays instead of straight to its peer. The relay
+forwards bytes both ways and counts them; `cut` takes the link down as a WAN outage would: live
+connections are reset and new ones refused for a while, now or once a given number of bytes have
+crossed (mid-transfer). Bandwidth and delay are shaped by the senders (`emulation.py`), not here.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+
+# SO_LINGER on, timeout 0: close() sends RST, as a link that went away does
+_RESET_ON_CLOSE = b"\x01\x00\x00\x00\x00\x00\x00\x00"
+
+
+@dataclass
+class RelayStats:
+    up_bytes: int = 0  # client -> server
+    down_bytes: int = 0  # server -> client
+    connections: int = 0
+    cuts: int = 0
+    per_connection_up: list[int] = field(default_factory=list)  # client -> server, by connection
+    lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+
+class LinkRelay:
+    """Listens on `address` and relays each connection to `upstream` (host, port)."""
+
+    def __init__(self, upstream: tuple[str, int], *, host: str = "127.0.0.1"):
+        self.upstream = upstream
+        self.stats = RelayStats()
+        self._sock = socket.create_server((host, 0))
+        self._sock.settimeout(0.2)
+        self.port = self._sock.getsockname()[1]
+        self.address = f"{host}:{self.port}"
+        self._conns: list[socket.socket] = []
+        self._down_until = 0.0  # the link is down (connections refused) until then
+        self._cut_at: int | None = None  # a pending cut: once up_bytes reaches this
+        self._cut_for = 0.0
+        self._stop = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._accept = threading.Thread(
+            target=self._accept_loop, daemon=True, name="link-relay-accept"
+        )
+        self._accept.start()
+
+    def cut(self, seconds: float, after_bytes: int = 0) -> None:
+        """Take the link down for `seconds`: live connections are reset and new ones refused.
+        With after_bytes, the cut happens once that many more client bytes have crossed."""
+        if after_bytes > 0:
+            with self.stats.lock:
+                self._cut_for = seconds
+                self._cut_at = self.stats.up_bytes + after_bytes
+            return
+        self._down_until = time.monotonic() + seconds
+        self.drop_all()
+
+    def drop_all(self) -> None:
+        """Reset every live connection."""
+        with self.stats.lock:
+            conns, self._conns = self._conns, []
+        for s in conns:
+            try:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET_ON_CLOSE)
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def reset_counters(self) -> None:
+        with self.stats.lock:
+            self.stats.up_bytes = self.stats.down_bytes = 0
+
+    def close(self) -> None:
+        self._stop.set()
+        self._sock.close()
+        self._accept.join(timeout=2)
+        self.drop_all()
+        for t in self._threads:
+            t.join(timeout=2)
+
+    def __enter__(self) -> LinkRelay:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _accept_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                client, _ = self._sock.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            if time.monotonic() < self._down_until:
+                client.close()
+                continue
+            try:
+                server = socket.create_connection(self.upstream, timeout=5)
+                server.settimeout(None)
+            except OSError:
+                client.close()
+                continue
+            for s in (client, server):
+                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            with self.stats.lock:
+                self.stats.connections += 1
+                self.stats.per_connection_up.append(0)
+                conn_no = len(self.stats.per_connection_up) - 1
+                self._conns += [client, server]
+            for src, dst, up in ((client, server, True), (server, client, False)):
+                t = threading.Thread(
+                    target=self._pump,
+                    args=(src, dst, up, conn_no),
+                    daemon=True,
+                    name="link-relay-pump",
+                )
+                t.start()
+                self._threads.append(t)
+
+    def _pump(self, src: socket.socket, dst: socket.socket, up: bool, conn_no: int) -> None:
+        try:
+            while True:
+                data = src.recv(1 << 20)
+                if not data:
+                    break
+                data = self._cross(data, up, conn_no)
+                if data is None:
+                    return
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+
+    def _cross(self, data: bytes, up: bool, conn_no: int) -> bytes | None:
+        """Count bytes crossing the link; None when a pending cut fell due under them (every
+        connection has been reset then)."""
+        cut = False
+        with self.stats.lock:
+            if not up:
+                self.stats.down_bytes += len(data)
+                return data
+            self.stats.up_bytes += len(data)
+            self.stats.per_connection_up[conn_no] += len(data)
+            if self._cut_at is not None and self.stats.up_bytes >= self._cut_at:
+                self._cut_at = None
+                self._down_until = time.monotonic() + self._cut_for
+                self.stats.cuts += 1
+                cut = True
+        if cut:
+            self.drop_all()
+            return None
+        return data
