@@ -193,9 +193,9 @@ def bench_serve(
     from rich.console import Console
     from rich.progress import Progress
 
+    from pddflow.core.serve_sessions import TraceError, build
     from pddflow.runtime.bench_serve import ratios, run_graph, summarize
     from pddflow.runtime.launcher import LaunchError
-    from pddflow.core.serve_sessions import TraceError, build
 
     check_cpu_pinning(cpu_pinning)
     graphs = graphs or [Path("graphs/cross_dc_pd.yaml"), Path("graphs/pdd.yaml")]
