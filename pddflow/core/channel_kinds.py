@@ -13,16 +13,12 @@ from pddflow.core.operator_types import Param
 from pddflow.core.payloads import Payload
 from pddflow.core.registry import Registry
 
-# Scopes: "process" (one process), "cluster" (both ends in one cluster), "any" (may cross a link).
-SCOPES = ("process", "cluster", "any")
-
-
 @dataclass(frozen=True)
 class ChannelKind:
     name: str
     help: str
     carries: frozenset[Payload]
-    scope: str
+    scope: str  # "process" | "cluster" (both ends in one cluster) | "any" (may cross a link)
     params: dict[str, Param] = field(default_factory=dict)
 
     def can_cross_clusters(self) -> bool:

@@ -85,13 +85,6 @@ class LinkModel:
             + self.serialization_s(nbytes, share)
         )
 
-    def sample_transfer_s(self, nbytes: float, rng: random.Random, share: float = 1.0) -> float:
-        return (
-            self.rtt_ms / 1e3
-            + self.jitter.sample_ms(rng) / 1e3
-            + self.serialization_s(nbytes, share)
-        )
-
     def connects(self, x: str, y: str) -> bool:
         return {x, y} == {self.a, self.b}
 

@@ -114,10 +114,6 @@ class EdgeSpec(_Strict):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
-class CatchUpSpec(_Strict):
-    batch_tokens: int = Field(32, ge=1, description="token IDs per catch-up handoff batch")
-
-
 class VariantSpec(_Strict):
     path: list[str] = Field(
         min_length=1, description="operators a request visits, entry first, a decoder last"

@@ -18,7 +18,6 @@ from pddflow.graph.plan import Plan
 from pddflow.scheduler.base import Policy
 from pddflow.scheduler.decision import Decision
 from pddflow.scheduler.features import InstanceLoad, LinkEstimate, RequestFeatures
-from pddflow.scheduler.link_estimator import LinkEstimator
 from pddflow.scheduler.mirror import CacheMirror, MirrorDrift
 from pddflow.scheduler.state import SchedulerState
 from pddflow.scheduler.topology import PathInfo, Topology
@@ -28,7 +27,6 @@ __all__ = [
     "Decision",
     "InstanceLoad",
     "LinkEstimate",
-    "LinkEstimator",
     "MirrorDrift",
     "PathInfo",
     "Policy",

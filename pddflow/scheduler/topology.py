@@ -20,7 +20,6 @@ class PathInfo:
     relay: str | None  # relay operator (decodes first), when the path has one
     finisher: str  # operator that decodes to the end
     kv_to_finisher: ChannelPlan | None  # None when entry == finisher (colocated)
-    kv_to_relay: ChannelPlan | None
     handoff: ChannelPlan | None  # token-ID channel relay -> finisher
 
     @property
@@ -74,7 +73,6 @@ class Topology:
             relay,
             last,
             self._kv(entry, last) if last != entry else None,
-            self._kv(entry, relay) if relay is not None else None,
             handoff,
         )
 
