@@ -1,11 +1,9 @@
 """Host allocator tuning for the CPU path.
 
-Each forward step allocates and frees tensors of several MB (score blocks, gathered K/V). glibc
-serves allocations that large with fresh mmap()s and returns them on free, so every step
-page-faults its working set in again; on a VM that costs more than the arithmetic (a 12 MB
-clone: 8 ms fresh vs 0.7 ms recycled, measured here). Raising the mmap and trim thresholds makes
-glibc recycle that memory inside the heap, the same effect as the caching allocator on a GPU.
-Process-wide and permanent; a no-op off glibc.
+Each forward step allocates and frees multi-MB tensors; glibc serves those with fresh mmap()s and
+returns them on free, so every step page-faults its working set in again (docs/engine.md has the
+cost). Raising the mmap and trim thresholds makes glibc recycle that memory, as a GPU caching
+allocator does. Process-wide and permanent; a no-op off glibc.
 """
 
 from __future__ import annotations

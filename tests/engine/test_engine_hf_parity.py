@@ -88,7 +88,7 @@ def test_greedy_continuation_matches_hf(fixture, request):
 
 
 def test_builtin_tiny_llama_matches_hf():
-    from pddflow.operators.engine_bench import hf_model_from_source
+    from pddflow.operators.hf_reference import hf_model_from_source
 
     source = load_model_source("builtin:tiny-llama")
     c = source.config
