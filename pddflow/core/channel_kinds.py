@@ -1,8 +1,5 @@
-"""Channel kinds: what each carries and how far it reaches.
-
-The validator checks an edge's payload type against `carries` and its placement against `scope`;
-the runtime picks the transport by kind. Plugins add kinds through the `pddflow.channels`
-entry-point group.
+"""Channel kinds: what each carries and how far it reaches. The validator checks an edge's payload
+against `carries` and its placement against `scope`; the runtime picks the transport by kind.
 """
 
 from __future__ import annotations
@@ -12,6 +9,7 @@ from dataclasses import dataclass, field
 from pddflow.core.operator_types import Param
 from pddflow.core.payloads import Payload
 from pddflow.core.registry import Registry
+
 
 @dataclass(frozen=True)
 class ChannelKind:

@@ -1,5 +1,6 @@
 """A Plan read the way scheduling needs it: each variant as entry -> (relay) -> finishing decoder,
-with the channel each hop uses. Shared by the policies and the simulator so both read paths alike."""
+with the channel each hop uses. The policies and the simulator share it, so both read paths alike.
+"""
 
 from __future__ import annotations
 
@@ -78,12 +79,8 @@ class Topology:
 
     @cached_property
     def cached_operators(self) -> tuple[str, ...]:
-        """Operators whose instances keep a radix/prefix cache (the scheduler mirrors each instance)."""
-        out = []
-        for name, op in self.plan.operators.items():
-            if op.caches_prefixes:
-                out.append(name)
-        return tuple(out)
+        """Operators whose instances keep a prefix cache (the scheduler mirrors each instance)."""
+        return tuple(name for name, op in self.plan.operators.items() if op.caches_prefixes)
 
     @cached_property
     def pools(self) -> dict[str, list[PathInfo]]:
