@@ -1,5 +1,6 @@
 """The engine against transformers on the same weights: logits within 1e-4 (fp32) and identical
-greedy continuations, for Llama (GQA, llama3 RoPE scaling) and Qwen2 (q/k/v bias, tied embeddings)."""
+greedy continuations, for Llama (GQA, llama3 RoPE scaling) and Qwen2 (q/k/v bias, tied
+embeddings)."""
 
 import pytest
 import torch

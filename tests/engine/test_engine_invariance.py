@@ -74,8 +74,8 @@ def test_prefill_extend_decode_equals_colocated(engine, prompt, n, data):
 @SETTINGS
 @given(prompt=prompts, n=st.integers(2, 16), data=st.data())
 def test_p_rld_md_across_engines_equals_colocated(engine, prompt, n, data):
-    """P prefills and exports; RLD imports and decodes k tokens; MD imports the prompt KV (part of it
-    already in its own prefix cache) and extends by RLD's token IDs, then decodes the rest."""
+    """P prefills and exports; RLD imports and decodes k tokens; MD imports the prompt KV (part of
+    it already in its own prefix cache) and extends by RLD's token IDs, then decodes the rest."""
     engine, other = fresh(engine), fresh(engine)
     ref = reference(engine, prompt, n)
     k = data.draw(st.integers(1, n - 1), label="tokens decoded on the relay")

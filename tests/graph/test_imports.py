@@ -13,7 +13,7 @@ HEAVY = ("torch", "pyarrow", "grpc")
 def _loaded_after(code: str) -> set[str]:
     probe = code + (
         "\nimport sys\nsys.stderr.write('HEAVY:' + ' '.join(sorted("
-        "m for m in sys.modules if m.split('.')[0] in %r)))" % (HEAVY,)
+        f"m for m in sys.modules if m.split('.')[0] in {HEAVY!r})))"
     )
     out = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True

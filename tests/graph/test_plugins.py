@@ -36,7 +36,8 @@ def _install_plugin(root: Path) -> dict[str, str]:
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: demo-plugin\nVersion: 0.1\n")
     (dist / "entry_points.txt").write_text(
-        "[pddflow.operators]\ndemo = demo_plugin:operators\n\n[pddflow.channels]\ndemo = demo_plugin:channels\n"
+        "[pddflow.operators]\ndemo = demo_plugin:operators\n\n"
+        "[pddflow.channels]\ndemo = demo_plugin:channels\n"
     )
     return {**os.environ, "PYTHONPATH": str(root)}
 

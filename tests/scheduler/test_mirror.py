@@ -13,7 +13,7 @@ from pddflow.sim.kvstore import KVStore
 
 
 def _prompts(rng: random.Random, n: int) -> list[tuple[int, ...]]:
-    """Sessions that extend their previous prompt, plus fresh ones: prefix-chained like real hashes."""
+    """Sessions extending their previous prompt, plus fresh ones: chained like real hashes."""
     out, sessions, nid = [], [], [1000]
     for _ in range(n):
         if sessions and rng.random() < 0.7:
