@@ -97,12 +97,12 @@ def _best_pair(
 ) -> tuple[float, float]:
     """Best (or median) of `repeats` timings each, alternating engine and HF so both see the same
     machine load."""
-    te: list[float] = []
-    th: list[float] = []
+    engine_times: list[float] = []
+    hf_times: list[float] = []
     for _ in range(max(repeats, 1)):
-        te.append(engine_fn())
-        th.append(hf_fn())
-    return _summary(te, statistic), _summary(th, statistic)
+        engine_times.append(engine_fn())
+        hf_times.append(hf_fn())
+    return _summary(engine_times, statistic), _summary(hf_times, statistic)
 
 
 def _summary(timings: list[float], statistic: str) -> float:
@@ -168,13 +168,13 @@ def run_bench(
                 hf(ids, use_cache=True, logits_to_keep=1)
                 return time.perf_counter() - t
 
-        te, th = _best_pair(
+        engine_s, hf_s = _best_pair(
             lambda n=n: _engine_prefill(engine, prompt(n)), hf_once, sizes.repeats, sizes.statistic
         )
         out["prefill"][str(n)] = {
-            "engine_tok_s": round(n / te, 1),
-            "hf_tok_s": round(n / th, 1),
-            "ratio": _ratio(th, te),
+            "engine_tok_s": round(n / engine_s, 1),
+            "hf_tok_s": round(n / hf_s, 1),
+            "ratio": _ratio(hf_s, engine_s),
         }
 
     # --- decode --------------------------------------------------------------------------------
@@ -182,7 +182,7 @@ def run_bench(
     for b in sizes.decode_batches:
         progress(f"decode batch {b}")
         prompts = [prompt(sizes.decode_context) for _ in range(b)]
-        te, th = _best_pair(
+        engine_s, hf_s = _best_pair(
             lambda prompts=prompts: _engine_decode(engine, prompts, sizes.decode_steps),
             lambda prompts=prompts: hf_decode(hf, prompts, sizes.decode_steps),
             sizes.repeats,
@@ -190,11 +190,11 @@ def run_bench(
         )
         toks = b * sizes.decode_steps
         out["decode"][str(b)] = {
-            "engine_tok_s": round(toks / te, 1),
-            "hf_tok_s": round(toks / th, 1),
-            "ratio": _ratio(th, te),
-            "engine_step_ms": round(te / sizes.decode_steps * 1e3, 2),
-            "hf_step_ms": round(th / sizes.decode_steps * 1e3, 2),
+            "engine_tok_s": round(toks / engine_s, 1),
+            "hf_tok_s": round(toks / hf_s, 1),
+            "ratio": _ratio(hf_s, engine_s),
+            "engine_step_ms": round(engine_s / sizes.decode_steps * 1e3, 2),
+            "hf_step_ms": round(hf_s / sizes.decode_steps * 1e3, 2),
         }
 
     # --- decode over a long context (engine only: a calibration point, not a comparison) ---------
@@ -203,11 +203,11 @@ def run_bench(
         progress(f"decode batch {b} over {sizes.long_context} tokens of context")
         prompts = [prompt(sizes.long_context) for _ in range(b)]
         runs = [_engine_decode(engine, prompts, sizes.decode_steps) for _ in range(sizes.repeats)]
-        te = _summary(runs, sizes.statistic)
+        engine_s = _summary(runs, sizes.statistic)
         out["decode_long"] = {
             "context": sizes.long_context,
             "batch": b,
-            "engine_step_ms": round(te / sizes.decode_steps * 1e3, 2),
+            "engine_step_ms": round(engine_s / sizes.decode_steps * 1e3, 2),
         }
 
     # --- extend vs decode ----------------------------------------------------------------------
@@ -276,16 +276,16 @@ def run_bench(
             out["corun"] = corun
 
     # --- mixed serving workload ----------------------------------------------------------------
-    wl = random.Random(seed + 1)
+    workload_rng = random.Random(seed + 1)
     reqs = []
     for i in range(sizes.mixed_requests):
-        plen = wl.randint(*sizes.mixed_prompt)
-        olen = wl.randint(*sizes.mixed_output)
+        prompt_len = workload_rng.randint(*sizes.mixed_prompt)
+        output_len = workload_rng.randint(*sizes.mixed_output)
         reqs.append(
             Request(
                 f"r{i}",
-                [wl.randrange(min(vocab, 256)) for _ in range(plen)],
-                SamplingParams(max_tokens=olen),
+                [workload_rng.randrange(min(vocab, 256)) for _ in range(prompt_len)],
+                SamplingParams(max_tokens=output_len),
             )
         )
     want = sum(r.sampling.max_tokens for r in reqs)
@@ -298,30 +298,30 @@ def run_bench(
         progress(f"mixed workload: engine, {len(reqs)} requests, batch {batch} ({rep + 1})")
         w, c = time.perf_counter(), time.process_time()
         seqs = engine.generate(reqs, max_batch=batch)
-        te, ce = time.perf_counter() - w, time.process_time() - c
+        engine_s, engine_cpu = time.perf_counter() - w, time.process_time() - c
         got = sum(len(s.output_ids) for s in seqs)
         if got != want:
             raise RuntimeError(f"engine produced {got} tokens, expected {want}")
         progress(f"mixed workload: HF generate, static padded batches of {batch} ({rep + 1})")
         c = time.process_time()
-        th, hf_generated, padded_prompt = hf_static_batches(hf, reqs, batch)
-        ch = time.process_time() - c
-        best["engine"] = min(best.get("engine", (te, ce)), (te, ce))
-        best["hf"] = min(best.get("hf", (th, ch)), (th, ch))
-    (te, ce), (th, ch) = best["engine"], best["hf"]
+        hf_s, hf_generated, padded_prompt = hf_static_batches(hf, reqs, batch)
+        hf_cpu = time.process_time() - c
+        best["engine"] = min(best.get("engine", (engine_s, engine_cpu)), (engine_s, engine_cpu))
+        best["hf"] = min(best.get("hf", (hf_s, hf_cpu)), (hf_s, hf_cpu))
+    (engine_s, engine_cpu), (hf_s, hf_cpu) = best["engine"], best["hf"]
     out["mixed"] = {
         "requests": len(reqs),
         "batch": batch,
         "prompt_tokens": prompt_tokens,
         "output_tokens": want,
-        "engine_s": round(te, 2),
-        "hf_s": round(th, 2),
-        "engine_tok_s": round(want / te, 1),
-        "hf_tok_s": round(want / th, 1),
-        "ratio": _ratio(th, te),
-        "engine_cpu_s": round(ce, 2),
-        "hf_cpu_s": round(ch, 2),
-        "cpu_ratio": _ratio(ch, ce),
+        "engine_s": round(engine_s, 2),
+        "hf_s": round(hf_s, 2),
+        "engine_tok_s": round(want / engine_s, 1),
+        "hf_tok_s": round(want / hf_s, 1),
+        "ratio": _ratio(hf_s, engine_s),
+        "engine_cpu_s": round(engine_cpu, 2),
+        "hf_cpu_s": round(hf_cpu, 2),
+        "cpu_ratio": _ratio(hf_cpu, engine_cpu),
         "hf_generated_tokens": hf_generated,
         "hf_padded_prompt_tokens": padded_prompt,
     }
