@@ -20,6 +20,7 @@ def run(*args: str):
     return res
 
 
+@pytest.mark.slow
 def test_generate_json_matches_engine(tiny_llama_dir):
     res = run(
         "generate",
@@ -42,6 +43,7 @@ def test_generate_json_matches_engine(tiny_llama_dir):
     assert out["token_ids"] == ref and 1 <= len(ref) <= 7
 
 
+@pytest.mark.slow
 def test_generate_builtin_text_prompt():
     res = run(
         "generate",
@@ -58,6 +60,7 @@ def test_generate_builtin_text_prompt():
     assert len(out["token_ids"]) <= 4 and isinstance(out["text"], str)
 
 
+@pytest.mark.slow
 def test_generate_with_tokenizer_and_seeded_sampling(tiny_llama_with_tokenizer):
     args = [
         "generate",
@@ -88,7 +91,11 @@ def test_generate_with_tokenizer_and_seeded_sampling(tiny_llama_with_tokenizer):
         (["--model", "/no/such/dir", "--prompt-ids", "1"], "neither builtin"),
         (["--prompt-ids", "1,x,3"], "'x' is not an integer"),
         (["--prompt-ids", ""], "empty"),
-        (["--prompt-ids", "1,2,100000"], "outside the vocabulary"),
+        pytest.param(
+            ["--prompt-ids", "1,2,100000"],
+            "outside the vocabulary",
+            marks=pytest.mark.slow,  # loads the built-in model first
+        ),
         (["--prompt", "a", "--prompt-ids", "1"], "exactly one of"),
         ([], "exactly one of"),
         (["--prompt-ids", "1", "--max-tokens", "0"], "--max-tokens"),
@@ -100,11 +107,13 @@ def test_generate_errors_are_clear(args, message):
     assert message in res.output
 
 
+@pytest.mark.slow
 def test_text_prompt_without_tokenizer(tiny_llama_dir):
     res = run("generate", "--model", str(tiny_llama_dir), "--prompt", "hi")
     assert res.exit_code == 2 and "--prompt-ids" in res.output
 
 
+@pytest.mark.slow
 def test_bench_engine_quick_json(tiny_llama_dir):
     res = run(
         "bench", "engine", "--model", str(tiny_llama_dir), "--quick", "--json", "--batch", "3"

@@ -59,6 +59,7 @@ SCRIPT = CASE + textwrap.dedent("""
 """)
 
 
+@pytest.mark.slow
 def test_triton_kernels_match_reference_under_interpreter():
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1")

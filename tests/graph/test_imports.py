@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "pyarrow", "grpc")
 
@@ -28,6 +30,7 @@ def test_import_graph_is_light():
     )
 
 
+@pytest.mark.slow  # the whole CLI in a subprocess
 def test_validate_command_is_light():
     code = (
         "import sys\nfrom pddflow.cli import app\n"

@@ -52,6 +52,7 @@ def _validate(path: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # two `pddflow validate` subprocesses
 def test_plugin_operator_and_channel_validate(tmp_path: Path):
     env = _install_plugin(tmp_path)
     g = GRAPH.replace(
@@ -75,6 +76,7 @@ def test_plugin_operator_and_channel_validate(tmp_path: Path):
     assert "unknown operator type 'kv_forwarder'" in done.stdout
 
 
+@pytest.mark.slow  # a `pddflow validate` subprocess
 def test_cycle_is_reported(tmp_path: Path):
     env = _install_plugin(tmp_path)
     g = GRAPH.replace(
