@@ -59,7 +59,8 @@ def _table(res: dict) -> None:
     from rich.table import Table
 
     t = Table(
-        title=f"pddflow channels on 127.0.0.1 ({res['size_mb']} MiB KV set, median of {res['reps']})"
+        title=f"pddflow channels on 127.0.0.1 ({res['size_mb']} MiB KV set, "
+        f"median of {res['reps']})"
     )
     t.add_column("channel")
     t.add_column("measured", justify="right")

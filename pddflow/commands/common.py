@@ -26,13 +26,14 @@ def load_or_exit(graph: Path):
         print(d, file=sys.stderr)
     if not checked.ok:
         fail(
-            f"{graph} is not a valid graph ({len(checked.errors)} error(s)); see `pddflow validate {graph}`"
+            f"{graph} is not a valid graph ({len(checked.errors)} error(s)); "
+            f"see `pddflow validate {graph}`"
         )
     return checked.plan
 
 
 def check_cpu_pinning(value: str) -> str:
-    """`--cpu-pinning` of deploy, bench serve and simulate: one of core/cpu_layout.MODES, or exit 2."""
+    """`--cpu-pinning` of deploy, bench serve and simulate: one of cpu_layout.MODES, or exit 2."""
     from pddflow.core.cpu_layout import MODES
 
     if value not in MODES:

@@ -72,34 +72,31 @@ def _print_registries() -> None:
         ins = ", ".join(f"{p}: {v}" for p, v in t.inputs.items())
         outs = ", ".join(f"{p}: {v}" for p, v in t.outputs.items())
         print(f"  {n:<13} in [{ins}] out [{outs}]  {t.help}")
-        for p, spec in t.params.items():
-            print(
-                f"  {'':<13}   params.{p} ({spec.type.__name__}, default {spec.default!r}): {spec.help}"
-            )
+        _print_params(t.params, 13)
     print("channel kinds:")
     for n in CHANNEL_KINDS:
         k = CHANNEL_KINDS.get(n)
-        print(
-            f"  {n:<13} carries {', '.join(sorted(map(str, k.carries)))}; scope {k.scope}  {k.help}"
-        )
-        for p, spec in k.params.items():
-            print(
-                f"  {'':<13}   params.{p} ({spec.type.__name__}, default {spec.default!r}): {spec.help}"
-            )
+        carries = ", ".join(sorted(map(str, k.carries)))
+        print(f"  {n:<13} carries {carries}; scope {k.scope}  {k.help}")
+        _print_params(k.params, 13)
     print("scheduler policies:")
     for n in POLICIES:
         pol = POLICIES.get(n)
         print(f"  {n:<20} {pol.help}")
-        for p, spec in pol.params.items():
-            print(
-                f"  {'':<20}   params.{p} ({spec.type.__name__}, default {spec.default!r}): {spec.help}"
-            )
+        _print_params(pol.params, 20)
     print("model architecture presets:")
     for n in ARCHS:
         a = ARCHS.get(n)
         print(
-            f"  {n:<16} {a.kv_bytes_per_token / 1024:.0f} KiB/token KV, {a.weight_bytes / 1e9:.0f} GB weights  {a.help}"
+            f"  {n:<16} {a.kv_bytes_per_token / 1024:.0f} KiB/token KV, "
+            f"{a.weight_bytes / 1e9:.0f} GB weights  {a.help}"
         )
+
+
+def _print_params(params: dict, width: int) -> None:
+    for p, spec in params.items():
+        kind = spec.type.__name__
+        print(f"  {'':<{width}}   params.{p} ({kind}, default {spec.default!r}): {spec.help}")
 
 
 def viz(
@@ -114,7 +111,8 @@ def viz(
         None, "-o", "--output", help="write here instead of standard output"
     ),
 ) -> None:
-    """Draw a graph: clusters with their operators, edges labelled with channel kind and bandwidth."""
+    """Draw a graph: clusters with their operators, edges labelled with channel kind and
+    bandwidth."""
     from pddflow.core.registry import did_you_mean
     from pddflow.graph.render import FORMATS, RenderError, render
 
@@ -162,7 +160,8 @@ def plan(
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """Placement table and feasibility report: WAN bandwidth needed against each link (with and
-    without a decode-side radix cache), KV transfer time P50/P99 per request class, and a verdict."""
+    without a decode-side radix cache), KV transfer time P50/P99 per request class, and a
+    verdict."""
     from pddflow.graph.feasibility import Load, analyze
 
     p = load_or_exit(graph)
@@ -186,17 +185,17 @@ def plan(
     if as_json:
         links = [
             {
-                "name": l.name,
-                "required_gbps": l.required_gbps,
-                "required_gbps_without_drc": l.required_gbps_without_drc,
-                "available_gbps": l.available_gbps,
-                "utilization": l.utilization,
-                "transfer_p50_s": l.transfer_p50_s,
-                "transfer_p99_s": l.transfer_p99_s,
-                "classes": [vars(c) for c in l.classes],
-                "channels": l.channels,
+                "name": link.name,
+                "required_gbps": link.required_gbps,
+                "required_gbps_without_drc": link.required_gbps_without_drc,
+                "available_gbps": link.available_gbps,
+                "utilization": link.utilization,
+                "transfer_p50_s": link.transfer_p50_s,
+                "transfer_p99_s": link.transfer_p99_s,
+                "classes": [vars(c) for c in link.classes],
+                "channels": link.channels,
             }
-            for l in report.links
+            for link in report.links
         ]
         print(
             json.dumps(
@@ -222,8 +221,10 @@ def _print_plan(p, placement, report) -> None:
     from rich.table import Table
 
     con = Console(width=max(100, os.get_terminal_size(1).columns if sys.stdout.isatty() else 120))
+    arch = p.model.arch
     t = Table(
-        title=f"placement: {p.name} (model {p.model.arch.name}, {p.model.arch.kv_bytes_per_token / 1024:.0f} KiB KV/token)"
+        title=f"placement: {p.name} (model {arch.name}, "
+        f"{arch.kv_bytes_per_token / 1024:.0f} KiB KV/token)"
     )
     for col in (
         "operator",
@@ -255,14 +256,16 @@ def _print_plan(p, placement, report) -> None:
     con.print(f"total hardware cost: ${p.cost_per_hour():.2f}/hour")
     ld = report.load
     con.print(
-        f"\nload: {ld.rps:g} req/s, {ld.prompt_tokens:,} prompt tokens, {ld.output_tokens:,} output tokens, "
-        f"{ld.hit_rate:.0%} average prefix hit"
+        f"\nload: {ld.rps:g} req/s, {ld.prompt_tokens:,} prompt tokens, "
+        f"{ld.output_tokens:,} output tokens, {ld.hit_rate:.0%} average prefix hit"
     )
-    for l in report.links:
-        lt = Table(title=f"link {l.name}: {l.available_gbps:g} Gbps, {l.utilization:.0%} used")
+    for link in report.links:
+        lt = Table(
+            title=f"link {link.name}: {link.available_gbps:g} Gbps, {link.utilization:.0%} used"
+        )
         for col in ("request class", "hit", "KV to send", "transfer P50", "transfer P99"):
             lt.add_column(col, justify="right")
-        for c in l.classes:
+        for c in link.classes:
             lt.add_row(
                 c.name,
                 f"{c.hit_rate:.0%}",
@@ -272,8 +275,9 @@ def _print_plan(p, placement, report) -> None:
             )
         con.print(lt)
         con.print(
-            f"  bandwidth needed: {l.required_gbps:.1f} Gbps with the decode-side radix cache, "
-            f"{l.required_gbps_without_drc:.1f} Gbps without (link gives {l.available_gbps:g})"
+            f"  bandwidth needed: {link.required_gbps:.1f} Gbps with the decode-side radix "
+            f"cache, {link.required_gbps_without_drc:.1f} Gbps without "
+            f"(link gives {link.available_gbps:g})"
         )
     verdict = "[green]FEASIBLE[/green]" if report.feasible else "[red]NOT FEASIBLE[/red]"
     con.print(f"\nverdict: {verdict}")

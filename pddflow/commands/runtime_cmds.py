@@ -261,7 +261,8 @@ def _print_serve(out: dict) -> None:
 
     con = Console()
     t = metric_table(
-        f"bench serve: {out['workload']['requests']} requests, WAN {out['workload']['wan_gbps']:g} Gbps",
+        f"bench serve: {out['workload']['requests']} requests, "
+        f"WAN {out['workload']['wan_gbps']:g} Gbps",
         [Path(r["graph"]).stem for r in out["graphs"]],
         out["graphs"],
         [

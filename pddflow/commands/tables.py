@@ -10,7 +10,7 @@ Row = tuple[str, Callable[[dict], str]]
 
 
 def percentile_rows(label: str, key: str, fmt: str, upper: bool = False) -> list[Row]:
-    """`label P50/P90/P99 (unit)` rows of `result[key][q]`; `label` holds `{q}` and `fmt` is e.g. '.3f'."""
+    """P50/P90/P99 rows of `result[key][q]`; `label` holds `{q}`, `fmt` is e.g. '.3f'."""
     return [
         (label.format(q=q.upper() if upper else q), lambda r, q=q: format(r[key][q], fmt))
         for q in ("p50", "p90", "p99")

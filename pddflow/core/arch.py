@@ -1,8 +1,7 @@
 """Model architecture presets: what planning and simulation assume about a model.
 
-A graph's `model.arch` names one of these (or gives the three numbers inline). They describe the
-production model; the weights a local deployment loads (`model.weights`) are separate, so one file
-plans a 70B fleet and still deploys the built-in tiny model on a laptop.
+They describe the production model; the weights a local deployment loads (`model.weights`) are
+separate, so one file plans a 70B fleet and still deploys the built-in tiny model on a laptop.
 """
 
 from __future__ import annotations
@@ -19,8 +18,8 @@ class ModelArch:
     flops_per_token: float  # forward FLOPs per token (about 2 x active parameters)
     weight_bytes: int  # whole model, at the serving dtype
     help: str = ""
-    # attention FLOPs per (query, key) pair, all layers (QK^T and PV: 4 x layers x query heads x
-    # head_dim); 0: not given, assume 8 x kv_bytes_per_token (16-bit KV, 8 query heads per KV head)
+    # Attention FLOPs per (query, key) pair, all layers (4 x layers x query heads x head_dim); 0:
+    # not given, assume 8 x kv_bytes_per_token (16-bit KV, 8 query heads per KV head).
     attn_flops_per_pair: float = 0.0
 
     @property
@@ -77,11 +76,11 @@ for _a in (
         576 * 61 * 2,
         2 * 37e9,
         int(671e9),
-        "DeepSeek-V3/R1 (MLA, 37B active of 671B, fp8 weights): about 69 KB/token, near PDD's 50 KB working figure",
+        "DeepSeek-V3/R1 (MLA, 37B active of 671B, fp8 weights): about 69 KB/token, "
+        "near PDD's 50 KB working figure",
         attn_flops_per_pair=2.0 * 61 * 128 * (192 + 128),
     ),
-    # The built-in model's real numbers (16 layers, 8 query / 4 KV heads x 64 dims, 47.5M parameters,
-    # fp32; tests/sim check them against `pddflow.operators.config.TINY_LLAMA`): what a laptop runs.
+    # The built-in model (operators.config.TINY_LLAMA; tests/sim check the numbers match).
     _dense(
         "tiny-llama",
         16,

@@ -1,10 +1,9 @@
-"""Prefix-chained block hashes: the one key scheme shared by the engine's radix cache, the router's
+"""Prefix-chained block hashes: the one key scheme of the engine's radix cache, the router's
 mirror of each MainDecode's cache, and the simulator.
 
-A block's hash covers its own token IDs *and* its parent's hash, so equal hashes mean equal whole
-prefixes, not just equal blocks. That is the scheme of the Mooncake trace's `hash_ids`, which lets a
-trace replay and a live engine speak about the same cache contents. Pure Python (no torch): the
-scheduler and the simulator import it.
+A block's hash covers its tokens and its parent's hash, so equal hashes mean equal whole prefixes.
+That is the scheme of the Mooncake trace's `hash_ids`, so a trace replay and a live engine speak
+about the same cache contents. Pure Python: the scheduler and the simulator import it.
 """
 
 from __future__ import annotations
@@ -28,9 +27,8 @@ def _digest(parent: int | None, tokens: Sequence[int]) -> int:
 def chain_block_hashes(
     token_ids: Sequence[int], block_size: int, parent: int | None = None
 ) -> list[int]:
-    """Hashes of the FULL blocks of `token_ids` (a trailing partial block gets none: its KV is still
-    growing, so it cannot be shared). `parent` is the hash of the block just before `token_ids[0]`,
-    which lets a caller hash a sequence incrementally as its blocks fill."""
+    """Hashes of the full blocks of `token_ids` (a partial block's KV is still growing: it cannot be
+    shared). `parent`: the hash of the block before `token_ids[0]`, to hash incrementally."""
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
     out: list[int] = []
@@ -41,7 +39,6 @@ def chain_block_hashes(
 
 
 def partial_block_hash(token_ids: Sequence[int], parent: int | None = None) -> int:
-    """Identifier for a trailing partial block (shipped in KV transfers for checksums and resume,
-    never inserted into a prefix cache). It hashes fewer tokens than a full block does, so its input
-    differs from that of every full block with the same parent."""
+    """Identifier of a trailing partial block in a KV transfer (never cached). It hashes fewer
+    tokens than a full block, so it cannot equal a full block's hash input."""
     return _digest(parent, token_ids)

@@ -1,8 +1,5 @@
-"""Channel kinds: what each carries and how far it reaches.
-
-The validator checks an edge's payload type against `carries` and its placement against `scope`;
-the runtime picks the transport by kind. Plugins add kinds through the `pddflow.channels`
-entry-point group.
+"""Channel kinds: what each carries and how far it reaches. The validator checks an edge's payload
+against `carries` and its placement against `scope`; the runtime picks the transport by kind.
 """
 
 from __future__ import annotations
@@ -13,16 +10,13 @@ from pddflow.core.operator_types import Param
 from pddflow.core.payloads import Payload
 from pddflow.core.registry import Registry
 
-# Scopes: "process" (one process), "cluster" (both ends in one cluster), "any" (may cross a link).
-SCOPES = ("process", "cluster", "any")
-
 
 @dataclass(frozen=True)
 class ChannelKind:
     name: str
     help: str
     carries: frozenset[Payload]
-    scope: str
+    scope: str  # "process" | "cluster" (both ends in one cluster) | "any" (may cross a link)
     params: dict[str, Param] = field(default_factory=dict)
 
     def can_cross_clusters(self) -> bool:

@@ -1,19 +1,15 @@
 """Which of this host's cores each worker of a local deployment runs on.
 
-Why: the local backend emulates two datacenters on one machine. Real clusters do not share
-compute, so an emulated one should not either: if the relay (cluster A) and main decode (cluster B)
-float over the same cores, every relay step slows main's decode, an interference PDD's hardware
-does not have. So the host's cores are split between clusters in proportion to their instances,
-and within a cluster between its instances when there are enough; each worker is pinned to its
-share and runs that many torch threads. With fewer cores than clusters nothing is pinned and the
-workers split the host's threads evenly (the old behaviour; `--cpu-pinning none` forces it).
-The frontend and any client stay unpinned.
+Why: the local backend emulates separate datacenters on one machine, and real clusters do not share
+compute. If the relay (cluster A) and main decode (cluster B) floated over the same cores, every
+relay step would slow main's decode. So the cores are split between clusters in proportion to their
+instances, and within a cluster between its instances when there are enough; each worker is pinned
+to its share and runs that many torch threads. With fewer cores than clusters nothing is pinned.
 
-When a cluster has fewer cores than instances its workers share them, and a decoder pinned with a
-prefill worker runs at a lower priority (nice +DECODE_NICE, about a third of the CPU weight): on
-separate hardware nothing slows a prompt's prefill, and on shared cores the next best is what a
-prefill-first scheduler does, since a prompt waiting for its first token (TTFT) is worth more than
-one more token of a stream that is already flowing. Measured in docs/benchmarks.md.
+Where a cluster has fewer cores than instances, a decoder sharing cores with a prefill worker runs
+at a lower priority (nice +DECODE_NICE): a prompt waiting for its first token is worth more than one
+more token of a stream already flowing, as a prefill-first scheduler would decide
+(docs/benchmarks.md has the measurement).
 """
 
 from __future__ import annotations
@@ -34,7 +30,8 @@ class CpuLayout:
 
     def describe(self) -> str:
         if self.mode == "shared":
-            return f"workers share all cores ({', '.join(f'{i}: {t} threads' for i, t in self.threads.items())})"
+            threads = ", ".join(f"{i}: {t} threads" for i, t in self.threads.items())
+            return f"workers share all cores ({threads})"
         return "; ".join(
             f"{i}: cores {_ranges(c)}" + (f" (nice +{self.nice[i]})" if self.nice[i] else "")
             for i, c in self.cpus.items()

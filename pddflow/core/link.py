@@ -1,8 +1,5 @@
-"""The link model: one object used three ways.
-
-`pddflow plan` does feasibility arithmetic with it, the channel emulator shapes real traffic with
-it (token bucket at `gbps`, a per-message delay drawn from the jitter distribution), and the
-simulator uses it as the WAN. Pure Python, no numpy, so the graph tools stay instant.
+"""The link model, used three ways: feasibility arithmetic (`pddflow plan`), traffic shaping on an
+emulated `wan_flight` channel, and the simulator's WAN. Pure Python, so graph tools stay instant.
 """
 
 from __future__ import annotations
@@ -17,24 +14,20 @@ Z99 = _STD_NORMAL.inv_cdf(0.99)
 
 
 def jitter_stream(seed: int, key: int | str) -> random.Random:
-    """The seeded sequence one emulated connection draws its delays from (`channels/emulation.py`).
-    The simulator's replay of a deployment draws from the same sequence (common random numbers),
-    so with a few dozen requests both see the same delays, not two samples of a heavy tail."""
+    """The delays one emulated connection draws. The simulator's replay of a deployment draws the
+    same sequence, so a few dozen requests see the same delays, not two samples of a heavy tail."""
     return random.Random(f"{seed}:{key}")
 
 
 def kv_link_seed(deploy_seed: int) -> int:
-    """The emulated-link seed of a deployment's KV (wan_flight) senders for `pddflow deploy --seed`."""
+    """The emulated-link seed of a deployment's KV (wan_flight) senders."""
     return 2 * deploy_seed
 
 
 @dataclass(frozen=True)
 class Jitter:
-    """Extra one-way delay per transfer, on top of RTT.
-
-    dist: `lognormal` (fitted through p50 and p99: the heavy tail PDD measured, 1-20 s for KV
-    over a busy WAN), `normal` (clipped at 0) or `constant` (p50 always).
-    """
+    """Extra one-way delay per transfer, on top of RTT: `lognormal` through p50 and p99 (the heavy
+    tail PDD measured for KV over a busy WAN), `normal` (clipped at 0) or `constant` (p50)."""
 
     p50_ms: float = 0.0
     p99_ms: float = 0.0
@@ -82,13 +75,6 @@ class LinkModel:
         return (
             self.rtt_ms / 1e3
             + self.jitter.quantile_ms(q) / 1e3
-            + self.serialization_s(nbytes, share)
-        )
-
-    def sample_transfer_s(self, nbytes: float, rng: random.Random, share: float = 1.0) -> float:
-        return (
-            self.rtt_ms / 1e3
-            + self.jitter.sample_ms(rng) / 1e3
             + self.serialization_s(nbytes, share)
         )
 

@@ -26,11 +26,9 @@ class OperatorType:
     help: str
     inputs: dict[str, Payload]
     outputs: dict[str, Payload]
-    # "prefill" computes the prompt KV; "decode" can end a pipeline; "both" does the two (colocated).
-    role: str
+    role: str  # prefill (computes the prompt KV) | decode (can end a pipeline) | both (colocated)
     params: dict[str, Param] = field(default_factory=dict)
-    # True for operators that take client requests (a variant path must start at one).
-    entry: bool = False
+    entry: bool = False  # takes client requests: a variant path starts at one
 
     @property
     def decodes(self) -> bool:

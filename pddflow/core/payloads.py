@@ -1,8 +1,7 @@
 """Payload types: what flows along graph edges.
 
-The names are what ports and channel kinds declare (checked by the validator). The dataclasses are
-the in-memory form that operators produce and channels encode; each has exactly one wire form
-(Arrow IPC for KVBlocks, protobuf for TokenIds and control), implemented in `pddflow.channels`.
+The names are what ports and channel kinds declare; the dataclasses are the in-memory form, each
+with one wire form in `pddflow.channels` (Arrow IPC for KVBlocks, protobuf for the rest).
 """
 
 from __future__ import annotations
@@ -12,15 +11,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 
-class Payload(str, enum.Enum):
+class Payload(enum.StrEnum):
     REQUEST = "Request"  # prompt token IDs, sampling params, deadline
-    KV_BLOCKS = "KVBlocks"  # a sequence's KV for a range of blocks
+    KV_BLOCKS = "KVBlocks"
     TOKEN_IDS = "TokenIds"  # generated token IDs (the Extend-Decode handoff)
     TOKEN_STREAM = "TokenStream"  # tokens streamed to the client
     CONTROL = "Control"  # cancel / release / ack
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)
@@ -42,13 +38,11 @@ class Request:
 
 @dataclass
 class KVBlocks:
-    """KV of `len(block_hashes)` consecutive blocks of one sequence.
+    """KV of consecutive blocks [token_start, token_end) of one sequence; the last may be partial.
 
-    `data` is a contiguous tensor (torch or numpy) of shape
-    [num_blocks, num_layers, 2 (K, V), block_size, num_kv_heads, head_dim]; block i covers token
-    positions [token_start + i*block_size, token_start + (i+1)*block_size) except that the last block
-    may be partial (`token_end` is exclusive). One block's slice `data[i]` is contiguous, which is
-    what lets a channel ship, checksum and resume per block without copying.
+    `data`: a contiguous torch or numpy array [num_blocks, num_layers, 2 (K, V), block_size,
+    num_kv_heads, head_dim]. Each `data[i]` is contiguous, so a channel ships, checksums and resumes
+    per block without copying.
     """
 
     seq_id: str

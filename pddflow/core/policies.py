@@ -1,8 +1,7 @@
-"""Scheduler policy names and parameters (the implementations live in `pddflow.scheduler`).
+"""Scheduler policy names and parameters; the implementations live in `pddflow.scheduler`.
 
-Kept here, below the graph layer, so validating a graph's `scheduler:` section needs no import of
-the scheduler. Plugins add policies through the `pddflow.policies` entry-point group; `impl` is
-"module:attribute" of the policy class, loaded only by the runtime and the simulator.
+Here, below the graph layer, so validating a graph's `scheduler:` section imports no scheduler.
+`impl` is "module:attribute" of the policy class, loaded only by the runtime and the simulator.
 """
 
 from __future__ import annotations
@@ -27,8 +26,9 @@ POLICIES.register(
     "predicted_hit_rate",
     PolicySpec(
         "predicted_hit_rate",
-        "per request: predicted MD hit rate from the radix-cache mirror and predicted WAN transfer "
-        "time from live link estimates pick p_md or p_rld_md, the handoff mode and singular traffic",
+        "per request: predicted MD hit rate from the radix-cache mirror and predicted WAN "
+        "transfer time from live link estimates pick p_md or p_rld_md, the handoff mode and "
+        "singular traffic",
         "pddflow.scheduler.predicted_hit_rate:PredictedHitRatePolicy",
         {
             "relay_if_transfer_over_s": Param(
@@ -53,7 +53,8 @@ POLICIES.register(
     "uncached_threshold",
     PolicySpec(
         "uncached_threshold",
-        "what Dynamo/llm-d/SGLang routers do: relay (remote prefill) when uncached prompt tokens exceed a fixed threshold",
+        "what Dynamo/llm-d/SGLang routers do: relay (remote prefill) when uncached prompt "
+        "tokens exceed a fixed threshold",
         "pddflow.scheduler.uncached_threshold:UncachedThresholdPolicy",
         {
             "threshold_tokens": Param(

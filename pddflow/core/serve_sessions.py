@@ -1,14 +1,11 @@
-"""The multi-turn agentic workload of `pddflow bench serve` (and of `pddflow simulate --serve-workload`,
-which replays the same sessions), derived from a Mooncake-format trace and scaled to the built-in model.
+"""The multi-turn agentic workload of `pddflow bench serve` (and `pddflow simulate
+--serve-workload`, which replays it), derived from a Mooncake-format trace and scaled to the
+built-in model. Pure, so the runtime and the simulator both import it.
 
-Pure (random only) and in `pddflow.core` so both the runtime and the simulator import it.
-
-Each session starts from one trace request: its prompt is built block by block from the trace's
-`hash_ids` (one deterministic block of tokens per hash id, so requests that share hash prefixes
-share token prefixes, block 0 being everyone's system prompt), its output length from the trace.
-Every later turn sends the whole previous context (prompt + the tokens actually generated) plus a
-short new user message, so turns hit the decode-side cache almost entirely; each session's first
-turn is the low-hit tail.
+A session starts from one trace request: its prompt is built block by block from `hash_ids` (one
+deterministic block of tokens per hash id, so shared hash prefixes are shared token prefixes), its
+output length from the trace. Each later turn sends the whole previous context plus a short user
+message, so turns hit the decode-side cache almost entirely; first turns are the low-hit tail.
 """
 
 from __future__ import annotations
@@ -56,10 +53,9 @@ def build(
     user_tokens: int = 24,
     output_scale: float = 0.25,
 ) -> WorkloadSpec:
-    """`sessions` sessions of `turns` turns; prompt lengths multiplied by `scale` (tokens of the
-    built-in model per trace token), output lengths by `output_scale` up to `max_output`. Outputs
-    shrink less than prompts so the relay's eager share stays what it is at scale (a few percent of
-    output tokens), instead of the relay finishing every short answer alone."""
+    """`sessions` sessions of `turns` turns; prompt lengths scaled by `scale`, output lengths by
+    `output_scale` up to `max_output`. Outputs shrink less than prompts so the relay's eager share
+    of output tokens stays what it is at scale, instead of the relay finishing every answer."""
     recs = read_trace(trace, sessions * turns)
     block = max(1, round(TRACE_BLOCK_TOKENS * scale))
     rng = random.Random(seed)

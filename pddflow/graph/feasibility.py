@@ -59,8 +59,8 @@ class Feasibility:
 
 
 def variant_shares(plan: Plan) -> dict[str, float]:
-    """Planning shares: declared `expected_share`s, the rest split evenly over the others. A
-    variant that the policy may send any request to is counted in full for bandwidth (worst case)."""
+    """Declared `expected_share`s, the rest split evenly; with none declared every variant counts
+    in full, since the policy may send any request to it (worst case for bandwidth)."""
     declared = {
         n: v.expected_share for n, v in plan.variants.items() if v.expected_share is not None
     }
@@ -119,23 +119,25 @@ def analyze(plan: Plan, load: Load) -> Feasibility:
         )
         if util >= 1.0:
             problems.append(
-                f"link {link.name}: needs {required:.1f} Gbps at {load.rps:g} req/s but gives {link.gbps:g} Gbps; "
-                f"add bandwidth, raise the hit rate, or lower the load"
+                f"link {link.name}: needs {required:.1f} Gbps at {load.rps:g} req/s but gives "
+                f"{link.gbps:g} Gbps; add bandwidth, raise the hit rate, or lower the load"
             )
         elif util > 0.8:
             notes.append(
-                f"link {link.name} runs at {util:.0%} of its bandwidth: transfers queue and the tail grows"
+                f"link {link.name} runs at {util:.0%} of its bandwidth: "
+                "transfers queue and the tail grows"
             )
         if without > link.gbps and required < link.gbps and kv_drc:
             notes.append(
-                f"link {link.name}: feasible only with the decode-side radix cache ({without:.1f} Gbps "
-                f"without it, {required:.1f} Gbps with {load.hit_rate:.0%} hits)"
+                f"link {link.name}: feasible only with the decode-side radix cache "
+                f"({without:.1f} Gbps without it, {required:.1f} Gbps with "
+                f"{load.hit_rate:.0%} hits)"
             )
         cold = next((c for c in classes if c.name == "cold"), None)
         if cold and cold.transfer_p99_s > plan.scheduler.ttft_s:
             msg = (
-                f"link {link.name}: a cold {load.prompt_tokens}-token prompt's KV takes {cold.transfer_p99_s:.1f} s at P99, "
-                f"over the {plan.scheduler.ttft_s:g} s TTFT SLA"
+                f"link {link.name}: a cold {load.prompt_tokens}-token prompt's KV takes "
+                f"{cold.transfer_p99_s:.1f} s at P99, over the {plan.scheduler.ttft_s:g} s TTFT SLA"
             )
             if has_relay:
                 notes.append(msg + "; the relay variant hides it (eager tokens from the relay)")

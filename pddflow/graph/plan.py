@@ -142,15 +142,6 @@ class Plan:
     def operator_of(self, instance_id: str) -> OperatorPlan:
         return self.operators[self.instance(instance_id).operator]
 
-    def instances_of(self, operator: str) -> list[Instance]:
-        return [i for i in self.instances if i.operator == operator]
-
-    def link_between(self, a: str, b: str) -> LinkModel | None:
-        for link in self.links.values():
-            if link.connects(a, b):
-                return link
-        return None
-
     def cost_per_hour(self) -> float:
         """Price of every device the operators occupy (not idle devices in the clusters)."""
         return sum(

@@ -33,7 +33,8 @@ class ModelSpec(_Strict):
         description="what `deploy` loads: `builtin:tiny-llama` or a local HF checkpoint directory"
     )
     arch: str | ArchNumbers = Field(
-        description="what `plan` and `simulate` assume: a preset name (see `pddflow schema --presets`) or inline numbers"
+        description="what `plan` and `simulate` assume: a preset name "
+        "(see `pddflow schema --list`) or inline numbers"
     )
     max_context: int = Field(
         131072, gt=0, description="longest prompt + output a request may have, in tokens"
@@ -87,7 +88,8 @@ class LinkSpec(_Strict):
 
 class OperatorSpec(_Strict):
     op: str = Field(
-        description="operator type (prefill, relay_decode, main_decode, decode, colocated, or a plugin's)"
+        description="operator type (prefill, relay_decode, main_decode, decode, colocated, "
+        "or a plugin's)"
     )
     cluster: str = Field(description="cluster the replicas run in")
     device: str = Field(description="device class each replica runs on")
@@ -114,10 +116,6 @@ class EdgeSpec(_Strict):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
 
-class CatchUpSpec(_Strict):
-    batch_tokens: int = Field(32, ge=1, description="token IDs per catch-up handoff batch")
-
-
 class VariantSpec(_Strict):
     path: list[str] = Field(
         min_length=1, description="operators a request visits, entry first, a decoder last"
@@ -127,7 +125,8 @@ class VariantSpec(_Strict):
     )
     singular_traffic: StrictBool = Field(
         False,
-        description="marks the one allowed path that ends at the relay (rare long-input, short-output requests)",
+        description="marks the one allowed path that ends at the relay "
+        "(rare long-input, short-output requests)",
     )
     expected_share: float | None = Field(
         None,

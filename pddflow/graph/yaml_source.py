@@ -119,7 +119,8 @@ class _Builder:
                         self.src.file,
                         here[0],
                         here[1],
-                        f"duplicate key {key!r} (first defined at line {line}); YAML keeps only one, so delete or rename one",
+                        f"duplicate key {key!r} (first defined at line {line}); YAML keeps only "
+                        "one, so delete or rename one",
                     )
                 )
                 continue
@@ -204,7 +205,8 @@ def read_yaml(file: str, raw: bytes | None = None) -> Source:
                 file,
                 1,
                 1,
-                f"a graph file is a mapping with `pddflow: 1` at the top, not a {type(src.data).__name__}",
+                "a graph file is a mapping with `pddflow: 1` at the top, "
+                f"not a {type(src.data).__name__}",
             )
         )
         src.data = None

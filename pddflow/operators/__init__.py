@@ -13,9 +13,9 @@ One concept per module:
   sequence.py         one request's tokens, block table and progress (pure Python)
   sampling.py         greedy / temperature + top-p with stateless per-request seeds
   engine.py           prefill / decode / extend / KV export-import / free / match
-  engine_bench.py     `pddflow bench engine` (engine vs HF transformers)
+  engine_bench.py     `pddflow bench engine` (engine vs HF transformers; corun_bench.py)
+  hf_reference.py     HF transformers on the engine's weights (benchmark and parity tests)
 
-Importing this package imports nothing heavy; the pure-Python modules (radix_cache,
-block_allocator, sequence, config) never import torch, so the scheduler's cache mirror and the
-simulator can use them.
+Importing this package imports nothing heavy, and the pure-Python modules never import torch, so
+the simulator can use them.
 """

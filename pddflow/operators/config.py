@@ -1,8 +1,8 @@
-"""Model configuration: the architecture facts the engine needs, read from an HF `config.json`
-(Llama or Qwen2 style) or fixed for `builtin:tiny-llama`. Pure Python.
+"""Model configuration: what the engine needs from an HF `config.json` (Llama or Qwen2 style) or
+for `builtin:tiny-llama`. Pure Python.
 
-Anything the engine does not implement (sliding windows, other activations, exotic RoPE types) is
-refused here with a message, rather than loaded and silently computed wrong.
+Anything the engine does not implement (sliding windows, other activations or RoPE types) is
+refused with a message, not loaded and silently computed wrong.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from typing import Any
 
 
 class ModelSpecError(ValueError):
-    """A model spec (builtin name or checkpoint directory) that cannot be loaded; the message says why."""
+    """A builtin name or checkpoint directory that cannot be loaded; the message says why."""
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ class ModelConfig:
 
 
 def _rope_from_hf(d: dict[str, Any]) -> tuple[float, RopeScaling]:
-    # transformers 5 writes `rope_parameters` (theta inside); 4.x wrote `rope_theta` + `rope_scaling`.
+    # transformers 5 writes `rope_parameters` (theta inside); 4.x `rope_theta` + `rope_scaling`.
     params = d.get("rope_parameters") or d.get("rope_scaling") or {}
     theta = float(params.get("rope_theta", d.get("rope_theta", 10000.0)))
     rope_type = params.get("rope_type", params.get("type", "default"))
@@ -140,10 +140,9 @@ def _rope_from_hf(d: dict[str, Any]) -> tuple[float, RopeScaling]:
     )
 
 
-# builtin:tiny-llama. Sized so KV is exactly 32 KiB per token in fp32 (16 layers x K,V x 4 KV heads x
-# 64 dims x 4 bytes), inside PDD's 10-80 KB range, with GQA (8 query heads share 4 KV heads) and
-# llama3-style RoPE scaling, so every code path of a real Llama 3 runs; 47M parameters keep a 2-core
-# CPU at hundreds of tokens per second. Vocabulary: 256 bytes + <bos> <eos> <pad>.
+# builtin:tiny-llama: 32 KiB of fp32 KV per token (inside PDD's 10-80 KB range), GQA and llama3 RoPE
+# scaling, so every code path of a real Llama 3 runs, at 47M parameters a laptop CPU can serve.
+# Vocabulary: 256 bytes + <bos> <eos> <pad>.
 TINY_LLAMA = ModelConfig(
     arch="llama",
     vocab_size=259,

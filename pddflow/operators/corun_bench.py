@@ -1,15 +1,11 @@
 """The co-run point of `pddflow bench engine`: the engine's prefill and decode step on one core,
 alone and while another process decodes on another core.
 
-An embedded deployment pins each emulated cluster to cores of its own (`core/cpu_layout.py`), but
-cores still share the last-level cache and the memory bus: measured on this 2-core VM, a prefill
-ran 10-20% slower and a decode step up to 1.5x slower while a second engine decoded next door.
-A calibration taken on an otherwise idle machine misses that, so the simulator
-(`sim/simulator.py: HostCpus`) applies these factors to a worker's steps while a worker on other
-cores is busy.
+Pinned cores still share the last-level cache and the memory bus, so a calibration on an idle
+machine misses the slowdown a neighbour causes; the simulator applies these factors to a worker's
+steps while a worker on other cores is busy (docs/simulator.md has the figures).
 
-The companion is a separate process (its own interpreter and torch threads) pinned to the second
-core; it is paused (SIGSTOP) for the "alone" samples and resumed (SIGCONT) for the "co-run"
+The companion is paused (SIGSTOP) for the "alone" samples and resumed (SIGCONT) for the "co-run"
 ones, alternating, so a drift of the machine's speed falls on both sides alike.
 """
 

@@ -2,8 +2,8 @@
 entry points the runtime calls:
 
     seq = engine.add_sequence(prompt_ids, sampling)
-    engine.prefill(seq)                  # P / colocated: reuse cached prefix, compute the rest, sample
-    kv = engine.export_kv(seq, start_block=k)    # P: ship only the blocks the remote cache lacks
+    engine.prefill(seq)                  # P / colocated: reuse the cached prefix, compute, sample
+    kv = engine.export_kv(seq, start_block=k)    # P: only the blocks the remote cache lacks
     engine.import_kv(seq, kv)            # RLD / MD: land received KV in fresh blocks
     engine.decode([seq, ...])            # one continuous-batching step
     logits = engine.extend(seq, ids)     # MD: Extend-Decode handoff (N known tokens in parallel)
@@ -12,7 +12,7 @@ entry points the runtime calls:
     engine.match(hashes)                 # the router's hit prediction
 
 No scheduler lives here: the runtime decides what runs when. `generate` is the colocated reference
-loop (continuous batching) used by `pddflow generate`, the benchmark and the correctness tests.
+loop (continuous batching).
 """
 
 from __future__ import annotations
@@ -49,19 +49,16 @@ from pddflow.operators.weights import ModelSource, load_model_source
 
 @dataclass(frozen=True)
 class EngineConfig:
-    block_size: int = 16  # tokens per KV block (the unit of paging, caching and transfer)
-    kv_cache_bytes: int = (
-        512 * 2**20
-    )  # KV memory budget; the runtime sizes it from the device class
-    chunk_size: int = 512  # most token rows per forward in prefill/extend (chunked prefill)
+    block_size: int = 16  # tokens per KV block: the unit of paging, caching and transfer
+    kv_cache_bytes: int = 512 * 2**20
+    chunk_size: int = 512  # most token rows per prefill/extend forward
     max_decode_rows: int = 256  # most sequences per decode forward (bigger batches split)
     attention_tile: int = DEFAULT_TILE
     prefix_cache: bool = True
     device: str = "auto"  # auto | cpu | cuda
-    tune_host_malloc: bool = True  # CPU: let glibc recycle large freed buffers (see host_memory)
-    # torch intra-op threads for this process (process-wide). Set it when several workers share a
-    # machine: oversubscribed OpenMP barriers stall for whole scheduler time slices (measured 20x+
-    # slower steps on a 2-core box running three 2-thread workers).
+    tune_host_malloc: bool = True  # CPU: let glibc recycle large freed buffers (host_memory)
+    # Torch threads, process-wide. Set it when workers share a machine: oversubscribed OpenMP
+    # barriers stall for whole scheduler time slices (docs/engine.md).
     num_threads: int | None = None
     dtype: str | None = None  # None: fp32 on CPU, bf16 on CUDA; or float32/bfloat16/float16
 
@@ -154,18 +151,19 @@ class Engine:
         bad = [t for t in ids if not 0 <= t < self.model_config.vocab_size]
         if bad:
             raise ValueError(
-                f"token ids {bad[:5]} are outside the vocabulary [0, {self.model_config.vocab_size})"
+                f"token ids {bad[:5]} are outside the vocabulary "
+                f"[0, {self.model_config.vocab_size})"
             )
         seed = sampling.seed if sampling.seed is not None else random.getrandbits(63)
         return Sequence(seq_id or f"seq-{next(self._ids)}", ids, len(ids), sampling, seed)
 
     def append_tokens(self, seq: Sequence, token_ids: Seq[int]) -> None:
-        """Known tokens whose KV is not computed yet (e.g. the first token that Prefill sampled)."""
+        """Known tokens whose KV is not computed yet (e.g. the token Prefill sampled)."""
         seq.token_ids.extend(int(t) for t in token_ids)
 
     def reuse_prefix(self, seq: Sequence, keep_last: bool = True) -> int:
         """Adopt the longest cached prefix of a fresh sequence; returns the tokens reused. keep_last
-        leaves at least one token to compute, since prefill needs logits at the last position."""
+        leaves one token to compute: prefill needs logits at the last position."""
         if seq.block_table or seq.num_computed or not self.config.prefix_cache:
             return 0
         bs = self.block_size
@@ -181,8 +179,7 @@ class Engine:
         return self.radix.match_len(hashes)
 
     def free(self, seq: Sequence) -> None:
-        """Release a sequence's blocks; its full blocks stay in the prefix cache (next turn's prompt
-        starts with this turn's prompt and output)."""
+        """Release a sequence's blocks; its full blocks stay cached for the next turn."""
         if self.config.prefix_cache:
             self.cache_sequence(seq)
         self.allocator.decref(seq.block_table)
@@ -191,7 +188,6 @@ class Engine:
         seq.finished = True
 
     def cache_sequence(self, seq: Sequence) -> None:
-        """Insert the sequence's full computed blocks into the prefix cache."""
         n = seq.num_computed // self.block_size
         if n == 0:
             return
@@ -201,8 +197,8 @@ class Engine:
 
     # --- compute entry points ------------------------------------------------------------------
     def prefill(self, seq: Sequence, chunk_size: int | None = None) -> int:
-        """Reuse the cached prefix, compute the rest of the prompt in chunks of at most chunk_size
-        tokens, sample the first token (appended to the sequence, KV pending) and return it."""
+        """Reuse the cached prefix, compute the rest in chunks, sample and return the first token
+        (appended, its KV pending)."""
         self.reuse_prefix(seq)
         logits = self._compute_pending(seq, chunk_size)
         if self.config.prefix_cache:
@@ -212,17 +208,16 @@ class Engine:
     def extend(
         self, seq: Sequence, token_ids: Seq[int], chunk_size: int | None = None
     ) -> torch.Tensor:
-        """Append known tokens and compute their KV in parallel over the existing cache (the
-        Extend-Decode handoff); returns next-token logits [V] (fp32). Same code as chunked prefill."""
+        """The Extend-Decode handoff: append known tokens, compute their KV over the cache as a
+        chunked prefill does; returns next-token logits [V] (fp32)."""
         self.append_tokens(seq, token_ids)
         if seq.num_pending == 0:
             raise ValueError("extend with nothing to compute")
         return self._compute_pending(seq, chunk_size)
 
     def compute_to(self, seq: Sequence, end: int) -> None:
-        """Compute the KV of known tokens up to position `end` without sampling: main decode
-        rebuilding prefix blocks its cache lost, or a whole prompt whose KV transfer failed
-        (re-prefill from token IDs)."""
+        """KV of known tokens up to `end`, no sampling: prefix blocks main decode's cache lost,
+        or a prompt whose KV transfer failed (re-prefill from token IDs)."""
         if not seq.num_computed <= end <= len(seq.token_ids):
             raise ValueError(
                 f"{seq.seq_id}: cannot compute to {end} ({seq.num_computed} computed, "
@@ -234,8 +229,7 @@ class Engine:
             )
 
     def decode(self, seqs: Seq[Sequence]) -> list[int]:
-        """One continuous-batching step: each sequence feeds its one pending token and samples the
-        next. Sequences may have any lengths."""
+        """One continuous-batching step: each sequence feeds its one pending token and samples."""
         for s in seqs:
             if s.finished:
                 raise ValueError(f"{s.seq_id} is finished")
@@ -253,11 +247,11 @@ class Engine:
         return out
 
     def sample(self, seq: Sequence, logits: torch.Tensor) -> int:
-        """Sample from next-token logits [V], append the token (pending) and update finish state."""
+        """Sample from logits [V], append the token (pending), update the finish state."""
         return self._sample_rows([seq], logits.view(1, -1))[0]
 
     def score(self, token_ids: Seq[int]) -> torch.Tensor:
-        """Teacher-forced logits [n, V] for every position of token_ids (no cache reuse, nothing kept)."""
+        """Teacher-forced logits [n, V] of every position (no cache reuse, nothing kept)."""
         seq = self.add_sequence(token_ids)
         try:
             rows: list[torch.Tensor] = []
@@ -273,8 +267,7 @@ class Engine:
     def export_kv(
         self, seq: Sequence, start_block: int = 0, end_block: int | None = None
     ) -> KVBlocks:
-        """Gather computed blocks [start_block, end_block) into one contiguous KVBlocks (the last
-        block may be partial). P exports from the first block the remote cache lacks."""
+        """Computed blocks [start_block, end_block) as one KVBlocks (the last may be partial)."""
         bs = self.block_size
         n_blocks = -(-seq.num_computed // bs)
         end_block = n_blocks if end_block is None else min(end_block, n_blocks)
@@ -292,9 +285,8 @@ class Engine:
         return KVBlocks(seq.seq_id, hashes, token_start, token_end, bs, data)
 
     def import_kv(self, seq: Sequence, kv: KVBlocks, cache: bool = True) -> None:
-        """Scatter received blocks into freshly allocated blocks of `seq`. The sequence's KV must
-        already reach kv.token_start (from `reuse_prefix`, or 0), and its tokens must cover
-        kv.token_end; full blocks are checked against the sequence's own chained hashes."""
+        """Land received blocks in fresh blocks of `seq`, whose KV must reach kv.token_start and
+        whose tokens must cover kv.token_end; full blocks are checked against its own hashes."""
         bs = self.block_size
         if kv.block_size != bs:
             raise ValueError(f"KV block size {kv.block_size} != engine block size {bs}")
@@ -310,7 +302,8 @@ class Engine:
         want = -(-kv.token_end // bs) - kv.token_start // bs
         if kv.num_blocks != want or (want and kv.data.shape[0] != want):
             raise ValueError(
-                f"KV range [{kv.token_start}, {kv.token_end}) needs {want} blocks, got {kv.num_blocks}"
+                f"KV range [{kv.token_start}, {kv.token_end}) needs {want} blocks, "
+                f"got {kv.num_blocks}"
             )
         ours = seq.block_hashes(bs, kv.token_end)[kv.token_start // bs :]
         if list(kv.block_hashes[: len(ours)]) != ours:
@@ -335,10 +328,9 @@ class Engine:
         max_batch: int = 8,
         on_step: Callable[[list[Sequence]], None] | None = None,
     ) -> list[Sequence]:
-        """Serve requests to completion with continuous batching: admit while the batch has room and
-        the KV cache can hold the request's worst case, then one decode step for everyone running;
-        finished sequences leave at once and waiting ones take their place. Returns the finished
-        sequences in request order."""
+        """Serve requests to completion with continuous batching: admit while the batch has room
+        and the KV cache holds the request's worst case, then one decode step for all running.
+        Returns the finished sequences in request order."""
         reqs = [
             r
             if isinstance(r, Request)
@@ -369,15 +361,8 @@ class Engine:
             if not running:
                 if not waiting:
                     break  # everything admitted finished during prefill
-                i, r = waiting[0]
-                need = self._blocks_needed(r)
-                raise KVCacheFull(
-                    need,
-                    self.allocator.num_free,
-                    self.allocator.num_blocks,
-                    self.block_bytes,
-                    f"request {r.request_id}",
-                )
+                r = waiting[0][1]
+                raise self._full(self._blocks_needed(r), f"request {r.request_id}")
             self.decode([s for _, s in running])
             if on_step is not None:
                 on_step([s for _, s in running])
@@ -398,13 +383,7 @@ class Engine:
     def _fits(self, r: Request, running: list[Sequence]) -> bool:
         need = self._blocks_needed(r)
         if need > self.allocator.num_blocks:
-            raise KVCacheFull(
-                need,
-                self.allocator.num_free,
-                self.allocator.num_blocks,
-                self.block_bytes,
-                f"request {r.request_id}",
-            )
+            raise self._full(need, f"request {r.request_id}")
         reserved = sum(
             max(
                 0,
@@ -423,14 +402,15 @@ class Engine:
         if short > 0 and self.config.prefix_cache:
             self.radix.evict(short)
         if n > self.allocator.num_free:
-            raise KVCacheFull(
-                n, self.allocator.num_free, self.allocator.num_blocks, self.block_bytes, what
-            )
+            raise self._full(n, what)
         return self.allocator.allocate(n)
 
+    def _full(self, needed: int, what: str) -> KVCacheFull:
+        alloc = self.allocator
+        return KVCacheFull(needed, alloc.num_free, alloc.num_blocks, self.block_bytes, what)
+
     def reserve(self, seq: Sequence, tokens: int) -> None:
-        """Allocate the blocks for `tokens` positions of `seq` now (evicting cached blocks if need
-        be), so its later steps never need a free block; unused ones are freed with it."""
+        """Allocate the blocks for `tokens` positions now, so later steps never wait for one."""
         self._ensure_blocks(seq, tokens)
 
     def _ensure_blocks(self, seq: Sequence, upto_tokens: int) -> None:
@@ -452,8 +432,8 @@ class Engine:
     def _forward(
         self, items: list[tuple[Sequence, int, int]], all_rows: bool = False
     ) -> torch.Tensor:
-        """Compute KV for tokens [start, end) of each sequence; returns fp32 logits for each item's
-        last row (or every row when all_rows)."""
+        """KV of tokens [start, end) of each sequence; fp32 logits of each item's last row (or of
+        every row)."""
         for seq, _, end in items:
             self._ensure_blocks(seq, end)
         bs = self.block_size

@@ -1,17 +1,9 @@
-"""`pddflow bench engine`: the engine side by side with HF transformers on the same weights, in
-the same process and thread count.
+"""`pddflow bench engine`: the engine beside HF transformers on the same weights, in the same
+process and thread count (docs/engine.md lists what is measured).
 
-Measured: prefill tokens/s at two prompt lengths; decode tokens/s at three batch sizes (uniform
-batches, so HF pays no padding there), and the engine alone at the largest batch over a long
-context (`decode_long`: how a step grows with the KV it reads, for `pddflow simulate --calibrate`);
-extend(N known tokens) against one decode step at the same
-context; and a mixed serving workload (fixed-seed prompt and output lengths) through the engine's
-continuous batching and through HF `generate` in padded static batches of the same size. Tokens/s
-there counts the requested output tokens only: what users receive.
-
-The machine may be shared, so short measurements take the best of a few repeats (`--quick`, the
-calibration input of `pddflow simulate`, takes their median). transformers is
-imported here, never by the engine.
+Fields marked "engine only" are calibration points for `pddflow simulate --calibrate`, not
+comparisons. The machine may be shared, so short measurements alternate engine and HF and keep
+the best of a few repeats (the median for `--quick`, which the calibration fits).
 """
 
 from __future__ import annotations
@@ -28,6 +20,12 @@ import torch
 
 from pddflow.core.payloads import Request, SamplingParams
 from pddflow.operators.engine import Engine, EngineConfig
+from pddflow.operators.hf_reference import (
+    hf_decode,
+    hf_extend,
+    hf_model_from_source,
+    hf_static_batches,
+)
 from pddflow.operators.weights import ModelSource, load_model_source
 
 
@@ -37,17 +35,13 @@ class BenchSizes:
     decode_batches: tuple[int, ...] = (1, 8, 32)
     decode_context: int = 128
     decode_steps: int = 16
-    long_context: int = 1024  # engine only: one decode batch (the largest) over a long context,
-    # so a calibration sees how a step grows with the KV it reads
+    # Engine only: the largest decode batch over a long context (how a step grows with its KV).
+    long_context: int = 1024
     extend_tokens: int = 100
     extend_context: int = 512
-    long_extend: tuple[int, int] = (
-        128,
-        2048,
-    )  # engine only: (tokens, context) of a prefill over a long
-    # cached context, so a calibration sees what attention costs
-    # engine only: (new tokens, cached tokens) prompts over a cached prefix, as a prefill worker runs
-    # them in a multi-turn workload; a calibration fits its prefill cost over all of them
+    # Engine only: (tokens, context) of a prefill over a long cached context (attention's cost).
+    long_extend: tuple[int, int] = (128, 2048)
+    # Engine only: (new, cached) prompts over a cached prefix, as a multi-turn prefill worker runs.
     prefill_grid: tuple[tuple[int, int], ...] = (
         (128, 0),
         (512, 0),
@@ -56,21 +50,17 @@ class BenchSizes:
         (128, 2048),
         (512, 2048),
     )
-    corun: bool = True  # engine only: prefill and decode step alone and while another
-    # process decodes on another core (corun_bench.py)
+    corun: bool = True  # engine only: steps alone and beside a decoding process (corun_bench)
     mixed_requests: int = 32
     mixed_prompt: tuple[int, int] = (16, 1024)
     mixed_output: tuple[int, int] = (8, 256)
     repeats: int = 2
     mixed_repeats: int = 1
-    # of the repeats: best (comparisons) or median (calibration: typical load)
-    statistic: str = "best"
+    statistic: str = "best"  # of the repeats: best (comparisons) or median (calibration)
 
 
-# Quick is what `pddflow simulate --calibrate` fits, so it reports the median of 3 short runs: one run
-# on a shared machine can come out 1.5x slow (batch 1 slower than batch 4), and the best of 3 is the
-# engine on an idle machine, faster than a deployment sharing the cores ever sees (measured:
-# docs/simulator.md, Fidelity).
+# What `simulate --calibrate` fits: the median of 3, since the best of 3 is an idle machine that a
+# deployment sharing its cores never sees (docs/simulator.md, Fidelity).
 QUICK = BenchSizes(
     prefill_lengths=(64, 128),
     decode_batches=(1, 4),
@@ -99,50 +89,6 @@ QUICK = BenchSizes(
 )
 
 
-def hf_model_from_source(source: ModelSource):
-    """A transformers model holding exactly the engine's weights (fp32, eval mode, SDPA attention)."""
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
-
-    c = source.config
-    rope: dict[str, Any] = {"rope_type": c.rope_scaling.rope_type, "rope_theta": c.rope_theta}
-    if c.rope_scaling.rope_type == "linear":
-        rope["factor"] = c.rope_scaling.factor
-    elif c.rope_scaling.rope_type == "llama3":
-        rs = c.rope_scaling
-        rope.update(
-            factor=rs.factor,
-            low_freq_factor=rs.low_freq_factor,
-            high_freq_factor=rs.high_freq_factor,
-            original_max_position_embeddings=rs.original_max_position_embeddings,
-        )
-    common = dict(
-        vocab_size=c.vocab_size,
-        hidden_size=c.hidden_size,
-        intermediate_size=c.intermediate_size,
-        num_hidden_layers=c.num_layers,
-        num_attention_heads=c.num_heads,
-        num_key_value_heads=c.num_kv_heads,
-        rms_norm_eps=c.rms_norm_eps,
-        max_position_embeddings=c.max_position_embeddings,
-        rope_parameters=rope,
-        tie_word_embeddings=c.tie_word_embeddings,
-    )
-    if c.arch == "qwen2":
-        cfg = Qwen2Config(**common)
-        model = Qwen2ForCausalLM(cfg)
-    else:
-        cfg = LlamaConfig(
-            **common, head_dim=c.head_dim, attention_bias=c.qkv_bias, mlp_bias=c.mlp_bias
-        )
-        model = LlamaForCausalLM(cfg)
-    missing, unexpected = model.load_state_dict(source.weights, strict=False)
-    if unexpected or any(not k.endswith("lm_head.weight") for k in missing):
-        raise RuntimeError(
-            f"weights do not fit the HF model: missing {missing}, unexpected {unexpected}"
-        )
-    return model.eval()
-
-
 def _best_pair(
     engine_fn: Callable[[], float],
     hf_fn: Callable[[], float],
@@ -151,12 +97,12 @@ def _best_pair(
 ) -> tuple[float, float]:
     """Best (or median) of `repeats` timings each, alternating engine and HF so both see the same
     machine load."""
-    te: list[float] = []
-    th: list[float] = []
+    engine_times: list[float] = []
+    hf_times: list[float] = []
     for _ in range(max(repeats, 1)):
-        te.append(engine_fn())
-        th.append(hf_fn())
-    return _summary(te, statistic), _summary(th, statistic)
+        engine_times.append(engine_fn())
+        hf_times.append(hf_fn())
+    return _summary(engine_times, statistic), _summary(hf_times, statistic)
 
 
 def _summary(timings: list[float], statistic: str) -> float:
@@ -215,20 +161,20 @@ def run_bench(
         progress(f"prefill {n} tokens")
         _warm_prefill(engine, hf, prompt(min(n, 64)))
 
-        def hf_once() -> float:
+        def hf_once(n: int = n) -> float:
             ids = torch.tensor([prompt(n)])
             with torch.inference_mode():
                 t = time.perf_counter()
                 hf(ids, use_cache=True, logits_to_keep=1)
                 return time.perf_counter() - t
 
-        te, th = _best_pair(
-            lambda: _engine_prefill(engine, prompt(n)), hf_once, sizes.repeats, sizes.statistic
+        engine_s, hf_s = _best_pair(
+            lambda n=n: _engine_prefill(engine, prompt(n)), hf_once, sizes.repeats, sizes.statistic
         )
         out["prefill"][str(n)] = {
-            "engine_tok_s": round(n / te, 1),
-            "hf_tok_s": round(n / th, 1),
-            "ratio": _ratio(th, te),
+            "engine_tok_s": round(n / engine_s, 1),
+            "hf_tok_s": round(n / hf_s, 1),
+            "ratio": _ratio(hf_s, engine_s),
         }
 
     # --- decode --------------------------------------------------------------------------------
@@ -236,19 +182,19 @@ def run_bench(
     for b in sizes.decode_batches:
         progress(f"decode batch {b}")
         prompts = [prompt(sizes.decode_context) for _ in range(b)]
-        te, th = _best_pair(
-            lambda: _engine_decode(engine, prompts, sizes.decode_steps),
-            lambda: _hf_decode(hf, prompts, sizes.decode_steps),
+        engine_s, hf_s = _best_pair(
+            lambda prompts=prompts: _engine_decode(engine, prompts, sizes.decode_steps),
+            lambda prompts=prompts: hf_decode(hf, prompts, sizes.decode_steps),
             sizes.repeats,
             sizes.statistic,
         )
         toks = b * sizes.decode_steps
         out["decode"][str(b)] = {
-            "engine_tok_s": round(toks / te, 1),
-            "hf_tok_s": round(toks / th, 1),
-            "ratio": _ratio(th, te),
-            "engine_step_ms": round(te / sizes.decode_steps * 1e3, 2),
-            "hf_step_ms": round(th / sizes.decode_steps * 1e3, 2),
+            "engine_tok_s": round(toks / engine_s, 1),
+            "hf_tok_s": round(toks / hf_s, 1),
+            "ratio": _ratio(hf_s, engine_s),
+            "engine_step_ms": round(engine_s / sizes.decode_steps * 1e3, 2),
+            "hf_step_ms": round(hf_s / sizes.decode_steps * 1e3, 2),
         }
 
     # --- decode over a long context (engine only: a calibration point, not a comparison) ---------
@@ -257,11 +203,11 @@ def run_bench(
         progress(f"decode batch {b} over {sizes.long_context} tokens of context")
         prompts = [prompt(sizes.long_context) for _ in range(b)]
         runs = [_engine_decode(engine, prompts, sizes.decode_steps) for _ in range(sizes.repeats)]
-        te = _summary(runs, sizes.statistic)
+        engine_s = _summary(runs, sizes.statistic)
         out["decode_long"] = {
             "context": sizes.long_context,
             "batch": b,
-            "engine_step_ms": round(te / sizes.decode_steps * 1e3, 2),
+            "engine_step_ms": round(engine_s / sizes.decode_steps * 1e3, 2),
         }
 
     # --- extend vs decode ----------------------------------------------------------------------
@@ -270,13 +216,13 @@ def run_bench(
     known = prompt(sizes.extend_tokens)
     ext_s, hf_ext = _best_pair(
         lambda: _engine_extend(engine, ctx_prompt, known),
-        lambda: _hf_extend(hf, ctx_prompt, known),
+        lambda: hf_extend(hf, ctx_prompt, known),
         sizes.repeats + 1,
         sizes.statistic,
     )
     step_s, hf_step = _best_pair(
         lambda: _engine_decode(engine, [ctx_prompt], 1),
-        lambda: _hf_decode(hf, [ctx_prompt], 1),
+        lambda: hf_decode(hf, [ctx_prompt], 1),
         sizes.repeats + 1,
         sizes.statistic,
     )
@@ -330,16 +276,16 @@ def run_bench(
             out["corun"] = corun
 
     # --- mixed serving workload ----------------------------------------------------------------
-    wl = random.Random(seed + 1)
+    workload_rng = random.Random(seed + 1)
     reqs = []
     for i in range(sizes.mixed_requests):
-        plen = wl.randint(*sizes.mixed_prompt)
-        olen = wl.randint(*sizes.mixed_output)
+        prompt_len = workload_rng.randint(*sizes.mixed_prompt)
+        output_len = workload_rng.randint(*sizes.mixed_output)
         reqs.append(
             Request(
                 f"r{i}",
-                [wl.randrange(min(vocab, 256)) for _ in range(plen)],
-                SamplingParams(max_tokens=olen),
+                [workload_rng.randrange(min(vocab, 256)) for _ in range(prompt_len)],
+                SamplingParams(max_tokens=output_len),
             )
         )
     want = sum(r.sampling.max_tokens for r in reqs)
@@ -349,35 +295,33 @@ def run_bench(
     best: dict[str, tuple[float, float]] = {}
     hf_generated = padded_prompt = 0
     for rep in range(max(sizes.mixed_repeats, 1)):
-        progress(
-            f"mixed workload: engine, {len(reqs)} requests, continuous batching of {batch} ({rep + 1})"
-        )
+        progress(f"mixed workload: engine, {len(reqs)} requests, batch {batch} ({rep + 1})")
         w, c = time.perf_counter(), time.process_time()
         seqs = engine.generate(reqs, max_batch=batch)
-        te, ce = time.perf_counter() - w, time.process_time() - c
+        engine_s, engine_cpu = time.perf_counter() - w, time.process_time() - c
         got = sum(len(s.output_ids) for s in seqs)
         if got != want:
             raise RuntimeError(f"engine produced {got} tokens, expected {want}")
         progress(f"mixed workload: HF generate, static padded batches of {batch} ({rep + 1})")
         c = time.process_time()
-        th, hf_generated, padded_prompt = _hf_static_batches(hf, reqs, batch)
-        ch = time.process_time() - c
-        best["engine"] = min(best.get("engine", (te, ce)), (te, ce))
-        best["hf"] = min(best.get("hf", (th, ch)), (th, ch))
-    (te, ce), (th, ch) = best["engine"], best["hf"]
+        hf_s, hf_generated, padded_prompt = hf_static_batches(hf, reqs, batch)
+        hf_cpu = time.process_time() - c
+        best["engine"] = min(best.get("engine", (engine_s, engine_cpu)), (engine_s, engine_cpu))
+        best["hf"] = min(best.get("hf", (hf_s, hf_cpu)), (hf_s, hf_cpu))
+    (engine_s, engine_cpu), (hf_s, hf_cpu) = best["engine"], best["hf"]
     out["mixed"] = {
         "requests": len(reqs),
         "batch": batch,
         "prompt_tokens": prompt_tokens,
         "output_tokens": want,
-        "engine_s": round(te, 2),
-        "hf_s": round(th, 2),
-        "engine_tok_s": round(want / te, 1),
-        "hf_tok_s": round(want / th, 1),
-        "ratio": _ratio(th, te),
-        "engine_cpu_s": round(ce, 2),
-        "hf_cpu_s": round(ch, 2),
-        "cpu_ratio": _ratio(ch, ce),
+        "engine_s": round(engine_s, 2),
+        "hf_s": round(hf_s, 2),
+        "engine_tok_s": round(want / engine_s, 1),
+        "hf_tok_s": round(want / hf_s, 1),
+        "ratio": _ratio(hf_s, engine_s),
+        "engine_cpu_s": round(engine_cpu, 2),
+        "hf_cpu_s": round(hf_cpu, 2),
+        "cpu_ratio": _ratio(hf_cpu, engine_cpu),
         "hf_generated_tokens": hf_generated,
         "hf_padded_prompt_tokens": padded_prompt,
     }
@@ -466,69 +410,3 @@ def _engine_extend(engine: Engine, ctx: list[int], known: list[int]) -> float:
     dt = time.perf_counter() - t
     engine.free(seq)
     return dt
-
-
-def _cache_kw(hf) -> str:
-    """transformers renamed `past_key_values` to `cache` (5.x); use whichever forward() takes."""
-    import inspect
-
-    return "cache" if "cache" in inspect.signature(hf.forward).parameters else "past_key_values"
-
-
-def _hf_decode(hf, prompts: list[list[int]], steps: int) -> float:
-    from transformers import DynamicCache
-
-    kw = _cache_kw(hf)
-    with torch.inference_mode():
-        cache = DynamicCache()
-        logits = hf(torch.tensor(prompts), **{kw: cache}, use_cache=True, logits_to_keep=1).logits
-        nxt = logits[:, -1].argmax(-1, keepdim=True)
-        nxt = hf(nxt, **{kw: cache}, use_cache=True).logits[:, -1].argmax(-1, keepdim=True)
-        t = time.perf_counter()
-        for _ in range(steps):
-            nxt = hf(nxt, **{kw: cache}, use_cache=True).logits[:, -1].argmax(-1, keepdim=True)
-        return time.perf_counter() - t
-
-
-def _hf_extend(hf, ctx: list[int], known: list[int]) -> float:
-    from transformers import DynamicCache
-
-    kw = _cache_kw(hf)
-    with torch.inference_mode():
-        cache = DynamicCache()
-        hf(torch.tensor([ctx]), **{kw: cache}, use_cache=True, logits_to_keep=1)
-        t = time.perf_counter()
-        hf(torch.tensor([known]), **{kw: cache}, use_cache=True, logits_to_keep=1)
-        return time.perf_counter() - t
-
-
-def _hf_static_batches(hf, reqs: list[Request], batch: int) -> tuple[float, int, int]:
-    """HF generate over consecutive groups of `batch` requests, left-padded to the group's longest
-    prompt and run to its longest output (generate has no per-row stopping by length)."""
-    pad = 0
-    total = 0.0
-    generated = padded = 0
-    with torch.inference_mode():
-        for i in range(0, len(reqs), batch):
-            group = reqs[i : i + batch]
-            width = max(len(r.prompt_ids) for r in group)
-            steps = max(r.sampling.max_tokens for r in group)
-            ids = torch.full((len(group), width), pad, dtype=torch.long)
-            mask = torch.zeros((len(group), width), dtype=torch.long)
-            for j, r in enumerate(group):
-                ids[j, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
-                mask[j, width - len(r.prompt_ids) :] = 1
-            t = time.perf_counter()
-            out = hf.generate(
-                input_ids=ids,
-                attention_mask=mask,
-                max_new_tokens=steps,
-                min_new_tokens=steps,
-                do_sample=False,
-                pad_token_id=pad,
-                eos_token_id=None,
-            )
-            total += time.perf_counter() - t
-            generated += (out.shape[1] - width) * len(group)
-            padded += width * len(group)
-    return total, generated, padded

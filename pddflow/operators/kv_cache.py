@@ -1,9 +1,8 @@
 """The paged KV pool: one tensor holding every block of every sequence.
 
-Layout [num_blocks, num_layers, 2 (K, V), block_size, num_kv_heads, head_dim]: a block (all layers,
-K and V) is one contiguous slab, so exporting blocks is a single gather straight into the
-`KVBlocks.data` wire layout, and a channel can checksum or resume per block without copying.
-Attention reads a layer's K or V through flat row indices into `tensor.view(-1, head_dim)`.
+Layout [num_blocks, num_layers, 2 (K, V), block_size, num_kv_heads, head_dim]: a block is one
+contiguous slab, so exporting blocks is a single gather into the `KVBlocks.data` wire layout and a
+channel can checksum or resume per block without copying.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ def block_bytes(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int
 def blocks_for_budget(
     config: ModelConfig, block_size: int, dtype: torch.dtype, budget_bytes: int
 ) -> int:
-    """How many blocks a memory budget buys (the runtime derives the budget from the device class)."""
+    """How many blocks a memory budget buys."""
     return int(budget_bytes) // block_bytes(config, block_size, dtype)
 
 
@@ -35,8 +34,8 @@ class KVPool:
         device: torch.device,
     ):
         self.block_size = block_size
-        # Zero-initialised on purpose: attention multiplies masked (never written) slots by a zero
-        # probability, which is only exactly zero for finite values.
+        # Zeros, not empty: attention multiplies never-written slots by a zero probability, which
+        # gives exactly zero only for finite values.
         self.tensor = torch.zeros(
             num_blocks,
             config.num_layers,

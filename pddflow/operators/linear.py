@@ -1,14 +1,12 @@
 """Batch-invariant linear layers: an output row depends only on its input row, never on how many
 rows share the matmul.
 
-Why: the Extend-Decode handoff recomputes, as one extend over N rows, tokens that the relay decoded
-one row at a time; greedy outputs only stay identical if each row's arithmetic is. CPU BLAS breaks
-that: MKL's sgemm takes different kernels for small row counts (1-11 rows on a 2-core AVX-512 box),
-with different rounding. oneDNN's matmul over a pre-packed weight does not (and runs about 2x
-faster than sgemm here), except for a special 1-row path. So on CPU we pack weights for oneDNN and
-pad the row count up to a multiple of `row_multiple`; `calibrate` verifies on this machine that the
-padding makes rows invariant (falling back to BLAS with wider padding if oneDNN is missing).
-On CUDA we call F.linear (no bit-exactness promised there).
+Why: the Extend-Decode handoff recomputes in one N-row extend the tokens the relay decoded one row
+at a time, and greedy outputs stay identical only if each row's arithmetic does. CPU BLAS takes
+other kernels (other rounding) for small row counts; oneDNN over a pre-packed weight does not,
+except for a special 1-row path. So on CPU weights are packed for oneDNN and the row count padded
+to `row_multiple`, which `calibrate` verifies on this machine (falling back to BLAS with wider
+padding). CUDA calls F.linear: no bit-exactness promised there.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
-"""The Llama-architecture decoder (Llama and Qwen2 checkpoints): RMSNorm, RoPE, grouped-query
-attention over the paged KV pool, SwiGLU MLP.
+"""The Llama-architecture decoder (Llama and Qwen2 checkpoints) over the paged KV pool.
 
-`forward` takes a flat batch of token rows from any mix of sequences and entry points (prefill
-chunks, extend chunks, decode rows); every op is row-wise or goes through the batch-invariant
-attention and linear layers, so a token's logits and KV do not depend on what it was batched with.
-fp32 on CPU; bf16 or fp16 weights on CUDA (norms and softmax statistics in fp32).
+`forward` takes a flat batch of token rows from any mix of prefill chunks, extend chunks and decode
+rows; every op is row-wise or batch-invariant, so a token's logits and KV do not depend on what it
+was batched with.
 """
 
 from __future__ import annotations
@@ -27,8 +25,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:
-    # Spelled out: F.silu's vectorised and scalar-tail code paths round differently, which would make
-    # a value depend on where it sits in the tensor; exp, add and div do not.
+    # Spelled out: F.silu's vector and scalar-tail paths round differently, so a value would depend
+    # on where it sits in the tensor.
     return x / (1 + torch.exp(-x))
 
 
@@ -61,7 +59,7 @@ class LlamaModel:
             return w(name) if name in weights else None
 
         def cat_bias(names: list[str]) -> torch.Tensor | None:
-            # Fused projections take all their biases or none (weights.hf_weight_names keeps it so).
+            # A fused projection has all its biases or none (hf_weight_names keeps it so).
             parts = [opt(n) for n in names]
             return None if any(p is None for p in parts) else torch.cat(parts)  # type: ignore[arg-type]
 
@@ -106,7 +104,7 @@ class LlamaModel:
         pool: KVPool,
         logit_rows: torch.Tensor,
     ) -> torch.Tensor:
-        """Run T token rows, writing their K/V into `pool`; returns fp32 logits [len(logit_rows), V]."""
+        """Run T token rows, writing their K/V into `pool`; fp32 logits of `logit_rows`."""
         c = self.config
         T = input_ids.shape[0]
         H, Hkv, D = c.num_heads, c.num_kv_heads, c.head_dim

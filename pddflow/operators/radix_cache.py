@@ -1,13 +1,10 @@
 """Radix prefix cache: a tree of KV blocks keyed by prefix-chained block hashes.
 
-One structure serves three users: Prefill's prefix reuse, MainDecode's Decode-side RadixCache
-(DRC), and the router's mirror of each MD's cache (which holds no KV at all, only hashes). So it
-is pure Python, never imports torch, and maps a block hash to an opaque value (a block id in the
-engine, anything or nothing in a mirror).
+It serves Prefill's prefix reuse and MainDecode's decode-side cache (DRC), and maps a hash to an
+opaque value (a block id in the engine), so it is pure Python.
 
-Why a tree and not a dict: a chained hash already names its whole prefix, so lookups could be a
-dict walk, but eviction must go leaf-first. Evicting an inner block would strand every descendant
-(a match stops at the first miss), wasting the memory they hold.
+Why a tree when a chained hash already names its whole prefix: eviction must go leaf-first, since
+evicting an inner block would strand every descendant (a match stops at the first miss).
 """
 
 from __future__ import annotations
@@ -32,11 +29,10 @@ class _Node:
 class RadixCache:
     """Longest-prefix match, insert and LRU eviction of unreferenced leaves.
 
-    capacity: most blocks to hold (a mirror's model of an MD's memory); None means the owner bounds
-        it, as the engine does through its block allocator, calling `evict` when allocation runs dry.
-    on_evict(value): called for every evicted block (the engine drops its reference there).
-    evictable(value): False keeps a block that a running sequence still reads (the engine checks the
-        block's reference count); a mirror leaves the default, everything evictable.
+    capacity: most blocks to hold; None: the owner bounds it and calls `evict` (the engine does,
+        when its block allocator runs dry).
+    on_evict(value): called for every evicted block.
+    evictable(value): False keeps a block a running sequence still reads.
     """
 
     def __init__(
@@ -53,12 +49,12 @@ class RadixCache:
         self._clock = itertools.count(1)
         self._root = _Node(None, None, None, 0)
         self._size = 0
-        # Leaves by last access, with lazy deletion: an entry is stale once its node was touched again,
-        # gained a child or left the tree. Stale entries are skipped on pop and compacted away.
+        # Leaves by last access, lazily deleted: an entry whose node was touched again, gained a
+        # child or left the tree is stale, skipped on pop and compacted away.
         self._heap: list[tuple[int, int, _Node]] = []
         self._tiebreak = itertools.count()
-        # Net changes since the last take_changes() (inserted, evicted), kept only once asked for:
-        # what a worker publishes to the router's mirror, O(change) instead of a diff of the tree.
+        # Net (inserted, evicted) since the last take_changes(), kept once asked for: what a worker
+        # publishes to the router's mirror, O(change) instead of a diff of the tree.
         self._changes: tuple[set[int], set[int]] | None = None
 
     # --- queries -------------------------------------------------------------------------------
@@ -66,8 +62,8 @@ class RadixCache:
         return self._size
 
     def match_len(self, hashes: Sequence[int]) -> int:
-        """How many leading blocks of `hashes` are cached. Read-only: a router predicting hits must
-        not change what the cache will evict next."""
+        """How many leading blocks of `hashes` are cached. Read-only: predicting a hit must not
+        change what the cache evicts next."""
         node, n = self._root, 0
         for h in hashes:
             node = node.children.get(h)  # type: ignore[assignment]
@@ -92,9 +88,8 @@ class RadixCache:
 
     # --- updates -------------------------------------------------------------------------------
     def insert(self, hashes: Sequence[int], values: Sequence[Any]) -> list[bool]:
-        """Insert a prefix (hashes[0] is a sequence's first block). Returns, per block, whether this
-        call stored its value: False where the hash was already cached, in which case the cache keeps
-        its own value and the caller keeps ownership of the one it offered."""
+        """Insert a prefix (hashes[0] is a sequence's first block). Per block, whether this call
+        stored its value: False where the hash was cached already and the caller keeps its value."""
         if len(hashes) != len(values):
             raise ValueError(f"{len(hashes)} hashes but {len(values)} values")
         stored: list[bool] = []
@@ -119,8 +114,7 @@ class RadixCache:
         return stored
 
     def evict(self, num_blocks: int) -> list[Any]:
-        """Evict up to `num_blocks` least recently used leaves that are evictable; returns their
-        values. Evicting a leaf can expose its parent as the next candidate."""
+        """Evict up to `num_blocks` least recently used evictable leaves; returns their values."""
         evicted: list[Any] = []
         held: list[tuple[int, int, _Node]] = []
         while len(evicted) < num_blocks and self._heap:
@@ -146,10 +140,9 @@ class RadixCache:
         return evicted
 
     def evictable_count(self) -> int:
-        """Blocks that repeated `evict` calls could free now: nodes whose whole subtree is evictable.
-        O(size); for admission control, not per-token paths."""
+        """Blocks repeated `evict` calls could free now: nodes whose whole subtree is evictable.
+        O(size): for admission control, not per-token paths."""
         count = 0
-        # Post-order without recursion: a node counts when it and all its descendants are evictable.
         order: list[_Node] = []
         stack = list(self._root.children.values())
         while stack:
@@ -181,10 +174,9 @@ class RadixCache:
 
     # --- change journal ------------------------------------------------------------------------
     def take_changes(self) -> tuple[list[int], list[int]]:
-        """(inserted, evicted) hashes since the previous call, net: a block inserted and evicted in
-        between appears in neither. Applying `evicted` then `inserted` to a copy of the hash set as
-        of the previous call gives the set now. The first call starts the journal (and returns
-        every cached hash as inserted)."""
+        """Net (inserted, evicted) hashes since the previous call: applying `evicted` then
+        `inserted` to the previous set gives the set now. The first call starts the journal and
+        returns every cached hash as inserted."""
         if self._changes is None:
             self._changes = (set(), set())
             return sorted(h for h, _ in self), []
@@ -198,11 +190,11 @@ class RadixCache:
         ins, ev = self._changes
         if inserted:
             if h in ev:
-                ev.discard(h)  # evicted and back: no net change
+                ev.discard(h)
             else:
                 ins.add(h)
         elif h in ins:
-            ins.discard(h)  # inserted and gone: no net change
+            ins.discard(h)
         else:
             ev.add(h)
 

@@ -1,8 +1,7 @@
 """A sequence: one request's tokens and where its KV lives. Pure Python.
 
-Invariant: the KV of token_ids[:num_computed] is in the pool, in block_table order. Tokens past
-num_computed are known but not yet computed ("pending"): the prompt before prefill, the token a
-decode step will feed, or IDs received in an Extend-Decode handoff.
+Invariant: the KV of token_ids[:num_computed] is in the pool, in block_table order; later tokens
+are known but pending (the prompt before prefill, the token a decode step feeds, handoff IDs).
 """
 
 from __future__ import annotations
@@ -19,9 +18,7 @@ class Sequence:
     token_ids: list[int]
     num_prompt_tokens: int
     sampling: SamplingParams
-    # Sampling randomness is a pure function of (seed, position), so a sequence sampled partly on a
-    # relay and partly on a main decoder draws exactly what a colocated run would.
-    seed: int
+    seed: int  # draws are a function of (seed, position): the same on any worker
     block_table: list[int] = field(default_factory=list)
     num_computed: int = 0
     finished: bool = False
@@ -37,7 +34,7 @@ class Sequence:
         return len(self.token_ids) - self.num_computed
 
     def block_hashes(self, block_size: int, upto_tokens: int | None = None) -> list[int]:
-        """Chained hashes of the full blocks within token_ids[:upto_tokens], extended incrementally."""
+        """Chained hashes of the full blocks within token_ids[:upto_tokens] (computed once)."""
         n = len(self.token_ids) if upto_tokens is None else upto_tokens
         want = n // block_size
         have = len(self._hashes)

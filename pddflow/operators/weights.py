@@ -1,8 +1,8 @@
 """Model sources: `builtin:<name>` (weights drawn from a fixed seed) or a local HF checkpoint
-directory (`config.json` + `*.safetensors`, optional `tokenizer.json`). Nothing is ever fetched.
+directory (`config.json` + `*.safetensors`, optional `tokenizer.json`). Nothing is fetched.
 
-Weights come back under their HF names, in fp32 on the CPU, so the same dict can also be loaded
-into `transformers` for side-by-side checks; the model fuses and moves them.
+Weights come back under their HF names in fp32 on the CPU, so the same dict loads into
+`transformers` for side-by-side checks.
 """
 
 from __future__ import annotations
@@ -88,11 +88,9 @@ def _shape(config: ModelConfig, name: str) -> tuple[int, ...]:
 
 
 def builtin_weights(config: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
-    """Deterministic random weights drawn in a fixed order from one seeded generator, so every
-    process gets the same model: N(0, 0.02) matrices (the HF Llama init), unit norms, zero biases,
-    and N(0, 1) embeddings. The unit embeddings keep each token's identity alive through 16 random
-    layers; with the 0.02 init greedy decoding collapses onto one repeated token, which would make
-    the engine's exactness tests blind."""
+    """The same weights in every process, from one seeded generator: N(0, 0.02) matrices, unit
+    norms, zero biases, and N(0, 1) embeddings; with 0.02 embeddings greedy decoding collapses onto
+    one repeated token, which would blind the exactness tests."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
@@ -113,7 +111,8 @@ def _load_checkpoint(path: Path) -> ModelSource:
     if not path.exists():
         raise ModelSpecError(
             f"model {str(path)!r} is neither builtin:<name> (valid: "
-            f"{', '.join('builtin:' + v for v in sorted(BUILTIN_MODELS))}) nor an existing directory"
+            f"{', '.join('builtin:' + v for v in sorted(BUILTIN_MODELS))}) "
+            "nor an existing directory"
         )
     if not path.is_dir():
         raise ModelSpecError(
@@ -155,7 +154,8 @@ def _load_checkpoint(path: Path) -> ModelSource:
     for n in expected:
         if tuple(weights[n].shape) != _shape(config, n):
             raise ModelSpecError(
-                f"{path}: {n} has shape {tuple(weights[n].shape)}, config implies {_shape(config, n)}"
+                f"{path}: {n} has shape {tuple(weights[n].shape)}, "
+                f"config implies {_shape(config, n)}"
             )
     weights = {n: weights[n] for n in expected}
     tok_file = path / "tokenizer.json"

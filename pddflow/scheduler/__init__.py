@@ -1,11 +1,10 @@
-"""Scheduling policy: pure objects, features in, decision out; used by the runtime and the simulator.
+"""Scheduling policy: pure objects, features in, decision out; the runtime and the simulator both
+call it. No I/O, no threads, no torch.
 
-    policy = make_policy(plan)                 # plan.scheduler.policy resolved through the registry
+    policy = make_policy(plan)                 # plan.scheduler.policy through the registry
     state = SchedulerState.for_plan(plan)      # mirrors, loads, link estimates
     state.mirrors["main/0"].on_insert(hashes)  # fed by the cache's own insert/evict events
     decision = policy.decide(RequestFeatures(...), state)
-
-No I/O, no threads, no torch.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ from pddflow.graph.plan import Plan
 from pddflow.scheduler.base import Policy
 from pddflow.scheduler.decision import Decision
 from pddflow.scheduler.features import InstanceLoad, LinkEstimate, RequestFeatures
-from pddflow.scheduler.link_estimator import LinkEstimator
 from pddflow.scheduler.mirror import CacheMirror, MirrorDrift
 from pddflow.scheduler.state import SchedulerState
 from pddflow.scheduler.topology import PathInfo, Topology
@@ -28,7 +26,6 @@ __all__ = [
     "Decision",
     "InstanceLoad",
     "LinkEstimate",
-    "LinkEstimator",
     "MirrorDrift",
     "PathInfo",
     "Policy",
@@ -40,8 +37,7 @@ __all__ = [
 
 
 def make_policy(plan: Plan, params: dict[str, Any] | None = None) -> Policy:
-    """The policy `plan.scheduler.policy` names, built with the plan's parameters (and `params` on top).
-    Unknown names raise the registry's error listing the valid ones."""
+    """The policy `plan.scheduler.policy` names, with the plan's parameters and `params` on top."""
     spec = POLICIES.get(plan.scheduler.policy)
     module, _, attr = spec.impl.partition(":")
     try:

@@ -14,13 +14,12 @@ from pddflow.scheduler.topology import PathInfo, Topology
 
 
 class Policy:
-    """Features in, decision out. Subclasses implement `decide`; the object keeps only counters
-    (decisions made, singular requests) so a bounded share can be enforced."""
+    """Features in, decision out. Subclasses implement `decide`; the only state is two counters, so
+    a bounded share of singular requests can be enforced."""
 
     name = ""
-    # Cache affinity against load balance: a prompt's whole prefix cached on an instance is worth this
-    # much extra load there (1.0 = a full batch or full KV memory). Smaller spreads work more evenly;
-    # larger keeps sessions on the instance holding their context.
+    # Cache affinity against load balance: a whole prompt cached on an instance is worth this much
+    # extra load there (1.0: a full batch or full KV memory).
     hit_worth_load = 0.25
 
     def __init__(self, plan: Plan, params: dict[str, Any] | None = None):
@@ -38,16 +37,15 @@ class Policy:
     def decide(self, req: RequestFeatures, state: SchedulerState) -> Decision:
         raise NotImplementedError
 
-    # ---- instance choice ------------------------------------------------------------------------
     def pick_cached(
         self, operator: str, req: RequestFeatures, state: SchedulerState
     ) -> tuple[str, int]:
-        """The instance of `operator` that best trades the share of the prompt it holds against its
-        load (`hit_worth_load`); ties go to the lowest index. Returns (instance, hit blocks)."""
+        """(instance, hit blocks): the instance of `operator` that best trades the share of the
+        prompt it holds against its load; ties go to the lowest index."""
         insts = self.plan.operators[operator].instances
         best, best_key, best_hit = insts[0], None, 0
         scale = 1.0 / max(req.prompt_tokens, 1)
-        for idx, inst in enumerate(insts):
+        for inst in insts:
             m = state.mirrors.get(inst)
             hit = m.match(req.block_hashes) if m is not None else 0
             score = req.cached_tokens(hit) * scale - state.load(inst) / self.hit_worth_load
@@ -56,8 +54,8 @@ class Policy:
         return best, best_hit
 
     def pick_entry(self, operator: str, req: RequestFeatures, state: SchedulerState) -> str:
-        """The prefill instance that would finish this prompt soonest: queued tokens plus the prompt
-        tokens its prefix cache lacks; ties to the lowest index."""
+        """The prefill instance that would finish this prompt soonest (queued tokens plus the prompt
+        tokens its cache lacks); ties to the lowest index."""
         insts = self.plan.operators[operator].instances
         best, best_key = insts[0], None
         for idx, inst in enumerate(insts):
@@ -73,7 +71,6 @@ class Policy:
         insts = self.plan.operators[operator].instances
         return min(insts, key=lambda i: (state.load(i), insts.index(i)))
 
-    # ---- predictions ----------------------------------------------------------------------------
     def transfer(
         self, path: PathInfo, hit_tokens: int, req: RequestFeatures, state: SchedulerState
     ) -> tuple[float, float]:
@@ -93,8 +90,8 @@ class Policy:
             return None
         mode = path.variant.handoff or "one_shot"
         if mode == "adaptive":
-            # A busy relay sheds work fast (one-shot releases it at once); an idle one keeps
-            # generating while main decode catches up in small, cheap extends.
+            # A busy relay sheds work at once (one-shot); an idle one keeps generating while main
+            # decode catches up in small extends.
             return (
                 "one_shot"
                 if state.load(relay_instance) >= self.params.get("catch_up_load", 0.7)
@@ -102,7 +99,6 @@ class Policy:
             )
         return mode
 
-    # ---- building the decision ------------------------------------------------------------------
     def build(
         self,
         path: PathInfo,

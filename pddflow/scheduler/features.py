@@ -1,8 +1,5 @@
-"""What the scheduler sees: one request's features, each instance's load, each link's live state.
-
-Plain frozen records, built by the caller (the runtime from its workers and channels, the simulator
-from its engines and network) and handed to `Policy.decide` with the cache mirrors.
-"""
+"""What the scheduler sees: one request's features, each instance's load, each link's state.
+Plain frozen records built by the caller (the runtime or the simulator)."""
 
 from __future__ import annotations
 
@@ -15,16 +12,12 @@ from pddflow.core.link import LinkModel
 class RequestFeatures:
     request_id: str
     prompt_tokens: int
-    block_hashes: tuple[
-        int, ...
-    ]  # chained hashes, one per `block_tokens` of the prompt (last may be partial)
-    # max_tokens in the runtime; the trace's output length in the simulator
-    expected_output_tokens: int
-    # tokens one hash covers (the plan's block_size; 512 for Mooncake traces)
-    block_tokens: int = 16
+    block_hashes: tuple[int, ...]  # chained, one per `block_tokens` of the prompt
+    expected_output_tokens: int  # max_tokens in the runtime; the trace's output in the simulator
+    block_tokens: int = 16  # tokens one hash covers (512 for Mooncake traces)
 
     def cached_tokens(self, hit_blocks: int) -> int:
-        """Prompt tokens covered by the first `hit_blocks` blocks (the last block may be partial)."""
+        """Prompt tokens covered by the first `hit_blocks` blocks (the last may be partial)."""
         return min(hit_blocks * self.block_tokens, self.prompt_tokens)
 
 
@@ -46,7 +39,7 @@ class InstanceLoad:
 
 @dataclass(frozen=True)
 class LinkEstimate:
-    """A link as the router sees it now: what a new transfer would get and how late it would land."""
+    """A link as the router sees it now: what a new transfer would get and when it would land."""
 
     name: str
     bytes_per_s: float  # bandwidth a new flow would get (the link's share left for it)
@@ -64,8 +57,8 @@ class LinkEstimate:
 
     @staticmethod
     def from_model(link: LinkModel, active_flows: int = 0) -> LinkEstimate:
-        """The estimate the link's declared model implies with `active_flows` transfers already in flight
-        (fair sharing: a new flow gets 1/(n+1) of the bandwidth)."""
+        """What the link's model implies with `active_flows` transfers in flight (fair sharing: a
+        new flow gets 1/(n+1) of the bandwidth)."""
         j = link.jitter
         return LinkEstimate(
             link.name,

@@ -16,15 +16,13 @@ class MirrorDrift(AssertionError):
 
 
 class CacheMirror:
-    __slots__ = ("instance", "_blocks", "events", "_digest")
+    __slots__ = ("instance", "_blocks", "_digest")
 
     def __init__(self, instance: str):
         self.instance = instance
         self._blocks: set[int] = set()
-        self.events = 0
         self._digest = 0
 
-    # ---- fed by the cache's events --------------------------------------------------------------
     def on_insert(self, hashes: Iterable[int]) -> None:
         for h in hashes:
             if h in self._blocks:
@@ -33,7 +31,6 @@ class CacheMirror:
                 )
             self._blocks.add(h)
             self._digest ^= h
-        self.events += 1
 
     def on_evict(self, hashes: Iterable[int]) -> None:
         for h in hashes:
@@ -44,17 +41,14 @@ class CacheMirror:
                     f"{self.instance}: eviction of block {h:#x} the mirror does not hold"
                 ) from None
             self._digest ^= h
-        self.events += 1
 
     def reset(self, hashes: Iterable[int]) -> None:
-        """Replace the mirror with the cache's full listing (a worker resending after a lost report)."""
+        """Replace the mirror with the cache's full listing (after a lost report)."""
         self._blocks = set(hashes)
         self._digest = 0
         for h in self._blocks:
             self._digest ^= h
-        self.events += 1
 
-    # ---- read by policies -----------------------------------------------------------------------
     def match(self, hashes: Iterable[int]) -> int:
         """Leading blocks of `hashes` the cache holds (what a radix match would return)."""
         n = 0
@@ -70,19 +64,11 @@ class CacheMirror:
 
     @property
     def digest(self) -> int:
-        """XOR of every held hash, kept up to date in O(1): with `len`, a cheap drift check against a
-        worker that reports the same two numbers for its cache."""
+        """XOR of every held hash: with `len`, an O(1) drift check against a worker's report."""
         return self._digest
 
-    @property
-    def blocks(self) -> frozenset[int]:
-        return frozenset(self._blocks)
-
-    def __contains__(self, h: object) -> bool:
-        return h in self._blocks
-
     def check(self, cache_blocks: Iterable[int]) -> None:
-        """Raise MirrorDrift unless the mirror holds exactly `cache_blocks` (the cache's own listing)."""
+        """Raise MirrorDrift unless the mirror holds exactly the cache's own listing."""
         actual = set(cache_blocks)
         if actual != self._blocks:
             extra, missing = self._blocks - actual, actual - self._blocks

@@ -44,6 +44,7 @@ class PredictedHitRatePolicy(Policy):
         relays = [x for x in paths if x.has_handoff and self._relay_free(x.relay, state)]
 
         if slow and self._singular(req):
+            shape = f"{req.prompt_tokens} in / {req.expected_output_tokens} out"
             for sp in self.topo.singular_paths:
                 if self._relay_free(sp.finisher, state):
                     return self.build(
@@ -51,7 +52,7 @@ class PredictedHitRatePolicy(Policy):
                         req,
                         state,
                         singular=True,
-                        reason=f"singular: {req.prompt_tokens} in / {req.expected_output_tokens} out",
+                        reason=f"singular: {shape}",
                     )
             if relays:
                 return self.build(
@@ -61,7 +62,7 @@ class PredictedHitRatePolicy(Policy):
                     finisher_instance=inst,
                     hit_blocks=hit,
                     singular=True,
-                    reason=f"singular on the relay: {req.prompt_tokens} in / {req.expected_output_tokens} out",
+                    reason=f"singular on the relay: {shape}",
                 )
         if slow and relays:
             return self.build(

@@ -1,8 +1,6 @@
 """Everything a policy reads besides the request: cache mirrors, instance loads, link estimates.
-
-The caller owns the updates: cache events go to `mirrors[instance]`, loads and link estimates are
-replaced whenever the caller has fresher numbers (`set_load`, `set_link`).
-"""
+The caller feeds cache events to `mirrors[instance]` and replaces loads and link estimates
+whenever it has fresher numbers."""
 
 from __future__ import annotations
 
@@ -16,15 +14,13 @@ from pddflow.scheduler.topology import Topology
 
 @dataclass
 class SchedulerState:
-    mirrors: dict[str, CacheMirror] = field(
-        default_factory=dict
-    )  # instance id -> mirror of its cache
-    loads: dict[str, InstanceLoad] = field(default_factory=dict)  # instance id -> load
-    links: dict[str, LinkEstimate] = field(default_factory=dict)  # link name -> live estimate
+    mirrors: dict[str, CacheMirror] = field(default_factory=dict)  # by instance id
+    loads: dict[str, InstanceLoad] = field(default_factory=dict)  # by instance id
+    links: dict[str, LinkEstimate] = field(default_factory=dict)  # by link name
 
     @classmethod
     def for_plan(cls, plan: Plan) -> SchedulerState:
-        """Empty mirrors for every instance that keeps a cache, idle loads, links as their model says."""
+        """Empty mirrors for every cached instance, idle loads, links as their model says."""
         topo = Topology(plan)
         mirrors = {
             i.id: CacheMirror(i.id) for i in plan.instances if i.operator in topo.cached_operators

@@ -1,5 +1,6 @@
 """A Plan read the way scheduling needs it: each variant as entry -> (relay) -> finishing decoder,
-with the channel each hop uses. Shared by the policies and the simulator so both read paths alike."""
+with the channel each hop uses. The policies and the simulator share it, so both read paths alike.
+"""
 
 from __future__ import annotations
 
@@ -20,7 +21,6 @@ class PathInfo:
     relay: str | None  # relay operator (decodes first), when the path has one
     finisher: str  # operator that decodes to the end
     kv_to_finisher: ChannelPlan | None  # None when entry == finisher (colocated)
-    kv_to_relay: ChannelPlan | None
     handoff: ChannelPlan | None  # token-ID channel relay -> finisher
 
     @property
@@ -74,18 +74,13 @@ class Topology:
             relay,
             last,
             self._kv(entry, last) if last != entry else None,
-            self._kv(entry, relay) if relay is not None else None,
             handoff,
         )
 
     @cached_property
     def cached_operators(self) -> tuple[str, ...]:
-        """Operators whose instances keep a radix/prefix cache (the scheduler mirrors each instance)."""
-        out = []
-        for name, op in self.plan.operators.items():
-            if op.caches_prefixes:
-                out.append(name)
-        return tuple(out)
+        """Operators whose instances keep a prefix cache (the scheduler mirrors each instance)."""
+        return tuple(name for name, op in self.plan.operators.items() if op.caches_prefixes)
 
     @cached_property
     def pools(self) -> dict[str, list[PathInfo]]:

@@ -20,6 +20,7 @@ def run(*args: str):
     return res
 
 
+@pytest.mark.slow
 def test_generate_json_matches_engine(tiny_llama_dir):
     res = run(
         "generate",
@@ -42,6 +43,7 @@ def test_generate_json_matches_engine(tiny_llama_dir):
     assert out["token_ids"] == ref and 1 <= len(ref) <= 7
 
 
+@pytest.mark.slow
 def test_generate_builtin_text_prompt():
     res = run(
         "generate",
@@ -58,6 +60,7 @@ def test_generate_builtin_text_prompt():
     assert len(out["token_ids"]) <= 4 and isinstance(out["text"], str)
 
 
+@pytest.mark.slow
 def test_generate_with_tokenizer_and_seeded_sampling(tiny_llama_with_tokenizer):
     args = [
         "generate",
@@ -88,7 +91,11 @@ def test_generate_with_tokenizer_and_seeded_sampling(tiny_llama_with_tokenizer):
         (["--model", "/no/such/dir", "--prompt-ids", "1"], "neither builtin"),
         (["--prompt-ids", "1,x,3"], "'x' is not an integer"),
         (["--prompt-ids", ""], "empty"),
-        (["--prompt-ids", "1,2,100000"], "outside the vocabulary"),
+        pytest.param(
+            ["--prompt-ids", "1,2,100000"],
+            "outside the vocabulary",
+            marks=pytest.mark.slow,  # loads the built-in model first
+        ),
         (["--prompt", "a", "--prompt-ids", "1"], "exactly one of"),
         ([], "exactly one of"),
         (["--prompt-ids", "1", "--max-tokens", "0"], "--max-tokens"),
@@ -100,11 +107,13 @@ def test_generate_errors_are_clear(args, message):
     assert message in res.output
 
 
+@pytest.mark.slow
 def test_text_prompt_without_tokenizer(tiny_llama_dir):
     res = run("generate", "--model", str(tiny_llama_dir), "--prompt", "hi")
     assert res.exit_code == 2 and "--prompt-ids" in res.output
 
 
+@pytest.mark.slow
 def test_bench_engine_quick_json(tiny_llama_dir):
     res = run(
         "bench", "engine", "--model", str(tiny_llama_dir), "--quick", "--json", "--batch", "3"
@@ -112,29 +121,22 @@ def test_bench_engine_quick_json(tiny_llama_dir):
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
     assert set(out["mixed"]) >= {"engine_tok_s", "hf_tok_s", "ratio"}
-    assert out["mixed"]["output_tokens"] > 0 and out["mixed"]["ratio"] > 0
+    # HF's static batches run every row to the batch's longest output: never fewer tokens.
+    assert out["mixed"]["hf_generated_tokens"] >= out["mixed"]["output_tokens"] > 0
     assert set(out["prefill"]) == {"64", "128"} and {"1", "4"} <= set(out["decode"])
-    assert out["extend"]["extend_ms"] > 0 and out["batch_invariant"] is True
-    assert out["decode_long"]["batch"] == 4 and out["decode_long"]["engine_step_ms"] > 0
-    assert out["extend_long"] == {
-        "tokens": 128,
-        "context": 768,
-        "extend_ms": out["extend_long"]["extend_ms"],
-    }
+    assert out["batch_invariant"] is True
+    assert out["decode_long"]["batch"] == 4 and out["decode_long"]["context"] == 768
+    assert (out["extend_long"]["tokens"], out["extend_long"]["context"]) == (128, 768)
     grid = out["prefill_grid"]["points"]  # prompts over a cached prefix, the prefix really reused
     assert {(p["tokens"], p["cached"]) for p in grid} >= {(32, 0), (128, 256), (256, 768)}
-    assert all(p["prefill_ms"] > 0 for p in grid)
     from pddflow.operators.corun_bench import cores_for_corun
 
     if cores_for_corun() is None:
         assert "corun" not in out
     else:  # measured next to a decoding companion, which is gone again; our affinity is restored
         co = out["corun"]
-        assert (
-            co["prefill_factor"] > 0
-            and co["decode_factor"] > 0
-            and co["companion"] == "decode batch 4 over 768 tokens"
-        )
+        assert co["companion"] == "decode batch 4 over 768 tokens"
+        assert co["cores"][0] != co["cores"][1]
         assert len(os.sched_getaffinity(0)) >= 2
         ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
         assert "pddflow.operators.corun_bench" not in ps
@@ -144,7 +146,10 @@ def test_module_import_is_light():
     import subprocess
     import sys
 
-    code = "import sys, pddflow.commands.engine_cmds; print('torch' in sys.modules, 'transformers' in sys.modules)"
+    code = (
+        "import sys, pddflow.commands.engine_cmds; "
+        "print('torch' in sys.modules, 'transformers' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False False"
 

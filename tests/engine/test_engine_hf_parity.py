@@ -1,5 +1,6 @@
 """The engine against transformers on the same weights: logits within 1e-4 (fp32) and identical
-greedy continuations, for Llama (GQA, llama3 RoPE scaling) and Qwen2 (q/k/v bias, tied embeddings)."""
+greedy continuations, for Llama (GQA, llama3 RoPE scaling) and Qwen2 (q/k/v bias, tied
+embeddings)."""
 
 import pytest
 import torch
@@ -10,51 +11,19 @@ from pddflow.operators.config import ModelSpecError
 from pddflow.operators.engine import Engine, EngineConfig
 from pddflow.operators.weights import load_model_source
 
-transformers = pytest.importorskip("transformers")
-
 PROMPT = [
-    1,
-    17,
-    99,
-    3,
-    150,
-    42,
-    8,
-    8,
-    200,
-    5,
-    61,
-    77,
-    13,
-    190,
-    4,
-    33,
-    120,
-    9,
-    56,
-    71,
-    2,
-    140,
-    35,
-    88,
-    101,
-    6,
-    19,
-    170,
-    24,
-    66,
-    91,
-    12,
-    180,
-    45,
-    7,
+    int(t)
+    for t in "1 17 99 3 150 42 8 8 200 5 61 77 13 190 4 33 120 9 56 71 2 140 35 88 101 6 19 170 "
+    "24 66 91 12 180 45 7".split()
 ]
 
 
 def _hf(path):
+    transformers = pytest.importorskip("transformers")
     return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fixture", ["tiny_llama_dir", "tiny_qwen2_dir"])
 def test_logits_match_hf(fixture, request):
     path = request.getfixturevalue(fixture)
@@ -67,6 +36,7 @@ def test_logits_match_hf(fixture, request):
     assert (ours - ref).abs().max().item() < 1e-4
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fixture", ["tiny_llama_dir", "tiny_qwen2_dir"])
 def test_greedy_continuation_matches_hf(fixture, request):
     path = request.getfixturevalue(fixture)
@@ -87,8 +57,10 @@ def test_greedy_continuation_matches_hf(fixture, request):
     assert ours == ref
 
 
+@pytest.mark.slow
 def test_builtin_tiny_llama_matches_hf():
-    from pddflow.operators.engine_bench import hf_model_from_source
+    pytest.importorskip("transformers")
+    from pddflow.operators.hf_reference import hf_model_from_source
 
     source = load_model_source("builtin:tiny-llama")
     c = source.config
@@ -101,12 +73,14 @@ def test_builtin_tiny_llama_matches_hf():
     assert (engine.score(ids) - ref).abs().max().item() < 1e-4
 
 
+@pytest.mark.slow  # draws the 47M built-in weights twice
 def test_builtin_weights_are_deterministic():
     a = load_model_source("builtin:tiny-llama").weights["model.layers.3.mlp.up_proj.weight"]
     b = load_model_source("builtin:tiny-llama").weights["model.layers.3.mlp.up_proj.weight"]
     assert torch.equal(a, b)
 
 
+@pytest.mark.slow  # builds the HF checkpoint fixture
 @pytest.mark.parametrize(
     "changes, message",
     [

@@ -53,6 +53,7 @@ def test_engine_is_calibrated_batch_invariant(engine):
     assert engine.numerics.invariant
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(prompt=prompts, n=st.integers(2, 16), data=st.data())
 def test_prefill_extend_decode_equals_colocated(engine, prompt, n, data):
@@ -71,11 +72,12 @@ def test_prefill_extend_decode_equals_colocated(engine, prompt, n, data):
     assert_no_leak(engine)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(prompt=prompts, n=st.integers(2, 16), data=st.data())
 def test_p_rld_md_across_engines_equals_colocated(engine, prompt, n, data):
-    """P prefills and exports; RLD imports and decodes k tokens; MD imports the prompt KV (part of it
-    already in its own prefix cache) and extends by RLD's token IDs, then decodes the rest."""
+    """P prefills and exports; RLD imports and decodes k tokens; MD imports the prompt KV (part of
+    it already in its own prefix cache) and extends by RLD's token IDs, then decodes the rest."""
     engine, other = fresh(engine), fresh(engine)
     ref = reference(engine, prompt, n)
     k = data.draw(st.integers(1, n - 1), label="tokens decoded on the relay")
@@ -114,6 +116,7 @@ def test_p_rld_md_across_engines_equals_colocated(engine, prompt, n, data):
     assert_no_leak(engine, other)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(prefix=prompts, a=prompts, b=prompts, n=st.integers(1, 12))
 def test_prefix_hit_reuses_blocks_and_matches_cold_run(engine, prefix, a, b, n):
@@ -135,6 +138,7 @@ def test_prefix_hit_reuses_blocks_and_matches_cold_run(engine, prefix, a, b, n):
     assert_no_leak(engine)
 
 
+@pytest.mark.slow
 @settings(
     max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )

@@ -13,7 +13,6 @@ import time
 
 import pytest
 import torch
-
 from pddflow.kernels.paged_attention import (
     SeqSpan,
     calibrate,
@@ -26,7 +25,8 @@ from pddflow.kernels.paged_attention import (
 # sequence, a chunk spanning several blocks; GQA with 3 query heads per KV head.
 CASE = textwrap.dedent("""
     import torch
-    from pddflow.kernels.paged_attention import SeqSpan, plan_attention, paged_attention_torch, _triton_meta
+    from pddflow.kernels.paged_attention import (
+        SeqSpan, plan_attention, paged_attention_torch, _triton_meta)
     def case(device):
         g = torch.Generator().manual_seed(0)
         NB, L, bs, hkv, D, G = 12, 2, 16, 2, 16, 3
@@ -34,8 +34,8 @@ CASE = textwrap.dedent("""
         spans = [SeqSpan(0, 1, 20, [3, 7]), SeqSpan(1, 5, 10, [5]), SeqSpan(6, 1, 0, [9]),
                  SeqSpan(7, 3, 30, [1, 2, 4]), SeqSpan(10, 1, 47, [11, 0, 6])]
         q = torch.randn(11, hkv * G, D, generator=g)
-        plan = plan_attention(spans, block_size=bs, num_layers=L, num_kv_heads=hkv, group_size=G, tile=16,
-                              row_multiple=4)
+        plan = plan_attention(spans, block_size=bs, num_layers=L, num_kv_heads=hkv, group_size=G,
+                              tile=16, row_multiple=4)
         ref = paged_attention_torch(q, pool, 1, plan, 0.25)
         meta = _triton_meta(spans, bs, torch.device(device))
         return pool, q, ref, meta
@@ -54,10 +54,12 @@ SCRIPT = CASE + textwrap.dedent("""
     p2 = pool.clone(); scatter_blocks_triton(p2, ids, data)
     p3 = pool.clone(); p3[ids] = data
     print(json.dumps({"attn_max_diff": (out - ref).abs().max().item(),
-                      "gather_equal": torch.equal(gathered, pool[ids]), "scatter_equal": torch.equal(p2, p3)}))
+                      "gather_equal": torch.equal(gathered, pool[ids]),
+                      "scatter_equal": torch.equal(p2, p3)}))
 """)
 
 
+@pytest.mark.slow
 def test_triton_kernels_match_reference_under_interpreter():
     pytest.importorskip("triton")
     env = dict(os.environ, TRITON_INTERPRET="1")

@@ -60,11 +60,16 @@ def test_admission_waits_for_memory_instead_of_failing():
 
 
 def test_cached_blocks_are_evicted_when_memory_is_needed():
+    # A block: 2 layers x (K, V) x 2 KV heads x 16 dims x 4 bytes x 4 tokens = 2 KiB; 64 fit.
     e = small_engine(kv_cache_bytes=128 * 1024)
-    for i in range(6):  # each turn leaves its blocks in the cache
-        e.generate([[(i * 31 + j) % 90 for j in range(40)]], SamplingParams(max_tokens=4))
-    assert len(e.radix) > 0
-    assert e.allocator.num_used == len(e.radix)
+    assert e.allocator.num_blocks == 64
+    prompts = [[(i * 31 + j) % 90 for j in range(40)] for i in range(10)]
+    for p in prompts:  # each turn leaves its 10 full prompt blocks cached: 100 in all
+        e.generate([p], SamplingParams(max_tokens=4))
+    hashes = [e.add_sequence(p).block_hashes(4) for p in prompts]
+    assert e.match(hashes[0]) == 0, "the least recently used turn made room"
+    assert e.match(hashes[-1]) == 10
+    assert e.allocator.num_used == len(e.radix) <= 64
 
 
 def test_budget_and_block_geometry():

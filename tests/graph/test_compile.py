@@ -33,7 +33,8 @@ def test_shipped_graph_compiles_and_round_trips(path: Path):
 
 def test_pdd_plan_contents():
     plan = load_plan(str(ROOT / "graphs" / "pdd.yaml"))
-    assert [i.id for i in plan.instances_of("relay")] == ["relay/0", "relay/1"]
+    assert plan.operators["relay"].instances == ("relay/0", "relay/1")
+    assert plan.operator_of("relay/1") is plan.operators["relay"]
     assert len(plan.instances) == 8 + 2 + 10
     wan = plan.channel("prefill.kv->main.kv")
     assert (wan.kind, wan.cross_cluster, wan.link, wan.payload) == (

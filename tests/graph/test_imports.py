@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "pyarrow", "grpc")
 
@@ -13,7 +15,7 @@ HEAVY = ("torch", "pyarrow", "grpc")
 def _loaded_after(code: str) -> set[str]:
     probe = code + (
         "\nimport sys\nsys.stderr.write('HEAVY:' + ' '.join(sorted("
-        "m for m in sys.modules if m.split('.')[0] in %r)))" % (HEAVY,)
+        f"m for m in sys.modules if m.split('.')[0] in {HEAVY!r})))"
     )
     out = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
@@ -28,6 +30,7 @@ def test_import_graph_is_light():
     )
 
 
+@pytest.mark.slow  # the whole CLI in a subprocess
 def test_validate_command_is_light():
     code = (
         "import sys\nfrom pddflow.cli import app\n"

@@ -36,7 +36,8 @@ def _install_plugin(root: Path) -> dict[str, str]:
     dist.mkdir()
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: demo-plugin\nVersion: 0.1\n")
     (dist / "entry_points.txt").write_text(
-        "[pddflow.operators]\ndemo = demo_plugin:operators\n\n[pddflow.channels]\ndemo = demo_plugin:channels\n"
+        "[pddflow.operators]\ndemo = demo_plugin:operators\n\n"
+        "[pddflow.channels]\ndemo = demo_plugin:channels\n"
     )
     return {**os.environ, "PYTHONPATH": str(root)}
 
@@ -51,6 +52,7 @@ def _validate(path: Path, env: dict[str, str]) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.slow  # two `pddflow validate` subprocesses
 def test_plugin_operator_and_channel_validate(tmp_path: Path):
     env = _install_plugin(tmp_path)
     g = GRAPH.replace(
@@ -74,6 +76,7 @@ def test_plugin_operator_and_channel_validate(tmp_path: Path):
     assert "unknown operator type 'kv_forwarder'" in done.stdout
 
 
+@pytest.mark.slow  # a `pddflow validate` subprocess
 def test_cycle_is_reported(tmp_path: Path):
     env = _install_plugin(tmp_path)
     g = GRAPH.replace(

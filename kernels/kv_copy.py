@@ -1,9 +1,7 @@
 """KV block gather/scatter: the device side of KV export and import.
 
-The pool is [num_blocks, num_layers, 2, block_size, Hkv, D], so one block (all layers, K and V) is
-one contiguous slab, and a selection of blocks gathers into exactly the `KVBlocks.data` layout
-[n, num_layers, 2, block_size, Hkv, D] with one copy. Torch path: index_select / index_copy_.
-Triton path (CUDA): one program per (block, chunk of the slab).
+One block (all layers, K and V) is one contiguous slab of the pool, so a selection of blocks
+gathers into exactly the `KVBlocks.data` layout with one copy.
 """
 
 from __future__ import annotations

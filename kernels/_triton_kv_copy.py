@@ -1,7 +1,4 @@
-"""Triton KV block gather/scatter (CUDA; also runs under TRITON_INTERPRET=1 for tests).
-
-Imported only on demand: importing this module imports triton.
-"""
+"""Triton KV block gather/scatter (CUDA; also runs under TRITON_INTERPRET=1 for tests)."""
 
 from __future__ import annotations
 

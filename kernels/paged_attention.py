@@ -1,25 +1,16 @@
-"""Paged attention for any set of query rows: decode rows and prefill/extend chunks go through the
-same function, so a token's attention output cannot depend on which entry point computed it.
+"""Paged attention for any set of query rows: decode rows and prefill/extend chunks share one
+function, so a token's output cannot depend on which entry point computed it.
 
-Why the torch path looks the way it does: PDD's correctness invariant says prefill + extend + decode,
-split anywhere, must emit exactly the colocated reference's greedy tokens. A token computed inside a
-512-row extend chunk must therefore get bit-identical attention output to the same token computed
-as a 1-row decode step. A plain `softmax(QK^T)V` does not give that on CPU: BLAS picks different
-kernels (and reduction orders) for different matrix shapes, and the PV product reduces over the
-context length, whose blocking changes with the total length. So:
+Why the torch path is tiled: the correctness invariant needs a token inside a 512-row extend chunk
+to get bit-identical output to the same token computed as a 1-row decode step, and CPU BLAS picks
+kernels (and reduction orders) by matrix shape. So scores reduce only over head_dim, with keys
+padded to a multiple of `tile` and query rows to a multiple of `row_multiple`; `P V` runs per
+fixed-size key tile and the tile partials are summed by a fixed binary tree (all-zero tiles past a
+query's context leave that sum unchanged). `calibrate` checks on this machine's BLAS that rows
+really are invariant and picks the row padding.
 
-- scores `Q K^T` reduce only over head_dim, with the key axis padded to a multiple of `tile`;
-  query rows are padded to a multiple of `row_multiple` (small row counts take other BLAS kernels);
-- softmax max is exact (order-free); exp is elementwise;
-- `P V` is computed per key tile of fixed size `tile` (every GEMM has the same inner dimension),
-  and the per-tile partial sums are combined by a fixed binary tree over tile index. Tiles past a
-  query's context are all-zero, and a zero-padded tree gives the same sum as a shorter one.
-
-`calibrate` checks, on this machine's BLAS, that the result really is row-invariant and picks
-the row padding; the engine calls it once per process and shape.
-
-The Triton path (CUDA) is one program per (query row, KV head) walking its block table with an
-online softmax, which is batch-invariant by construction.
+The Triton path (CUDA) walks each row's block table with an online softmax: batch-invariant by
+construction.
 """
 
 from __future__ import annotations
@@ -55,13 +46,12 @@ class _Group:
     """Spans attended together: a bucket of decode rows, or one chunk split into row blocks."""
 
     batch: int  # B spans
-    key_len: int  # L, multiple of tile (the longest context, rounded up)
+    key_len: int  # L: the longest context rounded up to the tile
     key_index: torch.Tensor  # [B, Hkv, L] flat pool row index (layer 0, K)
     rows: torch.Tensor | slice  # which rows of q
     num_rows: int  # decode: 1 per span; chunk: the chunk length
-    # decode: mask [B, 1, 1, L], True where the key is NOT visible
-    mask: torch.Tensor | None = None
-    # chunk: (row0, row1, keys, mask_from, mask [rows, keys - mask_from]) over the [Hkv, n*G, D] rows
+    mask: torch.Tensor | None = None  # decode: [B, 1, 1, L], True where the key is hidden
+    # chunk: (row0, row1, keys, mask_from, mask [rows, keys - mask_from]) over [Hkv, n*G, D] rows
     blocks: list[tuple[int, int, int, int, torch.Tensor]] = field(default_factory=list)
 
 
@@ -86,8 +76,9 @@ def _round_up(x: int, m: int) -> int:
     return (x + m - 1) // m * m
 
 
-ROW_BLOCK = 256  # chunk rows per attention block: keeps the score block cache-sized, and lets each
-# block stop at its own last key instead of the chunk's (causal skipping)
+# Chunk rows per attention block: the score block stays cache-sized, and each block stops at its
+# own last key instead of the chunk's (causal skipping).
+ROW_BLOCK = 256
 
 
 def plan_attention(
@@ -129,8 +120,7 @@ def plan_attention(
 
 
 def _decode_buckets(spans: list[SeqSpan], tile: int) -> list[list[SeqSpan]]:
-    """Group decode rows of similar context length: a bucket pads every row to its longest context,
-    so mixing a 30-token and a 1000-token sequence would gather 970 dead keys."""
+    """Decode rows of similar context length: a bucket pads every row to its longest context."""
     spans = sorted(spans, key=lambda s: -s.context_len)
     buckets: list[list[SeqSpan]] = []
     for s in spans:
@@ -149,16 +139,14 @@ def _key_index(
     spans: list[SeqSpan], plan: AttentionPlan, key_len: int, device: torch.device
 ) -> torch.Tensor:
     bs, hkv = plan.block_size, plan.num_kv_heads
-    nblk = key_len // bs
-    tables = torch.zeros(len(spans), nblk, dtype=torch.long)
+    tables = torch.zeros(len(spans), key_len // bs, dtype=torch.long)
     for i, s in enumerate(spans):
         need = -(-s.context_len // bs)
         if len(s.block_table) < need:
             raise ValueError(f"block table has {len(s.block_table)} blocks, context needs {need}")
-        # Pad with block 0: padded keys are masked, and pool memory is always finite (zero-initialised),
-        # so 0 * V stays exactly 0.
+        # Padding reads block 0: its keys are masked and the pool is finite, so 0 * V stays 0.
         tables[i, :need] = torch.as_tensor(list(s.block_table[:need]), dtype=torch.long)
-    # Flat row index into pool.view(-1, head_dim) for layer 0, K; see kv_cache.KVPool for the layout.
+    # Row index into pool.view(-1, head_dim) for layer 0, K (layout: kv_cache.KVPool).
     block_stride = plan.num_layers * 2 * bs * hkv
     slot = (tables[:, :, None] * block_stride + torch.arange(bs)[None, None, :] * hkv).reshape(
         len(spans), key_len
@@ -204,8 +192,8 @@ def _chunk_group(s: SeqSpan, plan: AttentionPlan, device: torch.device) -> _Grou
 
 
 def _triton_meta(spans: list[SeqSpan], block_size: int, device: torch.device):
-    nblk = max(-(-s.context_len // block_size) for s in spans)
-    tables = torch.zeros(len(spans), max(nblk, 1), dtype=torch.int32)
+    num_blocks = max(-(-s.context_len // block_size) for s in spans)
+    tables = torch.zeros(len(spans), max(num_blocks, 1), dtype=torch.int32)
     row_span, row_ctx = [], []
     for i, s in enumerate(spans):
         need = -(-s.context_len // block_size)
@@ -222,9 +210,7 @@ def _triton_meta(spans: list[SeqSpan], block_size: int, device: torch.device):
 def paged_attention(
     q: torch.Tensor, pool: torch.Tensor, layer: int, plan: AttentionPlan, scale: float
 ) -> torch.Tensor:
-    """q: [T, H, D] rows of the forward batch (RoPE applied). pool: the KV pool
-    [num_blocks, num_layers, 2, block_size, Hkv, D] with this step's K/V already written.
-    Returns [T, H, D]."""
+    """q [T, H, D] (RoPE applied) against the pool, this step's K/V already written; [T, H, D]."""
     if q.device.type == "cuda":
         from pddflow.kernels._triton_attention import paged_attention_triton
 
@@ -237,7 +223,7 @@ def paged_attention_torch(
     q: torch.Tensor, pool: torch.Tensor, layer: int, plan: AttentionPlan, scale: float
 ) -> torch.Tensor:
     T, H, D = q.shape
-    hkv, g, rm = plan.num_kv_heads, plan.group_size, plan.row_multiple
+    hkv, g, row_mult = plan.num_kv_heads, plan.group_size, plan.row_multiple
     flat = pool.view(-1, D)
     layer_off = layer * 2 * plan.block_size * hkv
     v_off = plan.block_size * hkv
@@ -252,13 +238,12 @@ def paged_attention_torch(
         )
         V = flat.index_select(0, (idx + v_off).view(-1)).view(grp.batch, hkv, grp.key_len, D)
         if grp.mask is None or not plan.decode_kt_view:
-            # A contiguous [D, L] operand runs a chunk's score GEMMs ~1.5x faster; a decode row is
-            # too short to pay back the transposing copy. Both give the same bits (BLAS packs the
-            # operand either way); calibrate() checks that on this machine.
+            # A contiguous K^T speeds up a chunk's score GEMMs; a decode row is too short to pay
+            # for the copy. Both give the same bits; calibrate() checks that here.
             Kt = Kt.contiguous()
         if grp.mask is not None:  # decode bucket: G rows per (span, KV head), padded
             qg = q.index_select(0, grp.rows).view(grp.batch, hkv, g, D)  # type: ignore[arg-type]
-            qg = _pad_rows(qg, _round_up(g, rm))
+            qg = _pad_rows(qg, _round_up(g, row_mult))
             o = attend_tiles(qg, Kt, V, grp.mask, 0, plan.tile)[:, :, :g]
             out.index_copy_(0, grp.rows, o.reshape(grp.batch, H, D))  # type: ignore[arg-type]
             continue
@@ -266,7 +251,7 @@ def paged_attention_torch(
         qg = q[grp.rows].view(n, hkv, g, D).permute(1, 0, 2, 3).reshape(1, hkv, n * g, D)
         og = torch.empty(1, hkv, n * g, D, dtype=q.dtype)
         for r0, r1, keys, mask_from, hidden in grp.blocks:
-            qb = _pad_rows(qg[:, :, r0:r1], _round_up(r1 - r0, rm))
+            qb = _pad_rows(qg[:, :, r0:r1], _round_up(r1 - r0, row_mult))
             og[:, :, r0:r1] = attend_tiles(
                 qb,
                 Kt[..., :keys],
@@ -296,27 +281,25 @@ def attend_tiles(
     mask_from: int,
     tile: int,
 ) -> torch.Tensor:
-    """Row-invariant attention. q [B, Hkv, R, D] (pre-scaled), Kt [B, Hkv, D, L] and V [B, Hkv, L, D]
-    with L a multiple of `tile`; `hidden` (True = masked) applies to keys [mask_from, L), broadcast
-    over the score block [B, Hkv, R, L - mask_from]. Returns [B, Hkv, R, D]."""
+    """Row-invariant attention: q [B, Hkv, R, D] (pre-scaled), Kt [B, Hkv, D, L], V [B, Hkv, L, D],
+    L a multiple of `tile`; `hidden` (True = masked) covers keys [mask_from, L). [B, Hkv, R, D]."""
     B, hkv, R, D = q.shape
     L = V.shape[2]
-    nt = L // tile
+    num_tiles = L // tile
     s = torch.matmul(q, Kt)
     if hidden is not None and mask_from < L:
         s[..., mask_from:].masked_fill_(hidden, float("-inf"))
     s.sub_(s.amax(-1, keepdim=True)).exp_()
-    st = s.view(B * hkv, R, nt, tile)
-    den = st.sum(-1)  # [B*Hkv, R, nt]
-    pt = st.transpose(1, 2).reshape(B * hkv * nt, R, tile)
-    o = torch.bmm(pt, V.reshape(B * hkv * nt, tile, D)).view(B * hkv, nt, R, D)
+    tiles = s.view(B * hkv, R, num_tiles, tile)
+    den = tiles.sum(-1)
+    probs = tiles.transpose(1, 2).reshape(B * hkv * num_tiles, R, tile)
+    o = torch.bmm(probs, V.reshape(B * hkv * num_tiles, tile, D)).view(B * hkv, num_tiles, R, D)
     return (tree_sum(o, 1) / tree_sum(den, 2)[..., None]).view(B, hkv, R, D)
 
 
 def tree_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
-    """Sum over `dim` by a fixed pairwise tree (element pairs (0,1), (2,3), ... then pairs of those),
-    an odd last element carried up unchanged. That equals the tree over any zero-padded length, so
-    a short context and a long one whose extra tiles are all zero give bit-identical sums."""
+    """Sum over `dim` by a fixed pairwise tree, an odd last element carried up: the same bits as
+    the tree over any zero-padded length."""
     while x.shape[dim] > 1:
         n = x.shape[dim]
         pairs = x.narrow(dim, 0, n - n % 2).unflatten(dim, (-1, 2))
@@ -338,8 +321,7 @@ class Numerics:
 def calibrate(
     head_dim: int, num_kv_heads: int, group_size: int, tile: int, num_threads: int
 ) -> Numerics:
-    """Find the cheapest setting under which the real torch path gives bit-identical rows for one
-    sequence computed as one chunk, as two chunks, and as decode rows; warn if none does."""
+    """The cheapest setting under which the torch path is row-invariant here; warns if none is."""
     for row_multiple in (4, 8, 16, 32, 64):
         for kt_view in (True, False):
             if _rows_invariant(head_dim, num_kv_heads, group_size, tile, row_multiple, kt_view):
@@ -354,15 +336,14 @@ def calibrate(
 
 
 def _rows_invariant(D: int, hkv: int, g: int, tile: int, row_multiple: int, kt_view: bool) -> bool:
-    """Run the real torch path on a synthetic pool: one sequence computed as a single chunk, as two
-    chunks, and as decode rows batched with a shorter sequence, must agree bit for bit."""
+    """One synthetic sequence as one chunk, as two chunks and as decode rows: equal bits?"""
     gen = torch.Generator().manual_seed(1234)
     bs = 16 if tile % 16 == 0 else tile
-    ctx = max(2 * ROW_BLOCK // g, 2 * tile) + 5  # several row blocks and several key tiles
+    ctx = max(2 * ROW_BLOCK // g, 2 * tile) + 5  # several row blocks and key tiles
     nblocks = -(-ctx // bs) + 2
     pool = torch.randn(nblocks, 1, 2, bs, hkv, D, generator=gen)
     q = torch.randn(ctx, hkv * g, D, generator=gen)
-    table = list(range(nblocks - 1, -1, -1))  # scattered, like a real block table
+    table = list(range(nblocks - 1, -1, -1))  # not in order, like a real block table
 
     def run(spans: list[SeqSpan], rows: torch.Tensor) -> torch.Tensor:
         plan = plan_attention(

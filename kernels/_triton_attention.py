@@ -1,11 +1,7 @@
 """Triton paged attention (CUDA; also runs under TRITON_INTERPRET=1 for tests).
 
-One program per (query row, KV head): it loads the G query heads that share the KV head, walks the
-row's block table up to the row's own context length with an online softmax, and writes G output
-heads. A row's result depends on nothing but its own query and context, so decode rows and
-prefill/extend chunk rows get identical treatment (batch invariance by construction).
-
-Imported only on demand: importing this module imports triton.
+One program per (query row, KV head) walks the row's block table up to its own context length with
+an online softmax, so a row's result depends only on its own query and context.
 """
 
 from __future__ import annotations

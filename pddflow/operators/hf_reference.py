@@ -1,0 +1,125 @@
+"""HF transformers on the engine's own weights: the reference `bench engine` times the engine
+against and the HF parity tests compare logits with. Imports transformers, which the engine never
+does."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from pddflow.core.payloads import Request
+from pddflow.operators.weights import ModelSource
+
+
+def hf_model_from_source(source: ModelSource):
+    """A transformers model holding exactly the engine's weights (fp32, eval mode)."""
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    c = source.config
+    rope: dict[str, Any] = {"rope_type": c.rope_scaling.rope_type, "rope_theta": c.rope_theta}
+    if c.rope_scaling.rope_type == "linear":
+        rope["factor"] = c.rope_scaling.factor
+    elif c.rope_scaling.rope_type == "llama3":
+        rs = c.rope_scaling
+        rope.update(
+            factor=rs.factor,
+            low_freq_factor=rs.low_freq_factor,
+            high_freq_factor=rs.high_freq_factor,
+            original_max_position_embeddings=rs.original_max_position_embeddings,
+        )
+    common = dict(
+        vocab_size=c.vocab_size,
+        hidden_size=c.hidden_size,
+        intermediate_size=c.intermediate_size,
+        num_hidden_layers=c.num_layers,
+        num_attention_heads=c.num_heads,
+        num_key_value_heads=c.num_kv_heads,
+        rms_norm_eps=c.rms_norm_eps,
+        max_position_embeddings=c.max_position_embeddings,
+        rope_parameters=rope,
+        tie_word_embeddings=c.tie_word_embeddings,
+    )
+    if c.arch == "qwen2":
+        cfg = Qwen2Config(**common)
+        model = Qwen2ForCausalLM(cfg)
+    else:
+        cfg = LlamaConfig(
+            **common, head_dim=c.head_dim, attention_bias=c.qkv_bias, mlp_bias=c.mlp_bias
+        )
+        model = LlamaForCausalLM(cfg)
+    missing, unexpected = model.load_state_dict(source.weights, strict=False)
+    if unexpected or any(not k.endswith("lm_head.weight") for k in missing):
+        raise RuntimeError(
+            f"weights do not fit the HF model: missing {missing}, unexpected {unexpected}"
+        )
+    return model.eval()
+
+
+def _cache_kw(hf) -> str:
+    """transformers 5 renamed `past_key_values` to `cache`; whichever forward() takes."""
+    import inspect
+
+    return "cache" if "cache" in inspect.signature(hf.forward).parameters else "past_key_values"
+
+
+def hf_decode(hf, prompts: list[list[int]], steps: int) -> float:
+    """Seconds of `steps` greedy decode steps after a prefill and one warm step."""
+    from transformers import DynamicCache
+
+    kw = _cache_kw(hf)
+    with torch.inference_mode():
+        cache = DynamicCache()
+        logits = hf(torch.tensor(prompts), **{kw: cache}, use_cache=True, logits_to_keep=1).logits
+        nxt = logits[:, -1].argmax(-1, keepdim=True)
+        nxt = hf(nxt, **{kw: cache}, use_cache=True).logits[:, -1].argmax(-1, keepdim=True)
+        t = time.perf_counter()
+        for _ in range(steps):
+            nxt = hf(nxt, **{kw: cache}, use_cache=True).logits[:, -1].argmax(-1, keepdim=True)
+        return time.perf_counter() - t
+
+
+def hf_extend(hf, ctx: list[int], known: list[int]) -> float:
+    """Seconds of one forward over `known` after `ctx` is cached."""
+    from transformers import DynamicCache
+
+    kw = _cache_kw(hf)
+    with torch.inference_mode():
+        cache = DynamicCache()
+        hf(torch.tensor([ctx]), **{kw: cache}, use_cache=True, logits_to_keep=1)
+        t = time.perf_counter()
+        hf(torch.tensor([known]), **{kw: cache}, use_cache=True, logits_to_keep=1)
+        return time.perf_counter() - t
+
+
+def hf_static_batches(hf, reqs: list[Request], batch: int) -> tuple[float, int, int]:
+    """HF generate over consecutive groups of `batch` requests, left-padded to the group's longest
+    prompt and run to its longest output (generate has no per-row stopping by length)."""
+    pad = 0
+    total = 0.0
+    generated = padded = 0
+    with torch.inference_mode():
+        for i in range(0, len(reqs), batch):
+            group = reqs[i : i + batch]
+            width = max(len(r.prompt_ids) for r in group)
+            steps = max(r.sampling.max_tokens for r in group)
+            ids = torch.full((len(group), width), pad, dtype=torch.long)
+            mask = torch.zeros((len(group), width), dtype=torch.long)
+            for j, r in enumerate(group):
+                ids[j, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids)
+                mask[j, width - len(r.prompt_ids) :] = 1
+            t = time.perf_counter()
+            out = hf.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=steps,
+                min_new_tokens=steps,
+                do_sample=False,
+                pad_token_id=pad,
+                eos_token_id=None,
+            )
+            total += time.perf_counter() - t
+            generated += (out.shape[1] - width) * len(group)
+            padded += width * len(group)
+    return total, generated, padded
