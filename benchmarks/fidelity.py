@@ -21,21 +21,59 @@ error; at the end, how many figures fall within the tolerance (25%: the simulato
 the median error of each figure over the rounds, for both simulations. Run nothing else on the
 machine meanwhile: the deployment and the calibrations are timing measurements.
 
+The simulations run in this process, through the library `pddflow simulate` calls
+(`pddflow.sim.runner`). `--ablate TERM` switches one calibration term off in every graph's frozen
+`Calibration` (`ABLATIONS`) and keeps everything else: what that term is worth, round by round.
+
     python benchmarks/fidelity.py --rounds 3 [--out DIR] [--json] [--no-deployment-calibration]
     python benchmarks/fidelity.py --resimulate DIR [--seed S ...]   # saved rounds, this simulator
+    python benchmarks/fidelity.py --resimulate DIR --ablate prefill_spread [--seed S ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
+from pddflow.graph import load_plan
+from pddflow.sim.calibration import Calibration, HostSpec, Measurements, SizeTrend, is_serve_report
+from pddflow.sim.metrics import request_rows
+from pddflow.sim.runner import RunOptions, calibrated, simulate, with_wan_gbps
+from pddflow.sim.serve_replay import DEFAULT_TRACE, serve_workload
+
 FIGURES = (("ttft_s", "p50"), ("ttft_s", "p90"), ("tpot_ms", "p50"))
+
+
+def _host(c: Calibration, **changes) -> Calibration:
+    return c if c.host is None else replace(c, host=replace(c.host, **changes))
+
+
+# every calibration term, switched off (each one alone)
+ABLATIONS: dict[str, Callable[[Calibration], Calibration]] = {
+    "prefill_host_factor": lambda c: replace(c, prefill_host_factor=1.0),
+    "decode_host_factor": lambda c: replace(c, decode_host_factor=1.0),
+    "prefill_spread": lambda c: replace(c, prefill_spread=()),
+    "prefill_size_trend": lambda c: replace(c, prefill_size_trend=SizeTrend()),
+    "relay_handovers": lambda c: replace(c, relay_handovers=(), relay_handovers_queued=()),
+    "relay_handovers_queued": lambda c: replace(c, relay_handovers_queued=()),
+    "prefill_shipping": lambda c: replace(c, prefill_shipping=()),
+    "decode_wall": lambda c: replace(c, decode_wall_over_cpu={}),
+    "prefill_wall": lambda c: replace(c, prefill_wall_over_cpu={}),
+    "serving_latency": lambda c: replace(c, serving_latency_s=0.0),
+    "serving_load": lambda c: replace(c, serving_cpu_per_token_s=0.0),
+    "corun": lambda c: _host(c, corun=(1.0, 1.0)),
+    "cpu_background": lambda c: _host(c, background=0.0),
+    "thread_penalty": lambda c: _host(c, bench_threads=1),
+    "host_model": lambda c: replace(c, host=None),
+}
 
 
 def _pddflow(args: list[str], out: Path) -> dict:
@@ -96,26 +134,12 @@ def simulate_round(
     """Round i's simulations from its measurements in `runs` (engine calibrations, real report),
     written to `out`, and every figure against the real one."""
     seed = a.seed + i - 1
-    wl = _workload(a, seed)
     real = json.loads((runs / f"real_{i}.json").read_text())
-    base = [
-        "simulate",
-        *GRAPHS,
-        "--serve-workload",
-        *wl,
-        "--json",
-        "-q",
-        "--per-request",
-        "--calibrate",
-        str(runs / f"engine_before_{i}.json"),
-        "--calibrate",
-        str(runs / f"engine_after_{i}.json"),
-    ]
-    sims = {"engine": _pddflow(base, out / f"sim_engine_{i}.json")}
+    engines = [runs / f"engine_before_{i}.json", runs / f"engine_after_{i}.json"]
+    sims = {"engine": _simulate(a, seed, engines, 1, out / f"sim_engine_{i}.json")}
     if deployment is not None:
-        sims["deployment"] = _pddflow(
-            base + ["--calibrate", str(deployment), "--replications", str(a.replications)],
-            out / f"sim_{i}.json",
+        sims["deployment"] = _simulate(
+            a, seed, engines + [deployment], a.replications, out / f"sim_{i}.json"
         )
         sims["previous_run"] = json.loads(deployment.read_text())
     rows = []
@@ -140,6 +164,30 @@ def simulate_round(
         "calibration": [g.get("calibration", {}) for g in last["graphs"]],
         "serving_load": [g.get("serving_load") for g in last["graphs"]],
     }
+
+
+def _simulate(
+    a: argparse.Namespace, seed: int, calibrate: list[Path], replications: int, out: Path
+) -> dict:
+    """What `pddflow simulate GRAPHS --serve-workload --calibrate ... --json --per-request` prints
+    for this workload, with `--ablate`'s term switched off in every graph's calibration."""
+    serve = [c for c in calibrate if is_serve_report(c)]
+    measured = Measurements.load([c for c in calibrate if c not in serve], serve)
+    host = HostSpec(float(os.cpu_count() or 1))
+    plans = [with_wan_gbps(load_plan(g), a.wan_gbps) for g in GRAPHS]
+    plans, cals = calibrated(plans, measured, host)
+    wl = serve_workload(DEFAULT_TRACE, a.sessions, a.turns, plans[0].model.block_size, seed=seed)
+    options = RunOptions(seed=seed, replications=replications, embedded=True, wan_jitter_seed=0)
+    ablate = ABLATIONS[a.ablate] if a.ablate else (lambda c: c)
+    graphs = []
+    for plan, cal in zip(plans, cals):
+        result, sim = simulate(plan, wl, ablate(cal), options)
+        result["per_request"] = request_rows(sim)
+        result["calibration"] = measured.report(plan.source)
+        graphs.append(result)
+    report = {"graphs": graphs}
+    out.write_text(json.dumps(report, indent=2, default=str))
+    return report
 
 
 def resimulate(a: argparse.Namespace, runs: Path, out: Path) -> list[dict]:
@@ -218,6 +266,11 @@ def main() -> None:
         help="serve nothing: simulate again the rounds an earlier --out DIR holds (give the same "
         "--seed, --sessions, --turns and --wan-gbps); simulations go to --out",
     )
+    ap.add_argument(
+        "--ablate",
+        choices=sorted(ABLATIONS),
+        help="simulate with this calibration term switched off (the rest unchanged)",
+    )
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     if a.rounds < 1:
@@ -242,6 +295,7 @@ def main() -> None:
             "wan_gbps": a.wan_gbps,
             "first_seed": a.seed,
         },
+        "ablated": a.ablate,
         "rounds": rounds,
         "summary": {name: summary(rounds, a.tolerance, name) for name in sims},
     }

@@ -56,7 +56,6 @@ class KVStore:
         self.reserved = 0
         self.waiters: deque[Callable[[], bool]] = deque()
         self._evicted: list[int] = []
-        self.inserted_blocks = 0
         self.evicted_blocks = 0
         self.peak_used = 0
         self._locked = 0
@@ -69,9 +68,6 @@ class KVStore:
     def locked_or_reserved(self) -> int:
         """Blocks held by live requests (what `kv_used` reports to the scheduler)."""
         return self.reserved + self._locked
-
-    def match_len(self, hashes) -> int:
-        return self.cache.match_len(hashes) if self.cache is not None else 0
 
     # ---- the request's life ---------------------------------------------------------------------
     def acquire(self, hashes: tuple[int, ...], extra_blocks: int) -> Hold | None:
@@ -156,7 +152,6 @@ class KVStore:
                 self._locked += 1
             hold.blocks.append(b)
         if new:
-            self.inserted_blocks += len(new)
             if self.mirror is not None:
                 self.mirror.on_insert(new)
                 self._check()

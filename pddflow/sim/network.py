@@ -54,9 +54,6 @@ class SharedLink:
         self._fid = 0
         self.in_flight = 0  # flows started and not done (latency phase included)
         self.bytes_sent = 0.0
-        self.kv_bytes = 0.0
-        self.flows = 0
-        self.busy_s = 0.0
 
     # ---- KV transfers ---------------------------------------------------------------------------
     def send(self, nbytes: float, on_done: Callable[[float], None]) -> Flow:
@@ -64,7 +61,6 @@ class SharedLink:
         self._fid += 1
         f = Flow(self._fid, nbytes, on_done)
         self.in_flight += 1
-        self.flows += 1
         delay = self.model.rtt_ms / 1e3 + min(
             self.model.jitter.sample_ms(self.rng) / 1e3, MAX_DELAY_S
         )
@@ -80,7 +76,6 @@ class SharedLink:
             f.sent = min(f.nbytes, self.v - f.start_v)
             del self.active[f.fid]
             self.bytes_sent += f.sent
-            self.kv_bytes += f.sent
             self._reschedule()
         f.state = "cancelled"
         self.in_flight -= 1
@@ -110,7 +105,6 @@ class SharedLink:
         n = len(self.active)
         if n:
             self.v += (now - self.t) * self.rate(n)
-            self.busy_s += now - self.t
         self.t = now
 
     def _start_data(self, f: Flow) -> None:
@@ -152,7 +146,6 @@ class SharedLink:
             f.state = "done"
             self.in_flight -= 1
             self.bytes_sent += f.nbytes
-            self.kv_bytes += f.nbytes
         self._reschedule()
         for f in done:
             f.on_done(self.loop.now)

@@ -6,9 +6,12 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 HEAVY = ("torch", "pyarrow", "grpc", "numpy", "matplotlib")
 
 
+@pytest.mark.slow
 def test_scheduler_and_simulator_imports_are_light():
     code = (
         "import sys\nimport pddflow.scheduler, pddflow.sim.simulator, pddflow.sim.metrics, "
