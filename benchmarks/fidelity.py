@@ -178,10 +178,11 @@ def _simulate(
     plans, cals = calibrated(plans, measured, host)
     wl = serve_workload(DEFAULT_TRACE, a.sessions, a.turns, plans[0].model.block_size, seed=seed)
     options = RunOptions(seed=seed, replications=replications, embedded=True, wan_jitter_seed=0)
-    ablate = ABLATIONS[a.ablate] if a.ablate else (lambda c: c)
     graphs = []
     for plan, cal in zip(plans, cals):
-        result, sim = simulate(plan, wl, ablate(cal), options)
+        for term in a.ablate or ():
+            cal = ABLATIONS[term](cal)
+        result, sim = simulate(plan, wl, cal, options)
         result["per_request"] = request_rows(sim)
         result["calibration"] = measured.report(plan.source)
         graphs.append(result)
@@ -268,8 +269,9 @@ def main() -> None:
     )
     ap.add_argument(
         "--ablate",
+        action="append",
         choices=sorted(ABLATIONS),
-        help="simulate with this calibration term switched off (the rest unchanged)",
+        help="simulate with this calibration term switched off (the rest unchanged; repeatable)",
     )
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
