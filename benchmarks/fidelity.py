@@ -115,7 +115,8 @@ def probe(a: argparse.Namespace, out: Path) -> Path:
 def one_round(i: int, a: argparse.Namespace, out: Path, deployment: Path | None) -> dict:
     seed = a.seed + i - 1
     print(
-        f"round {i}: calibrating, serving {' and '.join(GRAPHS)} (workload seed {seed}), calibrating again",
+        f"round {i}: calibrating, serving {' and '.join(GRAPHS)} (workload seed {seed}), "
+        "calibrating again",
         file=sys.stderr,
     )
     eng = ["bench", "engine", "--quick", "--threads", "1", "--json"]
@@ -198,7 +199,8 @@ def resimulate(a: argparse.Namespace, runs: Path, out: Path) -> list[dict]:
     deployment = runs / "probe.json" if not a.no_deployment_calibration else None
     if deployment is not None and not deployment.exists():
         sys.exit(
-            f"{runs}: no probe.json; add --no-deployment-calibration to simulate on the engine calibrations only"
+            f"{runs}: no probe.json; add --no-deployment-calibration to simulate on the engine "
+            "calibrations only"
         )
     while (runs / f"real_{i}.json").exists():
         print(
@@ -247,7 +249,8 @@ def main() -> None:
         "--replications",
         type=int,
         default=5,
-        help="with the deployment calibration: replays per prediction (other draws of its prefill spread)",
+        help="with the deployment calibration: replays per prediction (other draws of its "
+        "random parts)",
     )
     ap.add_argument(
         "--no-deployment-calibration",

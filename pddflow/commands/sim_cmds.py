@@ -235,7 +235,7 @@ def simulate(
         wan_jitter_seed=0 if kind == "serve" else None,
     )
 
-    # a local (embedded) profile runs the small built-in model: hash prompts at the plan's block size
+    # a local (embedded) profile runs the small built-in model: hash prompts at its block size
     block = plans[0].model.block_size if local else 512
     if kind == "serve":
         rps = 2.0 if rps is None else rps

@@ -138,8 +138,10 @@ def print_table(results: list[dict], wl) -> None:
         base = results[0]
         for r in results[1:]:
             con.print(
-                f"{r['graph']} vs {base['graph']}: TTFT P99 x{r['ttft_s']['p99'] / base['ttft_s']['p99']:.2f}, "
-                f"P90 x{r['ttft_s']['p90'] / base['ttft_s']['p90']:.2f}, BCR x{r['bcr'] / base['bcr']:.2f}"
+                f"{r['graph']} vs {base['graph']}: "
+                f"TTFT P99 x{r['ttft_s']['p99'] / base['ttft_s']['p99']:.2f}, "
+                f"P90 x{r['ttft_s']['p90'] / base['ttft_s']['p90']:.2f}, "
+                f"BCR x{r['bcr'] / base['bcr']:.2f}"
                 if base["ttft_s"]["p99"] and base["bcr"]
                 else f"{r['graph']}: see table"
             )

@@ -63,7 +63,7 @@ class DecodeLegs(_Base):
             run.memory_waits += 1
             store.wait(attempt)
 
-    # ---- 3a. the relay's copy -----------------------------------------------------------------------
+    # ---- 3a. the relay's copy --------------------------------------------------------------------
     def _relay_send(self, run: Run) -> None:
         run.relay.state = LegState.TRANSFER
         dt = self.draws.relay_handover_s(run.prefill_started_at - run.arrival)
@@ -141,7 +141,7 @@ class DecodeLegs(_Base):
             fin.state = LegState.CANCELLED
             self._finisher_release(run)
 
-    # ---- 3b. the finisher's copy ----------------------------------------------------------------------
+    # ---- 3b. the finisher's copy -----------------------------------------------------------------
     def _finisher_send(self, run: Run) -> None:
         fin = run.finisher
         fin.state = LegState.TRANSFER

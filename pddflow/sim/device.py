@@ -12,7 +12,8 @@ achieved bandwidth), plus a fixed per-step overhead (launches, scheduling, TP co
   budget (the Plan's kv_budget_bytes).
 
 Achieved/peak ratios (MFU for compute, MBU for bandwidth) default to what serving engines reach
-on large GPUs; `calibration/engine_fit.py` fits them to `pddflow bench engine --json` measured on this machine.
+on large GPUs; `calibration/engine_fit.py` fits them to `pddflow bench engine --json` measured on
+this machine.
 """
 
 from __future__ import annotations

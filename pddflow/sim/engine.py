@@ -9,9 +9,9 @@ With `exclusive_jobs` (the embedded runtime's worker loop: one model call at a t
 alone and whole, its chunks back to back, and the decode batch waits for it: no chunk mixes
 requests, and a job step is not a decode step.
 
-Hooks on a sequence: `on_first(seq, t)` when its first token is emitted, `on_finish(seq, t)` when its
-last is. Hooks on a job: `on_done(job, t)`. Controls run at the next boundary, when token counts are
-exact (the relay's handoff reads how many tokens it has generated there).
+Hooks on a sequence: `on_first(seq, t)` when its first token is emitted, `on_finish(seq, t)` when
+its last is. Hooks on a job: `on_done(job, t)`. Controls run at the next boundary, when token
+counts are exact (the relay's handoff reads how many tokens it has generated there).
 """
 
 from __future__ import annotations
@@ -78,7 +78,8 @@ class Job:
 
 
 class Seq:
-    """A sequence decoding here: `tokens0` output tokens already emitted when it joined, `output` in all."""
+    """A sequence decoding here: `tokens0` output tokens already emitted when it joined, `output`
+    in all."""
 
     __slots__ = (
         "run",
@@ -155,7 +156,7 @@ class Engine:
         """This kind of steps' simulated time over their model time (None before any)."""
         return self.wall_s[kind] / self.model_s[kind] if self.model_s[kind] > 0 else None
 
-    # ---- work arrives ---------------------------------------------------------------------------
+    # ---- work arrives ----------------------------------------------------------------------------
     def submit_job(self, job: Job) -> None:
         self.jobs.append(job)
         self._poke()
@@ -168,7 +169,7 @@ class Engine:
         self.controls.append(fn)
         self._poke()
 
-    # ---- read or change a sequence at a boundary (from a control) ----------------------------------
+    # ---- read or change a sequence at a boundary (from a control) --------------------------------
     def generated(self, seq: Seq) -> int:
         return seq.tokens0 + (self.steps - seq.join_step) if seq.join_step >= 0 else seq.tokens0
 
@@ -194,7 +195,7 @@ class Engine:
     def queued_tokens(self) -> int:
         return sum(j.tokens - j.sched for j in self.jobs)
 
-    # ---- the loop -------------------------------------------------------------------------------
+    # ---- the loop --------------------------------------------------------------------------------
     def replan(self) -> None:
         """Cut a multi-step decode plan at its next boundary (the host's CPU share changed)."""
         if self.busy:

@@ -3,9 +3,10 @@ engine uses) plus reservations for blocks in flight and output tokens, in blocks
 
 A request `acquire`s a hold (matched prefix locked, missing blocks and output reserved), `commit`s
 it when its blocks land (they enter the cache, still locked) and `release`s it when done (cached
-blocks stay, evictable LRU). A decoder does as the runtime's does (runtime/worker.py: `_adopt_prefix`
-when the job arrives, `_room_for` when the KV lands): it `pin`s the cached prefix first and
-`reserve`s the rest when the KV is here, so memory is not held while the KV crosses the WAN.
+blocks stay, evictable LRU). A decoder does as the runtime's does (runtime/worker.py:
+`_adopt_prefix` when the job arrives, `_room_for` when the KV lands): it `pin`s the cached prefix
+first and `reserve`s the rest when the KV is here, so memory is not held while the KV crosses the
+WAN.
 Every insert and eviction is forwarded as an event to the scheduler's mirror of this cache, and
 the two are checked against each other.
 """
@@ -71,8 +72,8 @@ class KVStore:
 
     # ---- the request's life ---------------------------------------------------------------------
     def acquire(self, hashes: tuple[int, ...], extra_blocks: int) -> Hold | None:
-        """Lock the cached prefix and reserve the rest plus `extra_blocks`; None when memory is short
-        now (call again after a release). Raise ValueError if it can never fit."""
+        """Lock the cached prefix and reserve the rest plus `extra_blocks`; None when memory is
+        short now (call again after a release). Raise ValueError if it can never fit."""
         hold = self.pin(hashes)
         try:
             if self.reserve(hold, extra_blocks):
@@ -84,7 +85,7 @@ class KVStore:
         return None
 
     def pin(self, hashes: tuple[int, ...]) -> Hold:
-        """Lock the cached prefix of `hashes` (it cannot be evicted from now on); reserve nothing."""
+        """Lock the cached prefix of `hashes` (not evictable from now on); reserve nothing."""
         matched = self.cache.match(hashes) if self.cache is not None else []
         for b in matched:
             b.refs += 1
@@ -110,7 +111,8 @@ class KVStore:
         return True
 
     def commit(self, hold: Hold, hashes: tuple[int, ...]) -> int:
-        """The prompt's blocks are here: insert them (locked). Returns how many were new to the cache."""
+        """The prompt's blocks are here: insert them (locked). Returns how many were new to the
+        cache."""
         self.reserved -= hold.missing
         hold.reserved -= hold.missing
         if self.cache is None:

@@ -26,7 +26,8 @@ def ttft(run: Run) -> float:
 
 
 def tpot(run: Run) -> float:
-    """Seconds per output token after the first, as the client sees them (handoff stalls included)."""
+    """Seconds per output token after the first, as the client sees them (handoff stalls
+    included)."""
     n = run.req.output_tokens
     return (run.finished_at - run.first_token_at) / (n - 1) if n > 1 else 0.0
 
@@ -166,10 +167,10 @@ def request_rows(sim: Simulation) -> list[dict]:
                 "kv_hit_blocks": fin.hit_blocks,
                 "kv_sent_s": since(r, fin.sent_at) if fin.transfer_s is not None else None,
                 "kv_transfer_s": t(fin.transfer_s),
-                # as the relay's kv_landed event: its copy reached the relay, the relay's loop took it
+                # as the relay's kv_landed event: its copy reached the relay, its loop took it
                 "relay_kv_sent_s": since(r, relay.landed_at),
                 "relay_kv_landed_s": since(r, relay.started_at),
-                # as the runtime's kv_waits_for_memory events: landed KV waiting for a decoder's memory
+                # as the runtime's kv_waits_for_memory events: landed KV waiting for memory
                 "memory_waits": r.memory_waits,
                 "memory_wait_s": t(r.memory_wait_s),
                 "failed": r.failed,

@@ -6,8 +6,9 @@ distribution, seeded), then its bytes join the link, which every flow in flight 
 channel's parallel `streams` times what one TCP stream sustains over a long-RTT path
 (`STREAM_GBPS`): a single transfer cannot fill a 100 Gbps line, which is why a cold prompt's KV
 takes seconds even on an idle link and why transfer times spread with size (PDD: 1-20 s). A flow
-can be cancelled mid-way (the bytes already sent stay counted). RDMA: bytes over the smaller instance's NICs plus a few
-microseconds, no contention (the fabric is far from the bottleneck in these topologies).
+can be cancelled mid-way (the bytes already sent stay counted). RDMA: bytes over the smaller
+instance's NICs plus a few microseconds, no contention (the fabric is far from the bottleneck in
+these topologies).
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ RDMA_LATENCY_S = 20e-6
 # Per-transfer delays are drawn from the link's jitter distribution, capped here: PDD measured
 # cross-datacenter KV transfers between 1 and 20 s, and a lognormal tail is otherwise unbounded.
 MAX_DELAY_S = 20.0
-# What one TCP stream of a wan_flight channel sustains across datacenters (window/RTT and loss bound);
-# a transfer's rate is capped at streams x this. 0 disables the cap.
+# What one TCP stream of a wan_flight channel sustains across datacenters (window/RTT and loss
+# bound); a transfer's rate is capped at streams x this. 0 disables the cap.
 STREAM_GBPS = 2.5
 IDS_BYTES_PER_TOKEN = 15  # token-ID handoff on the wire (PDD: 1.5 KB per 100 tokens)
 

@@ -126,7 +126,7 @@ class Simulation(DecodeLegs, Handoffs):
             default=1,
         )
 
-    # ---- driving --------------------------------------------------------------------------------
+    # ---- driving ---------------------------------------------------------------------------------
     def run(self, progress: Callable[[int, int], None] | None = None) -> list[Run]:
         t0 = time.perf_counter()
         self._warm_caches()
@@ -142,9 +142,9 @@ class Simulation(DecodeLegs, Handoffs):
         return self.runs
 
     def _warm_caches(self) -> None:
-        """Route every warm prefix through the policy and insert it into the chosen instances' caches
-        (through the stores, so mirrors see the inserts). Placement counts stand in for load so the
-        histories spread the way live sessions would."""
+        """Route every warm prefix through the policy and insert it into the chosen instances'
+        caches (through the stores, so mirrors see the inserts). Placement counts stand in for load
+        so the histories spread the way live sessions would."""
         if not self.workload.warm_prefixes:
             return
         decided, singular = self.policy.decided, self.policy.singular_count
@@ -187,7 +187,7 @@ class Simulation(DecodeLegs, Handoffs):
                     f"{st.name}: {st.reserved} reserved and {st._locked} locked KV blocks leaked"
                 )
 
-    # ---- 1. arrival and decision ------------------------------------------------------------------
+    # ---- 1. arrival and decision -----------------------------------------------------------------
     def _arrive_root(self) -> None:
         roots = self._roots
         req = roots[self._next]
@@ -233,7 +233,7 @@ class Simulation(DecodeLegs, Handoffs):
             est = LinkEstimate.from_model(link.model, link.in_flight)
             self.state.links[name] = replace(est, bytes_per_s=link.new_flow_rate())
 
-    # ---- 2. prefill -----------------------------------------------------------------------------
+    # ---- 2. prefill ------------------------------------------------------------------------------
     def _acquire(
         self, run: Run, inst: str, extra_tokens: int, then: Callable[[Hold], None]
     ) -> None:
@@ -338,7 +338,7 @@ class Simulation(DecodeLegs, Handoffs):
             self.stores[leg.instance].release(leg.hold)
             leg.hold = None
 
-    # ---- 5. the end ---------------------------------------------------------------------------------
+    # ---- 5. the end ------------------------------------------------------------------------------
     def _first(self, seq: Seq, t: float) -> None:
         run = seq.run
         if run.first_token_at is None:

@@ -287,7 +287,8 @@ def test_serve_report_without_measurements_fails_clearly(tmp_path):
 
 
 def _simulate(trace: Path, *calibrations: Path | str) -> subprocess.CompletedProcess:
-    """`pddflow simulate` of pdd.yaml on `trace`; Paths are --calibrate files, strings extra options."""
+    """`pddflow simulate` of pdd.yaml on `trace`; Paths are --calibrate files, strings extra
+    options."""
     args = [
         sys.executable,
         "-m",

@@ -109,7 +109,8 @@ def test_cli_calibrated_agentic_run_on_the_local_profile(tmp_path):
 
 
 def test_engine_bench_layout(tmp_path):
-    """What `pddflow bench engine --json` writes: prefill keyed by prompt length, decode by batch."""
+    """What `pddflow bench engine --json` writes: prefill keyed by prompt length, decode by
+    batch."""
     doc = {
         "model": "builtin:tiny-llama",
         "device": "cpu",

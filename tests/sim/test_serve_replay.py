@@ -88,7 +88,8 @@ def _local_plan():
 @pytest.mark.slow
 def test_sim_does_not_import_the_runtime():
     code = (
-        "import sys\nimport pddflow.sim.serve_replay, pddflow.sim.simulator, pddflow.commands.sim_cmds\n"
+        "import sys\n"
+        "import pddflow.sim.serve_replay, pddflow.sim.simulator, pddflow.commands.sim_cmds\n"
         "print(' '.join(sorted(m for m in sys.modules if m.startswith('pddflow.runtime'))))"
     )
     out = subprocess.run(

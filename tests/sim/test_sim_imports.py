@@ -1,5 +1,6 @@
 """The scheduler and the simulator stay pure Python: no torch, pyarrow, grpc (or numpy/matplotlib
-before --plot), so `pddflow simulate` starts fast and the runtime can import the scheduler cheaply."""
+before --plot), so `pddflow simulate` starts fast and the runtime can import the scheduler
+cheaply."""
 
 from __future__ import annotations
 

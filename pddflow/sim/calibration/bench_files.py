@@ -204,7 +204,7 @@ def merge(facts: list[BenchFacts]) -> BenchFacts:
         )
 
     def tuples(attr: str, keyed: int) -> tuple | None:
-        """The median of a (sizes..., values...) point; only points at the first one's sizes count."""
+        """The median of a (sizes..., values...) point over those at the first one's sizes."""
         got = [g for f in facts if (g := getattr(f, attr)) is not None]
         if not got:
             return None

@@ -132,7 +132,7 @@ def fit(
         result = EngineFit(facts, dev, arch, eff)
         if facts.extend_long is None or grid is not None:
             break
-        # new tokens over a long cached context: what the matmuls and the fixed cost leave is attention
+        # new tokens over a long cached context: what matmuls and the fixed cost leave is attention
         tokens, ctx_, t_ = facts.extend_long
         m = result.model()
         pairs = tokens * ctx_ + tokens * tokens / 2
