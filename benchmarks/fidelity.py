@@ -70,8 +70,6 @@ ABLATIONS: dict[str, Callable[[Calibration], Calibration]] = {
     "serving_latency": lambda c: replace(c, serving_latency_s=0.0),
     "serving_load": lambda c: replace(c, serving_cpu_per_token_s=0.0),
     "corun": lambda c: _host(c, corun=(1.0, 1.0)),
-    "cpu_background": lambda c: _host(c, background=0.0),
-    "thread_penalty": lambda c: _host(c, bench_threads=1),
     "host_model": lambda c: replace(c, host=None),
 }
 

@@ -62,13 +62,6 @@ def simulate(
         "--cpu-pinning",
         help="with the CPU model: how the runtime pins workers (`pddflow deploy --cpu-pinning`)",
     ),
-    cpu_background: float = typer.Option(
-        0.0,
-        "--cpu-background",
-        min=0.0,
-        help="with the CPU model: other tenants' runnable threads on those cores "
-        "(assumed the same during the calibration benchmark)",
-    ),
     requests: int | None = typer.Option(
         None,
         "--requests",
@@ -216,9 +209,7 @@ def simulate(
     if cpu_cores is None and kind == "serve" and measured is not None and local:
         cpu_cores = float(os.cpu_count() or 1)
     # one process per instance, on the cores the runtime would pin it to
-    host = (
-        HostSpec(cpu_cores, pinning, background=cpu_background) if cpu_cores and not sweep else None
-    )
+    host = HostSpec(cpu_cores, pinning) if cpu_cores and not sweep else None
     if measured is not None:
         plans, cals = calibrated(plans, measured, host, local)
     else:

@@ -63,7 +63,7 @@ def test_replay_runs_on_the_local_profile_with_a_shared_cpu(serve_trace):
     plan = _local_plan()
     plan = replace(plan, links={n: replace(link, gbps=0.05) for n, link in plan.links.items()})
     wl = replay(spec, plan.model.block_size)
-    sim = Simulation(plan, wl, calibration=Calibration(host=HostSpec(2, bench_threads=2)))
+    sim = Simulation(plan, wl, calibration=Calibration(host=HostSpec(2)))
     cpu = sim.host
     # as the runtime pins them on 2 cores: cluster A (prefill, relay) on one, B (main) on the other
     assert len(cpu.groups) == 2 and cpu.mode == "cluster"

@@ -24,10 +24,6 @@ CFS_NICE_STEP = 1.25  # Linux CFS: one nice level is about 1.25x less CPU weight
 class HostSpec:
     cores: float
     pinning: str = "auto"  # as `pddflow deploy --cpu-pinning`
-    bench_threads: int = 1  # threads the engine benchmark ran with
-    # other tenants' runnable threads, assumed the same while the benchmark ran (which paid their
-    # share already): the factor is the ratio of the two shares
-    background: float = 0.0
     # (prefill/extend, decode) step slowdown while a worker on other cores is busy (shared cache
     # and memory bus; `bench engine`'s co-run point); 1 = core groups never slow each other
     corun: tuple[float, float] = (1.0, 1.0)
@@ -41,24 +37,13 @@ class HostSpec:
 
 
 class CpuShare:
-    """The workers pinned to one group of cores. A busy worker's step takes `penalty` x the
-    calibrated step (fewer threads than the benchmark: bench threads / threads) x (its threads /
-    the cores it gets) / the share the benchmark itself had."""
+    """The workers pinned to one group of cores. A busy worker's step takes (its threads / the
+    cores it gets) x the calibrated step: the engine benchmark ran at the workers' thread count,
+    on cores of its own."""
 
-    def __init__(
-        self,
-        cores: float,
-        threads: int,
-        host: HostCpus,
-        bench_threads: int = 1,
-        background: float = 0.0,
-        serving: float = 0.0,
-    ):
+    def __init__(self, cores: float, threads: int, host: HostCpus, serving: float = 0.0):
         self.cores, self.threads = max(cores, 1e-9), max(1, threads)
-        self.background = max(0.0, background)
         self.serving = max(0.0, serving)
-        self.bench_share = max(1.0, (max(1, bench_threads) + self.background) / self.cores)
-        self.penalty = max(1, bench_threads) / self.threads if bench_threads > self.threads else 1.0
         self.engines: list[Engine] = []
         self.nice: dict[str, int] = {}
         self.weight: dict[str, float] = {}
@@ -75,13 +60,10 @@ class CpuShare:
 
     def factor(self, eng: Engine, kind: StepKind) -> float:
         mine = self.weight[eng.name] * self.threads
-        demand = (
-            sum(self.weight[e.name] for e in self.engines if e.busy) * self.threads
-            + self.background
-            + self.serving
-        )
+        demand = sum(self.weight[e.name] for e in self.engines if e.busy) * self.threads
+        demand += self.serving
         given = min(self.threads, self.cores * mine / max(demand, mine))  # cores this engine gets
-        f = self.penalty * (self.threads / given) / self.bench_share
+        f = self.threads / given
         if self.host.corun != (1.0, 1.0) and self.host.others_busy(self):
             f *= self.host.corun[0] if kind is not StepKind.DECODE else self.host.corun[1]
         return f * self.walls[eng.name][kind]
@@ -101,8 +83,6 @@ class CpuShare:
         return {
             "cores": self.cores,
             "threads_per_worker": self.threads,
-            "thread_penalty": round(self.penalty, 4),
-            "background_threads": self.background,
             "serving_threads": round(self.serving, 4),
             "instances": [e.name for e in self.engines],
             "nice": dict(self.nice),
@@ -110,8 +90,8 @@ class CpuShare:
 
 
 class HostCpus:
-    """The host's core groups, laid out as the runtime lays them out. Unpinned load (other tenants,
-    the serving path) spreads over the groups in proportion to their cores."""
+    """The host's core groups, laid out as the runtime lays them out. Unpinned load (the serving
+    path) spreads over the groups in proportion to their cores."""
 
     def __init__(self, plan: Plan, spec: HostSpec):
         cores = spec.cores
@@ -124,14 +104,8 @@ class HostCpus:
             key = lay.cpus[inst.id]
             if key not in groups:
                 n = float(len(key)) if key else cores
-                groups[key] = CpuShare(
-                    n,
-                    lay.threads[inst.id],
-                    self,
-                    spec.bench_threads,
-                    background=spec.background * n / max(cores, 1e-9),
-                    serving=spec.serving_cores * n / max(cores, 1e-9),
-                )
+                serving = spec.serving_cores * n / max(cores, 1e-9)
+                groups[key] = CpuShare(n, lay.threads[inst.id], self, serving)
             self.share[inst.id] = groups[key]
         self.groups = list(groups.values())
 

@@ -38,8 +38,6 @@ class Measurements:
 
     def calibration(self, graph: str | Path, host: HostSpec | None = None) -> Calibration:
         """What a simulation of `graph` applies; `host`: the host model's cores and pinning."""
-        if host is not None:
-            host = replace(host, bench_threads=self.engine.facts.threads)
         dep = self.deployment(graph)
         if dep is None:
             # the co-run point is the benchmark's guess at what the other workers cost a step;
