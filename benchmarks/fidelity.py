@@ -44,7 +44,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from pddflow.graph import load_plan
-from pddflow.sim.calibration import Calibration, HostSpec, Measurements, SizeTrend, is_serve_report
+from pddflow.sim.calibration import Calibration, HostSpec, Measurements, is_serve_report
 from pddflow.sim.metrics import request_rows
 from pddflow.sim.runner import RunOptions, calibrated, simulate, with_wan_gbps
 from pddflow.sim.serve_replay import DEFAULT_TRACE, serve_workload
@@ -61,7 +61,6 @@ ABLATIONS: dict[str, Callable[[Calibration], Calibration]] = {
     "prefill_host_factor": lambda c: replace(c, prefill_host_factor=1.0),
     "decode_host_factor": lambda c: replace(c, decode_host_factor=1.0),
     "prefill_spread": lambda c: replace(c, prefill_spread=()),
-    "prefill_size_trend": lambda c: replace(c, prefill_size_trend=SizeTrend()),
     "relay_handovers": lambda c: replace(c, relay_handovers=(), relay_handovers_queued=()),
     "relay_handovers_queued": lambda c: replace(c, relay_handovers_queued=()),
     "prefill_shipping": lambda c: replace(c, prefill_shipping=()),

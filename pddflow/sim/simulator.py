@@ -271,7 +271,7 @@ class Simulation(DecodeLegs, Handoffs):
         cached = min(hold.hit * self.block_tokens, run.req.prompt_tokens)
         leg.hit_tokens = cached
         new = run.req.prompt_tokens - cached
-        factor = self.draws.prefill_factor(new)
+        factor = self.draws.prefill_factor()
         per_byte = self.draws.shipping_s_per_byte()
         if per_byte:
             leg.shipping_s = per_byte * self._shipped_bytes(run)

@@ -15,9 +15,8 @@ import pytest
 from pddflow.core.arch import ARCHS
 from pddflow.sim.calibration import CalibrationError, HostSpec, Measurements, is_serve_report
 from pddflow.sim.calibration.bench_files import load_bench
-from pddflow.sim.calibration.deployment import fit_deployment
 from pddflow.sim.calibration.engine_fit import fit
-from pddflow.sim.calibration.serve_report import ServeFacts, load_serve
+from pddflow.sim.calibration.serve_report import load_serve
 
 ROOT = Path(__file__).resolve().parents[2]
 ARCH = ARCHS.get("tiny-llama")
@@ -229,32 +228,6 @@ def test_deployment_calibration_per_graph(tmp_path):
     assert walled.report("graphs/pdd.yaml")["deployment"]["prefill_wall_over_cpu"] == {
         "prefill/0": 1.45
     }
-
-
-def test_prefill_size_trend_is_taken_out_of_the_spread(tmp_path):
-    """Deployment prefills that drift from the engine with their size (here 1.2 x (n / 100) **
-    -0.1: long prompts cheaper than the fit extrapolates) give that trend, not a wide spread; and
-    prompts of one size give no trend."""
-    engine = fit(load_bench(_engine_with_grid(tmp_path)))
-    sizes = [30, 60, 100, 150, 250, 400, 800, 2700]
-    measured_ms = {n: 1.2 * (n / 100) ** -0.1 * _prefill_truth_ms(n, 16) for n in sizes}
-    dep = fit_deployment(
-        engine, ServeFacts("t", prefills=tuple((n + 16, 16, measured_ms[n] / 1e3) for n in sizes))
-    )
-    trend = dep.prefill_size_trend
-    assert trend.exponent == pytest.approx(-0.1, abs=1e-3) and 30 < trend.ref_tokens < 2700
-    assert dep.prefill_spread == pytest.approx([1.0] * len(sizes), abs=1e-3)
-    m = engine.model()
-    for n in (30, 2700):  # the engine x the host factor x the trend = what was measured
-        modelled = m.prefill_s(n, 16) * dep.prefill_host_factor
-        assert modelled * (n / trend.ref_tokens) ** trend.exponent * 1e3 == pytest.approx(
-            measured_ms[n], rel=1e-3
-        )
-    assert dep.to_dict()["prefill_size_trend"]["exponent"] == pytest.approx(-0.1, abs=1e-3)
-    one_size = (116, 16, 1.3 * _prefill_truth_ms(100, 16) / 1e3)
-    flat = fit_deployment(engine, ServeFacts("t", prefills=(one_size,) * 6))
-    assert flat.prefill_size_trend.exponent == 0
-    assert flat.prefill_host_factor == pytest.approx(1.3, rel=1e-3)
 
 
 def test_serve_report_without_measurements_fails_clearly(tmp_path):

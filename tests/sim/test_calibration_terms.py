@@ -10,7 +10,7 @@ import pytest
 
 from pddflow.core.serve_sessions import build
 from pddflow.graph import load_plan
-from pddflow.sim.calibration import Calibration, SizeTrend
+from pddflow.sim.calibration import Calibration
 from pddflow.sim.run import LegState
 from pddflow.sim.serve_replay import replay, serve_workload
 from pddflow.sim.simulator import Simulation
@@ -45,19 +45,6 @@ def test_prefill_spread_is_drawn_per_prefill(serve_trace):
     assert doubled == pytest.approx([2 * x for x in base], rel=1e-9)
     spread = (0.8, 1.0, 1.6)
     assert prefills(spread, 3) == prefills(spread, 3) != prefills(spread, 4)
-
-
-def test_prefill_size_trend_scales_each_prefill(serve_trace):
-    """A prefill of n new tokens costs (n / ref) ** exponent times its drawn factor."""
-    spec = build(serve_trace, 1, 1, 1 / 32, vocab=256)
-    plan = _plan()
-    wl = replay(spec, plan.model.block_size)
-    n = wl.requests[0].prompt_tokens
-    took = []
-    for trend in (SizeTrend(), SizeTrend(-0.5, n / 4)):
-        (run,) = _replay(plan, wl, prefill_spread=(1.0,), prefill_size_trend=trend).runs
-        took.append(run.prefill_done_at - run.prefill_started_at)
-    assert took[1] == pytest.approx(took[0] * 4**-0.5, rel=1e-9)
 
 
 def test_relay_handover_is_drawn_per_request(serve_trace):

@@ -14,7 +14,7 @@ from pddflow.sim.calibration.engine_fit import EngineFit, calibrated_plan
 from pddflow.sim.calibration.host import HostSpec
 from pddflow.sim.calibration.measurements import Measurements
 from pddflow.sim.calibration.settle import Settled, settle
-from pddflow.sim.calibration.terms import Calibration, SizeTrend
+from pddflow.sim.calibration.terms import Calibration
 
 __all__ = [
     "Calibration",
@@ -23,7 +23,6 @@ __all__ = [
     "HostSpec",
     "Measurements",
     "Settled",
-    "SizeTrend",
     "calibrated_plan",
     "is_serve_report",
     "settle",

@@ -3,18 +3,14 @@ deployment, against the engine fit (docs/simulator.md, Deployment calibration)."
 
 from __future__ import annotations
 
-import math
 import statistics
 from dataclasses import dataclass
 
 from pddflow.core.stats import percentile
 from pddflow.sim.calibration.engine_fit import EngineFit
 from pddflow.sim.calibration.serve_report import ServeFacts
-from pddflow.sim.calibration.terms import SizeTrend
 
 MIN_PREFILLS = 5  # fewer measured prefills: no prefill terms
-SIZE_TREND_SPAN = 8  # new-token sizes spanning less than this factor: no size trend
-SIZE_TREND_BOUNDS = (-0.3, 0.3)
 
 
 @dataclass(frozen=True)
@@ -23,7 +19,6 @@ class DeploymentFit:
     prefill_host_factor: float = 1.0
     decode_host_factor: float = 1.0
     prefill_spread: tuple[float, ...] = ()
-    prefill_size_trend: SizeTrend = SizeTrend()
 
     def to_dict(self) -> dict:
         serve = self.serve
@@ -41,10 +36,6 @@ class DeploymentFit:
             "prefill_host_factor": round(self.prefill_host_factor, 4),
             "decode_host_factor": round(self.decode_host_factor, 4),
             "decode_steps": sum(d[0] for d in serve.decode),
-            "prefill_size_trend": {
-                "exponent": round(self.prefill_size_trend.exponent, 4),
-                "ref_new_tokens": round(self.prefill_size_trend.ref_tokens, 1),
-            },
             "prefill_spread": quantiles(self.prefill_spread, 1, 3),
             "relay_handover_ms": quantiles(serve.handovers, 1e3, 1),
             "relay_handover_queued_ms": quantiles(serve.handovers_queued, 1e3, 1),
@@ -67,14 +58,13 @@ class DeploymentFit:
 def fit_deployment(engine: EngineFit, serve: ServeFacts) -> DeploymentFit:
     """The deployment's prefill CPU against the engine fit for the same prompt and cached tokens:
     its median (the host factor: the same prefill shares caches and memory with the other workers,
-    the frontend and the channels' threads, which the benchmark alone does not), the trend with
-    size and the spread around both. Decode steps: the decoders' measured step CPU over what the
+    the frontend and the channels' threads, which the benchmark alone does not) and the spread
+    around it. Decode steps: the decoders' measured step CPU over what the
     fit predicts for the same steps (memory-bound on these engines)."""
     m = engine.model()
     shapes = [(p - c, cpu / m.prefill_s(p - c, c)) for p, c, cpu in serve.prefills if p > c]
     enough = len(shapes) >= MIN_PREFILLS
-    trend = _size_trend(shapes)
-    ratios = [r / (n / trend.ref_tokens) ** trend.exponent for n, r in shapes]
+    ratios = [r for _, r in shapes]
     f = statistics.median(ratios) if enough else 1.0
     spread = tuple(sorted(round(r / f, 4) for r in ratios)) if enough else ()
     model_s = sum(
@@ -84,18 +74,4 @@ def fit_deployment(engine: EngineFit, serve: ServeFacts) -> DeploymentFit:
         for n, _, seqs, ctx in serve.decode
     )
     fd = sum(cpu for _, cpu, _, _ in serve.decode) / model_s if model_s > 0 else 1.0
-    return DeploymentFit(serve, f, fd, spread, trend)
-
-
-def _size_trend(shapes: list[tuple[float, float]]) -> SizeTrend:
-    """How measured prefills drift from the fitted model with their size: the least-squares slope
-    of log(measured / model) on log(new tokens), pivoting on their geometric mean size. The engine
-    benchmark fits prompts up to 512 tokens; longer ones run relatively cheaper."""
-    pts = [(math.log(n), math.log(r)) for n, r in shapes if n > 0 and r > 0]
-    xs = [x for x, _ in pts]
-    if len(pts) < MIN_PREFILLS or max(xs) - min(xs) < math.log(SIZE_TREND_SPAN):
-        return SizeTrend()
-    mx, my = statistics.fmean(xs), statistics.fmean(y for _, y in pts)
-    slope = sum((x - mx) * (y - my) for x, y in pts) / sum((x - mx) ** 2 for x in xs)
-    lo, hi = SIZE_TREND_BOUNDS
-    return SizeTrend(min(hi, max(lo, slope)), math.exp(mx))
+    return DeploymentFit(serve, f, fd, spread)

@@ -52,7 +52,6 @@ class Measurements:
             prefill_host_factor=dep.prefill_host_factor,
             decode_host_factor=dep.decode_host_factor,
             prefill_spread=dep.prefill_spread,
-            prefill_size_trend=dep.prefill_size_trend,
             relay_handovers=s.handovers,
             relay_handovers_queued=s.handovers_queued,
             prefill_shipping=s.shipping,

@@ -20,14 +20,6 @@ from pddflow.sim.device import DeviceModel, Efficiency
 
 
 @dataclass(frozen=True)
-class SizeTrend:
-    """A prefill of n new tokens costs (n / ref_tokens) ** exponent times the scaled model."""
-
-    exponent: float = 0.0
-    ref_tokens: float = 1.0
-
-
-@dataclass(frozen=True)
 class Calibration:
     # the engine fit's step costs (the plan's device classes carry its FLOP/s and bandwidth)
     efficiency: Efficiency = Efficiency()
@@ -36,9 +28,8 @@ class Calibration:
     prefill_host_factor: float = 1.0
     decode_host_factor: float = 1.0
     # each prefill's cost factor is drawn from these (the measured prefills over the scaled
-    # model, median 1), times the size trend
+    # model, median 1)
     prefill_spread: tuple[float, ...] = ()
-    prefill_size_trend: SizeTrend = SizeTrend()
     # seconds from a prefill's end to its KV on the same-host relay, drawn per request (empty:
     # the RDMA model); a prefill that queued draws from the ones measured after queued prefills
     relay_handovers: tuple[float, ...] = ()
@@ -83,13 +74,9 @@ class Draws:
         rest = tuple(sorted((Counter(every) - Counter(queued)).elements()))
         self._handovers = (rest, queued) if queued and rest else (every, every)
 
-    def prefill_factor(self, new_tokens: int) -> float:
-        cal = self.cal
-        factor = self._spread.choice(cal.prefill_spread) if cal.prefill_spread else 1.0
-        trend = cal.prefill_size_trend
-        if trend.exponent:
-            factor *= (max(1, new_tokens) / trend.ref_tokens) ** trend.exponent
-        return factor
+    def prefill_factor(self) -> float:
+        spread = self.cal.prefill_spread
+        return self._spread.choice(spread) if spread else 1.0
 
     def relay_handover_s(self, prefill_waited_s: float) -> float | None:
         """The relay's copy time after a prefill that waited this long for its engine (a busy
