@@ -61,13 +61,9 @@ ABLATIONS: dict[str, Callable[[Calibration], Calibration]] = {
     "prefill_host_factor": lambda c: replace(c, prefill_host_factor=1.0),
     "decode_host_factor": lambda c: replace(c, decode_host_factor=1.0),
     "prefill_spread": lambda c: replace(c, prefill_spread=()),
-    "relay_handovers": lambda c: replace(c, relay_handovers=(), relay_handovers_queued=()),
-    "relay_handovers_queued": lambda c: replace(c, relay_handovers_queued=()),
     "prefill_shipping": lambda c: replace(c, prefill_shipping=()),
     "decode_wall": lambda c: replace(c, decode_wall_over_cpu={}),
     "prefill_wall": lambda c: replace(c, prefill_wall_over_cpu={}),
-    "serving_latency": lambda c: replace(c, serving_latency_s=0.0),
-    "serving_load": lambda c: replace(c, serving_cpu_per_token_s=0.0),
     "corun": lambda c: _host(c, corun=(1.0, 1.0)),
     "host_model": lambda c: replace(c, host=None),
 }
@@ -160,7 +156,6 @@ def simulate_round(
         "round": i,
         "rows": rows,
         "calibration": [g.get("calibration", {}) for g in last["graphs"]],
-        "serving_load": [g.get("serving_load") for g in last["graphs"]],
     }
 
 

@@ -66,13 +66,9 @@ class DecodeLegs(_Base):
     # ---- 3a. the relay's copy --------------------------------------------------------------------
     def _relay_send(self, run: Run) -> None:
         run.relay.state = LegState.TRANSFER
-        dt = self.draws.relay_handover_s(run.prefill_started_at - run.arrival)
-        if dt is None:
-            nbytes = self._kv_bytes(run.req.prompt_tokens, 0)
-            dt = RDMA_LATENCY_S + nbytes / self.topo.rdma_bytes_per_s(
-                run.path.entry, run.path.relay
-            )
-        self.loop.after(dt, self._relay_landed, run)
+        nbytes = self._kv_bytes(run.req.prompt_tokens, 0)
+        rate = self.topo.rdma_bytes_per_s(run.path.entry, run.path.relay)
+        self.loop.after(RDMA_LATENCY_S + nbytes / rate, self._relay_landed, run)
 
     def _relay_landed(self, run: Run) -> None:
         self._copy_left(run)

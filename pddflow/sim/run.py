@@ -92,9 +92,9 @@ class Run:
         "memory_wait_s",
     )
 
-    def __init__(self, req: SimRequest, decision: Decision, path: PathInfo, sent_at: float):
+    def __init__(self, req: SimRequest, decision: Decision, path: PathInfo, arrival: float):
         self.req, self.decision, self.path = req, decision, path
-        self.arrival = sent_at  # when the client sent it: TTFT and the end count from here
+        self.arrival = arrival
         self.prefill_started_at: float | None = None
         self.prefill_done_at: float | None = None
         self.first_token_at: float | None = None

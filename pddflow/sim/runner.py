@@ -75,12 +75,6 @@ def simulate(
         more = [replay(final, options.seed + r) for r in range(1, options.replications)]
         result = pool([result] + [summarize(s) for s in more])
     if final.host is not None:
-        if cal.serving_cpu_per_token_s:
-            result["serving_load"] = {
-                "cpu_ms_per_token": round(cal.serving_cpu_per_token_s * 1e3, 4),
-                "cores": round(final.host.serving_cores, 4),
-                "replays": settled.replays,
-            }
         for kind, measured, factors in (
             (StepKind.DECODE, cal.decode_wall_over_cpu, final.host.decode_wall),
             (StepKind.PREFILL, cal.prefill_wall_over_cpu, final.host.prefill_wall),

@@ -197,20 +197,13 @@ class Simulation(DecodeLegs, Handoffs):
         self._arrive(req)
 
     def _arrive(self, req: SimRequest) -> None:
-        latency = self.calibration.serving_latency_s
-        if latency > 0:
-            self.loop.after(latency, self._enter, req, self.loop.now)
-        else:
-            self._enter(req, self.loop.now)
-
-    def _enter(self, req: SimRequest, sent: float) -> None:
         self._arrived += 1
         self._refresh_state()
         feats = RequestFeatures(
             str(req.rid), req.prompt_tokens, req.hashes, req.output_tokens, self.block_tokens
         )
         dec = self.policy.decide(feats, self.state)
-        run = Run(req, dec, self.topo.paths[dec.variant], sent)
+        run = Run(req, dec, self.topo.paths[dec.variant], self.loop.now)
         self.runs.append(run)
         path = run.path
         if not path.colocated and path.finisher != path.relay:

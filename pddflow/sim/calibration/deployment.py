@@ -37,8 +37,6 @@ class DeploymentFit:
             "decode_host_factor": round(self.decode_host_factor, 4),
             "decode_steps": sum(d[0] for d in serve.decode),
             "prefill_spread": quantiles(self.prefill_spread, 1, 3),
-            "relay_handover_ms": quantiles(serve.handovers, 1e3, 1),
-            "relay_handover_queued_ms": quantiles(serve.handovers_queued, 1e3, 1),
             "prefill_shipping_ms_per_mb": quantiles(serve.shipping, 1e9, 3),
             "decode_wall_over_cpu": {
                 i: round(r, 4) for i, r in sorted(serve.decode_wall_ratios().items())
@@ -48,10 +46,6 @@ class DeploymentFit:
                 i: round(r, 4) for i, r in sorted(serve.prefill_wall_ratios().items())
             }
             or None,
-            "serving_latency_ms": quantiles(serve.serving_latency, 1e3, 2),
-            "serving_cpu_ms_per_token": None
-            if serve.cpu_per_token_s is None
-            else round(serve.cpu_per_token_s * 1e3, 4),
         }
 
 

@@ -27,9 +27,6 @@ class HostSpec:
     # (prefill/extend, decode) step slowdown while a worker on other cores is busy (shared cache
     # and memory bus; `bench engine`'s co-run point); 1 = core groups never slow each other
     corun: tuple[float, float] = (1.0, 1.0)
-    # cores' worth of CPU the serving path (frontend, client: unpinned) takes while the workload
-    # runs; the benchmark did not see it, so it only adds to the demand
-    serving_cores: float = 0.0
     # per instance, what its decode-only (prefill) steps take beyond the CPU share: the
     # deployment's measured wall over CPU that the share does not explain
     decode_wall: Mapping[str, float] = field(default_factory=dict)
@@ -41,9 +38,8 @@ class CpuShare:
     cores it gets) x the calibrated step: the engine benchmark ran at the workers' thread count,
     on cores of its own."""
 
-    def __init__(self, cores: float, threads: int, host: HostCpus, serving: float = 0.0):
+    def __init__(self, cores: float, threads: int, host: HostCpus):
         self.cores, self.threads = max(cores, 1e-9), max(1, threads)
-        self.serving = max(0.0, serving)
         self.engines: list[Engine] = []
         self.nice: dict[str, int] = {}
         self.weight: dict[str, float] = {}
@@ -61,7 +57,6 @@ class CpuShare:
     def factor(self, eng: Engine, kind: StepKind) -> float:
         mine = self.weight[eng.name] * self.threads
         demand = sum(self.weight[e.name] for e in self.engines if e.busy) * self.threads
-        demand += self.serving
         given = min(self.threads, self.cores * mine / max(demand, mine))  # cores this engine gets
         f = self.threads / given
         if self.host.corun != (1.0, 1.0) and self.host.others_busy(self):
@@ -83,15 +78,13 @@ class CpuShare:
         return {
             "cores": self.cores,
             "threads_per_worker": self.threads,
-            "serving_threads": round(self.serving, 4),
             "instances": [e.name for e in self.engines],
             "nice": dict(self.nice),
         }
 
 
 class HostCpus:
-    """The host's core groups, laid out as the runtime lays them out. Unpinned load (the serving
-    path) spreads over the groups in proportion to their cores."""
+    """The host's core groups, laid out as the runtime lays them out."""
 
     def __init__(self, plan: Plan, spec: HostSpec):
         cores = spec.cores
@@ -104,8 +97,7 @@ class HostCpus:
             key = lay.cpus[inst.id]
             if key not in groups:
                 n = float(len(key)) if key else cores
-                serving = spec.serving_cores * n / max(cores, 1e-9)
-                groups[key] = CpuShare(n, lay.threads[inst.id], self, serving)
+                groups[key] = CpuShare(n, lay.threads[inst.id], self)
             self.share[inst.id] = groups[key]
         self.groups = list(groups.values())
 
@@ -133,6 +125,5 @@ class HostCpus:
         return {
             "layout": self.mode,
             "corun": {"prefill": self.corun[0], "decode": self.corun[1]},
-            "serving_cores": round(sum(g.serving for g in self.groups), 4),
             "groups": [g.to_dict() for g in self.groups],
         }

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -52,12 +51,8 @@ class Measurements:
             prefill_host_factor=dep.prefill_host_factor,
             decode_host_factor=dep.decode_host_factor,
             prefill_spread=dep.prefill_spread,
-            relay_handovers=s.handovers,
-            relay_handovers_queued=s.handovers_queued,
             prefill_shipping=s.shipping,
-            serving_latency_s=statistics.median(s.serving_latency) if s.serving_latency else 0.0,
             host=host,
-            serving_cpu_per_token_s=(s.cpu_per_token_s or 0.0) if measured_host else 0.0,
             decode_wall_over_cpu=s.decode_wall_ratios() if measured_host else {},
             prefill_wall_over_cpu=s.prefill_wall_ratios() if measured_host else {},
         )

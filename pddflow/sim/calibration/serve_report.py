@@ -4,14 +4,10 @@ embedded deployment (`ServeFacts`): only the figures the deployment calibration 
 from __future__ import annotations
 
 import json
-import statistics
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from pddflow.sim.calibration.bench_files import CalibrationError, numbers
-
-# a prefill that waited this long for its worker ran in a busy period
-QUEUED_S = 0.05
 
 
 def graph_key(source: str | Path) -> str:
@@ -24,13 +20,7 @@ class ServeFacts:
     """One graph's deployment, as its bench serve reports measured it."""
 
     source: str
-    # the serving path's CPU besides the workers (frontend process and client) per output token
-    cpu_per_token_s: float | None = None
     prefills: tuple[tuple[int, int, float], ...] = ()  # (prompt tokens, cached tokens, CPU s)
-    # seconds from a prefill's end to its KV held by the same-host relay (export, then the
-    # rdma_tensor send until the receiver's ack), and those of prefills that had queued
-    handovers: tuple[float, ...] = ()
-    handovers_queued: tuple[float, ...] = ()
     # each decoding worker's decode steps: (steps, CPU seconds, sequences, context tokens)
     decode: tuple[tuple[int, float, int, int], ...] = ()
     # seconds per byte each prefill worker spent exporting a prefill's KV copies before its loop
@@ -39,22 +29,14 @@ class ServeFacts:
     # (instance, wall seconds, CPU seconds): each decoder's decode iterations, and each prefill
     decode_wall: tuple[tuple[str, float, float], ...] = ()
     prefill_wall: tuple[tuple[str, float, float], ...] = ()
-    # per request, what the serving path adds outside the workers: the request from the frontend
-    # to the prefill worker, and the first token from the frontend to the client
-    serving_latency: tuple[float, ...] = ()
 
     @staticmethod
     def pooled(facts: list[ServeFacts]) -> ServeFacts:
         """Every graph's facts as one (for a graph the reports did not serve)."""
-        tokens = [f.cpu_per_token_s for f in facts if f.cpu_per_token_s is not None]
-        merged = {}
-        for name in (fld.name for fld in fields(ServeFacts)):
-            rows = [x for f in facts for x in getattr(f, name)] if name not in _SCALARS else []
-            merged[name] = tuple(sorted(rows) if name in _SORTED else rows)
-        merged.update(
-            source=" + ".join(f.source for f in facts),
-            cpu_per_token_s=statistics.median(tokens) if tokens else None,
-        )
+        merged = {"source": " + ".join(f.source for f in facts)}
+        for name in (fld.name for fld in fields(ServeFacts) if fld.name != "source"):
+            rows = [x for f in facts for x in getattr(f, name)]
+            merged[name] = tuple(sorted(rows) if name == "shipping" else rows)
         return ServeFacts(**merged)
 
     def decode_wall_ratios(self) -> dict[str, float]:
@@ -64,10 +46,6 @@ class ServeFacts:
     def prefill_wall_ratios(self) -> dict[str, float]:
         """Each prefilling instance's prefill wall time over its CPU time."""
         return _wall_over_cpu(self.prefill_wall)
-
-
-_SCALARS = ("source", "cpu_per_token_s")
-_SORTED = ("handovers", "handovers_queued", "shipping", "serving_latency")
 
 
 def _wall_over_cpu(rows: tuple[tuple[str, float, float], ...]) -> dict[str, float]:
@@ -84,28 +62,20 @@ class _Graph:
     """One graph's figures while the reports are read."""
 
     sources: list[str] = field(default_factory=list)
-    per_token: list[float] = field(default_factory=list)
     prefills: list[tuple[int, int, float]] = field(default_factory=list)
-    handovers: list[float] = field(default_factory=list)
-    handovers_queued: list[float] = field(default_factory=list)
     decode: list[tuple[int, float, int, int]] = field(default_factory=list)
     shipping: list[float] = field(default_factory=list)
     decode_wall: list[tuple[str, float, float]] = field(default_factory=list)
     prefill_wall: list[tuple[str, float, float]] = field(default_factory=list)
-    serving_latency: list[float] = field(default_factory=list)
 
     def facts(self) -> ServeFacts:
         return ServeFacts(
             " + ".join(sorted(set(self.sources))),
-            statistics.median(self.per_token) if self.per_token else None,
             tuple(self.prefills),
-            tuple(sorted(self.handovers)),
-            tuple(sorted(self.handovers_queued)),
             tuple(self.decode),
             tuple(sorted(self.shipping)),
             tuple(self.decode_wall),
             tuple(self.prefill_wall),
-            tuple(sorted(self.serving_latency)),
         )
 
 
@@ -121,16 +91,13 @@ def load_serve(paths: list[Path]) -> dict[str, ServeFacts]:
             acc = graphs.setdefault(graph_key(g["graph"]), _Graph())
             acc.sources.append(str(path))
             _read_decode_steps(g.get("decode_steps"), acc)
-            host = g.get("host_cpu")
-            if isinstance(host, dict) and isinstance(host.get("ms_per_token"), (int, float)):
-                acc.per_token.append(host["ms_per_token"] / 1e3)
             rows = g.get("per_request")
             for r in rows if isinstance(rows, list) else ():
                 if isinstance(r, dict) and isinstance(r.get("prompt_tokens"), int):
                     _read_request(r, acc)
-    if not any(a.per_token or a.prefills for a in graphs.values()):
+    if not any(a.prefills for a in graphs.values()):
         raise CalibrationError(
-            f"{', '.join(map(str, paths))}: no `host_cpu` and no per-request prefill times; "
+            f"{', '.join(map(str, paths))}: no per-request prefill times; "
             f"pass `pddflow bench serve --json --per-request` output of this version"
         )
     return {k: a.facts() for k, a in graphs.items()}
@@ -158,17 +125,6 @@ def _read_request(r: dict, acc: _Graph) -> None:
         wall = numbers(send, ("prefill_ms",))
         if wall is not None and isinstance(send.get("instance"), str):
             acc.prefill_wall.append((send["instance"], wall[0], got[0]))
-    dispatch = numbers(send, ("t_ms", "export_ms", "prefill_ms", "queued_ms"))
-    first_token = numbers(first.get("first_token"), ("t_ms",))
-    if (
-        dispatch is not None
-        and first_token is not None
-        and isinstance(r.get("ttft_s"), (int, float))
-    ):
-        sent_at, export, prefill, waited = dispatch
-        acc.serving_latency.append(
-            max(0.0, sent_at - export - prefill - waited) + max(0.0, r["ttft_s"] - first_token[0])
-        )
     sends = [
         t
         for name, e in first.items()
@@ -182,14 +138,3 @@ def _read_request(r: dict, acc: _Graph) -> None:
         acc.shipping.append(
             (max(t for t, _, _ in sends) - (t0 - export0)) / sum(b for _, _, b in sends)
         )
-    for name, e in first.items():  # the relay's copy: export, send, the receiver's ack
-        if not name.startswith("kv_send:rdma_tensor:"):
-            continue
-        sent = numbers(first.get(name.replace("kv_send:", "kv_sent:", 1)), ("t_ms",))
-        start = numbers(e, ("t_ms", "export_ms"))
-        if sent is not None and start is not None:
-            handover = sent[0] - start[0] + start[1]
-            acc.handovers.append(handover)
-            prefill = numbers(e, ("prefill_ms",))  # the prefill began its own time before it ended
-            if prefill is not None and start[0] - start[1] - prefill[0] >= QUEUED_S:
-                acc.handovers_queued.append(handover)

@@ -8,14 +8,12 @@ measured is `engine_fit.py`, `deployment.py` and `settle.py`.
 from __future__ import annotations
 
 import random
-from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from pddflow.core.arch import ModelArch
 from pddflow.core.device import DeviceClass
 from pddflow.sim.calibration.host import HostSpec
-from pddflow.sim.calibration.serve_report import QUEUED_S
 from pddflow.sim.device import DeviceModel, Efficiency
 
 
@@ -30,19 +28,11 @@ class Calibration:
     # each prefill's cost factor is drawn from these (the measured prefills over the scaled
     # model, median 1)
     prefill_spread: tuple[float, ...] = ()
-    # seconds from a prefill's end to its KV on the same-host relay, drawn per request (empty:
-    # the RDMA model); a prefill that queued draws from the ones measured after queued prefills
-    relay_handovers: tuple[float, ...] = ()
-    relay_handovers_queued: tuple[float, ...] = ()
     # seconds per KV byte a prefill worker stays busy after each prefill, drawn per prefill
     prefill_shipping: tuple[float, ...] = ()
-    # a request enters the deployment this long after its client sent it
-    serving_latency_s: float = 0.0
     # the host's cores (None: every instance on a device of its own)
     host: HostSpec | None = None
-    # what `settle.py` replays towards: the serving path's CPU per output token, and each
-    # instance's measured decode (prefill) wall over CPU
-    serving_cpu_per_token_s: float = 0.0
+    # what `settle.py` replays towards: each instance's measured decode (prefill) wall over CPU
     decode_wall_over_cpu: Mapping[str, float] = field(default_factory=dict)
     prefill_wall_over_cpu: Mapping[str, float] = field(default_factory=dict)
 
@@ -67,23 +57,11 @@ class Draws:
     def __init__(self, cal: Calibration, seed: int):
         self.cal = cal
         self._spread = random.Random(f"{seed}/prefill-spread")
-        self._handover = random.Random(f"{seed}/relay-handover")
         self._shipping = random.Random(f"{seed}/prefill-shipping")
-        every = cal.relay_handovers
-        queued = tuple(sorted(cal.relay_handovers_queued))
-        rest = tuple(sorted((Counter(every) - Counter(queued)).elements()))
-        self._handovers = (rest, queued) if queued and rest else (every, every)
 
     def prefill_factor(self) -> float:
         spread = self.cal.prefill_spread
         return self._spread.choice(spread) if spread else 1.0
-
-    def relay_handover_s(self, prefill_waited_s: float) -> float | None:
-        """The relay's copy time after a prefill that waited this long for its engine (a busy
-        host copies slower), or None for the RDMA model."""
-        if not self.cal.relay_handovers:
-            return None
-        return self._handover.choice(self._handovers[prefill_waited_s >= QUEUED_S])
 
     def shipping_s_per_byte(self) -> float:
         return (
