@@ -4,13 +4,14 @@ One round: calibrate (`pddflow bench engine --quick`), serve the workload for re
 serve --per-request`: both graphs, one after the other), calibrate again, then simulate exactly
 that workload (`pddflow simulate --serve-workload --per-request`) fitted to the median of the two
 calibrations, twice: on the engine calibrations alone, and with the deployment calibration added
-(`--calibrate` of an earlier `bench serve` report: the deployment's own prefill CPU and the serving
-path's CPU per token). The deployment calibration never comes from the run it predicts: round k
+(`--calibrate` of an earlier `bench serve` report: the deployment's own prefill and decode CPU, wall
+over CPU and KV export times; docs/simulator.md). The deployment calibration never comes from the run it predicts: round k
 serves workload seed `--seed + k - 1` and is calibrated on round k-1's report (round 1 on a probe
 run of seed `--seed - 1`, same size). The seed changes every prompt's tokens, not the lengths
 (bench serve takes the same trace records), so consecutive runs are repeats of one workload shape.
-With the deployment calibration each prefill also draws its cost from the measured spread, and the
-prediction is the median of `--replications` such replays.
+With the deployment calibration each prefill also draws its cost and its KV export time from the
+measured ones, and the prediction is the median of `--replications` such replays (15: with 5, draw
+noise alone moves a figure or two across the tolerance).
 
 The baseline, side by side: `previous_run` predicts each round by the real figures of the run
 before it (the one the deployment calibration comes from). How often the real deployment lands
@@ -22,8 +23,8 @@ the median error of each figure over the rounds, for both simulations. Run nothi
 machine meanwhile: the deployment and the calibrations are timing measurements.
 
 The simulations run in this process, through the library `pddflow simulate` calls
-(`pddflow.sim.runner`). `--ablate TERM` switches one calibration term off in every graph's frozen
-`Calibration` (`ABLATIONS`) and keeps everything else: what that term is worth, round by round.
+(`pddflow.sim.runner`). `--ablate TERM` (repeatable) switches a calibration term off in every
+graph's frozen `Calibration` (`ABLATIONS`) and keeps everything else: what that term is worth.
 
     python benchmarks/fidelity.py --rounds 3 [--out DIR] [--json] [--no-deployment-calibration]
     python benchmarks/fidelity.py --resimulate DIR [--seed S ...]   # saved rounds, this simulator
@@ -240,7 +241,7 @@ def main() -> None:
     ap.add_argument(
         "--replications",
         type=int,
-        default=5,
+        default=15,
         help="with the deployment calibration: replays per prediction (other draws of its "
         "random parts)",
     )

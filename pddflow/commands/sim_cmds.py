@@ -137,8 +137,8 @@ def simulate(
         "to this machine and simulate the graph's local (embedded) "
         "profile; repeat it to fit the median of several runs. "
         "`pddflow bench serve --json --per-request` output may be "
-        "added: the deployment's own prefill CPU and the serving "
-        "path's CPU per token (frontend, client) on this machine",
+        "added (with --serve-workload): the deployment's own prefill "
+        "and decode CPU, wall over CPU and KV export times",
     ),
     profile: str = typer.Option(
         "auto", "--profile", help="production | local (auto: local with --calibrate)"

@@ -5,8 +5,8 @@ An embedded deployment pins each emulated cluster to cores of its own (`core/cpu
 cores still share the last-level cache and the memory bus: measured on this 2-core VM, a prefill
 ran 10-20% slower and a decode step up to 1.5x slower while a second engine decoded next door.
 A calibration taken on an otherwise idle machine misses that, so the simulator
-(`sim/simulator.py: HostCpus`) applies these factors to a worker's steps while a worker on other
-cores is busy.
+(`sim/calibration/host.py: HostCpus`) applies these factors to a worker's steps while a worker on
+other cores is busy.
 
 The companion is a separate process (its own interpreter and torch threads) pinned to the second
 core; it is paused (SIGSTOP) for the "alone" samples and resumed (SIGCONT) for the "co-run"
