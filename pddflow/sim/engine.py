@@ -146,7 +146,8 @@ class Engine:
         # transition. None: a device of its own.
         self.slowdown: Callable[[StepKind], float] | None = None
         self.on_busy: Callable[[Engine], None] | None = None
-        # per StepKind: seconds the steps took, and the same steps at the model's time
+        # per StepKind: seconds the steps took on a shared host, and the same steps at the
+        # model's time
         self.wall_s = [0.0, 0.0, 0.0]
         self.model_s = [0.0, 0.0, 0.0]
         self._plan_f = 1.0
@@ -237,8 +238,9 @@ class Engine:
             self.decode_tokens += b * k
             took = now - self._t_plan
             self.busy_s += took
-            self.wall_s[self._plan_kind] += took
-            self.model_s[self._plan_kind] += took / self._plan_f
+            if self.slowdown is not None:  # (without a shared host, wall is model time)
+                self.wall_s[self._plan_kind] += took
+                self.model_s[self._plan_kind] += took / self._plan_f
             if self._step_jobs:
                 done = self._step_jobs
                 self._step_jobs = []
