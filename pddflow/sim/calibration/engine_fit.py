@@ -62,12 +62,11 @@ class EngineFit:
             "attn_factor": round(eff.attn_factor, 3),
             "extend_long_check": None
             if f.extend_long is None
-            else {
-                "tokens": f.extend_long[0],
-                "context": f.extend_long[1],
-                "measured_ms": round(f.extend_long[2] * 1e3, 2),
-                "model_ms": round(m.extend_s(f.extend_long[0], f.extend_long[1]) * 1e3, 2),
-            },
+            else _check(
+                {"tokens": f.extend_long[0], "context": f.extend_long[1]},
+                f.extend_long[2],
+                m.extend_s(f.extend_long[0], f.extend_long[1]),
+            ),
             "kv_read_factor": round(eff.kv_read_factor, 3),
             "corun": None
             if f.corun is None
@@ -81,15 +80,21 @@ class EngineFit:
             },
             "decode_long_check": None
             if f.decode_long is None
-            else {
-                "batch": f.decode_long[0],
-                "context": f.decode_long[1],
-                "measured_step_ms": round(f.decode_long[2] * 1e3, 2),
-                "model_step_ms": round(
-                    m.decode_step_s(f.decode_long[0], f.decode_long[0] * f.decode_long[1]) * 1e3, 2
-                ),
-            },
+            else _check(
+                {"batch": f.decode_long[0], "context": f.decode_long[1]},
+                f.decode_long[2],
+                m.decode_step_s(f.decode_long[0], f.decode_long[0] * f.decode_long[1]),
+                "step_ms",
+            ),
         }
+
+
+def _check(sizes: dict, measured_s: float, model_s: float, unit: str = "ms") -> dict:
+    """One measured point beside the model, in milliseconds."""
+    return sizes | {
+        f"measured_{unit}": round(measured_s * 1e3, 2),
+        f"model_{unit}": round(model_s * 1e3, 2),
+    }
 
 
 def fit(

@@ -23,7 +23,6 @@ WALL_FACTOR_BOUNDS = (0.5, 3.0)
 class Settled:
     simulation: Simulation  # the last replay, run with `calibration`
     calibration: Calibration
-    replays: int
 
 
 def settle(cal: Calibration, replay: Callable[[Calibration], Simulation]) -> Settled:
@@ -54,7 +53,7 @@ def settle(cal: Calibration, replay: Callable[[Calibration], Simulation]) -> Set
             for i, f in want[k].items()
         )
         if settled or rounds >= ROUNDS:
-            return Settled(sim, current, rounds)
+            return Settled(sim, current)
         walls = want
 
 
