@@ -5,10 +5,11 @@ serve --per-request`: both graphs, one after the other), calibrate again, then s
 that workload (`pddflow simulate --serve-workload --per-request`) fitted to the median of the two
 calibrations, twice: on the engine calibrations alone, and with the deployment calibration added
 (`--calibrate` of an earlier `bench serve` report: the deployment's own prefill and decode CPU, wall
-over CPU and KV export times; docs/simulator.md). The deployment calibration never comes from the run it predicts: round k
-serves workload seed `--seed + k - 1` and is calibrated on round k-1's report (round 1 on a probe
-run of seed `--seed - 1`, same size). The seed changes every prompt's tokens, not the lengths
-(bench serve takes the same trace records), so consecutive runs are repeats of one workload shape.
+over CPU and KV export times; docs/simulator.md). The deployment calibration never comes from the
+run it predicts: round k serves workload seed `--seed + k - 1` and is calibrated on round k-1's
+report (round 1 on a probe run of seed `--seed - 1`, same size). The seed changes every prompt's
+tokens, not the lengths (bench serve takes the same trace records), so consecutive runs are repeats
+of one workload shape.
 With the deployment calibration each prefill also draws its cost and its KV export time from the
 measured ones, and the prediction is the median of `--replications` such replays (15: with 5, draw
 noise alone moves a figure or two across the tolerance).
