@@ -4,13 +4,15 @@ One round: calibrate (`pddflow bench engine --quick`), serve the workload for re
 serve --per-request`: both graphs, one after the other), calibrate again, then simulate exactly
 that workload (`pddflow simulate --serve-workload --per-request`) fitted to the median of the two
 calibrations, twice: on the engine calibrations alone, and with the deployment calibration added
-(`--calibrate` of an earlier `bench serve` report: the deployment's own prefill CPU and the serving
-path's CPU per token). The deployment calibration never comes from the run it predicts: round k
-serves workload seed `--seed + k - 1` and is calibrated on round k-1's report (round 1 on a probe
-run of seed `--seed - 1`, same size). The seed changes every prompt's tokens, not the lengths
-(bench serve takes the same trace records), so consecutive runs are repeats of one workload shape.
-With the deployment calibration each prefill also draws its cost from the measured spread, and the
-prediction is the median of `--replications` such replays.
+(`--calibrate` of an earlier `bench serve` report: the deployment's own prefill and decode CPU, wall
+over CPU and KV export times; docs/simulator.md). The deployment calibration never comes from the
+run it predicts: round k serves workload seed `--seed + k - 1` and is calibrated on round k-1's
+report (round 1 on a probe run of seed `--seed - 1`, same size). The seed changes every prompt's
+tokens, not the lengths (bench serve takes the same trace records), so consecutive runs are repeats
+of one workload shape.
+With the deployment calibration each prefill also draws its cost and its KV export time from the
+measured ones, and the prediction is the median of `--replications` such replays (15: with 5, draw
+noise alone moves a figure or two across the tolerance).
 
 The baseline, side by side: `previous_run` predicts each round by the real figures of the run
 before it (the one the deployment calibration comes from). How often the real deployment lands
@@ -21,21 +23,52 @@ error; at the end, how many figures fall within the tolerance (25%: the simulato
 the median error of each figure over the rounds, for both simulations. Run nothing else on the
 machine meanwhile: the deployment and the calibrations are timing measurements.
 
+The simulations run in this process, through the library `pddflow simulate` calls
+(`pddflow.sim.runner`). `--ablate TERM` (repeatable) switches a calibration term off in every
+graph's frozen `Calibration` (`ABLATIONS`) and keeps everything else: what that term is worth.
+
     python benchmarks/fidelity.py --rounds 3 [--out DIR] [--json] [--no-deployment-calibration]
     python benchmarks/fidelity.py --resimulate DIR [--seed S ...]   # saved rounds, this simulator
+    python benchmarks/fidelity.py --resimulate DIR --ablate prefill_spread [--seed S ...]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
+from pddflow.graph import load_plan
+from pddflow.sim.calibration import Calibration, HostSpec, Measurements, is_serve_report
+from pddflow.sim.metrics import request_rows
+from pddflow.sim.runner import RunOptions, calibrated, simulate, with_wan_gbps
+from pddflow.sim.serve_replay import DEFAULT_TRACE, serve_workload
+
 FIGURES = (("ttft_s", "p50"), ("ttft_s", "p90"), ("tpot_ms", "p50"))
+
+
+def _host(c: Calibration, **changes) -> Calibration:
+    return c if c.host is None else replace(c, host=replace(c.host, **changes))
+
+
+# every calibration term, switched off (each one alone)
+ABLATIONS: dict[str, Callable[[Calibration], Calibration]] = {
+    "prefill_host_factor": lambda c: replace(c, prefill_host_factor=1.0),
+    "decode_host_factor": lambda c: replace(c, decode_host_factor=1.0),
+    "prefill_spread": lambda c: replace(c, prefill_spread=()),
+    "prefill_shipping": lambda c: replace(c, prefill_shipping=()),
+    "decode_wall": lambda c: replace(c, decode_wall_over_cpu={}),
+    "prefill_wall": lambda c: replace(c, prefill_wall_over_cpu={}),
+    "corun": lambda c: _host(c, corun=(1.0, 1.0)),
+    "host_model": lambda c: replace(c, host=None),
+}
 
 
 def _pddflow(args: list[str], out: Path) -> dict:
@@ -77,7 +110,8 @@ def probe(a: argparse.Namespace, out: Path) -> Path:
 def one_round(i: int, a: argparse.Namespace, out: Path, deployment: Path | None) -> dict:
     seed = a.seed + i - 1
     print(
-        f"round {i}: calibrating, serving {' and '.join(GRAPHS)} (workload seed {seed}), calibrating again",
+        f"round {i}: calibrating, serving {' and '.join(GRAPHS)} (workload seed {seed}), "
+        "calibrating again",
         file=sys.stderr,
     )
     eng = ["bench", "engine", "--quick", "--threads", "1", "--json"]
@@ -96,26 +130,12 @@ def simulate_round(
     """Round i's simulations from its measurements in `runs` (engine calibrations, real report),
     written to `out`, and every figure against the real one."""
     seed = a.seed + i - 1
-    wl = _workload(a, seed)
     real = json.loads((runs / f"real_{i}.json").read_text())
-    base = [
-        "simulate",
-        *GRAPHS,
-        "--serve-workload",
-        *wl,
-        "--json",
-        "-q",
-        "--per-request",
-        "--calibrate",
-        str(runs / f"engine_before_{i}.json"),
-        "--calibrate",
-        str(runs / f"engine_after_{i}.json"),
-    ]
-    sims = {"engine": _pddflow(base, out / f"sim_engine_{i}.json")}
+    engines = [runs / f"engine_before_{i}.json", runs / f"engine_after_{i}.json"]
+    sims = {"engine": _simulate(a, seed, engines, 1, out / f"sim_engine_{i}.json")}
     if deployment is not None:
-        sims["deployment"] = _pddflow(
-            base + ["--calibrate", str(deployment), "--replications", str(a.replications)],
-            out / f"sim_{i}.json",
+        sims["deployment"] = _simulate(
+            a, seed, engines + [deployment], a.replications, out / f"sim_{i}.json"
         )
         sims["previous_run"] = json.loads(deployment.read_text())
     rows = []
@@ -138,8 +158,32 @@ def simulate_round(
         "round": i,
         "rows": rows,
         "calibration": [g.get("calibration", {}) for g in last["graphs"]],
-        "serving_load": [g.get("serving_load") for g in last["graphs"]],
     }
+
+
+def _simulate(
+    a: argparse.Namespace, seed: int, calibrate: list[Path], replications: int, out: Path
+) -> dict:
+    """What `pddflow simulate GRAPHS --serve-workload --calibrate ... --json --per-request` prints
+    for this workload, with `--ablate`'s term switched off in every graph's calibration."""
+    serve = [c for c in calibrate if is_serve_report(c)]
+    measured = Measurements.load([c for c in calibrate if c not in serve], serve)
+    host = HostSpec(float(os.cpu_count() or 1))
+    plans = [with_wan_gbps(load_plan(g), a.wan_gbps) for g in GRAPHS]
+    plans, cals = calibrated(plans, measured, host)
+    wl = serve_workload(DEFAULT_TRACE, a.sessions, a.turns, plans[0].model.block_size, seed=seed)
+    options = RunOptions(seed=seed, replications=replications, embedded=True, wan_jitter_seed=0)
+    graphs = []
+    for plan, cal in zip(plans, cals):
+        for term in a.ablate or ():
+            cal = ABLATIONS[term](cal)
+        result, sim = simulate(plan, wl, cal, options)
+        result["per_request"] = request_rows(sim)
+        result["calibration"] = measured.report(plan.source)
+        graphs.append(result)
+    report = {"graphs": graphs}
+    out.write_text(json.dumps(report, indent=2, default=str))
+    return report
 
 
 def resimulate(a: argparse.Namespace, runs: Path, out: Path) -> list[dict]:
@@ -149,7 +193,8 @@ def resimulate(a: argparse.Namespace, runs: Path, out: Path) -> list[dict]:
     deployment = runs / "probe.json" if not a.no_deployment_calibration else None
     if deployment is not None and not deployment.exists():
         sys.exit(
-            f"{runs}: no probe.json; add --no-deployment-calibration to simulate on the engine calibrations only"
+            f"{runs}: no probe.json; add --no-deployment-calibration to simulate on the engine "
+            "calibrations only"
         )
     while (runs / f"real_{i}.json").exists():
         print(
@@ -197,8 +242,9 @@ def main() -> None:
     ap.add_argument(
         "--replications",
         type=int,
-        default=5,
-        help="with the deployment calibration: replays per prediction (other draws of its prefill spread)",
+        default=15,
+        help="with the deployment calibration: replays per prediction (other draws of its "
+        "random parts)",
     )
     ap.add_argument(
         "--no-deployment-calibration",
@@ -217,6 +263,12 @@ def main() -> None:
         metavar="DIR",
         help="serve nothing: simulate again the rounds an earlier --out DIR holds (give the same "
         "--seed, --sessions, --turns and --wan-gbps); simulations go to --out",
+    )
+    ap.add_argument(
+        "--ablate",
+        action="append",
+        choices=sorted(ABLATIONS),
+        help="simulate with this calibration term switched off (the rest unchanged; repeatable)",
     )
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
@@ -242,6 +294,7 @@ def main() -> None:
             "wan_gbps": a.wan_gbps,
             "first_seed": a.seed,
         },
+        "ablated": a.ablate,
         "rounds": rounds,
         "summary": {name: summary(rounds, a.tolerance, name) for name in sims},
     }

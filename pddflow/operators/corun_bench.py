@@ -2,7 +2,7 @@
 alone and while another process decodes on another core.
 
 Pinned cores still share the last-level cache and the memory bus, so a calibration on an idle
-machine misses the slowdown a neighbour causes; the simulator applies these factors to a worker's
+machine misses the slowdown a neighbour causes; the simulator (`sim/calibration/host.py`) applies these factors to a worker's
 steps while a worker on other cores is busy (docs/simulator.md has the figures).
 
 The companion is paused (SIGSTOP) for the "alone" samples and resumed (SIGCONT) for the "co-run"

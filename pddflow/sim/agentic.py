@@ -91,7 +91,7 @@ def _generate(cfg: AgenticConfig, aim: float) -> Workload:
     warm_hit, cold_share, turns = _mixture(cfg, aim)
     session_rate = cfg.rps / turns
     p_end = 1.0 / turns
-    # (nominal arrival, prompt tokens, output, hashes, index of the previous turn's event or -1, gap)
+    # (nominal arrival, prompt tokens, output, hashes, the previous turn's event index or -1, gap)
     events: list[tuple[float, int, int, list[int], int, float]] = []
     # Start in steady state: rps x think_s sessions already under way, so the request rate is `rps`
     # from the first second even when sessions are long.
@@ -173,7 +173,7 @@ WARM_HIT_MAX = 0.99
 
 
 def _mixture(cfg: AgenticConfig, aim: float) -> tuple[float, float, float]:
-    """(warm-turn hit, share of non-first cold turns, turns per session) whose mixture averages about
+    """(warm-turn hit, share of non-first cold turns, turns per session) whose mixture averages
     `aim`. A session's first turn is cold (only the system prompt is shared); when even all-warm
     later turns cannot reach the aim, sessions get longer."""
     m = min(max(aim, 0.0), 0.999)
@@ -185,7 +185,8 @@ def _mixture(cfg: AgenticConfig, aim: float) -> tuple[float, float, float]:
     )
     turns = max(cfg.turns_mean, 1.0)
     if m > h_cold:
-        # f_first*h_cold + (1-f_first)*WARM_HIT_MAX >= m  <=>  f_first <= (WARM_HIT_MAX-m)/(WARM_HIT_MAX-h_cold)
+        # f_first*h_cold + (1-f_first)*WARM_HIT_MAX >= m
+        #   <=>  f_first <= (WARM_HIT_MAX-m)/(WARM_HIT_MAX-h_cold)
         f_max = max(1e-3, (WARM_HIT_MAX - m) / (WARM_HIT_MAX - h_cold))
         turns = max(turns, 1.0 / f_max)
     f_first = 1.0 / turns

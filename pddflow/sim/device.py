@@ -12,7 +12,8 @@ achieved bandwidth), plus a fixed per-step overhead (launches, scheduling, TP co
   budget (the Plan's kv_budget_bytes).
 
 Achieved/peak ratios (MFU for compute, MBU for bandwidth) default to what serving engines reach
-on large GPUs; `calibrate.py` fits them to `pddflow bench engine --json` measured on this machine.
+on large GPUs; `calibration/engine_fit.py` fits them to `pddflow bench engine --json` measured on
+this machine.
 """
 
 from __future__ import annotations
@@ -28,81 +29,66 @@ class Efficiency:
     prefill_mfu: float = 0.5  # achieved / peak FLOP/s
     decode_mbu: float = 0.8  # achieved / peak memory bandwidth
     step_overhead_s: float = 0.001  # fixed cost of one batch step
-    # cost per decoding sequence per step beyond the roofline (calibrated
+    # cost per decoding sequence per step beyond the roofline (CPU engines: sampling, bookkeeping)
     seq_overhead_s: float = 0.0
-    # engines on CPU: sampling and bookkeeping per sequence)
-    # extra fixed cost of a step that runs prefill/extend chunks (calibrated
+    # extra fixed cost of a step that runs prefill chunks (a CPU engine's prefill call costs more
+    # than a decode step's overhead)
     job_overhead_s: float = 0.0
-    # CPU engine: a prefill call costs more than a decode step's overhead)
-    # the same for a step whose chunks are all extends (handed-off
+    # the same for a step whose chunks are all extends (handed-off token IDs); None: job_overhead_s
     extend_overhead_s: float | None = None
-    # token IDs); None: job_overhead_s
-    attn_factor: float = 1.0  # attention FLOPs cost this many times their count at the achieved
-    # FLOP/s (calibrated CPU engines: paged attention runs well under
-    # the matmuls' rate)
-    kv_read_factor: float = 1.0  # KV bytes read per step cost this many times their bytes at the
-    # achieved bandwidth (calibrated CPU engines: gathered, padded reads)
-
-    def to_dict(self) -> dict:
-        return {
-            "prefill_mfu": self.prefill_mfu,
-            "decode_mbu": self.decode_mbu,
-            "step_overhead_s": self.step_overhead_s,
-            "seq_overhead_s": self.seq_overhead_s,
-            "job_overhead_s": self.job_overhead_s,
-            "extend_overhead_s": self.extend_overhead_s,
-            "attn_factor": self.attn_factor,
-            "kv_read_factor": self.kv_read_factor,
-        }
+    # attention FLOPs cost this many times their count at the achieved FLOP/s (CPU engines: paged
+    # attention runs well under the matmuls' rate)
+    attn_factor: float = 1.0
+    # KV bytes read per step cost this many times their bytes at the achieved bandwidth (CPU
+    # engines: gathered, padded reads)
+    kv_read_factor: float = 1.0
 
 
 class DeviceModel:
     """Step-time model of one instance (`devices` accelerators of one class running one replica)."""
 
     __slots__ = (
-        "device",
-        "devices",
-        "arch",
-        "eff",
         "flops_s",
         "bytes_s",
-        "fpt",
-        "apf",
-        "kvb",
-        "wt",
-        "ovh",
-        "seq_ovh",
-        "job_ovh",
-        "ext_ovh",
+        "flops_per_token",
+        "attn_flops_per_pair",
+        "kv_read_bytes_per_token",
+        "weight_bytes",
+        "step_overhead_s",
+        "seq_overhead_s",
+        "prefill_overhead_s",
+        "extend_overhead_s",
     )
 
     def __init__(
         self, device: DeviceClass, devices: int, arch: ModelArch, eff: Efficiency = Efficiency()
     ):
-        self.device, self.devices, self.arch, self.eff = device, devices, arch, eff
         self.flops_s = device.tflops * 1e12 * devices * eff.prefill_mfu
         self.bytes_s = device.hbm_tbps * 1e12 * devices * eff.decode_mbu
-        self.fpt = arch.flops_per_token
-        self.apf = (
-            arch.attention_flops_per_pair * eff.attn_factor
-        )  # FLOPs-equivalent per (query, key) pair
-        self.kvb = (
-            arch.kv_bytes_per_token * eff.kv_read_factor
-        )  # bytes-equivalent read per context token
-        self.wt = arch.weight_bytes
-        self.ovh = eff.step_overhead_s
-        self.seq_ovh = eff.seq_overhead_s
-        self.job_ovh = eff.job_overhead_s
-        self.ext_ovh = (
+        self.flops_per_token = arch.flops_per_token
+        # FLOPs-equivalent per (query, key) pair, bytes-equivalent read per context token
+        self.attn_flops_per_pair = arch.attention_flops_per_pair * eff.attn_factor
+        self.kv_read_bytes_per_token = arch.kv_bytes_per_token * eff.kv_read_factor
+        self.weight_bytes = arch.weight_bytes
+        self.step_overhead_s = eff.step_overhead_s
+        self.seq_overhead_s = eff.seq_overhead_s
+        self.prefill_overhead_s = eff.job_overhead_s
+        self.extend_overhead_s = (
             eff.job_overhead_s if eff.extend_overhead_s is None else eff.extend_overhead_s
         )
 
     def step_s(
         self, new_tokens: float, attn_pairs: float, kv_read_tokens: float, decoding: int = 0
     ) -> float:
-        compute = (new_tokens * self.fpt + attn_pairs * self.apf) / self.flops_s
-        memory = (self.wt + kv_read_tokens * self.kvb) / self.bytes_s
-        return (compute if compute > memory else memory) + self.ovh + decoding * self.seq_ovh
+        compute = (new_tokens * self.flops_per_token + attn_pairs * self.attn_flops_per_pair) / (
+            self.flops_s
+        )
+        memory = (self.weight_bytes + kv_read_tokens * self.kv_read_bytes_per_token) / self.bytes_s
+        return (
+            (compute if compute > memory else memory)
+            + self.step_overhead_s
+            + decoding * self.seq_overhead_s
+        )
 
     def decode_step_s(self, batch: int, ctx_sum: float) -> float:
         return self.step_s(batch, ctx_sum, ctx_sum, batch)
@@ -113,11 +99,11 @@ class DeviceModel:
 
     def prefill_s(self, tokens: int, cached: int = 0) -> float:
         """One whole prompt in one step (for estimates, not the simulation loop)."""
-        return self.chunk_s(tokens, cached) + self.job_ovh
+        return self.chunk_s(tokens, cached) + self.prefill_overhead_s
 
     def extend_s(self, tokens: int, cached: int) -> float:
         """An extend over handed-off IDs (or a prompt over a cached prefix) in one step."""
-        return self.chunk_s(tokens, cached) + self.ext_ovh
+        return self.chunk_s(tokens, cached) + self.extend_overhead_s
 
     def prefill_tokens_per_s(self, prompt_tokens: int) -> float:
         return prompt_tokens / self.prefill_s(prompt_tokens)

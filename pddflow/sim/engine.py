@@ -9,9 +9,9 @@ With `exclusive_jobs` (the embedded runtime's worker loop: one model call at a t
 alone and whole, its chunks back to back, and the decode batch waits for it: no chunk mixes
 requests, and a job step is not a decode step.
 
-Hooks on a sequence: `on_first(seq, t)` when its first token is emitted, `on_finish(seq, t)` when its
-last is. Hooks on a job: `on_done(job, t)`. Controls run at the next boundary, when token counts are
-exact (the relay's handoff reads how many tokens it has generated there).
+Hooks on a sequence: `on_first(seq, t)` when its first token is emitted, `on_finish(seq, t)` when
+its last is. Hooks on a job: `on_done(job, t)`. Controls run at the next boundary, when token
+counts are exact (the relay's handoff reads how many tokens it has generated there).
 """
 
 from __future__ import annotations
@@ -19,12 +19,21 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable
+from enum import IntEnum
 from heapq import heappop, heappush
 
 from pddflow.sim.device import DeviceModel
 from pddflow.sim.events import EventLoop
 
 MAX_PLANNED_STEPS = 1 << 16
+
+
+class StepKind(IntEnum):
+    """What a step runs: decode only, prefill chunks (decoders may ride along), or any extend."""
+
+    DECODE = 0
+    PREFILL = 1
+    EXTEND = 2
 
 
 class Job:
@@ -50,7 +59,7 @@ class Job:
         tokens: int,
         ctx: int,
         on_done: Callable,
-        kind: str = "prefill",
+        kind: StepKind = StepKind.PREFILL,
         factor: float = 1.0,
         after_s: float = 0.0,
     ):
@@ -61,7 +70,7 @@ class Job:
             on_done,
             kind,
         )
-        self.factor = factor  # this job's cost against the model (measured spread, 1 = model)
+        self.factor = factor  # this job's cost against the model
         self.after_s = after_s  # exclusive: the engine stays busy this long after it (shipping KV)
         self.sched = 0
         self.done = 0
@@ -69,7 +78,8 @@ class Job:
 
 
 class Seq:
-    """A sequence decoding here: `tokens0` output tokens already emitted when it joined, `output` in all."""
+    """A sequence decoding here: `tokens0` output tokens already emitted when it joined, `output`
+    in all."""
 
     __slots__ = (
         "run",
@@ -121,7 +131,7 @@ class Engine:
         self._finish: list[tuple[int, int]] = []
         self.steps = 0
         self.ctx_sum = 0
-        self._busy = False
+        self.busy = False
         self._ver = 0
         self._k = 0
         self._times: list[float] | None = None
@@ -131,37 +141,23 @@ class Engine:
         self.busy_s = 0.0
         self.decode_tokens = 0
         self.job_tokens = 0
-        # shared-host CPU model (simulator.CpuShare): step times are multiplied by `slowdown()` at
-        # planning time; `on_busy` hears every idle <-> busy transition. None: a dedicated device.
-        # argument: the step runs prefill/extend
-        self.slowdown: Callable[[bool], float] | None = None
+        # a shared host (calibration/host.py): a step of this kind takes `slowdown(kind)` times
+        # the model's time, taken when it is planned; `on_busy` hears every idle <-> busy
+        # transition. None: a device of its own.
+        self.slowdown: Callable[[StepKind], float] | None = None
         self.on_busy: Callable[[Engine], None] | None = None
-        # decode-only steps take this many times their time besides the host model (a deployment
-        # calibration's measured wall over CPU that the CPU model does not explain); and what they
-        # took: simulated wall seconds, and the same steps at the model's time (no host, no factor)
-        self.decode_wall_factor = 1.0
-        self.decode_wall_s = 0.0
-        self.decode_model_s = 0.0
-        # the same for steps that run a prefill (the deployment's measured prefill wall over CPU)
-        self.prefill_wall_factor = 1.0
-        self.prefill_wall_s = 0.0
-        self.prefill_model_s = 0.0
+        # per StepKind: seconds the steps took on a shared host, and the same steps at the
+        # model's time
+        self.wall_s = [0.0, 0.0, 0.0]
+        self.model_s = [0.0, 0.0, 0.0]
         self._plan_f = 1.0
+        self._plan_kind = StepKind.DECODE
 
-    @property
-    def decode_wall_over_model(self) -> float | None:
-        """Decode-only steps' simulated wall time over their model time (None before any)."""
-        return self.decode_wall_s / self.decode_model_s if self.decode_model_s > 0 else None
+    def wall_over_model(self, kind: StepKind) -> float | None:
+        """This kind of steps' simulated time over their model time (None before any)."""
+        return self.wall_s[kind] / self.model_s[kind] if self.model_s[kind] > 0 else None
 
-    @property
-    def prefill_wall_over_model(self) -> float | None:
-        """Prefill-only steps' simulated wall time over their model time (None before any)."""
-        return self.prefill_wall_s / self.prefill_model_s if self.prefill_model_s > 0 else None
-
-    def _prefills_only(self) -> bool:
-        return bool(self._step_jobs) and all(j.kind == "prefill" for j, _ in self._step_jobs)
-
-    # ---- work arrives ---------------------------------------------------------------------------
+    # ---- work arrives ----------------------------------------------------------------------------
     def submit_job(self, job: Job) -> None:
         self.jobs.append(job)
         self._poke()
@@ -174,7 +170,7 @@ class Engine:
         self.controls.append(fn)
         self._poke()
 
-    # ---- read or change a sequence at a boundary (from a control) ----------------------------------
+    # ---- read or change a sequence at a boundary (from a control) --------------------------------
     def generated(self, seq: Seq) -> int:
         return seq.tokens0 + (self.steps - seq.join_step) if seq.join_step >= 0 else seq.tokens0
 
@@ -200,18 +196,18 @@ class Engine:
     def queued_tokens(self) -> int:
         return sum(j.tokens - j.sched for j in self.jobs)
 
-    # ---- the loop -------------------------------------------------------------------------------
+    # ---- the loop --------------------------------------------------------------------------------
     def replan(self) -> None:
         """Cut a multi-step decode plan at its next boundary (the host's CPU share changed)."""
-        if self._busy:
+        if self.busy:
             self._poke()
 
     def _poke(self) -> None:
         if self._in_boundary:
             return
         loop = self.loop
-        if not self._busy:
-            self._busy = True
+        if not self.busy:
+            self.busy = True
             self._k = 0
             self._times = None
             self._ver += 1
@@ -240,15 +236,11 @@ class Engine:
                 self.steps += k
             self.ctx_sum += b * k
             self.decode_tokens += b * k
-            self.busy_s += now - self._t_plan
-            if b and not self._step_jobs:  # a run of decode-only steps
-                self.decode_wall_s += now - self._t_plan
-                self.decode_model_s += (now - self._t_plan) / self._plan_f
-            elif (
-                self._job_alone and self._prefills_only()
-            ):  # one prefill call, as the runtime times it
-                self.prefill_wall_s += now - self._t_plan
-                self.prefill_model_s += (now - self._t_plan) / self._plan_f
+            took = now - self._t_plan
+            self.busy_s += took
+            if self.slowdown is not None:  # (without a shared host, wall is model time)
+                self.wall_s[self._plan_kind] += took
+                self.model_s[self._plan_kind] += took / self._plan_f
             if self._step_jobs:
                 done = self._step_jobs
                 self._step_jobs = []
@@ -310,14 +302,16 @@ class Engine:
             job.sched = job.tokens
             self._step_jobs.append((job, n))
             self._job_alone = True
-            call = m.extend_s(n, pos) if job.kind == "extend" else m.prefill_s(n, pos)
+            kind = job.kind
+            call = m.extend_s(n, pos) if kind is StepKind.EXTEND else m.prefill_s(n, pos)
             times = [now + call * job.factor]
         elif self.jobs:
             budget, new, pairs, kv = self.chunk, b, float(c), float(c)
-            job_ovh = 0.0
+            fixed = 0.0
             weighted = 0.0  # the step's jobs' cost factors, weighted by their tokens
             sj = self._step_jobs
             jobs = self.jobs
+            kind = StepKind.PREFILL
             while budget > 0 and jobs:
                 job = jobs[0]
                 n = min(budget, job.tokens - job.sched)
@@ -330,7 +324,11 @@ class Engine:
                 budget -= n
                 job.sched += n
                 weighted += n * job.factor
-                job_ovh = max(job_ovh, m.ext_ovh if job.kind == "extend" else m.job_ovh)
+                if job.kind is StepKind.EXTEND:
+                    kind = StepKind.EXTEND
+                    fixed = max(fixed, m.extend_overhead_s)
+                else:
+                    fixed = max(fixed, m.prefill_overhead_s)
                 sj.append((job, n))
                 if job.sched >= job.tokens:
                     jobs.popleft()
@@ -338,19 +336,20 @@ class Engine:
                     break
             jobs_new = new - b
             f = weighted / jobs_new if jobs_new > 0 else 1.0
-            times = [now + (m.step_s(new, pairs, kv, b) + job_ovh) * f]
+            times = [now + (m.step_s(new, pairs, kv, b) + fixed) * f]
         elif b:
             while heap and (
                 running.get(heap[0][1]) is None or running[heap[0][1]].finish_step != heap[0][0]
             ):
                 heappop(heap)
             k = min(heap[0][0] - steps, MAX_PLANNED_STEPS)
+            kind = StepKind.DECODE
             # decode-only steps: compute and memory both grow linearly with the batch's context
-            fixed = m.ovh + b * m.seq_ovh
-            c0 = m.fpt * b / m.flops_s + fixed
-            c1 = m.apf / m.flops_s
-            m0 = m.wt / m.bytes_s + fixed
-            m1 = m.kvb / m.bytes_s
+            fixed = m.step_overhead_s + b * m.seq_overhead_s
+            c0 = m.flops_per_token * b / m.flops_s + fixed
+            c1 = m.attn_flops_per_pair / m.flops_s
+            m0 = m.weight_bytes / m.bytes_s + fixed
+            m1 = m.kv_read_bytes_per_token / m.bytes_s
             t, times, ctx = now, [], c
             append = times.append
             for _ in range(k):
@@ -359,17 +358,13 @@ class Engine:
                 append(t)
                 ctx += b
         else:
-            self._busy = False
+            self.busy = False
             self._times = None
             if self.on_busy is not None:
                 self.on_busy(self)
             return
-        f = self.slowdown(bool(self._step_jobs)) if self.slowdown is not None else 1.0
-        if not self._step_jobs:
-            f *= self.decode_wall_factor
-        elif self.prefill_wall_factor != 1.0 and self._prefills_only():
-            f *= self.prefill_wall_factor
-        self._plan_f = f
+        f = self.slowdown(kind) if self.slowdown is not None else 1.0
+        self._plan_f, self._plan_kind = f, kind
         if f != 1.0:
             times = [now + (t - now) * f for t in times]
         for seq in first:

@@ -23,25 +23,15 @@ class EventLoop:
     def after(self, dt: float, fn: Callable, *args) -> None:
         self.at(self.now + dt, fn, *args)
 
-    def run(
-        self,
-        until: float = float("inf"),
-        tick: Callable[[float], None] | None = None,
-        tick_every: int = 4096,
-    ) -> None:
+    def run(self, tick: Callable[[float], None] | None = None, tick_every: int = 4096) -> None:
+        """Every event, in time order, until none is left; `tick(now)` every `tick_every`."""
         q, pop = self._q, heapq.heappop
         n = 0
         while q:
-            t, _, fn, args = q[0]
-            if t > until:
-                break
-            pop(q)
+            t, _, fn, args = pop(q)
             self.now = t
             fn(*args)
             n += 1
             if tick is not None and n % tick_every == 0:
                 tick(t)
         self.processed += n
-
-    def __len__(self) -> int:
-        return len(self._q)

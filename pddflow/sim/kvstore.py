@@ -3,9 +3,10 @@ engine uses) plus reservations for blocks in flight and output tokens, in blocks
 
 A request `acquire`s a hold (matched prefix locked, missing blocks and output reserved), `commit`s
 it when its blocks land (they enter the cache, still locked) and `release`s it when done (cached
-blocks stay, evictable LRU). A decoder does as the runtime's does (runtime/worker.py: `_adopt_prefix`
-when the job arrives, `_room_for` when the KV lands): it `pin`s the cached prefix first and
-`reserve`s the rest when the KV is here, so memory is not held while the KV crosses the WAN.
+blocks stay, evictable LRU). A decoder does as the runtime's does (runtime/worker.py:
+`_adopt_prefix` when the job arrives, `_room_for` when the KV lands): it `pin`s the cached prefix
+first and `reserve`s the rest when the KV is here, so memory is not held while the KV crosses the
+WAN.
 Every insert and eviction is forwarded as an event to the scheduler's mirror of this cache, and
 the two are checked against each other.
 """
@@ -56,7 +57,6 @@ class KVStore:
         self.reserved = 0
         self.waiters: deque[Callable[[], bool]] = deque()
         self._evicted: list[int] = []
-        self.inserted_blocks = 0
         self.evicted_blocks = 0
         self.peak_used = 0
         self._locked = 0
@@ -70,13 +70,10 @@ class KVStore:
         """Blocks held by live requests (what `kv_used` reports to the scheduler)."""
         return self.reserved + self._locked
 
-    def match_len(self, hashes) -> int:
-        return self.cache.match_len(hashes) if self.cache is not None else 0
-
     # ---- the request's life ---------------------------------------------------------------------
     def acquire(self, hashes: tuple[int, ...], extra_blocks: int) -> Hold | None:
-        """Lock the cached prefix and reserve the rest plus `extra_blocks`; None when memory is short
-        now (call again after a release). Raise ValueError if it can never fit."""
+        """Lock the cached prefix and reserve the rest plus `extra_blocks`; None when memory is
+        short now (call again after a release). Raise ValueError if it can never fit."""
         hold = self.pin(hashes)
         try:
             if self.reserve(hold, extra_blocks):
@@ -88,7 +85,7 @@ class KVStore:
         return None
 
     def pin(self, hashes: tuple[int, ...]) -> Hold:
-        """Lock the cached prefix of `hashes` (it cannot be evicted from now on); reserve nothing."""
+        """Lock the cached prefix of `hashes` (not evictable from now on); reserve nothing."""
         matched = self.cache.match(hashes) if self.cache is not None else []
         for b in matched:
             b.refs += 1
@@ -114,7 +111,8 @@ class KVStore:
         return True
 
     def commit(self, hold: Hold, hashes: tuple[int, ...]) -> int:
-        """The prompt's blocks are here: insert them (locked). Returns how many were new to the cache."""
+        """The prompt's blocks are here: insert them (locked). Returns how many were new to the
+        cache."""
         self.reserved -= hold.missing
         hold.reserved -= hold.missing
         if self.cache is None:
@@ -156,7 +154,6 @@ class KVStore:
                 self._locked += 1
             hold.blocks.append(b)
         if new:
-            self.inserted_blocks += len(new)
             if self.mirror is not None:
                 self.mirror.on_insert(new)
                 self._check()

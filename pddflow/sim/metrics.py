@@ -8,9 +8,10 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from pddflow.core.stats import percentile
+from pddflow.sim.run import LegState, Run
 
 if TYPE_CHECKING:
-    from pddflow.sim.simulator import Run, Simulation
+    from pddflow.sim.simulator import Simulation
 
 
 def _pcts(values: list[float], scale: float = 1.0, digits: int = 4) -> dict[str, float]:
@@ -21,13 +22,14 @@ def _pcts(values: list[float], scale: float = 1.0, digits: int = 4) -> dict[str,
 
 
 def ttft(run: Run) -> float:
-    return run.t_first - run.arrival
+    return run.first_token_at - run.arrival
 
 
 def tpot(run: Run) -> float:
-    """Seconds per output token after the first, as the client sees them (handoff stalls included)."""
+    """Seconds per output token after the first, as the client sees them (handoff stalls
+    included)."""
     n = run.req.output_tokens
-    return (run.t_finish - run.t_first) / (n - 1) if n > 1 else 0.0
+    return (run.finished_at - run.first_token_at) / (n - 1) if n > 1 else 0.0
 
 
 def summarize(sim: Simulation, pricing: dict | None = None) -> dict:
@@ -44,19 +46,21 @@ def summarize(sim: Simulation, pricing: dict | None = None) -> dict:
     out_tokens = sum(r.req.output_tokens for r in done)
     relay_tokens = sum(r.relay_tokens for r in done)
     wan_bytes = sum(link.bytes_sent for link in sim.links.values())
-    full_kv = sum(r.req.prompt_tokens * sim.kvb for r in runs if r.path.wan_link is not None)
-    variants = Counter(r.dec.variant for r in runs)
+    full_kv = sum(
+        r.req.prompt_tokens * sim.kv_bytes_per_token for r in runs if r.path.wan_link is not None
+    )
+    variants = Counter(r.decision.variant for r in runs)
     handoffs = Counter(r.handoff for r in done if r.handoff)
     relay_only = sum(
-        1 for r in done if r.path.has_handoff and r.handoff is None and not r.dec.singular
+        1 for r in done if r.path.has_handoff and r.handoff is None and not r.decision.singular
     )
     if relay_only:
         handoffs["relay_finished"] = relay_only
-    hit_pred = [r.dec.predicted_hit for r in runs]
+    hit_pred = [r.decision.predicted_hit for r in runs]
     hit_real = [
-        min(r.m_hit * sim.bt, r.req.prompt_tokens) / r.req.prompt_tokens
+        min(r.finisher.hit_blocks * sim.block_tokens, r.req.prompt_tokens) / r.req.prompt_tokens
         for r in runs
-        if r.m_state in ("landed", "released")
+        if r.finisher.state in (LegState.LANDED, LegState.RELEASED)
     ]
     busy = Counter()
     count = Counter()
@@ -64,7 +68,7 @@ def summarize(sim: Simulation, pricing: dict | None = None) -> dict:
         op = iid.split("/")[0]
         busy[op] += eng.busy_s
         count[op] += 1
-    horizon = max((r.t_finish for r in done), default=span) or span
+    horizon = max((r.finished_at for r in done), default=span) or span
     result = {
         "graph": plan.name,
         "source": plan.source,
@@ -90,12 +94,16 @@ def summarize(sim: Simulation, pricing: dict | None = None) -> dict:
         "wan_bytes_full_kv": round(full_kv),
         "wan_gbps_avg": round(wan_bytes * 8 / 1e9 / horizon, 3),
         "wan_transfer_s": _pcts(
-            [r.m_transfer_s for r in runs if r.m_transfer_s is not None and r.path.wan_link]
+            [
+                r.finisher.transfer_s
+                for r in runs
+                if r.finisher.transfer_s is not None and r.path.wan_link
+            ]
         ),
         "relay_token_share": round(relay_tokens / out_tokens, 4) if out_tokens else 0.0,
         "variants": dict(sorted(variants.items())),
         "handoffs": dict(sorted(handoffs.items())),
-        "singular": sum(1 for r in runs if r.dec.singular),
+        "singular": sum(1 for r in runs if r.decision.singular),
         "hit_rate": {
             "predicted_mean": round(sum(hit_pred) / max(len(hit_pred), 1), 4),
             "at_transfer_mean": round(sum(hit_real) / len(hit_real), 4) if hit_real else None,
@@ -112,8 +120,8 @@ def summarize(sim: Simulation, pricing: dict | None = None) -> dict:
         },
         "per_variant": {
             v: {
-                "requests": sum(1 for r in done if r.dec.variant == v),
-                "ttft_s": _pcts([ttft(r) for r in done if r.dec.variant == v]),
+                "requests": sum(1 for r in done if r.decision.variant == v),
+                "ttft_s": _pcts([ttft(r) for r in done if r.decision.variant == v]),
             }
             for v in sorted(variants)
         },
@@ -130,8 +138,13 @@ def request_rows(sim: Simulation) -> list[dict]:
     def t(x: float | None) -> float | None:
         return None if x is None else round(x, 4)
 
+    def since(r: Run, x: float | None) -> float | None:
+        return None if x is None else round(x - r.arrival, 4)
+
     rows = []
     for r in sorted(sim.runs, key=lambda r: (r.req.session, r.req.turn, r.req.rid)):
+        fin, relay = r.finisher, r.relay
+        started = r.prefill_started_at
         rows.append(
             {
                 "rid": r.req.rid,
@@ -140,32 +153,24 @@ def request_rows(sim: Simulation) -> list[dict]:
                 "start_s": t(r.arrival),
                 "prompt_tokens": r.req.prompt_tokens,
                 "output_tokens": r.req.output_tokens,
-                "ttft_s": t(r.t_first - r.arrival) if r.t_first is not None else None,
-                "e2e_s": t(r.t_finish - r.arrival) if r.t_finish is not None else None,
-                "variant": r.dec.variant,
+                "ttft_s": since(r, r.first_token_at),
+                "e2e_s": since(r, r.finished_at),
+                "variant": r.decision.variant,
                 "handoff": r.handoff,
                 "relay_tokens": r.relay_tokens,
-                "prefill_hit_tokens": r.p_hit_tokens,
-                "prefill_done_s": t(r.t_prefill - r.arrival) if r.t_prefill is not None else None,
+                "prefill_hit_tokens": r.prefill.hit_tokens,
+                "prefill_done_s": since(r, r.prefill_done_at),
                 # as the runtime's kv_send event: waiting for the prefill engine, then computing
-                "prefill_queued_s": t(r.t_prefill_start - r.arrival)
-                if r.t_prefill_start is not None
-                else None,
-                "prefill_s": t(r.t_prefill - r.t_prefill_start)
-                if r.t_prefill_start is not None
-                else None,
-                "kv_bytes": round(r.m_bytes),
-                "kv_hit_blocks": r.m_hit,
-                "kv_sent_s": t(r.m_sent_at - r.arrival) if r.m_transfer_s is not None else None,
-                "kv_transfer_s": t(r.m_transfer_s),
-                # as the relay's kv_landed event: its copy reached the relay, the relay's loop took it
-                "relay_kv_sent_s": t(r.r_landed_at - r.arrival)
-                if r.r_landed_at is not None
-                else None,
-                "relay_kv_landed_s": t(r.r_started_at - r.arrival)
-                if r.r_started_at is not None
-                else None,
-                # as the runtime's kv_waits_for_memory events: landed KV waiting for a decoder's memory
+                "prefill_queued_s": since(r, started),
+                "prefill_s": t(r.prefill_done_at - started) if started is not None else None,
+                "kv_bytes": round(fin.bytes),
+                "kv_hit_blocks": fin.hit_blocks,
+                "kv_sent_s": since(r, fin.sent_at) if fin.transfer_s is not None else None,
+                "kv_transfer_s": t(fin.transfer_s),
+                # as the relay's kv_landed event: its copy reached the relay, its loop took it
+                "relay_kv_sent_s": since(r, relay.landed_at),
+                "relay_kv_landed_s": since(r, relay.started_at),
+                # as the runtime's kv_waits_for_memory events: landed KV waiting for memory
                 "memory_waits": r.memory_waits,
                 "memory_wait_s": t(r.memory_wait_s),
                 "failed": r.failed,
@@ -196,7 +201,7 @@ def revenue(sim: Simulation, ok: list[Run], span_s: float, pricing: dict) -> dic
     )
     total = 0.0
     for r in ok:
-        cached = min(r.p_hit_tokens, r.req.prompt_tokens)
+        cached = min(r.prefill.hit_tokens, r.req.prompt_tokens)
         total += (
             (r.req.prompt_tokens - cached) + cached * ratio
         ) * pin + r.req.output_tokens * pout

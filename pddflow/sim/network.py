@@ -6,8 +6,9 @@ distribution, seeded), then its bytes join the link, which every flow in flight 
 channel's parallel `streams` times what one TCP stream sustains over a long-RTT path
 (`STREAM_GBPS`): a single transfer cannot fill a 100 Gbps line, which is why a cold prompt's KV
 takes seconds even on an idle link and why transfer times spread with size (PDD: 1-20 s). A flow
-can be cancelled mid-way (the bytes already sent stay counted). RDMA: bytes over the smaller instance's NICs plus a few
-microseconds, no contention (the fabric is far from the bottleneck in these topologies).
+can be cancelled mid-way (the bytes already sent stay counted). RDMA: bytes over the smaller
+instance's NICs plus a few microseconds, no contention (the fabric is far from the bottleneck in
+these topologies).
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ RDMA_LATENCY_S = 20e-6
 # Per-transfer delays are drawn from the link's jitter distribution, capped here: PDD measured
 # cross-datacenter KV transfers between 1 and 20 s, and a lognormal tail is otherwise unbounded.
 MAX_DELAY_S = 20.0
-# What one TCP stream of a wan_flight channel sustains across datacenters (window/RTT and loss bound);
-# a transfer's rate is capped at streams x this. 0 disables the cap.
+# What one TCP stream of a wan_flight channel sustains across datacenters (window/RTT and loss
+# bound); a transfer's rate is capped at streams x this. 0 disables the cap.
 STREAM_GBPS = 2.5
 IDS_BYTES_PER_TOKEN = 15  # token-ID handoff on the wire (PDD: 1.5 KB per 100 tokens)
 
@@ -54,9 +55,6 @@ class SharedLink:
         self._fid = 0
         self.in_flight = 0  # flows started and not done (latency phase included)
         self.bytes_sent = 0.0
-        self.kv_bytes = 0.0
-        self.flows = 0
-        self.busy_s = 0.0
 
     # ---- KV transfers ---------------------------------------------------------------------------
     def send(self, nbytes: float, on_done: Callable[[float], None]) -> Flow:
@@ -64,7 +62,6 @@ class SharedLink:
         self._fid += 1
         f = Flow(self._fid, nbytes, on_done)
         self.in_flight += 1
-        self.flows += 1
         delay = self.model.rtt_ms / 1e3 + min(
             self.model.jitter.sample_ms(self.rng) / 1e3, MAX_DELAY_S
         )
@@ -80,7 +77,6 @@ class SharedLink:
             f.sent = min(f.nbytes, self.v - f.start_v)
             del self.active[f.fid]
             self.bytes_sent += f.sent
-            self.kv_bytes += f.sent
             self._reschedule()
         f.state = "cancelled"
         self.in_flight -= 1
@@ -110,7 +106,6 @@ class SharedLink:
         n = len(self.active)
         if n:
             self.v += (now - self.t) * self.rate(n)
-            self.busy_s += now - self.t
         self.t = now
 
     def _start_data(self, f: Flow) -> None:
@@ -152,7 +147,6 @@ class SharedLink:
             f.state = "done"
             self.in_flight -= 1
             self.bytes_sent += f.nbytes
-            self.kv_bytes += f.nbytes
         self._reschedule()
         for f in done:
             f.on_done(self.loop.now)

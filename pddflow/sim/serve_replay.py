@@ -23,9 +23,6 @@ from pddflow.core.serve_sessions import WorkloadSpec, build
 from pddflow.sim.workload import SimRequest, Workload
 
 DEFAULT_TRACE = Path("../shared/traces/mooncake_conversation_trace.jsonl")
-SERVING_ROUNDS = 6  # replays at most, to settle the serving path's load
-SERVING_TOLERANCE = 0.02  # ... until it moves less than this share between two replays
-WALL_FACTOR_BOUNDS = (0.5, 3.0)  # the wall factors' range (wall_factors)
 
 
 def _placeholder(session: int, turn: int, i: int) -> int:
@@ -49,7 +46,7 @@ def replay(
     for i, s in enumerate(spec.sessions):
         ctx = list(s.first_prompt)
         turns = []
-        for turn, out in enumerate(s.output_tokens):
+        for turn in range(len(s.output_tokens)):
             if turn:
                 prev_out = s.output_tokens[turn - 1]
                 ctx = (
@@ -148,34 +145,3 @@ def serve_workload(
     )
     wl.meta.update({"trace": str(trace), "turns": turns, "max_output": max_output, "seed": seed})
     return wl
-
-
-def serving_load(sim, cpu_per_token_s: float) -> float:
-    """Cores' worth of CPU the frontend and the client take in this replay: its output tokens per
-    second, first arrival to last finish, times their CPU per token (`pddflow bench serve` measures
-    it, `host_cpu`)."""
-    done = [r for r in sim.runs if r.done and not r.failed]
-    if not done or cpu_per_token_s <= 0:
-        return 0.0
-    span = max(r.t_finish for r in done) - min(r.arrival for r in sim.runs)
-    return sum(r.req.output_tokens for r in done) / max(span, 1e-9) * cpu_per_token_s
-
-
-def wall_factors(
-    sim, kind: str, measured: dict[str, float], current: dict[str, float]
-) -> dict[str, float]:
-    """The per-instance `kind` ("decode" or "prefill") wall factors that bring this replay's wall
-    over model time of those steps to what the deployment measured (its workers' wall over CPU
-    seconds: `decode_wall_over_cpu`, `prefill_wall_over_cpu`): the host model (`HostCpus`) explains
-    part of it (cores shared with other workers), the factor the rest (the worker's other threads,
-    the frontend and client processes on its cores, the loop's own work between steps). Bounded to
-    WALL_FACTOR_BOUNDS."""
-    lo, hi = WALL_FACTOR_BOUNDS
-    out = dict(current)
-    for inst, ratio in measured.items():
-        engine = sim.engines.get(inst)
-        simulated = getattr(engine, f"{kind}_wall_over_model") if engine is not None else None
-        if simulated is None:
-            continue
-        out[inst] = min(hi, max(lo, current.get(inst, 1.0) * ratio / simulated))
-    return out

@@ -75,7 +75,8 @@ def hit_rate_sweep(
     load: str = "capacity",
 ) -> list[dict]:
     """One row per hit rate. `load="capacity"`: each point runs at its SLA capacity (the benefit a
-    saturated cluster earns); `load="fixed"`: every point at `base.rps` (a demand-limited cluster)."""
+    saturated cluster earns); `load="fixed"`: every point at `base.rps` (a demand-limited
+    cluster)."""
     rows = []
     for i, h in enumerate(hits):
         cfg = replace(

@@ -2,9 +2,9 @@
 
     {"timestamp": ms, "input_length": tokens, "output_length": tokens, "hash_ids": [one per block]}
 
-Reading and checking lines is `pddflow/core/mooncake.py` (shared with `bench serve`). Scaling: `rate_scale`
-compresses arrival times (2.0 = twice the request rate), `input_scale` stretches every prompt block
-(the hash structure, hence every hit rate, is kept), `output_scale` stretches outputs.
+Reading and checking lines is `pddflow/core/mooncake.py` (shared with `bench serve`). Scaling:
+`rate_scale` compresses arrival times (2.0 = twice the request rate), `input_scale` stretches every
+prompt block (the hash structure, hence every hit rate, is kept), `output_scale` stretches outputs.
 """
 
 from __future__ import annotations

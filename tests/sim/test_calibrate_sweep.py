@@ -11,8 +11,9 @@ import pytest
 
 from pddflow.graph import load_plan
 from pddflow.sim.agentic import AgenticConfig
-from pddflow.sim.calibrate import CalibrationError, calibrated_plan, fit, load_bench
-from pddflow.sim.device import DeviceModel
+from pddflow.sim.calibration import CalibrationError, calibrated_plan
+from pddflow.sim.calibration.bench_files import load_bench, merge
+from pddflow.sim.calibration.engine_fit import fit
 from pddflow.sim.sweep import hit_rate_sweep
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,7 +48,7 @@ def test_fit_reproduces_the_measured_rates(tmp_path, doc):
     f.write_text(json.dumps(doc))
     cal = fit(load_bench(f))
     assert cal.arch.name == "tiny-llama"
-    m = DeviceModel(cal.device, 1, cal.arch, cal.efficiency)
+    m = cal.model()
     assert m.prefill_tokens_per_s(256) == pytest.approx(2000, rel=1e-6)
     assert m.decode_tokens_per_s(4, 256) == pytest.approx(150, rel=1e-6)
     plan = calibrated_plan(load_plan(str(ROOT / "graphs" / "pdd.yaml")), cal)
@@ -55,6 +56,7 @@ def test_fit_reproduces_the_measured_rates(tmp_path, doc):
     assert all(d.tflops == cal.device.tflops for d in plan.device_classes.values())
 
 
+@pytest.mark.slow
 def test_cli_calibrated_agentic_run_on_the_local_profile(tmp_path):
     """docs/simulator.md's quick start: an engine benchmark alone, the agentic workload, no host
     model: the local profile with the deployment's KV memory per worker, and a result."""
@@ -100,15 +102,15 @@ def test_cli_calibrated_agentic_run_on_the_local_profile(tmp_path):
     )
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)
-    assert (
-        d["completed"] == 40 and "decode_wall" not in d and d["calibration"]["deployment"] is None
-    )
+    assert d["completed"] == 40 and "decode_wall" not in d
+    assert d["calibration"]["deployment"] is None
     plan = calibrated_plan(load_plan(str(ROOT / "graphs" / "pdd.yaml")), fit(load_bench(f)))
     assert {op.kv_budget_bytes for op in plan.operators.values()} == {float(256 << 20)}
 
 
 def test_engine_bench_layout(tmp_path):
-    """What `pddflow bench engine --json` writes: prefill keyed by prompt length, decode by batch."""
+    """What `pddflow bench engine --json` writes: prefill keyed by prompt length, decode by
+    batch."""
     doc = {
         "model": "builtin:tiny-llama",
         "device": "cpu",
@@ -134,14 +136,12 @@ def test_engine_bench_layout(tmp_path):
         facts.decode_context,
     ) == (512, 2000, 1, 256)
     cal = fit(facts)
-    m = DeviceModel(cal.device, 1, cal.arch, cal.efficiency)
+    m = cal.model()
     assert m.prefill_tokens_per_s(512) == pytest.approx(2000, rel=1e-6)
     assert m.decode_tokens_per_s(1, 256) == pytest.approx(60, rel=1e-6)
     checks = cal.to_dict()
-    assert set(checks["decode_check"]) == {"1", "8"} and set(checks["prefill_check"]) == {
-        "128",
-        "512",
-    }
+    assert set(checks["decode_check"]) == {"1", "8"}
+    assert set(checks["prefill_check"]) == {"128", "512"}
 
 
 def test_long_context_decode_point_fits_the_kv_read_cost(tmp_path):
@@ -156,7 +156,7 @@ def test_long_context_decode_point_fits_the_kv_read_cost(tmp_path):
     f = tmp_path / "engine.json"
     f.write_text(json.dumps(doc))
     cal = fit(load_bench(f))
-    m = DeviceModel(cal.device, 1, cal.arch, cal.efficiency)
+    m = cal.model()
     assert m.decode_step_s(4, 4 * 768) == pytest.approx(0.060, rel=1e-6)
     assert m.decode_tokens_per_s(1, 32) == pytest.approx(
         50, rel=0.03
@@ -184,7 +184,7 @@ def test_long_extend_point_fits_the_attention_cost(tmp_path):
     f = tmp_path / "engine.json"
     f.write_text(json.dumps(doc))
     cal = fit(load_bench(f))
-    m = DeviceModel(cal.device, 1, cal.arch, cal.efficiency)
+    m = cal.model()
     assert cal.efficiency.attn_factor > 1.5
     assert m.prefill_tokens_per_s(128) == pytest.approx(1000, rel=1e-3)
     assert m.prefill_tokens_per_s(64) == pytest.approx(800, rel=1e-3)
@@ -205,6 +205,12 @@ def test_missing_keys_fail_clearly(tmp_path):
     f.write_text("not json")
     with pytest.raises(CalibrationError, match="not JSON"):
         load_bench(f)
+
+
+@pytest.mark.slow
+def test_cli_bad_calibration_fails_without_traceback(tmp_path):
+    f = tmp_path / "bench.json"
+    f.write_text("not json")
     out = subprocess.run(
         [
             sys.executable,
@@ -258,8 +264,6 @@ def test_tiny_llama_preset_is_the_builtin_model():
 
 
 def test_several_calibrations_merge_to_the_median_of_each_point(tmp_path):
-    from pddflow.sim.calibrate import merge
-
     def doc(pre: float, dec: float, corun: float | None = None) -> Path:
         d = {
             "model": "builtin:tiny-llama",

@@ -57,13 +57,14 @@ def _one_request_fits_main() -> tuple[Simulation, list]:
 def test_landed_kv_waits_for_room_but_its_transfer_does_not():
     sim, runs = _one_request_fits_main()
     assert all(r.done and not r.failed for r in runs)
-    a, b = sorted(runs, key=lambda r: r.t_first)
+    a, b = sorted(runs, key=lambda r: r.first_token_at)
     assert a.memory_waits == 0 and b.memory_waits == 1
     # b's KV crossed the WAN while a decoded (its memory was not reserved before sending) ...
-    assert b.m_sent_at < a.t_finish and b.m_sent_at + b.m_transfer_s < a.t_finish
+    landed = b.finisher.sent_at + b.finisher.transfer_s
+    assert b.finisher.sent_at < a.finished_at and landed < a.finished_at
     # ... then waited on main until a finished and freed its blocks, and only then decoded
-    assert b.t_first >= a.t_finish
-    assert b.memory_wait_s == pytest.approx(a.t_finish - (b.m_sent_at + b.m_transfer_s), abs=0.05)
+    assert b.first_token_at >= a.finished_at
+    assert b.memory_wait_s == pytest.approx(a.finished_at - landed, abs=0.05)
     assert sim.stores["main/0"].peak_used <= sim.stores["main/0"].capacity
     rows = {r["rid"]: r for r in request_rows(sim)}
     assert rows[b.req.rid]["memory_waits"] == 1 and rows[b.req.rid]["memory_wait_s"] > 0

@@ -10,7 +10,7 @@ from pddflow.core.arch import ARCHS
 from pddflow.core.device import DeviceClass
 from pddflow.core.link import Jitter, LinkModel
 from pddflow.sim.device import DeviceModel
-from pddflow.sim.engine import Engine, Job, Seq
+from pddflow.sim.engine import Engine, Job, Seq, StepKind
 from pddflow.sim.events import EventLoop
 from pddflow.sim.network import SharedLink
 
@@ -106,17 +106,17 @@ def test_exclusive_jobs_run_alone_and_whole_as_the_runtime_loop():
     assert ends["a"] == ends["b"]  # production engines: one chunk carries both
 
 
-def test_wall_factors_scale_their_own_steps():
-    """A deployment's measured wall beyond the host model: the prefill factor stretches prefill
-    calls only, the decode factor decode-only steps only; each engine reports its steps' wall over
-    model time, as the settling in `pddflow simulate` reads them."""
+def test_slowdown_stretches_each_kind_of_step():
+    """A shared host's slowdown is asked per kind of step (decode only, prefill, extend) and
+    stretches that step; each engine reports its steps' wall over model time by kind, as the
+    calibration's settling reads them."""
     m = _model()
     loop = EventLoop()
     eng = Engine(loop, "p", m, max_batch=8, chunk_tokens=512, exclusive_jobs=True)
-    eng.prefill_wall_factor, eng.decode_wall_factor = 1.5, 2.0
+    eng.slowdown = {StepKind.DECODE: 2.0, StepKind.PREFILL: 1.5, StepKind.EXTEND: 1.0}.get
     done, finished = {}, {}
     eng.submit_job(Job("a", 300, 0, lambda j, t: done.__setitem__("a", t)))
-    eng.submit_job(Job("x", 40, 300, lambda j, t: done.__setitem__("x", t), kind="extend"))
+    eng.submit_job(Job("x", 40, 300, lambda j, t: done.__setitem__("x", t), StepKind.EXTEND))
     loop.at(
         1e-9,
         eng.submit_seq,
@@ -124,15 +124,13 @@ def test_wall_factors_scale_their_own_steps():
     )
     loop.run()
     assert done["a"] == pytest.approx(1.5 * m.prefill_s(300, 0), rel=1e-9)
-    assert done["x"] == pytest.approx(
-        done["a"] + m.extend_s(40, 300), rel=1e-9
-    )  # an extend: no factor
+    assert done["x"] == pytest.approx(done["a"] + m.extend_s(40, 300), rel=1e-9)
     assert finished[0] == pytest.approx(
         done["x"] + 2.0 * (m.decode_step_s(1, 1000) + m.decode_step_s(1, 1001)), rel=1e-9
     )
-    assert eng.prefill_wall_over_model == pytest.approx(
-        1.5
-    ) and eng.decode_wall_over_model == pytest.approx(2.0)
+    assert eng.wall_over_model(StepKind.PREFILL) == pytest.approx(1.5)
+    assert eng.wall_over_model(StepKind.DECODE) == pytest.approx(2.0)
+    assert eng.wall_over_model(StepKind.EXTEND) == pytest.approx(1.0)
 
 
 def _link(gbps=8.0, jitter=Jitter(0, 0, "constant")):

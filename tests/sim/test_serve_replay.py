@@ -11,8 +11,11 @@ from pathlib import Path
 import pytest
 
 from pddflow.core.serve_sessions import build
+from pddflow.sim.calibration import Calibration, HostSpec
+from pddflow.sim.calibration.host import CpuShare, HostCpus
+from pddflow.sim.engine import StepKind
 from pddflow.sim.serve_replay import replay, serve_workload
-from pddflow.sim.simulator import HostCpus, Simulation
+from pddflow.sim.simulator import Simulation
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -60,10 +63,10 @@ def test_replay_runs_on_the_local_profile_with_a_shared_cpu(serve_trace):
     plan = _local_plan()
     plan = replace(plan, links={n: replace(link, gbps=0.05) for n, link in plan.links.items()})
     wl = replay(spec, plan.model.block_size)
-    cpu = HostCpus(plan, 2, bench_threads=2)
+    sim = Simulation(plan, wl, calibration=Calibration(host=HostSpec(2)))
+    cpu = sim.host
     # as the runtime pins them on 2 cores: cluster A (prefill, relay) on one, B (main) on the other
     assert len(cpu.groups) == 2 and cpu.mode == "cluster"
-    sim = Simulation(plan, wl, cpu=cpu)
     assert sorted(sorted(e.name for e in g.engines) for g in cpu.groups) == [
         ["main/0"],
         ["prefill/0", "relay/0"],
@@ -82,9 +85,11 @@ def _local_plan():
     return load_or_exit(ROOT / "graphs" / "pdd.yaml").scaled_to_local()
 
 
+@pytest.mark.slow
 def test_sim_does_not_import_the_runtime():
     code = (
-        "import sys\nimport pddflow.sim.serve_replay, pddflow.sim.simulator, pddflow.commands.sim_cmds\n"
+        "import sys\n"
+        "import pddflow.sim.serve_replay, pddflow.sim.simulator, pddflow.commands.sim_cmds\n"
         "print(' '.join(sorted(m for m in sys.modules if m.startswith('pddflow.runtime'))))"
     )
     out = subprocess.run(
@@ -95,9 +100,10 @@ def test_sim_does_not_import_the_runtime():
 
 def test_prefill_overhead_fit_reproduces_both_prefill_points(tmp_path):
     """Two prefill sizes whose time grows slower than the FLOPs: a fixed prefill-call cost plus an
-    achieved FLOP/s reproduce both; a noisy short point (negative overhead) falls back to all-compute."""
-    from pddflow.sim.calibrate import fit, load_bench
-    from pddflow.sim.device import DeviceModel
+    achieved FLOP/s reproduce both; a noisy short point (negative overhead) falls back to
+    all-compute."""
+    from pddflow.sim.calibration.bench_files import load_bench
+    from pddflow.sim.calibration.engine_fit import fit
 
     def cal(p64, p128):
         doc = {
@@ -109,7 +115,7 @@ def test_prefill_overhead_fit_reproduces_both_prefill_points(tmp_path):
         f = tmp_path / f"e{p64}.json"
         f.write_text(json.dumps(doc))
         c = fit(load_bench(f))
-        return c, DeviceModel(c.device, 1, c.arch, c.efficiency)
+        return c, c.model()
 
     c, m = cal(344.2, 456.8)
     assert c.facts.threads == 1 and c.efficiency.job_overhead_s > 0
@@ -120,6 +126,7 @@ def test_prefill_overhead_fit_reproduces_both_prefill_points(tmp_path):
     assert m.prefill_tokens_per_s(128) == pytest.approx(267.9, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_cli_serve_workload(tmp_path, serve_trace):
     trace = serve_trace
     bench = tmp_path / "engine.json"
@@ -166,7 +173,7 @@ def test_cli_serve_workload(tmp_path, serve_trace):
     assert d["requests"] == 9 and d["failed"] == 0
     groups = d["cpu_share"]["groups"]
     assert sorted(i for g in groups for i in g["instances"]) == ["main/0", "prefill/0", "relay/0"]
-    assert all(g["threads_per_worker"] >= 1 for g in groups) and d["ttft_s"]["p50"] > 0
+    assert d["ttft_s"]["p50"] > 0
     rows = d["per_request"]  # keyed like `bench serve --per-request`: session, turn
     assert [(r["session"], r["turn"]) for r in rows] == [(s, t) for s in range(3) for t in range(3)]
     assert all(r["ttft_s"] > 0 and r["prefill_done_s"] > 0 for r in rows)
@@ -185,20 +192,20 @@ def test_cpu_share_weights_a_lower_priority_decoder_like_cfs():
     (CFS weights 1024 and 335); alone, either runs at full speed."""
     from types import SimpleNamespace
 
-    from pddflow.sim.simulator import CpuShare
-
-    share = CpuShare(1.0, threads=1, bench_threads=1)
-    p = SimpleNamespace(name="prefill/0", _busy=False, replan=lambda: None)
-    r = SimpleNamespace(name="relay/0", _busy=False, replan=lambda: None)
+    plan = _local_plan()
+    share = CpuShare(1.0, 1, HostCpus(plan, HostSpec(1)))
+    p = SimpleNamespace(name="prefill/0", busy=False, replan=lambda: None)
+    r = SimpleNamespace(name="relay/0", busy=False, replan=lambda: None)
     share.attach(p)
     share.attach(r, nice=5)
-    p._busy = True
-    assert p.slowdown() == pytest.approx(1.0)
-    r._busy = True
+    p.busy = True
+    assert p.slowdown(StepKind.PREFILL) == pytest.approx(1.0)
+    r.busy = True
     w = 1.25**-5
-    assert p.slowdown() == pytest.approx(1 + w) and r.slowdown() == pytest.approx((1 + w) / w)
-    p._busy = False
-    assert r.slowdown() == pytest.approx(1.0)
+    assert p.slowdown(StepKind.PREFILL) == pytest.approx(1 + w)
+    assert r.slowdown(StepKind.DECODE) == pytest.approx((1 + w) / w)
+    p.busy = False
+    assert r.slowdown(StepKind.DECODE) == pytest.approx(1.0)
 
 
 def test_corun_slows_a_group_only_while_another_group_is_busy():
@@ -208,61 +215,37 @@ def test_corun_slows_a_group_only_while_another_group_is_busy():
     from types import SimpleNamespace
 
     plan = _local_plan()
-    cpu = HostCpus(plan, 2, corun=(1.2, 1.5))
+    cpu = HostCpus(plan, HostSpec(2, corun=(1.2, 1.5)))
     replans = []
     engines = {
-        i.id: SimpleNamespace(name=i.id, _busy=False, replan=lambda n=i.id: replans.append(n))
+        i.id: SimpleNamespace(name=i.id, busy=False, replan=lambda n=i.id: replans.append(n))
         for i in plan.instances
     }
     for name, e in engines.items():
         cpu.attach(name, e)
     p, m = engines["prefill/0"], engines["main/0"]
-    p._busy = True
+    p.busy = True
     p.on_busy(p)
-    assert p.slowdown(True) == pytest.approx(1.0) and "main/0" in replans
+    assert p.slowdown(StepKind.PREFILL) == pytest.approx(1.0) and "main/0" in replans
     replans.clear()
-    m._busy = True
+    m.busy = True
     m.on_busy(m)
     assert sorted(replans) == ["prefill/0", "relay/0"]
-    assert p.slowdown(True) == pytest.approx(1.2) and p.slowdown(False) == pytest.approx(1.5)
-    assert m.slowdown(False) == pytest.approx(1.5)
-    assert HostCpus(plan, 2).to_dict()["corun"] == {"prefill": 1.0, "decode": 1.0}
+    assert p.slowdown(StepKind.EXTEND) == pytest.approx(1.2)
+    assert p.slowdown(StepKind.DECODE) == pytest.approx(1.5)
+    assert m.slowdown(StepKind.DECODE) == pytest.approx(1.5)
+    assert HostCpus(plan, HostSpec(2)).to_dict()["corun"] == {"prefill": 1.0, "decode": 1.0}
 
 
-def test_serving_latency_counts_from_the_send(serve_trace):
-    """A deployment calibration's serving path (client -> frontend -> prefill worker, first token
-    back): a request enters the deployment that long after its session sent it, and its TTFT and
-    end count from the send; with one session nothing else moves, so every TTFT grows by it."""
-    spec = build(serve_trace, 1, 3, 1 / 32, vocab=256)
+def test_wall_factors_scale_their_own_kind_of_step():
+    """A deployment's measured wall beyond the CPU share: an instance's decode factor applies to
+    its decode-only steps, its prefill factor to prefill steps, neither to extends."""
+    from types import SimpleNamespace
+
     plan = _local_plan()
-    wl = replay(spec, plan.model.block_size)
-    base = Simulation(plan, wl, prefill_first_token=True)
-    late = Simulation(plan, wl, prefill_first_token=True, serving_latency_s=0.02)
-    a, b = base.run(), late.run()
-    assert [r.req.rid for r in a] == [r.req.rid for r in b] and all(
-        r.done and not r.failed for r in a + b
-    )
-    for x, y in zip(a, b):
-        assert (y.t_first - y.arrival) - (x.t_first - x.arrival) == pytest.approx(0.02, abs=1e-9)
-        assert y.t_prefill_start - y.arrival == pytest.approx(
-            x.t_prefill_start - x.arrival + 0.02, abs=1e-9
-        )
-    # the closed loop: each later turn is sent a think time after the client saw the last token
-    assert b[-1].arrival - a[-1].arrival == pytest.approx(2 * 0.02, abs=1e-9)
-
-
-def test_prefill_size_trend_scales_each_prefill(serve_trace):
-    """The calibration's size trend: a prefill of n new tokens costs (n / ref) ** exponent times
-    its drawn factor."""
-    spec = build(serve_trace, 1, 1, 1 / 32, vocab=256)
-    plan = _local_plan()
-    wl = replay(spec, plan.model.block_size)
-    n = wl.requests[0].prompt_tokens
-    runs = [
-        Simulation(
-            plan, wl, exclusive_jobs=True, prefill_spread=(1.0,), prefill_size_trend=trend
-        ).run()[0]
-        for trend in ((0.0, 1.0), (-0.5, n / 4))
-    ]
-    took = [r.t_prefill - r.t_prefill_start for r in runs]
-    assert took[1] == pytest.approx(took[0] * 4**-0.5, rel=1e-9)
+    cpu = HostCpus(plan, HostSpec(2, decode_wall={"main/0": 2.0}, prefill_wall={"main/0": 1.5}))
+    m = SimpleNamespace(name="main/0", busy=True, replan=lambda: None)
+    cpu.attach("main/0", m)
+    assert m.slowdown(StepKind.DECODE) == pytest.approx(2.0)
+    assert m.slowdown(StepKind.PREFILL) == pytest.approx(1.5)
+    assert m.slowdown(StepKind.EXTEND) == pytest.approx(1.0)

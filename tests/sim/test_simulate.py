@@ -14,6 +14,7 @@ from pddflow.graph import load_plan
 from pddflow.scheduler import make_policy
 from pddflow.sim.agentic import AgenticConfig, generate
 from pddflow.sim.metrics import summarize
+from pddflow.sim.run import LegState
 from pddflow.sim.simulator import Simulation
 from pddflow.sim.trace import load_trace
 
@@ -34,11 +35,11 @@ REQUIRED = {
     "variants",
 }
 PLANS = [
-    "pdd.yaml",
+    pytest.param("pdd.yaml", marks=pytest.mark.slow),  # (with mirror checks after every event)
     "cross_dc_pd.yaml",
-    "same_dc_pd.yaml",
+    pytest.param("same_dc_pd.yaml", marks=pytest.mark.slow),
     "colocated.yaml",
-    "examples/prfaas_remote_prefill.yaml",
+    pytest.param("examples/prfaas_remote_prefill.yaml", marks=pytest.mark.slow),
     "examples/three_dc_two_main_pools.yaml",
     "sim/pdd_88.yaml",
 ]
@@ -61,12 +62,13 @@ def test_every_plan_shape_runs_to_completion(graph):
     assert REQUIRED <= set(m)
     assert m["completed"] == m["requests"] == 400 and m["failed"] == 0
     assert sum(m["variants"].values()) == 400
-    assert 0 < m["ttft_s"]["p50"] <= m["ttft_s"]["p99"]
+    assert m["ttft_s"]["p50"] > 0
     # leak and mirror checks ran at the end of run(); the mirrors saw real traffic
     mirrored = [st for st in sim.stores.values() if st.mirror is not None]
     assert mirrored and sum(len(st.mirror) for st in mirrored) > 0
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not TRACE.exists(), reason="shared trace not present")
 def test_trace_slice_with_tight_caches_never_drifts():
     """A small MD memory forces evictions; every insert and eviction reaches the mirror and a full
@@ -86,6 +88,7 @@ def test_trace_slice_with_tight_caches_never_drifts():
     assert all(r.done for r in sim.runs)
 
 
+@pytest.mark.slow
 def test_same_seed_same_result_different_seed_differs():
     wl = small_agentic(500, hit_rate=0.8)
     a, b, c = (summarize(_sim("pdd.yaml", wl, seed=s)) for s in (5, 5, 6))
@@ -99,6 +102,7 @@ def test_same_seed_same_result_different_seed_differs():
     )
 
 
+@pytest.mark.slow
 def test_handoff_modes_and_singular_traffic():
     wl = generate(AgenticConfig(requests=800, rps=8, hit_rate=0.5, output_tokens=300, seed=2))
     p = load_plan(str(ROOT / "graphs" / "sim" / "pdd_88.yaml"))
@@ -114,22 +118,24 @@ def test_handoff_modes_and_singular_traffic():
         assert set(m["handoffs"]) - {"relay_finished", "takeover"} == {name}
         handed = [r for r in sim.runs if r.handoff == name]
         assert handed and all(0 < r.relay_tokens < r.req.output_tokens for r in handed)
-        assert all(r.t_finish >= r.t_first for r in sim.runs)
+        assert all(r.finished_at >= r.first_token_at for r in sim.runs)
     rounds = [r.rounds for r in runs["catch_up"].runs if r.handoff == "catch_up"]
     assert max(rounds) >= 2 and all(
         r.rounds == 1 for r in runs["one_shot"].runs if r.handoff == "one_shot"
     )
-    sing = [r for r in runs["catch_up"].runs if r.dec.singular]
+    sing = [r for r in runs["catch_up"].runs if r.decision.singular]
     assert sing and len(sing) <= 0.04 * len(wl.requests) + 1
     for r in sing:  # finished on the relay; the WAN leg stopped early (or it was short anyway)
-        assert r.relay_tokens == r.req.output_tokens and r.m_state in ("cancelled", "released")
+        assert r.relay_tokens == r.req.output_tokens
+        assert r.finisher.state in (LegState.CANCELLED, LegState.RELEASED)
+    full_kv = [r.req.prompt_tokens * p.model.arch.kv_bytes_per_token for r in sing]
     assert any(
-        r.m_state == "cancelled"
-        and r.m_bytes < (r.req.prompt_tokens * p.model.arch.kv_bytes_per_token)
-        for r in sing
+        r.finisher.state is LegState.CANCELLED and r.finisher.bytes < kv
+        for r, kv in zip(sing, full_kv)
     )
 
 
+@pytest.mark.slow
 def test_pdd_direction_on_a_shaped_workload():
     """PDD-shaped topology, agentic traffic at ~90% hit: PDD cuts cross-DC PD's TTFT tail by about
     half or more, its relay produces under 10% of tokens, and its BCR beats the same-DC baseline."""
@@ -146,6 +152,7 @@ def test_pdd_direction_on_a_shaped_workload():
     assert m["pdd_88"]["wan_bytes"] < 0.2 * m["pdd_88"]["wan_bytes_full_kv"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not TRACE.exists(), reason="shared trace not present")
 def test_cli_json_and_plots(tmp_path):
     out = subprocess.run(

@@ -64,6 +64,7 @@ def test_unsorted_and_empty_and_missing(tmp_path):
         load_trace(f)
 
 
+@pytest.mark.slow
 def test_cli_reports_bad_trace_without_traceback(tmp_path):
     f = tmp_path / "bad.jsonl"
     f.write_text(GOOD + "\n" + '{"timestamp": 1}' + "\n")

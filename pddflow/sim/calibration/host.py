@@ -1,0 +1,129 @@
+"""The host-CPU model of the embedded deployment: every instance is a process on this host's cores,
+pinned as the runtime pins it (`core/cpu_layout.py`), and a step takes longer while it shares them.
+
+Workers pinned to the same cores are one `CpuShare`: busy workers get the cores in proportion to
+their CFS weight (1.25x less per nice level; the runtime runs a decoder that shares cores with
+prefill at nice +5), at most their threads' worth. The factor is taken when an engine plans its
+steps; every idle/busy transition cuts the other busy engines' multi-step plans at their next
+boundary, so they re-plan at the new share. `HostSpec` holds what else a calibration adds.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from pddflow.core.cpu_layout import plan_layout
+from pddflow.graph.plan import Plan
+from pddflow.sim.engine import Engine, StepKind
+
+CFS_NICE_STEP = 1.25  # Linux CFS: one nice level is about 1.25x less CPU weight
+
+
+@dataclass(frozen=True)
+class HostSpec:
+    cores: float
+    pinning: str = "auto"  # as `pddflow deploy --cpu-pinning`
+    # (prefill/extend, decode) step slowdown while a worker on other cores is busy (shared cache
+    # and memory bus; `bench engine`'s co-run point); 1 = core groups never slow each other
+    corun: tuple[float, float] = (1.0, 1.0)
+    # per instance, what its decode-only (prefill) steps take beyond the CPU share: the
+    # deployment's measured wall over CPU that the share does not explain
+    decode_wall: Mapping[str, float] = field(default_factory=dict)
+    prefill_wall: Mapping[str, float] = field(default_factory=dict)
+
+
+class CpuShare:
+    """The workers pinned to one group of cores. A busy worker's step takes (its threads / the
+    cores it gets) x the calibrated step: the engine benchmark ran at the workers' thread count,
+    on cores of its own."""
+
+    def __init__(self, cores: float, threads: int, host: HostCpus):
+        self.cores, self.threads = max(cores, 1e-9), max(1, threads)
+        self.engines: list[Engine] = []
+        self.nice: dict[str, int] = {}
+        self.weight: dict[str, float] = {}
+        self.walls: dict[str, tuple[float, float, float]] = {}  # by StepKind
+        self.busy = 0
+        self.host = host
+
+    def attach(self, eng: Engine, nice: int = 0, walls: tuple[float, float, float] = (1, 1, 1)):
+        self.engines.append(eng)
+        self.nice[eng.name], self.weight[eng.name] = nice, CFS_NICE_STEP**-nice
+        self.walls[eng.name] = walls
+        eng.slowdown = lambda kind, e=eng: self.factor(e, kind)
+        eng.on_busy = self._changed
+
+    def factor(self, eng: Engine, kind: StepKind) -> float:
+        mine = self.weight[eng.name] * self.threads
+        demand = sum(self.weight[e.name] for e in self.engines if e.busy) * self.threads
+        given = min(self.threads, self.cores * mine / max(demand, mine))  # cores this engine gets
+        f = self.threads / given
+        if self.host.corun != (1.0, 1.0) and self.host.others_busy(self):
+            f *= self.host.corun[0] if kind is not StepKind.DECODE else self.host.corun[1]
+        return f * self.walls[eng.name][kind]
+
+    def _changed(self, eng: Engine) -> None:
+        busy = sum(1 for e in self.engines if e.busy)
+        if busy == self.busy:
+            return
+        was, self.busy = self.busy, busy
+        for e in self.engines:
+            if e is not eng:
+                e.replan()
+        if (was == 0) != (busy == 0):
+            self.host.group_changed(self)
+
+    def to_dict(self) -> dict:
+        return {
+            "cores": self.cores,
+            "threads_per_worker": self.threads,
+            "instances": [e.name for e in self.engines],
+            "nice": dict(self.nice),
+        }
+
+
+class HostCpus:
+    """The host's core groups, laid out as the runtime lays them out."""
+
+    def __init__(self, plan: Plan, spec: HostSpec):
+        cores = spec.cores
+        lay = plan_layout(plan, list(range(max(1, int(cores)))), spec.pinning)
+        self.mode, self.nice, self.spec = lay.mode, lay.nice, spec
+        self.corun = tuple(max(1.0, float(x)) for x in spec.corun)
+        groups: dict[tuple[int, ...], CpuShare] = {}
+        self.share: dict[str, CpuShare] = {}
+        for inst in plan.instances:
+            key = lay.cpus[inst.id]
+            if key not in groups:
+                n = float(len(key)) if key else cores
+                groups[key] = CpuShare(n, lay.threads[inst.id], self)
+            self.share[inst.id] = groups[key]
+        self.groups = list(groups.values())
+
+    def attach(self, instance: str, eng: Engine) -> None:
+        walls = (
+            self.spec.decode_wall.get(instance, 1.0),
+            self.spec.prefill_wall.get(instance, 1.0),
+            1.0,
+        )
+        self.share[instance].attach(eng, self.nice[instance], walls)
+
+    def others_busy(self, group: CpuShare) -> bool:
+        return any(g.busy for g in self.groups if g is not group)
+
+    def group_changed(self, group: CpuShare) -> None:
+        """A group went idle or busy: the other groups' workers re-plan at their co-run factor."""
+        if self.corun == (1.0, 1.0):
+            return
+        for g in self.groups:
+            if g is not group:
+                for e in g.engines:
+                    e.replan()
+
+    def to_dict(self) -> dict:
+        return {
+            "layout": self.mode,
+            "corun": {"prefill": self.corun[0], "decode": self.corun[1]},
+            "groups": [g.to_dict() for g in self.groups],
+        }

@@ -1,0 +1,140 @@
+"""Reading what a `pddflow bench serve --json --per-request` report measured of each graph's
+embedded deployment (`ServeFacts`): only the figures the deployment calibration uses."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from pddflow.sim.calibration.bench_files import CalibrationError, numbers
+
+
+def graph_key(source: str | Path) -> str:
+    """How a bench serve report and a simulated plan name the same graph: its file's stem."""
+    return Path(str(source)).stem
+
+
+@dataclass(frozen=True)
+class ServeFacts:
+    """One graph's deployment, as its bench serve reports measured it."""
+
+    source: str
+    prefills: tuple[tuple[int, int, float], ...] = ()  # (prompt tokens, cached tokens, CPU s)
+    # each decoding worker's decode steps: (steps, CPU seconds, sequences, context tokens)
+    decode: tuple[tuple[int, float, int, int], ...] = ()
+    # seconds per byte each prefill worker spent exporting a prefill's KV copies before its loop
+    # could start the next prefill
+    shipping: tuple[float, ...] = ()
+    # (instance, wall seconds, CPU seconds): each decoder's decode iterations, and each prefill
+    decode_wall: tuple[tuple[str, float, float], ...] = ()
+    prefill_wall: tuple[tuple[str, float, float], ...] = ()
+
+    @staticmethod
+    def pooled(facts: list[ServeFacts]) -> ServeFacts:
+        """Every graph's facts as one (for a graph the reports did not serve)."""
+        merged = {"source": " + ".join(f.source for f in facts)}
+        for name in (fld.name for fld in fields(ServeFacts) if fld.name != "source"):
+            rows = [x for f in facts for x in getattr(f, name)]
+            merged[name] = tuple(sorted(rows) if name == "shipping" else rows)
+        return ServeFacts(**merged)
+
+    def decode_wall_ratios(self) -> dict[str, float]:
+        """Each decoding instance's decode wall time over its CPU time."""
+        return _wall_over_cpu(self.decode_wall)
+
+    def prefill_wall_ratios(self) -> dict[str, float]:
+        """Each prefilling instance's prefill wall time over its CPU time."""
+        return _wall_over_cpu(self.prefill_wall)
+
+
+def _wall_over_cpu(rows: tuple[tuple[str, float, float], ...]) -> dict[str, float]:
+    """Per instance: the sum of its wall seconds over the sum of its CPU seconds."""
+    acc: dict[str, list[float]] = {}
+    for inst, w, c in rows:
+        a = acc.setdefault(inst, [0.0, 0.0])
+        a[0], a[1] = a[0] + w, a[1] + c
+    return {i: w / c for i, (w, c) in acc.items() if c > 0 and w > 0}
+
+
+@dataclass
+class _Graph:
+    """One graph's figures while the reports are read."""
+
+    sources: list[str] = field(default_factory=list)
+    prefills: list[tuple[int, int, float]] = field(default_factory=list)
+    decode: list[tuple[int, float, int, int]] = field(default_factory=list)
+    shipping: list[float] = field(default_factory=list)
+    decode_wall: list[tuple[str, float, float]] = field(default_factory=list)
+    prefill_wall: list[tuple[str, float, float]] = field(default_factory=list)
+
+    def facts(self) -> ServeFacts:
+        return ServeFacts(
+            " + ".join(sorted(set(self.sources))),
+            tuple(self.prefills),
+            tuple(self.decode),
+            tuple(sorted(self.shipping)),
+            tuple(self.decode_wall),
+            tuple(self.prefill_wall),
+        )
+
+
+def load_serve(paths: list[Path]) -> dict[str, ServeFacts]:
+    """The deployment facts in one or more `pddflow bench serve --json --per-request` files, per
+    graph (`graph_key`)."""
+    graphs: dict[str, _Graph] = {}
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        for g in data["graphs"]:
+            if not isinstance(g, dict) or not isinstance(g.get("graph"), str):
+                continue
+            acc = graphs.setdefault(graph_key(g["graph"]), _Graph())
+            acc.sources.append(str(path))
+            _read_decode_steps(g.get("decode_steps"), acc)
+            rows = g.get("per_request")
+            for r in rows if isinstance(rows, list) else ():
+                if isinstance(r, dict) and isinstance(r.get("prompt_tokens"), int):
+                    _read_request(r, acc)
+    if not any(a.prefills for a in graphs.values()):
+        raise CalibrationError(
+            f"{', '.join(map(str, paths))}: no per-request prefill times; "
+            f"pass `pddflow bench serve --json --per-request` output of this version"
+        )
+    return {k: a.facts() for k, a in graphs.items()}
+
+
+def _read_decode_steps(steps: object, acc: _Graph) -> None:
+    for inst, d in steps.items() if isinstance(steps, dict) else ():
+        got = numbers(d, ("steps", "cpu_s", "seqs", "context_tokens"))
+        if got is not None:
+            acc.decode.append((int(got[0]), got[1], int(got[2]), int(got[3])))
+            wall = numbers(d, ("wall_s",))
+            if wall is not None:
+                acc.decode_wall.append((str(inst), wall[0], got[1]))
+
+
+def _read_request(r: dict, acc: _Graph) -> None:
+    first: dict[str, dict] = {}  # each event's first occurrence, by name
+    for e in r.get("events") or ():
+        if isinstance(e, dict):
+            first.setdefault(str(e.get("event", "")), e)
+    send = next((e for name, e in first.items() if name.startswith("kv_send")), None)
+    got = numbers(send, ("prefill_cpu_ms", "cached_tokens"))
+    if got is not None:
+        acc.prefills.append((r["prompt_tokens"], got[1], got[0]))
+        wall = numbers(send, ("prefill_ms",))
+        if wall is not None and isinstance(send.get("instance"), str):
+            acc.prefill_wall.append((send["instance"], wall[0], got[0]))
+    sends = [
+        t
+        for name, e in first.items()
+        if name.startswith("kv_send")
+        if (t := numbers(e, ("t_ms", "export_ms", "bytes"))) is not None
+    ]
+    if (
+        sends and sum(b for _, _, b in sends) > 0
+    ):  # the prefill ended one export before its first send
+        t0, export0, _ = min(sends)
+        acc.shipping.append(
+            (max(t for t, _, _ in sends) - (t0 - export0)) / sum(b for _, _, b in sends)
+        )

@@ -1,0 +1,75 @@
+"""The wall factors, settled by replaying: a factor is the part of an instance's measured wall over
+CPU that the host model does not explain in this replay, which depends on the factors. Each replay
+of a serve workload takes well under a second; a few settle them."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
+
+from pddflow.sim.calibration.terms import Calibration
+from pddflow.sim.engine import StepKind
+
+if TYPE_CHECKING:
+    from pddflow.sim.simulator import Simulation
+
+ROUNDS = 6  # replays at most
+TOLERANCE = 0.02  # ... until no factor moves more than this share between two replays
+WALL_FACTOR_BOUNDS = (0.5, 3.0)
+
+
+@dataclass(frozen=True)
+class Settled:
+    simulation: Simulation  # the last replay, run with `calibration`
+    calibration: Calibration
+
+
+def settle(cal: Calibration, replay: Callable[[Calibration], Simulation]) -> Settled:
+    """Replay (`replay(cal)` runs one simulation) until every wall factor moves less than
+    TOLERANCE, or ROUNDS times."""
+    host = cal.host
+    targets = {  # (a wall factor needs the host model)
+        StepKind.DECODE: cal.decode_wall_over_cpu if host is not None else {},
+        StepKind.PREFILL: cal.prefill_wall_over_cpu if host is not None else {},
+    }
+    walls: dict[StepKind, Mapping[str, float]] = {StepKind.DECODE: {}, StepKind.PREFILL: {}}
+    rounds = 0
+    while True:
+        current = cal
+        if host is not None:
+            current = replace(
+                cal,
+                host=replace(
+                    host, decode_wall=walls[StepKind.DECODE], prefill_wall=walls[StepKind.PREFILL]
+                ),
+            )
+        sim = replay(current)
+        rounds += 1
+        want = {k: wall_factors(sim, k, targets[k], walls[k]) for k in walls}
+        settled = all(
+            abs(f - walls[k].get(i, 1.0)) <= TOLERANCE * f
+            for k in walls
+            for i, f in want[k].items()
+        )
+        if settled or rounds >= ROUNDS:
+            return Settled(sim, current)
+        walls = want
+
+
+def wall_factors(
+    sim: Simulation, kind: StepKind, measured: Mapping[str, float], current: Mapping[str, float]
+) -> dict[str, float]:
+    """Per instance, the factor on its `kind` steps that brings this replay's wall over model time
+    of those steps to the deployment's measured wall over CPU: the host model explains part of it
+    (cores shared with other workers), the factor the rest (the worker's other threads, the
+    frontend and client on its cores, the loop's own work between steps)."""
+    lo, hi = WALL_FACTOR_BOUNDS
+    out = dict(current)
+    for inst, ratio in measured.items():
+        engine = sim.engines.get(inst)
+        simulated = engine.wall_over_model(kind) if engine is not None else None
+        if simulated is None:
+            continue
+        out[inst] = min(hi, max(lo, current.get(inst, 1.0) * ratio / simulated))
+    return out

@@ -1,0 +1,112 @@
+"""One request in flight and what happened to it: the prefill, the relay's copy and the
+finisher's copy of its KV, each a small record of its own."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from pddflow.scheduler.decision import Decision
+from pddflow.scheduler.topology import PathInfo
+from pddflow.sim.engine import Seq
+from pddflow.sim.kvstore import Hold
+from pddflow.sim.network import Flow
+from pddflow.sim.workload import SimRequest
+
+
+class LegState(Enum):
+    NONE = "none"  # no copy sent (yet)
+    TRANSFER = "transfer"  # the KV is on its way
+    MEMORY = "memory"  # landed, waiting for the decoder's memory
+    DECODING = "decoding"  # the relay decodes it
+    LANDED = "landed"  # the finisher holds it
+    RELEASED = "released"
+    CANCELLED = "cancelled"
+
+
+class PrefillLeg:
+    __slots__ = ("instance", "hold", "copies", "hit_tokens", "shipping_s")
+
+    def __init__(self, instance: str):
+        self.instance = instance
+        self.hold: Hold | None = None
+        self.copies = 0  # outgoing KV copies not yet left: the prompt's KV is held until then
+        self.hit_tokens = 0  # prompt tokens the entry instance had cached
+        self.shipping_s = 0.0  # the engine's time exporting this prompt's KV after it
+
+
+class RelayLeg:
+    __slots__ = ("instance", "hold", "seq", "state", "landed_at", "started_at")
+
+    def __init__(self, instance: str | None):
+        self.instance = instance
+        self.hold: Hold | None = None
+        self.seq: Seq | None = None
+        self.state = LegState.NONE
+        self.landed_at: float | None = None  # the KV reached the relay
+        self.started_at: float | None = None  # the relay's loop took it
+
+
+class FinisherLeg:
+    __slots__ = (
+        "instance",
+        "hold",
+        "flow",
+        "state",
+        "bytes",
+        "hit_blocks",
+        "sent_at",
+        "transfer_s",
+    )
+
+    def __init__(self, instance: str):
+        self.instance = instance
+        self.hold: Hold | None = None
+        self.flow: Flow | None = None
+        self.state = LegState.NONE
+        self.bytes = 0.0
+        self.hit_blocks = 0  # leading prompt blocks the finisher had cached when the KV was sent
+        self.sent_at = 0.0
+        self.transfer_s: float | None = None
+
+
+class Run:
+    __slots__ = (
+        "req",
+        "decision",
+        "path",
+        "arrival",
+        "prefill_started_at",
+        "prefill_done_at",
+        "first_token_at",
+        "finished_at",
+        "done",
+        "failed",
+        "prefill",
+        "relay",
+        "finisher",
+        "ids_sent",
+        "relay_tokens",
+        "handoff",
+        "rounds",
+        "memory_waits",
+        "memory_wait_s",
+    )
+
+    def __init__(self, req: SimRequest, decision: Decision, path: PathInfo, arrival: float):
+        self.req, self.decision, self.path = req, decision, path
+        self.arrival = arrival
+        self.prefill_started_at: float | None = None
+        self.prefill_done_at: float | None = None
+        self.first_token_at: float | None = None
+        self.finished_at: float | None = None
+        self.done = False
+        self.failed: str | None = None
+        self.prefill = PrefillLeg(decision.target(path.entry))
+        self.relay = RelayLeg(decision.target(path.relay) if path.relay else None)
+        self.finisher = FinisherLeg(decision.target(path.finisher))
+        self.ids_sent = 0  # token IDs handed from the relay to the finisher so far
+        self.relay_tokens = 0
+        self.handoff: str | None = None  # one_shot | catch_up | takeover, once it happened
+        self.rounds = 0
+        self.memory_waits = 0  # legs whose landed KV waited for decoder memory, and how long
+        self.memory_wait_s = 0.0

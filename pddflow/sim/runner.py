@@ -1,0 +1,119 @@
+"""Simulating plans as `pddflow simulate` reports them: each calibrated plan settled (calibration/
+settle.py), replicated over other draws of its random parts, summarized."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from pddflow.graph.plan import Plan
+from pddflow.sim.calibration import Calibration, HostSpec, Measurements, calibrated_plan, settle
+from pddflow.sim.engine import StepKind
+from pddflow.sim.metrics import summarize
+from pddflow.sim.network import STREAM_GBPS
+from pddflow.sim.simulator import Simulation
+from pddflow.sim.workload import Workload
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    seed: int = 0
+    # replays of the same workload with other draws of the random parts (WAN jitter, the
+    # calibration's draws); each TTFT/TPOT percentile is then the median over them
+    replications: int = 1
+    stream_gbps: float = STREAM_GBPS
+    strict_mirrors: bool = False
+    embedded: bool = False  # Simulation(embedded=...)
+    wan_jitter_seed: int | None = None
+
+
+def with_wan_gbps(plan: Plan, gbps: float | None) -> Plan:
+    """Every link of `plan` at `gbps` (as `pddflow deploy --wan-gbps`)."""
+    if gbps is None:
+        return plan
+    return replace(plan, links={n: replace(link, gbps=gbps) for n, link in plan.links.items()})
+
+
+def calibrated(
+    plans: list[Plan], measured: Measurements, host: HostSpec | None, local: bool = True
+) -> tuple[list[Plan], list[Calibration]]:
+    """Each plan on the fitted device (`calibrated_plan`) and its calibration."""
+    cals = [measured.calibration(p.source, host) for p in plans]
+    return [calibrated_plan(p, measured.engine, local=local) for p in plans], cals
+
+
+def simulate(
+    plan: Plan,
+    workload: Workload,
+    calibration: Calibration | None,
+    options: RunOptions,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[dict, Simulation]:
+    """The report of `plan` on `workload` (`metrics.summarize`, plus what the calibration settled)
+    and its first replay."""
+
+    def replay(cal: Calibration, seed: int = options.seed) -> Simulation:
+        sim = Simulation(
+            plan,
+            workload,
+            seed=seed,
+            strict_mirrors=options.strict_mirrors,
+            stream_gbps=options.stream_gbps,
+            calibration=cal,
+            embedded=options.embedded,
+            wan_jitter_seed=options.wan_jitter_seed,
+        )
+        sim.run(progress=progress)
+        return sim
+
+    cal = calibration or Calibration()
+    settled = settle(cal, replay)
+    sim, final = settled.simulation, settled.calibration
+    result = summarize(sim)
+    if options.replications > 1:
+        more = [replay(final, options.seed + r) for r in range(1, options.replications)]
+        result = pool([result] + [summarize(s) for s in more])
+    if final.host is not None:
+        for kind, measured, factors in (
+            (StepKind.DECODE, cal.decode_wall_over_cpu, final.host.decode_wall),
+            (StepKind.PREFILL, cal.prefill_wall_over_cpu, final.host.prefill_wall),
+        ):
+            if measured:
+                result[f"{kind.name.lower()}_wall"] = _wall_report(sim, kind, measured, factors)
+    if sim.host is not None:
+        result["cpu_share"] = sim.host.to_dict()
+    return result, sim
+
+
+def _wall_report(sim: Simulation, kind: StepKind, measured: dict, factors: dict) -> dict:
+    out = {}
+    for inst, ratio in sorted(measured.items()):
+        eng = sim.engines.get(inst)
+        simulated = eng.wall_over_model(kind) if eng is not None else None
+        out[inst] = {
+            "measured_wall_over_cpu": round(ratio, 4),
+            "simulated_wall_over_model": None if simulated is None else round(simulated, 4),
+            "factor": round(factors.get(inst, 1.0), 4),
+        }
+    return out
+
+
+def pool(results: list[dict]) -> dict:
+    """Replications of one graph as one result: the first's, with every TTFT and TPOT percentile
+    the median over the replications (each kept under `replications`)."""
+    out = dict(results[0])
+    for key in ("ttft_s", "tpot_ms"):
+        out[key] = {
+            q: round(statistics.median(r[key][q] for r in results), 4)
+            for q in ("p50", "p90", "p99")
+        }
+    out["replications"] = {
+        "n": len(results),
+        **{
+            f"{key}_{q}": [r[key][q] for r in results]
+            for key in ("ttft_s", "tpot_ms")
+            for q in ("p50", "p90")
+        },
+    }
+    return out
