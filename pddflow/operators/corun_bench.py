@@ -2,8 +2,9 @@
 alone and while another process decodes on another core.
 
 Pinned cores still share the last-level cache and the memory bus, so a calibration on an idle
-machine misses the slowdown a neighbour causes; the simulator (`sim/calibration/host.py`) applies these factors to a worker's
-steps while a worker on other cores is busy (docs/simulator.md has the figures).
+machine misses the slowdown a neighbour causes; the simulator (`sim/calibration/host.py`)
+applies these factors to a worker's steps while a worker on other cores is busy
+(docs/simulator.md has the figures).
 
 The companion is paused (SIGSTOP) for the "alone" samples and resumed (SIGCONT) for the "co-run"
 ones, alternating, so a drift of the machine's speed falls on both sides alike.

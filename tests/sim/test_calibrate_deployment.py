@@ -135,8 +135,8 @@ def _serve_report(
                     "prompt_tokens": prompt,
                     "events": [
                         {"event": "arrival", "t_ms": 0.0},
-                        {"event": "kv_send:rdma_tensor:relay/0", **send},
-                        {"event": "kv_send:wan_flight:main/0", **wan},
+                        {"event": "kv_send", "channel": "rdma_tensor", "peer": "relay/0", **send},
+                        {"event": "kv_send", "channel": "wan_flight", "peer": "main/0", **wan},
                     ],
                 }
             )
@@ -214,7 +214,7 @@ def test_serve_report_without_measurements_fails_clearly(tmp_path):
     bad_rows = [
         1,
         {"prompt_tokens": "x"},
-        {"prompt_tokens": 5, "events": [{"event": "kv_send:rdma_tensor:relay/0", "t_ms": "a"}]},
+        {"prompt_tokens": 5, "events": [{"event": "kv_send", "peer": "relay/0", "t_ms": "a"}]},
     ]
     f.write_text(
         json.dumps(

@@ -114,27 +114,20 @@ def _read_decode_steps(steps: object, acc: _Graph) -> None:
 
 
 def _read_request(r: dict, acc: _Graph) -> None:
-    first: dict[str, dict] = {}  # each event's first occurrence, by name
+    # the prefill's first send to each receiving instance (a resend after a failure comes later)
+    sends: dict[str, dict] = {}
     for e in r.get("events") or ():
-        if isinstance(e, dict):
-            first.setdefault(str(e.get("event", "")), e)
-    send = next((e for name, e in first.items() if name.startswith("kv_send")), None)
+        if isinstance(e, dict) and e.get("event") == "kv_send":
+            sends.setdefault(str(e.get("peer", "")), e)
+    send = next(iter(sends.values()), None)
     got = numbers(send, ("prefill_cpu_ms", "cached_tokens"))
     if got is not None:
         acc.prefills.append((r["prompt_tokens"], got[1], got[0]))
         wall = numbers(send, ("prefill_ms",))
         if wall is not None and isinstance(send.get("instance"), str):
             acc.prefill_wall.append((send["instance"], wall[0], got[0]))
-    sends = [
-        t
-        for name, e in first.items()
-        if name.startswith("kv_send")
-        if (t := numbers(e, ("t_ms", "export_ms", "bytes"))) is not None
-    ]
-    if (
-        sends and sum(b for _, _, b in sends) > 0
-    ):  # the prefill ended one export before its first send
-        t0, export0, _ = min(sends)
-        acc.shipping.append(
-            (max(t for t, _, _ in sends) - (t0 - export0)) / sum(b for _, _, b in sends)
-        )
+    times = [t for e in sends.values() if (t := numbers(e, ("t_ms", "export_ms", "bytes")))]
+    sent = sum(b for _, _, b in times)
+    if sent > 0:  # the prefill ended one export before its first send
+        t0, export0, _ = min(times)
+        acc.shipping.append((max(t for t, _, _ in times) - (t0 - export0)) / sent)
