@@ -17,10 +17,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from pddflow.core.serve_sessions import WorkloadSpec
 from pddflow.core.stats import percentile
 from pddflow.runtime.launcher import Deployment
+from pddflow.runtime.metrics import DECODE_COUNTERS
+from pddflow.runtime.workers.loop import STATUS_EVERY_S
 
 
 @dataclass
@@ -154,23 +157,24 @@ def _timelines(base: str, samples: list[Sample]) -> None:
             s.timeline = r.json() if r.status_code == 200 else None
 
 
-def _decode_steps(base: str, since: dict[str, dict] | None = None) -> dict[str, dict]:
-    """Each decoding worker's decode steps (count, CPU seconds, wall seconds of the loop iterations
-    that ran them, sequences, context tokens) from the frontend's /health, less `since`. Workers
-    report their status every 0.5 s (runtime/worker.py: STATUS_EVERY_S): wait twice that first, so
-    the figures include the run's last steps."""
-    time.sleep(1.0)
-    workers = httpx.get(f"{base}/health", timeout=10).json().get("workers", {})
-    out = {}
-    for inst, w in workers.items():
-        d, d0 = w.get("decode") or {}, (since or {}).get(inst, {})
-        if d.get("steps"):
-            out[inst] = {
-                k: round(d[k] - d0.get(k, 0), 4)
-                for k in ("steps", "cpu_s", "wall_s", "seqs", "context_tokens")
-                if k in d
-            }
-    return {i: d for i, d in out.items() if d["steps"] > 0}
+def decode_counters(base: str, since: dict[str, dict] | None = None) -> dict[str, dict]:
+    """Each decoding worker's decode counters (`DECODE_COUNTERS`: steps, CPU and wall seconds,
+    sequences, context tokens) from the frontend's /metrics, less `since`. Workers report their
+    status every STATUS_EVERY_S: wait twice that first, so the figures include the last steps."""
+    time.sleep(2 * STATUS_EVERY_S)
+    text = httpx.get(f"{base}/metrics", timeout=10).text
+    keys = {name: field.removeprefix("decode_") for field, (name, _) in DECODE_COUNTERS.items()}
+    out: dict[str, dict] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name in keys:
+            for sample in family.samples:
+                if sample.name.endswith("_total"):
+                    inst = sample.labels["instance"]
+                    out.setdefault(inst, {})[keys[family.name]] = sample.value
+    for inst, d in out.items():
+        d0 = (since or {}).get(inst, {})
+        out[inst] = {k: round(v - d0.get(k, 0), 4) for k, v in d.items()}
+    return {i: d for i, d in out.items() if d.get("steps", 0) > 0}
 
 
 def _process_cpu_s(pid: int) -> float | None:
@@ -227,14 +231,14 @@ def run_graph(
                     )
 
             f0, c0 = _process_cpu_s(dep.proc.pid), _own_cpu_s()
-            decode0 = _decode_steps(dep.base)
+            decode0 = decode_counters(dep.base)
             t0 = time.perf_counter()
             asyncio.run(main(t0))
             res.wall_s = time.perf_counter() - t0
             f1 = _process_cpu_s(dep.proc.pid)
             res.client_cpu_s = _own_cpu_s() - c0
             res.frontend_cpu_s = f1 - f0 if f0 is not None and f1 is not None else None
-            res.decode = _decode_steps(dep.base, decode0)
+            res.decode = decode_counters(dep.base, decode0)
             res.metrics = _scrape(dep.base)
             if per_request:
                 _timelines(dep.base, res.samples)

@@ -60,6 +60,7 @@ class Frontend:
         self.sched = SchedulerState.for_plan(plan)
         self.clients = {i: WorkerClient(ep.rpc) for i, ep in wiring.workers.items()}
         self.status: dict[str, pb.WorkerStatus] = {}
+        self.metrics.watch_workers(self.status)
         self.lost: set[str] = set()
         self.drift: list[str] = []
         self.live: dict[str, Live] = {}
@@ -88,16 +89,6 @@ class Frontend:
                 "kv_blocks_used": s.kv_blocks_used if s else None,
                 "cached_blocks": s.cached_blocks if s else None,
                 "running": s.running if s else None,
-                # decode steps since start: a simulator calibrates the deployment's decode cost
-                "decode": {
-                    "steps": s.decode_steps,
-                    "cpu_s": round(s.decode_cpu_s, 4),
-                    "wall_s": round(s.decode_wall_s, 4),
-                    "seqs": s.decode_seqs,
-                    "context_tokens": s.decode_context_tokens,
-                }
-                if s
-                else None,
             }
             for i in self.wiring.workers
         }

@@ -10,6 +10,9 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily
+
+from pddflow.runtime.proto import runtime_pb2 as pb
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
@@ -91,5 +94,40 @@ class Metrics:
             self._relay_tokens += n
         self.relay_share.set(self._relay_tokens / self._all_tokens if self._all_tokens else 0.0)
 
+    def watch_workers(self, statuses: dict[str, pb.WorkerStatus]) -> None:
+        """Export the workers' own cumulative counters from their latest status reports."""
+        self.registry.register(_WorkerCounters(statuses))
+
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
+# WorkerStatus field -> (counter, help): each decoder's decode steps since it started
+DECODE_COUNTERS = {
+    "decode_steps": ("pddflow_decode_steps", "continuous-batching decode steps"),
+    "decode_seqs": (
+        "pddflow_decode_sequences",
+        "sequences in decode steps, summed over the steps (over steps: the mean batch)",
+    ),
+    "decode_context_tokens": (
+        "pddflow_decode_context_tokens",
+        "context tokens the stepped sequences held, summed over the steps",
+    ),
+    "decode_cpu_s": ("pddflow_decode_cpu_seconds", "CPU seconds of the worker loop's decode steps"),
+    "decode_wall_s": (
+        "pddflow_decode_wall_seconds",
+        "wall seconds of the worker loop's iterations that ran a decode step",
+    ),
+}
+
+
+class _WorkerCounters:
+    def __init__(self, statuses: dict[str, pb.WorkerStatus]):
+        self.statuses = statuses
+
+    def collect(self):
+        for field, (name, doc) in DECODE_COUNTERS.items():
+            family = CounterMetricFamily(name, doc, labels=["instance"])
+            for instance, status in sorted(self.statuses.items()):
+                family.add_metric([instance], getattr(status, field))
+            yield family

@@ -36,7 +36,7 @@ class DecodeStats:
     cpu_s: float = 0.0  # the loop thread's
     seqs: int = 0  # sequences stepped
     context_tokens: int = 0  # context those sequences held
-    wall_s: float = 0.0
+    wall_s: float = 0.0  # of the loop iterations that ran them
 
 
 class DecoderWorker(Worker):
@@ -46,6 +46,7 @@ class DecoderWorker(Worker):
         super().__init__(*args, **kwargs)
         self.memory_wait: list[DecodeLeg] = []  # landed KV waiting for room, FIFO
         self.stats = DecodeStats()
+        self._decoded = False  # this iteration ran a decode step
 
     def on_job(self, leg: DecodeLeg) -> None:
         if leg.job.local_prefill:
@@ -71,6 +72,12 @@ class DecoderWorker(Worker):
             self.compute(self.compute_queue.pop(0))
         elif batch := self.decoding()[: self.op.max_batch]:
             self.decode(batch)
+            self._decoded = True
+
+    def iterated(self, wall_s: float) -> None:
+        if self._decoded:  # the step and the loop's own work around it (reports, landing, status)
+            self.stats.wall_s += wall_s
+            self._decoded = False
 
     def decoding(self) -> list[DecodeLeg]:
         return [leg for leg in self.legs.values() if leg.decoding]
@@ -94,7 +101,7 @@ class DecoderWorker(Worker):
     def decode(self, batch: list[DecodeLeg]) -> None:
         seqs = [leg.seq for leg in batch]
         context = sum(s.num_computed for s in seqs)
-        t0, c0 = time.monotonic(), time.thread_time()
+        c0 = time.thread_time()
         try:
             self.engine.decode(seqs)
         except Exception as exc:  # noqa: BLE001
@@ -112,7 +119,6 @@ class DecoderWorker(Worker):
             if leg.seq.finished:
                 self.on_finished(leg)
                 self.finish(leg)
-        st.wall_s += time.monotonic() - t0
 
     def after_token(self, leg: DecodeLeg) -> None:
         """A decode step gave `leg` a token (the relay hands catch-up batches over here)."""
@@ -124,23 +130,18 @@ class DecoderWorker(Worker):
     def land(self, leg: DecodeLeg) -> None:
         if not self.room_for(leg):
             return
-        t0, c0 = time.monotonic(), time.thread_time()
+        waited_ms = (time.monotonic() - leg.kv_arrived) * 1e3
         try:
             self.engine.import_kv(leg.seq, leg.kv)
         except Exception as exc:  # noqa: BLE001 - a bad transfer: recompute from token IDs
             self.recompute_kv(leg, f"cannot import KV: {exc}")
             return
         self.engine.reserve(leg.seq, self.total_tokens(leg))  # room_for said it fits
-        # waited_ms: the KV reached this process, the loop took it later (a step in progress, a
-        # shared core, no room in memory)
-        values = {
-            "waited_ms": (t0 - leg.kv_arrived) * 1e3,
-            "import_ms": (time.monotonic() - t0) * 1e3,
-            "import_cpu_ms": (time.thread_time() - c0) * 1e3,
-            "bytes": float(leg.kv.data.nbytes),
-        }
+        nbytes = float(leg.kv.data.nbytes)
         leg.kv, leg.kv_ready = None, True
-        self.io.event(leg.seq_id, pb.EVENT_KV_LANDED, **values)
+        # waited_ms: the KV had reached this process; the loop took it later (a step in progress,
+        # a shared core, no room in memory)
+        self.io.event(leg.seq_id, pb.EVENT_KV_LANDED, waited_ms=waited_ms, bytes=nbytes)
         self.maybe_start(leg)
 
     @staticmethod

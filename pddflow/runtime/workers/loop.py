@@ -107,10 +107,14 @@ class Worker:
         self.io.report(status=self._status)
         while not self.stopping.is_set():
             try:
-                self.admit(block=self.idle())
+                started, idle = time.monotonic(), self.idle()
+                self.admit(block=idle)
+                if idle:  # waiting for work is no step's cost
+                    started = time.monotonic()
                 self.step()
                 self.expire()
                 self.publish()
+                self.iterated(time.monotonic() - started)
             except Exception:  # noqa: BLE001 - one request's bug must not take the worker down
                 traceback.print_exc()
 
@@ -120,6 +124,9 @@ class Worker:
     def step(self) -> None:
         if self.compute_queue:
             self.compute(self.compute_queue.pop(0))
+
+    def iterated(self, wall_s: float) -> None:
+        """One loop iteration took `wall_s`."""
 
     def admit(self, block: bool) -> None:
         try:

@@ -55,7 +55,7 @@ class PrefillWorker(Worker):
         for peer, start_block in targets:
             kind = self.io.kv_kind_to(peer)
             timeout = max(0.1, min(leg.deadline - time.monotonic(), self.io.deadline_s(kind, peer)))
-            t0, c0 = time.monotonic(), time.thread_time()
+            t0 = time.monotonic()
             kv = self.engine.export_kv(seq, start_block=start_block)
             values = {
                 "bytes": kv.num_blocks * block_bytes,
@@ -65,7 +65,6 @@ class PrefillWorker(Worker):
                 "prefill_cpu_ms": leg.prefill_cpu_ms,
                 "cached_tokens": leg.cached_tokens,
                 "export_ms": (time.monotonic() - t0) * 1e3,
-                "export_cpu_ms": (time.thread_time() - c0) * 1e3,
             }
             self.io.event(seq.seq_id, pb.EVENT_KV_SEND, channel=kind, peer=peer, **values)
             sent_at = time.monotonic()
