@@ -151,9 +151,8 @@ def simulate_round(
                     "error": round((got - want) / want, 4) if want else None,
                 }
         rows.append(row)
-    last = sims.get(
-        "deployment", sims["engine"]
-    )  # (a simulation's calibration, never the previous run's)
+    # (a simulation's calibration, never the previous run's)
+    last = sims.get("deployment", sims["engine"])
     return {
         "round": i,
         "rows": rows,

@@ -96,9 +96,8 @@ def deploy(
         if any(c.cross_cluster and c.params.get("tls") for c in plan.channels):
             from pddflow.channels.security import self_signed
 
-            tls = self_signed(
-                rd / "tls"
-            )  # the emulated datacenters trust one self-signed certificate
+            # the emulated datacenters trust one self-signed certificate
+            tls = self_signed(rd / "tls")
             wiring.tls_cert, wiring.tls_key = tls.cert_chain, tls.private_key
         be.start(plan, wiring, rd)  # before any gRPC thread exists here: the children fork cleanly
         frontend = Frontend(plan, wiring, info)

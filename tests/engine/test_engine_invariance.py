@@ -101,9 +101,8 @@ def test_p_rld_md_across_engines_equals_colocated(engine, prompt, n, data):
     md = other.add_sequence(prompt, params, "req")
     hit = other.reuse_prefix(md, keep_last=False)
     assert hit == min(warm, len(prompt)) // other.block_size * other.block_size
-    other.import_kv(
-        md, engine.export_kv(p, start_block=hit // engine.block_size)
-    )  # only what MD lacks
+    # only what MD lacks
+    other.import_kv(md, engine.export_kv(p, start_block=hit // engine.block_size))
     engine.free(p)
     engine.free(rld)
     other.sample(

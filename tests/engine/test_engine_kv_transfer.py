@@ -57,9 +57,8 @@ def test_import_accepts_numpy_buffers():
 
 def test_export_only_missing_blocks():
     src, dst = small_engine(), small_engine()
-    warm = dst.add_sequence(
-        PROMPT[:20], SamplingParams(max_tokens=1)
-    )  # an earlier turn: 5 blocks cached
+    # an earlier turn: 5 blocks cached
+    warm = dst.add_sequence(PROMPT[:20], SamplingParams(max_tokens=1))
     dst.prefill(warm)
     dst.free(warm)
     seq = src.add_sequence(PROMPT, SamplingParams(max_tokens=6))

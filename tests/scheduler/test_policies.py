@@ -99,6 +99,7 @@ def test_slow_link_estimate_moves_warmish_requests_to_the_relay():
     pol, st = make_policy(p), SchedulerState.for_plan(p)
     st.mirrors["main/0"].on_insert(range(60))  # 60 of 64 blocks cached
     assert pol.decide(req(rid="a"), st).variant == "p_md"
+    # a congested WAN
     st.set_link(
         LinkEstimate(
             "A-B",
@@ -109,7 +110,7 @@ def test_slow_link_estimate_moves_warmish_requests_to_the_relay():
             delay_p99_s=2.0,
             active_flows=30,
         )
-    )  # a congested WAN
+    )
     assert pol.decide(req(rid="b"), st).variant == "p_rld_md"
 
 
@@ -119,9 +120,8 @@ def test_singular_traffic_is_bounded():
     share = pol.params["singular_max_share"]
     long_short = [pol.decide(req(40000, 100, rid=f"s{i}", start=i * 1000), st) for i in range(200)]
     singular = [d for d in long_short if d.singular]
-    assert singular and all(
-        d.variant == "p_rld_md" for d in singular
-    )  # relay finishes, WAN leg cancelled
+    # relay finishes, WAN leg cancelled
+    assert singular and all(d.variant == "p_rld_md" for d in singular)
     assert len(singular) <= share * 200 + 1
     normal = pol.decide(req(40000, 2000, rid="n"), st)
     assert not normal.singular
@@ -162,9 +162,8 @@ def test_first_variant_is_cache_aware_and_load_guarded():
     pol, st = make_policy(p), SchedulerState.for_plan(p)
     st.mirrors["decode/4"].on_insert(range(64))
     assert pol.decide(req(), st).target("decode") == "decode/4"
-    st.set_load(
-        "decode/4", InstanceLoad(running=64, max_batch=64)
-    )  # full: the prefix is not worth it
+    # full: the prefix is not worth it
+    st.set_load("decode/4", InstanceLoad(running=64, max_batch=64))
     assert pol.decide(req(rid="b"), st).target("decode") != "decode/4"
 
 

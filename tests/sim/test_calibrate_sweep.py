@@ -158,9 +158,8 @@ def test_long_context_decode_point_fits_the_kv_read_cost(tmp_path):
     cal = fit(load_bench(f))
     m = cal.model()
     assert m.decode_step_s(4, 4 * 768) == pytest.approx(0.060, rel=1e-6)
-    assert m.decode_tokens_per_s(1, 32) == pytest.approx(
-        50, rel=0.03
-    )  # the KV term moves the short
+    # the KV term moves the short
+    assert m.decode_tokens_per_s(1, 32) == pytest.approx(50, rel=0.03)
     assert m.decode_tokens_per_s(4, 32) == pytest.approx(170, rel=0.05)  # points a little
     assert (
         cal.efficiency.kv_read_factor > 1
@@ -257,9 +256,8 @@ def test_tiny_llama_preset_is_the_builtin_model():
     a = ARCHS.get("tiny-llama")
     assert a.kv_bytes_per_token == c.kv_bytes_per_token(4)
     assert a.weight_bytes == pytest.approx(c.num_params() * 4, rel=1e-3)
-    assert a.flops_per_token == pytest.approx(
-        2 * c.num_params(), rel=1e-2
-    )  # the input embedding is a lookup
+    # the input embedding is a lookup
+    assert a.flops_per_token == pytest.approx(2 * c.num_params(), rel=1e-2)
     assert a.attention_flops_per_pair == 4 * c.num_layers * c.num_heads * c.head_dim
 
 

@@ -156,9 +156,8 @@ def test_link_shares_bandwidth_and_cancels():
 
 def test_flow_cap_and_jitter():
     loop = EventLoop()
-    link = SharedLink(
-        loop, _link(gbps=80), random.Random(0), flow_cap_gbps=8.0
-    )  # 10 GB/s link, 1 GB/s per flow
+    # 10 GB/s link, 1 GB/s per flow
+    link = SharedLink(loop, _link(gbps=80), random.Random(0), flow_cap_gbps=8.0)
     done = []
     for _ in range(5):
         link.send(1e9, done.append)
