@@ -1,3 +1,1 @@
-"""Shared vocabulary below every layer: payload types, operator signatures, channel kinds, link and
-device models, model architecture presets, the plugin registries. No torch, pyarrow or grpc.
-"""
+"""Shared vocabulary below every layer (payloads, signatures, registries); no torch or grpc."""

@@ -1,8 +1,4 @@
-"""Model architecture presets: what planning and simulation assume about a model.
-
-They describe the production model; the weights a local deployment loads (`model.weights`) are
-separate, so one file plans a 70B fleet and still deploys the built-in tiny model on a laptop.
-"""
+"""Architectures that planning and simulation assume, apart from the weights a deployment loads."""
 
 from __future__ import annotations
 
@@ -18,8 +14,7 @@ class ModelArch:
     flops_per_token: float  # forward FLOPs per token (about 2 x active parameters)
     weight_bytes: int  # whole model, at the serving dtype
     help: str = ""
-    # Attention FLOPs per (query, key) pair, all layers (4 x layers x query heads x head_dim); 0:
-    # not given, assume 8 x kv_bytes_per_token (16-bit KV, 8 query heads per KV head).
+    # all layers, 4 x layers x q heads x head_dim; 0: 8 x kv_bytes_per_token (16-bit KV, GQA 8)
     attn_flops_per_pair: float = 0.0
 
     @property
@@ -69,8 +64,7 @@ for _a in (
         help="Llama-3-70B with fp8 weights and KV (160 KiB/token)",
     ),
     _dense("qwen2.5-32b", 64, 8, 128, 32.8, 40, help="Qwen2.5-32B, bf16 (256 KiB/token)"),
-    # MLA caches one 512-dim latent plus a 64-dim RoPE key per layer: (512 + 64) x 61 layers x 2 B.
-    # Prefill attention: 128 heads, QK over 192 dims and PV over 128 per layer.
+    # MLA: (512 latent + 64 RoPE key dims) x 61 layers x 2 B; attention: 128 heads, QK 192 + PV 128
     ModelArch(
         "deepseek-v3",
         576 * 61 * 2,

@@ -1,10 +1,5 @@
-"""Prefix-chained block hashes: the one key scheme of the engine's radix cache, the router's
-mirror of each MainDecode's cache, and the simulator.
-
-A block's hash covers its tokens and its parent's hash, so equal hashes mean equal whole prefixes.
-That is the scheme of the Mooncake trace's `hash_ids`, so a trace replay and a live engine speak
-about the same cache contents. Pure Python: the scheduler and the simulator import it.
-"""
+"""Prefix-chained block hashes (the Mooncake trace's `hash_ids` scheme), the one key of the engine's
+radix cache, the router's mirrors and the simulator: equal hashes mean equal whole prefixes."""
 
 from __future__ import annotations
 
@@ -27,8 +22,7 @@ def _digest(parent: int | None, tokens: Sequence[int]) -> int:
 def chain_block_hashes(
     token_ids: Sequence[int], block_size: int, parent: int | None = None
 ) -> list[int]:
-    """Hashes of the full blocks of `token_ids` (a partial block's KV is still growing: it cannot be
-    shared). `parent`: the hash of the block before `token_ids[0]`, to hash incrementally."""
+    """Hashes of the full blocks of `token_ids` (a partial block's KV still grows: never shared)."""
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
     out: list[int] = []

@@ -1,6 +1,4 @@
-"""Channel kinds: what each carries and how far it reaches. The validator checks an edge's payload
-against `carries` and its placement against `scope`; the runtime picks the transport by kind.
-"""
+"""Channel kinds: what each carries (`carries`) and how far it reaches (`scope`)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,4 @@
-"""Which of this host's cores each worker of a local deployment runs on.
-
-Why: the local backend emulates separate datacenters on one machine, and real clusters do not share
-compute. If the relay (cluster A) and main decode (cluster B) floated over the same cores, every
-relay step would slow main's decode. So the cores are split between clusters in proportion to their
-instances, and within a cluster between its instances when there are enough; each worker is pinned
-to its share and runs that many torch threads. With fewer cores than clusters nothing is pinned.
-
-Where a cluster has fewer cores than instances, a decoder sharing cores with a prefill worker runs
-at a lower priority (nice +DECODE_NICE): a prompt waiting for its first token is worth more than one
-more token of a stream already flowing, as a prefill-first scheduler would decide
-(docs/benchmarks.md has the measurement).
-"""
+"""Which host cores each worker of a local deployment runs on (docs/runtime.md, Cores)."""
 
 from __future__ import annotations
 
@@ -39,7 +27,6 @@ class CpuLayout:
 
 
 def host_cores() -> list[int]:
-    """The cores this process may run on (its affinity mask where the OS has one)."""
     try:
         return sorted(os.sched_getaffinity(0))
     except AttributeError:  # macOS, Windows: no affinity API
@@ -49,8 +36,7 @@ def host_cores() -> list[int]:
 def layout(
     instances: list[tuple[str, str, str]], cores: list[int], pinning: str = "auto"
 ) -> CpuLayout:
-    """instances: (instance id, cluster, role: prefill | decode | both) in plan order. cores: the
-    host's usable core ids."""
+    """instances: (instance id, cluster, role: prefill | decode | both) in plan order."""
     if pinning not in MODES:
         raise ValueError(f"cpu pinning must be one of {', '.join(MODES)}, not {pinning!r}")
     ids = [i for i, _, _ in instances]
@@ -71,11 +57,11 @@ def layout(
     for (_, members), n in zip(clusters.items(), shares):
         own = cores[at : at + n]
         at += n
-        if n >= len(members):  # each instance of the cluster gets cores of its own
+        if n >= len(members):
             for inst, k in zip(members, _split(n, [1] * len(members))):
                 cpus[inst], threads[inst] = tuple(own[:k]), k
                 own = own[k:]
-        else:  # the cluster's instances share the cluster's cores, prefill first
+        else:
             mode = "cluster"
             has_prefill = any(role[m] == "prefill" for m in members)
             for inst in members:
@@ -86,15 +72,13 @@ def layout(
 
 
 def plan_layout(plan, cores: list[int], pinning: str = "auto") -> CpuLayout:
-    """The layout of a Plan's instances (roles from their operators)."""
     return layout(
         [(i.id, i.cluster, plan.operators[i.operator].role) for i in plan.instances], cores, pinning
     )
 
 
 def pin_self(cpus: tuple[int, ...] | list[int], nice: int = 0) -> None:
-    """Restrict this process (and the threads it starts later) to `cpus` (no-op when empty) and
-    lower its priority by `nice`."""
+    """Pin this process (and threads it starts later) to `cpus` (none: no-op), niced by `nice`."""
     if cpus and hasattr(os, "sched_setaffinity"):
         os.sched_setaffinity(0, set(cpus))
     if nice > 0:

@@ -5,8 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 GIB = 1024**3
-# KV memory of one worker in the embedded deployment (`pddflow deploy --kv-cache-mb`), which the
-# simulator gives each instance when it replays that deployment (`simulate --calibrate`)
+# `pddflow deploy --kv-cache-mb` default; the simulator's replay of a deployment uses it too
 LOCAL_KV_CACHE_MIB = 256
 
 
@@ -14,7 +13,7 @@ LOCAL_KV_CACHE_MIB = 256
 class DeviceClass:
     name: str
     tflops: float  # dense peak at the serving dtype
-    hbm_gib: float  # memory capacity
+    hbm_gib: float
     hbm_tbps: float  # memory bandwidth, TB/s
     net_gbps: float  # interconnect (RDMA NIC) bandwidth per device
     usd_per_hour: float  # price, for cost and BCR

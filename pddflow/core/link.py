@@ -1,6 +1,4 @@
-"""The link model, used three ways: feasibility arithmetic (`pddflow plan`), traffic shaping on an
-emulated `wan_flight` channel, and the simulator's WAN. Pure Python, so graph tools stay instant.
-"""
+"""The link model: `pddflow plan`'s arithmetic, emulated channels' shaping, the simulator's WAN."""
 
 from __future__ import annotations
 
@@ -20,7 +18,6 @@ def jitter_stream(seed: int, key: int | str) -> random.Random:
 
 
 def kv_link_seed(deploy_seed: int) -> int:
-    """The emulated-link seed of a deployment's KV (wan_flight) senders."""
     return 2 * deploy_seed
 
 
@@ -67,11 +64,9 @@ class LinkModel:
         return self.gbps * 1e9 / 8
 
     def serialization_s(self, nbytes: float, share: float = 1.0) -> float:
-        """Time to push nbytes at `share` of the link's bandwidth."""
         return nbytes / (self.bytes_per_s * max(share, 1e-9))
 
     def transfer_quantile_s(self, nbytes: float, q: float, share: float = 1.0) -> float:
-        """Predicted time for one transfer of nbytes at quantile q of the jitter distribution."""
         return (
             self.rtt_ms / 1e3
             + self.jitter.quantile_ms(q) / 1e3

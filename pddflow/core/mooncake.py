@@ -1,11 +1,5 @@
-"""Mooncake-format JSONL traces (FAST'25 release), read once for everyone: the simulator's trace
-replay and `bench serve`'s session builder. One request per line,
-
-    {"timestamp": ms, "input_length": tokens, "output_length": tokens, "hash_ids": [one per block]}
-
-Every problem is a TraceError whose message is `FILE:LINE: what is wrong`, never a traceback.
-Pure (json/math only), so both the runtime and the simulator import it.
-"""
+"""Mooncake-format JSONL traces (FAST'25), for the simulator and `bench serve`: one request per
+line, {"timestamp": ms, "input_length", "output_length", "hash_ids": [one per block]}."""
 
 from __future__ import annotations
 
@@ -19,7 +13,7 @@ BLOCK_TOKENS = 512  # tokens per hash id in the published traces
 
 
 class TraceError(ValueError):
-    """A trace file that cannot be used; the message names the file and line."""
+    pass
 
 
 @dataclass(frozen=True)
@@ -34,8 +28,7 @@ class TraceRecord:
 def read_records(
     path: str | Path, limit: int | None = None, block_tokens: int = BLOCK_TOKENS
 ) -> Iterator[TraceRecord]:
-    """The first `limit` (all when None) requests, in file order, each checked; arrival times must
-    not go backwards. Raises TraceError when the file has none."""
+    """The first `limit` requests, checked: a TraceError says `FILE:LINE: what is wrong`."""
     path = Path(path)
     try:
         fh = path.open("rb")

@@ -1,8 +1,4 @@
-"""Operator types: each declares its typed ports, its role and its parameters.
-
-The validator checks edges against these signatures; the runtime maps each type to a worker.
-Plugins add types through the `pddflow.operators` entry-point group (see docs/plugins.md).
-"""
+"""Operator types: typed ports, role and parameters (plugins add more: docs/plugins.md)."""
 
 from __future__ import annotations
 

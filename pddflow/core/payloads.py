@@ -1,8 +1,4 @@
-"""Payload types: what flows along graph edges.
-
-The names are what ports and channel kinds declare; the dataclasses are the in-memory form, each
-with one wire form in `pddflow.channels` (Arrow IPC for KVBlocks, protobuf for the rest).
-"""
+"""Payload types along graph edges and their in-memory form (wire forms: `pddflow.channels`)."""
 
 from __future__ import annotations
 
@@ -12,10 +8,10 @@ from typing import Any
 
 
 class Payload(enum.StrEnum):
-    REQUEST = "Request"  # prompt token IDs, sampling params, deadline
+    REQUEST = "Request"
     KV_BLOCKS = "KVBlocks"
     TOKEN_IDS = "TokenIds"  # generated token IDs (the Extend-Decode handoff)
-    TOKEN_STREAM = "TokenStream"  # tokens streamed to the client
+    TOKEN_STREAM = "TokenStream"
     CONTROL = "Control"  # cancel / release / ack
 
 
@@ -38,12 +34,8 @@ class Request:
 
 @dataclass
 class KVBlocks:
-    """KV of consecutive blocks [token_start, token_end) of one sequence; the last may be partial.
-
-    `data`: a contiguous torch or numpy array [num_blocks, num_layers, 2 (K, V), block_size,
-    num_kv_heads, head_dim]. Each `data[i]` is contiguous, so a channel ships, checksums and resumes
-    per block without copying.
-    """
+    """KV of blocks [token_start, token_end) of one sequence, the last maybe partial. `data`:
+    [num_blocks, num_layers, 2 (K, V), block_size, num_kv_heads, head_dim], contiguous per block."""
 
     seq_id: str
     block_hashes: list[int]

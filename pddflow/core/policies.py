@@ -1,8 +1,5 @@
-"""Scheduler policy names and parameters; the implementations live in `pddflow.scheduler`.
-
-Here, below the graph layer, so validating a graph's `scheduler:` section imports no scheduler.
-`impl` is "module:attribute" of the policy class, loaded only by the runtime and the simulator.
-"""
+"""Scheduler policy names and parameters, below the graph layer so validation imports no scheduler;
+`impl` ("module:attribute" in `pddflow.scheduler`) is loaded by the runtime and the simulator."""
 
 from __future__ import annotations
 

@@ -1,9 +1,4 @@
-"""One small registry type for every pluggable name (operator types, channel kinds, policies).
-
-Plugins extend a registry through a Python entry point in the registry's group; the entry point
-loads to a callable that receives the registry and registers its entries. Unknown names raise an
-error that lists the valid ones, with a "did you mean" when one is close.
-"""
+"""The registry of every pluggable name; plugins extend it by entry point (docs/plugins.md)."""
 
 from __future__ import annotations
 
@@ -16,8 +11,6 @@ T = TypeVar("T")
 
 
 class UnknownName(KeyError):
-    """A name that no registry entry (built-in or plugin) provides."""
-
     def __init__(self, kind: str, name: str, valid: list[str]):
         self.kind, self.name, self.valid = kind, name, valid
         hint = did_you_mean(name, valid)

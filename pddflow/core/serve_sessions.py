@@ -1,12 +1,4 @@
-"""The multi-turn agentic workload of `pddflow bench serve` (and `pddflow simulate
---serve-workload`, which replays it), derived from a Mooncake-format trace and scaled to the
-built-in model. Pure, so the runtime and the simulator both import it.
-
-A session starts from one trace request: its prompt is built block by block from `hash_ids` (one
-deterministic block of tokens per hash id, so shared hash prefixes are shared token prefixes), its
-output length from the trace. Each later turn sends the whole previous context plus a short user
-message, so turns hit the decode-side cache almost entirely; first turns are the low-hit tail.
-"""
+"""The multi-turn workload of `bench serve` and `simulate --serve-workload` (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -38,7 +30,6 @@ class WorkloadSpec:
 
 
 def read_trace(path: Path, limit: int) -> list[tuple[int, int, list[int]]]:
-    """(input_length, output_length, hash_ids) of the first `limit` requests."""
     return [(r.input_length, r.output_length, list(r.hash_ids)) for r in read_records(path, limit)]
 
 
@@ -53,9 +44,8 @@ def build(
     user_tokens: int = 24,
     output_scale: float = 0.25,
 ) -> WorkloadSpec:
-    """`sessions` sessions of `turns` turns; prompt lengths scaled by `scale`, output lengths by
-    `output_scale` up to `max_output`. Outputs shrink less than prompts so the relay's eager share
-    of output tokens stays what it is at scale, instead of the relay finishing every answer."""
+    """Outputs shrink less than prompts (`output_scale` vs `scale`) so the relay's eager share of
+    output tokens stays what it is at scale, instead of the relay finishing every answer."""
     recs = read_trace(trace, sessions * turns)
     block = max(1, round(TRACE_BLOCK_TOKENS * scale))
     rng = random.Random(seed)

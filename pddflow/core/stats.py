@@ -1,5 +1,4 @@
-"""Percentiles, one definition for every report (the simulator and `bench serve` are compared
-figure by figure, so they must not pick different samples for the same P90)."""
+"""Percentiles: one definition, so the simulator and `bench serve` agree on every P90."""
 
 from __future__ import annotations
 
@@ -7,8 +6,7 @@ import math
 
 
 def percentile(sorted_values: list[float], q: float) -> float:
-    """Linear-interpolated percentile (q in [0, 100]) of an ascending list, as numpy's default;
-    NaN when empty."""
+    """Percentile q in [0, 100] of an ascending list, interpolated as numpy does; NaN if empty."""
     if not sorted_values:
         return math.nan
     k = (len(sorted_values) - 1) * q / 100
