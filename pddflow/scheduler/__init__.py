@@ -1,11 +1,4 @@
-"""Scheduling policy: pure objects, features in, decision out; the runtime and the simulator both
-call it. No I/O, no threads, no torch.
-
-    policy = make_policy(plan)                 # plan.scheduler.policy through the registry
-    state = SchedulerState.for_plan(plan)      # mirrors, loads, link estimates
-    state.mirrors["main/0"].on_insert(hashes)  # fed by the cache's own insert/evict events
-    decision = policy.decide(RequestFeatures(...), state)
-"""
+"""Scheduling policy, pure (no I/O, threads or torch): features in, decision out."""
 
 from __future__ import annotations
 
@@ -37,7 +30,7 @@ __all__ = [
 
 
 def make_policy(plan: Plan, params: dict[str, Any] | None = None) -> Policy:
-    """The policy `plan.scheduler.policy` names, with the plan's parameters and `params` on top."""
+    """The plan's policy, with the plan's parameters and `params` on top."""
     spec = POLICIES.get(plan.scheduler.policy)
     module, _, attr = spec.impl.partition(":")
     try:

@@ -1,5 +1,4 @@
-"""What every policy shares: instance choice (cache-aware with a load guard), KV-transfer
-prediction, handoff-mode resolution and the Decision builder."""
+"""What every policy shares: instance choice, transfer prediction, handoff resolution, `build`."""
 
 from __future__ import annotations
 
@@ -14,12 +13,10 @@ from pddflow.scheduler.topology import PathInfo, Topology
 
 
 class Policy:
-    """Features in, decision out. Subclasses implement `decide`; the only state is two counters, so
-    a bounded share of singular requests can be enforced."""
+    """Subclasses implement `decide`; the only state: two counters bounding the singular share."""
 
     name = ""
-    # Cache affinity against load balance: a whole prompt cached on an instance is worth this much
-    # extra load there (1.0: a full batch or full KV memory).
+    # a whole prompt cached on an instance is worth this much extra load there (1.0: a full batch)
     hit_worth_load = 0.25
 
     def __init__(self, plan: Plan, params: dict[str, Any] | None = None):
@@ -40,8 +37,7 @@ class Policy:
     def pick_cached(
         self, operator: str, req: RequestFeatures, state: SchedulerState
     ) -> tuple[str, int]:
-        """(instance, hit blocks): the instance of `operator` that best trades the share of the
-        prompt it holds against its load; ties go to the lowest index."""
+        """(instance, hit blocks): best hit share against load; ties to the lowest index."""
         insts = self.plan.operators[operator].instances
         best, best_key, best_hit = insts[0], None, 0
         scale = 1.0 / max(req.prompt_tokens, 1)
@@ -54,8 +50,7 @@ class Policy:
         return best, best_hit
 
     def pick_entry(self, operator: str, req: RequestFeatures, state: SchedulerState) -> str:
-        """The prefill instance that would finish this prompt soonest (queued tokens plus the prompt
-        tokens its cache lacks); ties to the lowest index."""
+        """The prefill instance with the fewest queued + uncached tokens; ties to the lowest."""
         insts = self.plan.operators[operator].instances
         best, best_key = insts[0], None
         for idx, inst in enumerate(insts):
@@ -90,8 +85,7 @@ class Policy:
             return None
         mode = path.variant.handoff or "one_shot"
         if mode == "adaptive":
-            # A busy relay sheds work at once (one-shot); an idle one keeps generating while main
-            # decode catches up in small extends.
+            # a busy relay sheds work at once; an idle one keeps generating while main catches up
             return (
                 "one_shot"
                 if state.load(relay_instance) >= self.params.get("catch_up_load", 0.7)

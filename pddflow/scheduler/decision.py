@@ -11,14 +11,13 @@ class Decision:
     targets: tuple[
         tuple[str, str], ...
     ]  # (operator, instance id) for every operator of the path, in path order
-    # one_shot | catch_up (adaptive resolved), None without a relay handoff
+    # adaptive resolved to one_shot | catch_up; None without a relay handoff
     handoff: str | None = None
     singular: bool = False  # the relay finishes the request; its WAN leg is cancelled
     predicted_hit: float = 0.0  # share of prompt tokens the finishing decoder's cache holds
     predicted_hit_tokens: int = 0
     transfer_bytes: float = 0.0  # KV bytes predicted to cross to the finishing decoder
-    # that transfer at P90 under the current link estimate (0 inside a cluster)
-    predicted_transfer_s: float = 0.0
+    predicted_transfer_s: float = 0.0  # P90, current link estimate; 0 inside a cluster
     reason: str = ""
 
     def target(self, operator: str) -> str:

@@ -1,5 +1,4 @@
-"""What the scheduler sees: one request's features, each instance's load, each link's state.
-Plain frozen records built by the caller (the runtime or the simulator)."""
+"""What the scheduler sees: one request's features, each instance's load, each link's state."""
 
 from __future__ import annotations
 
@@ -17,13 +16,12 @@ class RequestFeatures:
     block_tokens: int = 16  # tokens one hash covers (512 for Mooncake traces)
 
     def cached_tokens(self, hit_blocks: int) -> int:
-        """Prompt tokens covered by the first `hit_blocks` blocks (the last may be partial)."""
         return min(hit_blocks * self.block_tokens, self.prompt_tokens)
 
 
 @dataclass(frozen=True)
 class InstanceLoad:
-    running: int = 0  # sequences in the running batch
+    running: int = 0
     queued: int = 0  # requests waiting for admission (KV not landed, no batch slot, no memory)
     max_batch: int = 64
     kv_used: float = 0.0  # share of the instance's KV budget in use by live sequences (0..1)
@@ -39,8 +37,6 @@ class InstanceLoad:
 
 @dataclass(frozen=True)
 class LinkEstimate:
-    """A link as the router sees it now: what a new transfer would get and when it would land."""
-
     name: str
     bytes_per_s: float  # bandwidth a new flow would get (the link's share left for it)
     rtt_s: float
@@ -57,8 +53,7 @@ class LinkEstimate:
 
     @staticmethod
     def from_model(link: LinkModel, active_flows: int = 0) -> LinkEstimate:
-        """What the link's model implies with `active_flows` transfers in flight (fair sharing: a
-        new flow gets 1/(n+1) of the bandwidth)."""
+        """The model's estimate with `active_flows` in flight (a new flow gets 1/(n+1))."""
         j = link.jitter
         return LinkEstimate(
             link.name,

@@ -1,5 +1,4 @@
-"""Every request takes the first variant (single-pipeline baselines); instances are still chosen
-cache-aware, as any PD router would."""
+"""Every request takes the first variant; instances are still chosen cache-aware."""
 
 from __future__ import annotations
 

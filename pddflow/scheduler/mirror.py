@@ -1,10 +1,4 @@
-"""The router's mirror of one instance's radix cache: which block hashes that cache holds.
-
-The mirror is fed the same insert and evict events the cache emits, never its own guesses, so the
-predicted hit is the hit the cache will give (as long as nothing is evicted between the decision and
-the transfer). A radix match walks from the root and stops at the first missing block; with chained
-hashes a set of hashes answers the same question, so the mirror is a set, not a second tree.
-"""
+"""The router's mirror of one radix cache: a set of hashes fed by the cache's own events."""
 
 from __future__ import annotations
 
@@ -50,7 +44,7 @@ class CacheMirror:
             self._digest ^= h
 
     def match(self, hashes: Iterable[int]) -> int:
-        """Leading blocks of `hashes` the cache holds (what a radix match would return)."""
+        """Leading blocks held: what a radix match would return."""
         n = 0
         blocks = self._blocks
         for h in hashes:
@@ -68,7 +62,6 @@ class CacheMirror:
         return self._digest
 
     def check(self, cache_blocks: Iterable[int]) -> None:
-        """Raise MirrorDrift unless the mirror holds exactly the cache's own listing."""
         actual = set(cache_blocks)
         if actual != self._blocks:
             extra, missing = self._blocks - actual, actual - self._blocks

@@ -1,15 +1,4 @@
-"""The default policy: predict each request's hit in every main-decode pool and its WAN transfer
-time under the live link state, then pick the pool, the pipeline and the handoff mode.
-
-1. Pool: for each finishing decoder, the instance holding the longest prefix (load-guarded); the
-   pool whose direct KV transfer would land soonest at P90 wins (three-DC plans: the better hit or
-   the faster link).
-2. Singular traffic: a long prompt with a very short expected output whose transfer is slow is
-   finished on the relay (its WAN leg cancelled), up to `singular_max_share` of requests.
-3. Pipeline: direct (P-MD) when the transfer is predicted under `relay_if_transfer_over_s`, else
-   through the relay (P-RLD-MD) unless every relay is saturated.
-4. Handoff: the variant's mode, `adaptive` resolved by the relay's load (`catch_up_load`).
-"""
+"""The default policy: predicted hit and WAN transfer time pick pool, pipeline and handoff mode."""
 
 from __future__ import annotations
 

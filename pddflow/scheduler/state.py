@@ -1,6 +1,4 @@
-"""Everything a policy reads besides the request: cache mirrors, instance loads, link estimates.
-The caller feeds cache events to `mirrors[instance]` and replaces loads and link estimates
-whenever it has fresher numbers."""
+"""Everything a policy reads besides the request: cache mirrors, instance loads, link estimates."""
 
 from __future__ import annotations
 
@@ -14,13 +12,12 @@ from pddflow.scheduler.topology import Topology
 
 @dataclass
 class SchedulerState:
-    mirrors: dict[str, CacheMirror] = field(default_factory=dict)  # by instance id
-    loads: dict[str, InstanceLoad] = field(default_factory=dict)  # by instance id
+    mirrors: dict[str, CacheMirror] = field(default_factory=dict)
+    loads: dict[str, InstanceLoad] = field(default_factory=dict)
     links: dict[str, LinkEstimate] = field(default_factory=dict)  # by link name
 
     @classmethod
     def for_plan(cls, plan: Plan) -> SchedulerState:
-        """Empty mirrors for every cached instance, idle loads, links as their model says."""
         topo = Topology(plan)
         mirrors = {
             i.id: CacheMirror(i.id) for i in plan.instances if i.operator in topo.cached_operators

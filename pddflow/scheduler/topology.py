@@ -1,6 +1,4 @@
-"""A Plan read the way scheduling needs it: each variant as entry -> (relay) -> finishing decoder,
-with the channel each hop uses. The policies and the simulator share it, so both read paths alike.
-"""
+"""A Plan as the policies and the simulator read it: each variant entry -> (relay) -> finisher."""
 
 from __future__ import annotations
 
@@ -41,13 +39,10 @@ class PathInfo:
 
     @property
     def wan_link(self) -> str | None:
-        """The link the finisher's KV crosses, if any."""
         return self.kv_to_finisher.link if self.kv_to_finisher is not None else None
 
 
 class Topology:
-    """Paths of every variant of a plan, and which operators keep a prefix cache."""
-
     def __init__(self, plan: Plan):
         self.plan = plan
         self.paths: dict[str, PathInfo] = {n: self._path(v) for n, v in plan.variants.items()}
@@ -79,7 +74,6 @@ class Topology:
 
     @cached_property
     def cached_operators(self) -> tuple[str, ...]:
-        """Operators whose instances keep a prefix cache (the scheduler mirrors each instance)."""
         return tuple(name for name, op in self.plan.operators.items() if op.caches_prefixes)
 
     @cached_property
@@ -100,8 +94,7 @@ class Topology:
         return any(p.has_handoff for p in self.paths.values())
 
     def rdma_bytes_per_s(self, src: str, dst: str) -> float:
-        """Intra-cluster KV bandwidth between two operators' instances: every device of the smaller
-        instance drives its own NIC at the cluster fabric's rate."""
+        """Intra-cluster KV bandwidth: each device of the smaller instance drives its own NIC."""
         a, b = self.plan.operators[src], self.plan.operators[dst]
         gbps = self.plan.clusters[a.cluster].rdma_gbps or 100.0
         return min(a.devices_per_replica, b.devices_per_replica) * gbps * 1e9 / 8

@@ -1,6 +1,5 @@
-"""The peers' rule (Dynamo, llm-d, SGLang routers; PrfaaS's offload test): count the prompt tokens
-the target's cache lacks and take the second variant when they exceed a fixed threshold, the first
-otherwise. No prediction of the link, no singular traffic."""
+"""The peers' rule (Dynamo, llm-d, SGLang routers; PrfaaS): the second variant when the uncached
+prompt tokens exceed a fixed threshold, else the first."""
 
 from __future__ import annotations
 
