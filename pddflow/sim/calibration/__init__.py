@@ -1,13 +1,4 @@
-"""Calibration of the simulator to this machine and its embedded deployment (docs/simulator.md).
-
-- `bench_files.py`, `engine_fit.py`: `pddflow bench engine` files fitted as a device class;
-- `serve_report.py`, `deployment.py`: what a `pddflow bench serve` report measured of each graph's
-  deployment, against that fit;
-- `host.py`: the host-CPU model (workers pinned to shared cores);
-- `terms.py`: `Calibration`, the one frozen object a simulation applies;
-- `measurements.py`: the `--calibrate` files and each graph's `Calibration` from them;
-- `settle.py`: the terms that depend on the replay, settled by replaying.
-"""
+"""Calibration of the simulator to this machine and its deployment (docs/simulator.md)."""
 
 from pddflow.sim.calibration.bench_files import CalibrationError, is_serve_report
 from pddflow.sim.calibration.engine_fit import EngineFit, calibrated_plan

@@ -1,10 +1,4 @@
-"""Reading `pddflow bench engine --json` files into `BenchFacts`, and merging several of them.
-
-Key names are matched loosely so the benchmark's layout can evolve: a number whose key path
-mentions `prefill` and tokens per second (`tokens_per_s`, `tok_s`, `tps`, `throughput`), and the
-same for `decode`. Optional context: prompt length (`prompt`/`input` tokens) for prefill, `batch`
-and `context` for decode, `arch` naming a model-architecture preset, `devices`.
-"""
+"""Reading `pddflow bench engine --json` files into `BenchFacts`, and merging several of them."""
 
 from __future__ import annotations
 
@@ -17,7 +11,7 @@ from typing import Any
 
 
 class CalibrationError(ValueError):
-    """A benchmark file that cannot be fitted; the message names the file and what is missing."""
+    """The message names the file and what is missing."""
 
 
 @dataclass(frozen=True)
@@ -33,22 +27,17 @@ class BenchFacts:
     # (prompt tokens, tokens/s) for every measured size
     prefill_points: tuple[tuple[int, float], ...] = ()
     decode_points: tuple[tuple[int, float], ...] = ()  # (batch, tokens/s)
-    threads: int = 1  # CPU threads the benchmark ran with
+    threads: int = 1
     extend: tuple[int, int, float] | None = None  # (tokens, context, seconds) of one extend step
-    # (batch, context, seconds) of one long-context decode step
-    decode_long: tuple[int, int, float] | None = None
-    # (tokens, context, seconds): new tokens over a long cached context
-    extend_long: tuple[int, int, float] | None = None
+    decode_long: tuple[int, int, float] | None = None  # (batch, context, seconds)
+    extend_long: tuple[int, int, float] | None = None  # (tokens, context, seconds)
     # (prefill, decode) slowdown while another core decodes
     corun: tuple[float, float] | None = None
-    # (new tokens, cached tokens, seconds) of prompts over a cached prefix
-    prefill_grid: tuple[tuple[int, int, float], ...] = ()
+    prefill_grid: tuple[tuple[int, int, float], ...] = ()  # (new, cached tokens, seconds)
 
 
 def numbers(d: Any, keys: tuple[str, ...], positive: bool = False) -> tuple | None:
-    """`d`'s `keys` as a tuple: sizes (`tokens`, `context`, `batch`, `cached`) as ints, times in
-    `_ms` as seconds, the rest as floats; None unless every one is a number (and > 0 if
-    `positive`)."""
+    """`d`'s `keys` as a tuple (sizes as ints, `_ms` as seconds); None unless all are numbers."""
     if not isinstance(d, dict) or not all(
         isinstance(d.get(k), (int, float)) and (d[k] > 0 or not positive) for k in keys
     ):
@@ -88,7 +77,6 @@ def _find(flat: list, phase: str, words: tuple[str, ...]) -> float | None:
 
 
 def _keyed_rates(section: dict) -> list[tuple[int, float]]:
-    """A `bench engine` section's (size, engine tokens/s) entries, by size."""
     return sorted(
         (int(k), float(v["engine_tok_s"]))
         for k, v in section.items()
@@ -97,10 +85,7 @@ def _keyed_rates(section: dict) -> list[tuple[int, float]]:
 
 
 def _engine_bench_layout(data: Any, path: Path) -> BenchFacts | None:
-    """The layout `pddflow bench engine --json` writes: prefill entries keyed by prompt length and
-    decode entries keyed by batch, each with `engine_tok_s`; decode has its `context`. The longest
-    prompt (most compute-bound) and the smallest batch (memory-bound) are fitted; the others are
-    reported as checks."""
+    """Prefill entries keyed by prompt length, decode entries by batch, each with `engine_tok_s`."""
     if not isinstance(data, dict):
         return None
     pre, dec = data.get("prefill"), data.get("decode")
@@ -181,7 +166,6 @@ def load_bench(path: str | Path) -> BenchFacts:
 
 
 def is_serve_report(path: str | Path) -> bool:
-    """Whether `path` holds `pddflow bench serve --json` output (else: an engine benchmark)."""
     try:
         data = json.loads(Path(path).read_text())
     except (OSError, json.JSONDecodeError, UnicodeDecodeError):
@@ -190,9 +174,7 @@ def is_serve_report(path: str | Path) -> bool:
 
 
 def merge(facts: list[BenchFacts]) -> BenchFacts:
-    """Several calibrations of one machine as one: the median of every measured point. On a shared
-    machine one quick calibration can be 1.5x off the next; several spread over a run (before and
-    after it, say) steady the fit. Points measured by only some of them take those."""
+    """The median of every point (on a shared machine one run can be 1.5x off the next)."""
     if len(facts) == 1:
         return facts[0]
     med = statistics.median
@@ -204,7 +186,6 @@ def merge(facts: list[BenchFacts]) -> BenchFacts:
         )
 
     def tuples(attr: str, keyed: int) -> tuple | None:
-        """The median of a (sizes..., values...) point over those at the first one's sizes."""
         got = [g for f in facts if (g := getattr(f, attr)) is not None]
         if not got:
             return None

@@ -1,5 +1,4 @@
-"""The deployment calibration: what a `pddflow bench serve` report measured of a graph's embedded
-deployment, against the engine fit (docs/simulator.md, Deployment calibration)."""
+"""The deployment calibration: a `bench serve` report's figures against the engine fit."""
 
 from __future__ import annotations
 
@@ -50,11 +49,8 @@ class DeploymentFit:
 
 
 def fit_deployment(engine: EngineFit, serve: ServeFacts) -> DeploymentFit:
-    """The deployment's prefill CPU against the engine fit for the same prompt and cached tokens:
-    its median (the host factor: the same prefill shares caches and memory with the other workers,
-    the frontend and the channels' threads, which the benchmark alone does not) and the spread
-    around it. Decode steps: the decoders' measured step CPU over what the
-    fit predicts for the same steps (memory-bound on these engines)."""
+    """The deployment's prefill and decode-step CPU over the engine fit's for the same work: the
+    host factors (median) and the prefill spread around it."""
     m = engine.model()
     shapes = [(p - c, cpu / m.prefill_s(p - c, c)) for p, c, cpu in serve.prefills if p > c]
     enough = len(shapes) >= MIN_PREFILLS

@@ -1,11 +1,4 @@
-"""The engine fit: `pddflow bench engine` measurements as a device class and step costs.
-
-The fit finds the *achieved* FLOP/s that reproduces the prefill figures and the *achieved* memory
-bandwidth that reproduces the decode figures under the roofline of `sim/device.py`, and writes
-them as a DeviceClass used with unit efficiencies (no MFU/MBU discount: they are already
-achieved). `calibrated_plan` then runs a graph's `local` profile on it, as the embedded
-deployment runs it, so the replay can be set beside `pddflow bench serve`.
-"""
+"""The engine fit: `bench engine` figures as a device class of achieved rates, and step costs."""
 
 from __future__ import annotations
 
@@ -31,7 +24,7 @@ class EngineFit:
         return DeviceModel(self.device, self.facts.devices, self.arch, self.efficiency)
 
     def to_dict(self) -> dict:
-        """The fit, and every measured point against it: how well a few numbers explain them."""
+        """The fit, and every measured point against it."""
         d, f, eff, m = self.device, self.facts, self.efficiency, self.model()
         return {
             "source": f.source,
@@ -90,7 +83,6 @@ class EngineFit:
 
 
 def _check(sizes: dict, measured_s: float, model_s: float, unit: str = "ms") -> dict:
-    """One measured point beside the model, in milliseconds."""
     return sizes | {
         f"measured_{unit}": round(measured_s * 1e3, 2),
         f"model_{unit}": round(model_s * 1e3, 2),
@@ -100,17 +92,13 @@ def _check(sizes: dict, measured_s: float, model_s: float, unit: str = "ms") -> 
 def fit(
     facts: BenchFacts, arch: ModelArch | None = None, base: DeviceClass | None = None
 ) -> EngineFit:
-    """The device class (per device) and step costs whose roofline reproduces the measurements:
-    decode (`_fit_decode`), prefill (`_fit_prefill_grid`, else `_fit_prefill`), the extend's
-    fixed cost and the attention factor."""
+    """The device class (per device) and step costs whose roofline reproduces the measurements."""
     if arch is None:
         arch = ARCHS.get(facts.arch if facts.arch in ARCHS else "tiny-llama")
     n = facts.devices
     bytes_s, seq_s, kv_factor = _fit_decode(facts, arch)
     b = base or DeviceClass("calibrated", 0, 1024, 0, 100, 0.0)
-    # Without a grid, prefill FLOP/s, its fixed cost, the extend's fixed cost and the attention
-    # factor depend on each other (a prompt's own attention is part of its FLOPs; the long extend
-    # is mostly attention): a few rounds of fitting each with the others fixed settle them.
+    # without a grid the prefill terms depend on each other: iterate to a fixed point
     attn_factor, result = 1.0, None
     grid = _fit_prefill_grid(facts, arch)
     for _ in range(8):
@@ -129,8 +117,7 @@ def fit(
             attn_factor=attn_factor,
         )
         if facts.extend is not None and job_s > 0:
-            # what the roofline leaves of the measured extend is the extend call's own fixed cost,
-            # often well under a prompt prefill's
+            # what the roofline leaves of the measured extend is the extend call's fixed cost
             n_, ctx_, t_ = facts.extend
             roofline = DeviceModel(dev, n, arch, eff).chunk_s(n_, ctx_)
             eff = replace(eff, extend_overhead_s=max(0.0, t_ - roofline))
@@ -147,10 +134,7 @@ def fit(
 
 
 def _fit_decode(facts: BenchFacts, arch: ModelArch) -> tuple[float, float, float]:
-    """Achieved bandwidth, cost per decoding sequence and KV read factor from the decode points.
-
-    With two batch sizes the step splits into weights-and-KV traffic (bandwidth) and a per-sequence
-    cost; with one, it is all memory traffic. A long-context point then prices the KV read."""
+    """Bandwidth, per-sequence cost (needs two batch sizes) and KV read factor (a long point)."""
     B, C = facts.decode_batch, facts.decode_context
     kv_bytes = arch.kv_bytes_per_token
     step = B / facts.decode_tokens_per_s
@@ -170,8 +154,7 @@ def _fit_decode(facts: BenchFacts, arch: ModelArch) -> tuple[float, float, float
                 bytes_s, seq_s = 1 / x, s_
     kv_factor = 1.0
     if facts.decode_long is not None:
-        # CPU paged attention reads (gathers, pads) the KV well under the weights' rate: what the
-        # weights and per-sequence costs leave of a long-context step prices it
+        # CPU paged attention gathers and pads the KV: the rest of a long step prices the read
         Bl, Cl, tl = facts.decode_long
         kv_s = tl - arch.weight_bytes / bytes_s - Bl * seq_s
         if kv_s > 0:
@@ -180,13 +163,9 @@ def _fit_decode(facts: BenchFacts, arch: ModelArch) -> tuple[float, float, float
 
 
 def _fit_prefill_grid(facts: BenchFacts, arch: ModelArch) -> tuple[float, float, float] | None:
-    """FLOP/s, fixed cost per prefill call and attention factor from a grid of prompts over cached
-    prefixes (`bench engine`'s `prefill_grid`), by least squares in relative error over every
-    prefill point: t = fixed cost + new x FLOPs per token / FLOP/s + pairs x attention FLOPs x
-    factor / FLOP/s. Fitting two cold lengths and one long extend exactly extrapolates badly to
-    the prompts in between. None without enough points or when the fit is unphysical (the caller
-    falls back to the exact fits)."""
-    import numpy as np  # (not at import: `pddflow simulate` without --calibrate stays light)
+    """Least squares in relative error over the grid and cold points: t = fixed + (new x FLOPs/token
+    + pairs x attention FLOPs x factor) / FLOP/s. None when unphysical (callers fit exactly)."""
+    import numpy as np  # here: `pddflow simulate` without --calibrate stays light
 
     pts = [(n, 0, n / r) for n, r in facts.prefill_points] + list(facts.prefill_grid)
     if not facts.prefill_grid or len(pts) < 4:
@@ -203,10 +182,8 @@ def _fit_prefill_grid(facts: BenchFacts, arch: ModelArch) -> tuple[float, float,
 
 
 def _fit_prefill(facts: BenchFacts, arch: ModelArch, per_pair: float) -> tuple[float, float]:
-    """Achieved FLOP/s and fixed cost per prefill call from the cold prefill points (attention at
-    `per_pair` FLOPs-equivalent per pair): through the two longest when both come out positive
-    (a noisy short point, e.g. one that paid a warm-up, gives a negative fixed cost), else the
-    longest prompt alone, all compute."""
+    """FLOP/s and fixed cost through the two longest cold prompts; a negative fixed cost (a noisy
+    short point) falls back to the longest alone, all compute."""
 
     def flops(tokens: int) -> float:
         return tokens * arch.flops_per_token + tokens * tokens / 2 * per_pair
@@ -231,10 +208,8 @@ def calibrated_plan(
     local: bool = True,
     kv_cache_bytes: int = LOCAL_KV_CACHE_MIB << 20,
 ) -> Plan:
-    """`plan` as the embedded deployment runs it: the local profile's replicas, the benchmark's
-    model architecture, every device class replaced by the fitted one (price kept). Local: each
-    worker runs on what the benchmark measured, with the deployment's KV memory per worker (its
-    decoders make KV wait for room: at bench serve's load that gate sets the batches)."""
+    """`plan` as the embedded deployment runs it: local replicas, the benchmark's architecture, the
+    fitted device (price kept), the deployment's KV memory per worker."""
     p = plan.scaled_to_local() if local else plan
     devices = {
         k: replace(v, tflops=engine.device.tflops, hbm_tbps=engine.device.hbm_tbps)

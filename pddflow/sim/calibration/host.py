@@ -1,12 +1,4 @@
-"""The host-CPU model of the embedded deployment: every instance is a process on this host's cores,
-pinned as the runtime pins it (`core/cpu_layout.py`), and a step takes longer while it shares them.
-
-Workers pinned to the same cores are one `CpuShare`: busy workers get the cores in proportion to
-their CFS weight (1.25x less per nice level; the runtime runs a decoder that shares cores with
-prefill at nice +5), at most their threads' worth. The factor is taken when an engine plans its
-steps; every idle/busy transition cuts the other busy engines' multi-step plans at their next
-boundary, so they re-plan at the new share. `HostSpec` holds what else a calibration adds.
-"""
+"""The host-CPU model: workers pinned as the runtime pins them, slower while sharing cores."""
 
 from __future__ import annotations
 
@@ -24,19 +16,16 @@ CFS_NICE_STEP = 1.25  # Linux CFS: one nice level is about 1.25x less CPU weight
 class HostSpec:
     cores: float
     pinning: str = "auto"  # as `pddflow deploy --cpu-pinning`
-    # (prefill/extend, decode) step slowdown while a worker on other cores is busy (shared cache
-    # and memory bus; `bench engine`'s co-run point); 1 = core groups never slow each other
+    # (prefill/extend, decode) slowdown while other cores are busy (shared cache and memory bus)
     corun: tuple[float, float] = (1.0, 1.0)
-    # per instance, what its decode-only (prefill) steps take beyond the CPU share: the
-    # deployment's measured wall over CPU that the share does not explain
+    # per instance: the measured wall over CPU that the CPU share does not explain
     decode_wall: Mapping[str, float] = field(default_factory=dict)
     prefill_wall: Mapping[str, float] = field(default_factory=dict)
 
 
 class CpuShare:
-    """The workers pinned to one group of cores. A busy worker's step takes (its threads / the
-    cores it gets) x the calibrated step: the engine benchmark ran at the workers' thread count,
-    on cores of its own."""
+    """Workers pinned to one core group: a busy worker's step is (its threads / the cores it gets)
+    x the calibrated step, measured at the workers' thread count on cores of its own."""
 
     def __init__(self, cores: float, threads: int, host: HostCpus):
         self.cores, self.threads = max(cores, 1e-9), max(1, threads)
@@ -84,8 +73,6 @@ class CpuShare:
 
 
 class HostCpus:
-    """The host's core groups, laid out as the runtime lays them out."""
-
     def __init__(self, plan: Plan, spec: HostSpec):
         cores = spec.cores
         lay = plan_layout(plan, list(range(max(1, int(cores)))), spec.pinning)

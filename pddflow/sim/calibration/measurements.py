@@ -17,17 +17,15 @@ from pddflow.sim.calibration.terms import Calibration
 @dataclass(frozen=True)
 class Measurements:
     engine: EngineFit  # the median of every engine benchmark, fitted
-    serve: Mapping[str, ServeFacts]  # per graph, what bench serve reports measured (may be empty)
+    serve: Mapping[str, ServeFacts]  # per graph; may be empty
 
     @staticmethod
     def load(engine_files: list[Path], serve_files: list[Path] = ()) -> Measurements:
-        """Raises CalibrationError naming the file and what is missing."""
         engine = fit(merge([load_bench(f) for f in engine_files]))
         return Measurements(engine, load_serve(list(serve_files)) if serve_files else {})
 
     def deployment(self, graph: str | Path) -> DeploymentFit | None:
-        """`graph`'s deployment calibration: its own facts when a report served it, else every
-        served graph's pooled; None without a bench serve report."""
+        """`graph`'s own facts, else every served graph's pooled; None without a serve report."""
         if not self.serve:
             return None
         facts = self.serve.get(graph_key(graph))
@@ -36,11 +34,9 @@ class Measurements:
         return fit_deployment(self.engine, facts)
 
     def calibration(self, graph: str | Path, host: HostSpec | None = None) -> Calibration:
-        """What a simulation of `graph` applies; `host`: the host model's cores and pinning."""
         dep = self.deployment(graph)
         if dep is None:
-            # the co-run point is the benchmark's guess at what the other workers cost a step;
-            # a deployment's own measurements supersede it
+            # a deployment's own measurements supersede the co-run guess
             if host is not None and self.engine.facts.corun is not None:
                 host = replace(host, corun=self.engine.facts.corun)
             return Calibration(efficiency=self.engine.efficiency, host=host)

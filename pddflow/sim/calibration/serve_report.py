@@ -1,5 +1,4 @@
-"""Reading what a `pddflow bench serve --json --per-request` report measured of each graph's
-embedded deployment (`ServeFacts`): only the figures the deployment calibration uses."""
+"""The `bench serve --json --per-request` figures the deployment calibration uses: `ServeFacts`."""
 
 from __future__ import annotations
 
@@ -11,20 +10,17 @@ from pddflow.sim.calibration.bench_files import CalibrationError, numbers
 
 
 def graph_key(source: str | Path) -> str:
-    """How a bench serve report and a simulated plan name the same graph: its file's stem."""
+    """A report and a simulated plan name the same graph by its file's stem."""
     return Path(str(source)).stem
 
 
 @dataclass(frozen=True)
 class ServeFacts:
-    """One graph's deployment, as its bench serve reports measured it."""
-
     source: str
     prefills: tuple[tuple[int, int, float], ...] = ()  # (prompt tokens, cached tokens, CPU s)
     # each decoding worker's decode steps: (steps, CPU seconds, sequences, context tokens)
     decode: tuple[tuple[int, float, int, int], ...] = ()
-    # seconds per byte each prefill worker spent exporting a prefill's KV copies before its loop
-    # could start the next prefill
+    # seconds per byte a prefill worker spent exporting a prefill's KV before its next prefill
     shipping: tuple[float, ...] = ()
     # (instance, wall seconds, CPU seconds): each decoder's decode iterations, and each prefill
     decode_wall: tuple[tuple[str, float, float], ...] = ()
@@ -32,7 +28,6 @@ class ServeFacts:
 
     @staticmethod
     def pooled(facts: list[ServeFacts]) -> ServeFacts:
-        """Every graph's facts as one (for a graph the reports did not serve)."""
         merged = {"source": " + ".join(f.source for f in facts)}
         for name in (fld.name for fld in fields(ServeFacts) if fld.name != "source"):
             rows = [x for f in facts for x in getattr(f, name)]
@@ -40,11 +35,9 @@ class ServeFacts:
         return ServeFacts(**merged)
 
     def decode_wall_ratios(self) -> dict[str, float]:
-        """Each decoding instance's decode wall time over its CPU time."""
         return _wall_over_cpu(self.decode_wall)
 
     def prefill_wall_ratios(self) -> dict[str, float]:
-        """Each prefilling instance's prefill wall time over its CPU time."""
         return _wall_over_cpu(self.prefill_wall)
 
 
@@ -59,8 +52,6 @@ def _wall_over_cpu(rows: tuple[tuple[str, float, float], ...]) -> dict[str, floa
 
 @dataclass
 class _Graph:
-    """One graph's figures while the reports are read."""
-
     sources: list[str] = field(default_factory=list)
     prefills: list[tuple[int, int, float]] = field(default_factory=list)
     decode: list[tuple[int, float, int, int]] = field(default_factory=list)
@@ -80,8 +71,6 @@ class _Graph:
 
 
 def load_serve(paths: list[Path]) -> dict[str, ServeFacts]:
-    """The deployment facts in one or more `pddflow bench serve --json --per-request` files, per
-    graph (`graph_key`)."""
     graphs: dict[str, _Graph] = {}
     for path in paths:
         data = json.loads(Path(path).read_text())

@@ -1,6 +1,4 @@
-"""The wall factors, settled by replaying: a factor is the part of an instance's measured wall over
-CPU that the host model does not explain in this replay, which depends on the factors. Each replay
-of a serve workload takes well under a second; a few settle them."""
+"""Wall factors, settled by replaying: what the host model leaves unexplained depends on them."""
 
 from __future__ import annotations
 
@@ -26,10 +24,8 @@ class Settled:
 
 
 def settle(cal: Calibration, replay: Callable[[Calibration], Simulation]) -> Settled:
-    """Replay (`replay(cal)` runs one simulation) until every wall factor moves less than
-    TOLERANCE, or ROUNDS times."""
     host = cal.host
-    targets = {  # (a wall factor needs the host model)
+    targets = {  # a wall factor needs the host model
         StepKind.DECODE: cal.decode_wall_over_cpu if host is not None else {},
         StepKind.PREFILL: cal.prefill_wall_over_cpu if host is not None else {},
     }
@@ -60,10 +56,8 @@ def settle(cal: Calibration, replay: Callable[[Calibration], Simulation]) -> Set
 def wall_factors(
     sim: Simulation, kind: StepKind, measured: Mapping[str, float], current: Mapping[str, float]
 ) -> dict[str, float]:
-    """Per instance, the factor on its `kind` steps that brings this replay's wall over model time
-    of those steps to the deployment's measured wall over CPU: the host model explains part of it
-    (cores shared with other workers), the factor the rest (the worker's other threads, the
-    frontend and client on its cores, the loop's own work between steps)."""
+    """Per instance, the factor that brings this replay's wall over model time of `kind` steps to
+    the measured wall over CPU (the worker's other threads, the frontend, the loop's own work)."""
     lo, hi = WALL_FACTOR_BOUNDS
     out = dict(current)
     for inst, ratio in measured.items():

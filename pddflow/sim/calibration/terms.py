@@ -1,9 +1,4 @@
-"""`Calibration`: everything a calibration changes in a simulation, as one frozen object. Every term
-is neutral by default, so `Calibration()` is the uncalibrated device model.
-
-The simulator only applies these terms (`device_model`, `Draws`, `HostCpus`); how they were
-measured is `engine_fit.py`, `deployment.py` and `settle.py`.
-"""
+"""`Calibration`: all a calibration changes in a simulation; `Calibration()` changes nothing."""
 
 from __future__ import annotations
 
@@ -19,20 +14,19 @@ from pddflow.sim.device import DeviceModel, Efficiency
 
 @dataclass(frozen=True)
 class Calibration:
-    # the engine fit's step costs (the plan's device classes carry its FLOP/s and bandwidth)
+    # the fit's step costs (its FLOP/s and bandwidth are in the plan's device classes)
     efficiency: Efficiency = Efficiency()
     # the deployment's prefill (decode-step) CPU over the engine fit's: divides the FLOP/s
     # (bandwidth) and multiplies the fixed costs
     prefill_host_factor: float = 1.0
     decode_host_factor: float = 1.0
-    # each prefill's cost factor is drawn from these (the measured prefills over the scaled
-    # model, median 1)
+    # each prefill's cost factor is drawn from these (measured over model, median 1)
     prefill_spread: tuple[float, ...] = ()
     # seconds per KV byte a prefill worker stays busy after each prefill, drawn per prefill
     prefill_shipping: tuple[float, ...] = ()
     # the host's cores (None: every instance on a device of its own)
     host: HostSpec | None = None
-    # what `settle.py` replays towards: each instance's measured decode (prefill) wall over CPU
+    # what `settle.py` replays towards, per instance
     decode_wall_over_cpu: Mapping[str, float] = field(default_factory=dict)
     prefill_wall_over_cpu: Mapping[str, float] = field(default_factory=dict)
 
