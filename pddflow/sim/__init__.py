@@ -1,11 +1,5 @@
-"""The cluster-scale discrete-event simulator (`pddflow simulate`); see docs/simulator.md.
-
-    wl = load_trace(path) or generate(AgenticConfig(...))
-    sim = Simulation(plan, wl, seed=0); sim.run()
-    report = summarize(sim)
-
-Pure Python: numpy and matplotlib are imported only by `plots.py`.
-"""
+"""The discrete-event simulator of `pddflow simulate` (docs/simulator.md). Pure Python: numpy and
+matplotlib are imported only by `plots.py`."""
 
 from pddflow.sim.agentic import AgenticConfig, generate
 from pddflow.sim.metrics import summarize

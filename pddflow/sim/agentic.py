@@ -1,25 +1,5 @@
-"""A synthetic multi-turn agentic workload with a controllable prefix-hit distribution.
-
-Sessions start as a Poisson process; each runs a geometric number of turns (tool-call rounds) with
-think times between them. Sessions are closed-loop by default: a turn's prompt holds the previous
-answer, so it arrives a think time after the previous turn *finishes* in the simulation (the
-generator's own arrival times only order and select the requests). The replay starts in steady
-state: `rps x think_s` sessions are already under way, their contexts so far cached
-(`Workload.warm_prefixes`), so there is no cold-start burst.
-
-Every prompt starts with a system prompt shared by all sessions. A turn is either *warm* (the
-previous prompt plus the previous answer and a tool result: it shares all of the previous prompt's
-full blocks, so its hit is high) or *cold* (the context was compacted or a new task began: only the
-system prompt is shared). `hit_rate` sets the mean per-request hit the generator aims for with an
-unbounded cache:
-
-- warm turns aim at `warm_hit` (about 0.97 by default: PDD's 70-80% of requests above 95%);
-- the share of cold turns is solved so the mixture's mean is `hit_rate`; above `warm_hit`, warm
-  turns aim higher, sessions get longer and no turn is cold beyond each session's first;
-- the aim is corrected over a few regenerations until the realised mean is within 0.01.
-
-Hashes are prefix-chained integers (fresh ids for new blocks), like the Mooncake trace's hash_ids.
-"""
+"""A synthetic multi-turn agentic workload with a controllable prefix-hit distribution
+(docs/simulator.md, Workloads)."""
 
 from __future__ import annotations
 
@@ -51,8 +31,7 @@ class AgenticConfig:
 
 
 def generate(cfg: AgenticConfig) -> Workload:
-    """The workload; the internal aim is corrected a few times (measured with an unbounded cache)
-    so the realised mean hit lands near `cfg.hit_rate` despite compactions and block rounding."""
+    """The aim is corrected until the mean hit (unbounded cache) is near `cfg.hit_rate`."""
     aim = cfg.hit_rate
     best = None
     for _ in range(4):
@@ -93,9 +72,7 @@ def _generate(cfg: AgenticConfig, aim: float) -> Workload:
     p_end = 1.0 / turns
     # (nominal arrival, prompt tokens, output, hashes, the previous turn's event index or -1, gap)
     events: list[tuple[float, int, int, list[int], int, float]] = []
-    # Start in steady state: rps x think_s sessions already under way, so the request rate is `rps`
-    # from the first second even when sessions are long.
-    # Their contexts so far are cached when the replay starts (Workload.warm_prefixes).
+    # steady state: rps x think_s sessions under way (contexts cached: Workload.warm_prefixes)
     starts = [rng.uniform(0, cfg.think_s) for _ in range(int(cfg.rps * cfg.think_s))]
     warm: list[tuple[int, ...]] = []
     horizon = 1.5 * cfg.requests / cfg.rps + cfg.think_s
@@ -112,7 +89,7 @@ def _generate(cfg: AgenticConfig, aim: float) -> Workload:
         ctx_tokens, ctx_hashes = 0, []
         first = True
         prev, gap = -1, 0.0
-        if prestarted:  # a session under way: its history is already cached
+        if prestarted:
             ctx_tokens, ctx_hashes = cold_context()
             warm.append(tuple(ctx_hashes[: ctx_tokens // bt]))
             first = False
@@ -173,9 +150,8 @@ WARM_HIT_MAX = 0.99
 
 
 def _mixture(cfg: AgenticConfig, aim: float) -> tuple[float, float, float]:
-    """(warm-turn hit, share of non-first cold turns, turns per session) whose mixture averages
-    `aim`. A session's first turn is cold (only the system prompt is shared); when even all-warm
-    later turns cannot reach the aim, sessions get longer."""
+    """(warm-turn hit, share of non-first cold turns, turns per session) averaging `aim`; first
+    turns are cold, so when all-warm later turns cannot reach the aim, sessions get longer."""
     m = min(max(aim, 0.0), 0.999)
     h_cold = min(
         0.5,

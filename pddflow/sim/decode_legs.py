@@ -1,10 +1,5 @@
-"""A prompt's KV on its way to the decoders (steps 3 and 5 of a request's life, simulator.py): the
-relay's copy over RDMA and the finisher's over the WAN (or RDMA), their landing and release.
-
-As in the runtime (runtime/worker.py), the finisher pins its cached prefix when the request
-arrives, and a decoder reserves memory for the rest of the prompt and the whole output only when
-the KV lands, at a step boundary, first come first served; until then the KV waits.
-"""
+"""A prompt's KV on its way to the decoders: the relay's copy over RDMA and the finisher's over the
+WAN (or RDMA), their landing (memory reserved only then, as the runtime does) and release."""
 
 from __future__ import annotations
 
@@ -27,8 +22,6 @@ _LIVE = (LegState.TRANSFER, LegState.MEMORY, LegState.DECODING)
 
 
 class DecodeLegs(_Base):
-    """Part of `Simulation`: the relay's and the finisher's copies of a prompt's KV."""
-
     def _land(
         self,
         run: Run,
@@ -38,9 +31,8 @@ class DecodeLegs(_Base):
         then: Callable[[], None],
         drop: Callable[[], None],
     ) -> None:
-        """Landed KV on a decoder: reserve the rest of the prompt and the whole output on `inst`,
-        now or, behind KV that landed earlier, as soon as memory frees (runtime/worker.py:
-        `_room_for`). `waiting()` says the leg still wants the memory; if not, `drop()` it."""
+        """Reserve the rest of the prompt and the whole output now or, FIFO, when memory frees.
+        `waiting()` says the leg still wants the memory; if not, `drop()` it."""
         store = self.stores[inst]
         extra = -(-run.req.output_tokens // self.block_tokens)
         landed = self.loop.now
@@ -63,7 +55,6 @@ class DecodeLegs(_Base):
             run.memory_waits += 1
             store.wait(attempt)
 
-    # ---- 3a. the relay's copy --------------------------------------------------------------------
     def _relay_send(self, run: Run) -> None:
         run.relay.state = LegState.TRANSFER
         nbytes = self._kv_bytes(run.req.prompt_tokens, 0)
@@ -73,8 +64,7 @@ class DecodeLegs(_Base):
     def _relay_landed(self, run: Run) -> None:
         self._copy_left(run)
         run.relay.landed_at = self.loop.now
-        # A worker takes landed KV in between its steps (runtime/worker.py: admit, then one step),
-        # so a busy decoder starts on it, and shows its first token, at its next step boundary.
+        # as a worker, a busy decoder takes landed KV (and shows its first token) at a boundary
         self.engines[run.relay.instance].submit_control(lambda _now: self._relay_import(run))
 
     def _relay_import(self, run: Run) -> None:
@@ -121,8 +111,7 @@ class DecodeLegs(_Base):
             leg.state = LegState.RELEASED if decoding else LegState.CANCELLED
 
     def _relay_finished(self, seq: Seq, t: float) -> None:
-        """The relay emitted the last token: singular traffic, or an output shorter than the
-        transfer."""
+        """Singular traffic, or an output shorter than the transfer."""
         run = seq.run
         run.relay_tokens = run.req.output_tokens
         self._relay_release(run)
@@ -137,7 +126,6 @@ class DecodeLegs(_Base):
             fin.state = LegState.CANCELLED
             self._finisher_release(run)
 
-    # ---- 3b. the finisher's copy -----------------------------------------------------------------
     def _finisher_send(self, run: Run) -> None:
         fin = run.finisher
         fin.state = LegState.TRANSFER
@@ -182,8 +170,7 @@ class DecodeLegs(_Base):
         self.stores[fin.instance].commit(fin.hold, run.req.hashes)
         path, singular = run.path, run.decision.singular
         if run.done and path.has_handoff and not singular and run.req.done_hashes:
-            # The relay finished first. As in the runtime it still sent every token ID, and the
-            # finisher extends over them so its cache keeps this turn for the next one.
+            # the relay finished first: the finisher still extends, so its cache keeps this turn
             job = Job(
                 run,
                 run.req.output_tokens,

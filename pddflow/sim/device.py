@@ -1,20 +1,5 @@
-"""Device model: one step of an instance from a roofline over PDD's four dimensions.
-
-A step processes `new_tokens` (prefill/extend chunk tokens plus one per decoding sequence), does
-attention over `attn_pairs` (query, key) pairs and reads the weights once plus `kv_read_tokens` of
-KV. Its time is the larger of compute (FLOPs / achieved FLOP/s) and memory traffic (bytes /
-achieved bandwidth), plus a fixed per-step overhead (launches, scheduling, TP collectives):
-
-- prefill is compute-bound: FLOPs/token from the arch, attention growing with the context;
-- decode is memory-bound: every step reads all weights plus every running sequence's KV, so a
-  bigger batch amortises the weights (the batch effect) until compute catches up;
-- interconnect (net_gbps) sets RDMA transfer speed (see network.py); memory capacity sets the KV
-  budget (the Plan's kv_budget_bytes).
-
-Achieved/peak ratios (MFU for compute, MBU for bandwidth) default to what serving engines reach
-on large GPUs; `calibration/engine_fit.py` fits them to `pddflow bench engine --json` measured on
-this machine.
-"""
+"""Device model: an instance's step time from a roofline, max(compute, memory) + overhead
+(docs/simulator.md, Device model); `calibration/engine_fit.py` fits its efficiencies."""
 
 from __future__ import annotations
 
@@ -29,18 +14,14 @@ class Efficiency:
     prefill_mfu: float = 0.5  # achieved / peak FLOP/s
     decode_mbu: float = 0.8  # achieved / peak memory bandwidth
     step_overhead_s: float = 0.001  # fixed cost of one batch step
-    # cost per decoding sequence per step beyond the roofline (CPU engines: sampling, bookkeeping)
+    # per decoding sequence per step beyond the roofline (CPU engines: sampling, bookkeeping)
     seq_overhead_s: float = 0.0
-    # extra fixed cost of a step that runs prefill chunks (a CPU engine's prefill call costs more
-    # than a decode step's overhead)
+    # extra fixed cost of a step that runs prefill chunks
     job_overhead_s: float = 0.0
-    # the same for a step whose chunks are all extends (handed-off token IDs); None: job_overhead_s
+    # the same for a step of extends only; None: job_overhead_s
     extend_overhead_s: float | None = None
-    # attention FLOPs cost this many times their count at the achieved FLOP/s (CPU engines: paged
-    # attention runs well under the matmuls' rate)
+    # cost multipliers at the achieved rates (CPU engines: paged attention, gathered padded KV)
     attn_factor: float = 1.0
-    # KV bytes read per step cost this many times their bytes at the achieved bandwidth (CPU
-    # engines: gathered, padded reads)
     kv_read_factor: float = 1.0
 
 
@@ -98,11 +79,10 @@ class DeviceModel:
         return self.step_s(tokens, tokens * cached + tokens * tokens / 2, cached + tokens)
 
     def prefill_s(self, tokens: int, cached: int = 0) -> float:
-        """One whole prompt in one step (for estimates, not the simulation loop)."""
+        """One whole prompt in one step (estimates, not the simulation loop)."""
         return self.chunk_s(tokens, cached) + self.prefill_overhead_s
 
     def extend_s(self, tokens: int, cached: int) -> float:
-        """An extend over handed-off IDs (or a prompt over a cached prefix) in one step."""
         return self.chunk_s(tokens, cached) + self.extend_overhead_s
 
     def prefill_tokens_per_s(self, prompt_tokens: int) -> float:

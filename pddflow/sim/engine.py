@@ -1,18 +1,6 @@
-"""One instance's batch loop: chunked prefill/extend jobs plus a continuous decode batch.
-
-Iteration-level: each event is a step boundary. A step that runs prefill or extend chunks is one
-event; a run of pure decode steps with an unchanged batch is planned at once (the boundary times of
-every step are computed, one event is scheduled at the first finish) and cut short at the next
-boundary if new work arrives. The result is the same as one event per step; the event count is not.
-
-With `exclusive_jobs` (the embedded runtime's worker loop: one model call at a time) a job runs
-alone and whole, its chunks back to back, and the decode batch waits for it: no chunk mixes
-requests, and a job step is not a decode step.
-
-Hooks on a sequence: `on_first(seq, t)` when its first token is emitted, `on_finish(seq, t)` when
-its last is. Hooks on a job: `on_done(job, t)`. Controls run at the next boundary, when token
-counts are exact (the relay's handoff reads how many tokens it has generated there).
-"""
+"""One instance's batch loop, an event per step boundary: chunked prefill/extend jobs plus a
+continuous decode batch (docs/simulator.md, Engines and events). Controls run at the next
+boundary, where token counts are exact."""
 
 from __future__ import annotations
 
@@ -37,8 +25,7 @@ class StepKind(IntEnum):
 
 
 class Job:
-    """`tokens` new tokens to compute over a context that already holds `ctx` tokens (a prompt's
-    uncached part, or an extend over handed-off token IDs)."""
+    """`tokens` new tokens to compute over `ctx` tokens already held."""
 
     __slots__ = (
         "run",
@@ -74,12 +61,11 @@ class Job:
         self.after_s = after_s  # exclusive: the engine stays busy this long after it (shipping KV)
         self.sched = 0
         self.done = 0
-        self.started: float | None = None  # when its first chunk's step began
+        self.started: float | None = None
 
 
 class Seq:
-    """A sequence decoding here: `tokens0` output tokens already emitted when it joined, `output`
-    in all."""
+    """`tokens0` output tokens already emitted when it joined, `output` in all."""
 
     __slots__ = (
         "run",
@@ -141,23 +127,18 @@ class Engine:
         self.busy_s = 0.0
         self.decode_tokens = 0
         self.job_tokens = 0
-        # a shared host (calibration/host.py): a step of this kind takes `slowdown(kind)` times
-        # the model's time, taken when it is planned; `on_busy` hears every idle <-> busy
-        # transition. None: a device of its own.
+        # on a shared host (calibration/host.py) a step takes slowdown(kind) x the model's time
         self.slowdown: Callable[[StepKind], float] | None = None
         self.on_busy: Callable[[Engine], None] | None = None
-        # per StepKind: seconds the steps took on a shared host, and the same steps at the
-        # model's time
+        # per StepKind: simulated seconds, and the same steps at the model's time
         self.wall_s = [0.0, 0.0, 0.0]
         self.model_s = [0.0, 0.0, 0.0]
         self._plan_f = 1.0
         self._plan_kind = StepKind.DECODE
 
     def wall_over_model(self, kind: StepKind) -> float | None:
-        """This kind of steps' simulated time over their model time (None before any)."""
         return self.wall_s[kind] / self.model_s[kind] if self.model_s[kind] > 0 else None
 
-    # ---- work arrives ----------------------------------------------------------------------------
     def submit_job(self, job: Job) -> None:
         self.jobs.append(job)
         self._poke()
@@ -170,7 +151,6 @@ class Engine:
         self.controls.append(fn)
         self._poke()
 
-    # ---- read or change a sequence at a boundary (from a control) --------------------------------
     def generated(self, seq: Seq) -> int:
         return seq.tokens0 + (self.steps - seq.join_step) if seq.join_step >= 0 else seq.tokens0
 
@@ -178,7 +158,7 @@ class Engine:
         return self.running.get(seq.rid) is seq
 
     def remove(self, seq: Seq) -> int:
-        """Take a sequence out (handoff); returns the tokens it had emitted here."""
+        """Returns the tokens it had emitted here."""
         if self.running.get(seq.rid) is seq:
             del self.running[seq.rid]
             n = self.generated(seq)
@@ -196,7 +176,6 @@ class Engine:
     def queued_tokens(self) -> int:
         return sum(j.tokens - j.sched for j in self.jobs)
 
-    # ---- the loop --------------------------------------------------------------------------------
     def replan(self) -> None:
         """Cut a multi-step decode plan at its next boundary (the host's CPU share changed)."""
         if self.busy:
@@ -238,7 +217,7 @@ class Engine:
             self.decode_tokens += b * k
             took = now - self._t_plan
             self.busy_s += took
-            if self.slowdown is not None:  # (without a shared host, wall is model time)
+            if self.slowdown is not None:
                 self.wall_s[self._plan_kind] += took
                 self.model_s[self._plan_kind] += took / self._plan_f
             if self._step_jobs:
@@ -308,7 +287,7 @@ class Engine:
         elif self.jobs:
             budget, new, pairs, kv = self.chunk, b, float(c), float(c)
             fixed = 0.0
-            weighted = 0.0  # the step's jobs' cost factors, weighted by their tokens
+            weighted = 0.0
             sj = self._step_jobs
             jobs = self.jobs
             kind = StepKind.PREFILL

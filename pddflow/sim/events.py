@@ -1,5 +1,5 @@
-"""The discrete-event core: a clock and a heap of callbacks. Events are (time, order, fn, args);
-`order` keeps same-time events first-in first-out, so a run is a pure function of its inputs."""
+"""The discrete-event core: a heap of (time, order, fn, args); `order` keeps same-time events FIFO,
+so a run is a pure function of its inputs."""
 
 from __future__ import annotations
 

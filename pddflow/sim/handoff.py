@@ -1,7 +1,4 @@
-"""The relay's handoff to the finisher (step 4 of a request's life, simulator.py): at a relay step
-boundary it hands over the token IDs it has generated, all at once (one-shot) or in rounds while it
-keeps generating (catch-up, the last round at most the variant's `catch_up_tokens`); the finisher
-extends over them, the extend yielding the next token, and decodes to the end."""
+"""The relay's token-ID handoff to the finisher, one-shot or in catch-up rounds."""
 
 from __future__ import annotations
 
@@ -21,10 +18,7 @@ else:
 
 
 class Handoffs(_Base):
-    """Part of `Simulation`: token IDs from the relay to the finisher."""
-
     def _handoff(self, run: Run, now: float) -> None:
-        """At a relay step boundary: hand the generated token IDs over (all, or one round)."""
         if run.done:
             self._finisher_release(run)
             return

@@ -1,15 +1,8 @@
-"""One instance's KV memory: the radix prefix cache (pddflow.operators.radix_cache, the same one the
-engine uses) plus reservations for blocks in flight and output tokens, in blocks of the workload.
+"""One instance's KV memory: the engine's radix cache plus reservations, its events forwarded to
+the scheduler's mirror (docs/simulator.md, KV and caches).
 
-A request `acquire`s a hold (matched prefix locked, missing blocks and output reserved), `commit`s
-it when its blocks land (they enter the cache, still locked) and `release`s it when done (cached
-blocks stay, evictable LRU). A decoder does as the runtime's does (runtime/worker.py:
-`_adopt_prefix` when the job arrives, `_room_for` when the KV lands): it `pin`s the cached prefix
-first and `reserve`s the rest when the KV is here, so memory is not held while the KV crosses the
-WAN.
-Every insert and eviction is forwarded as an event to the scheduler's mirror of this cache, and
-the two are checked against each other.
-"""
+A hold is `acquire`d (or `pin`ned, then `reserve`d once the KV lands), `commit`ted when its blocks
+land (cached, still locked) and `release`d when done (evictable LRU)."""
 
 from __future__ import annotations
 
@@ -70,10 +63,8 @@ class KVStore:
         """Blocks held by live requests (what `kv_used` reports to the scheduler)."""
         return self.reserved + self._locked
 
-    # ---- the request's life ---------------------------------------------------------------------
     def acquire(self, hashes: tuple[int, ...], extra_blocks: int) -> Hold | None:
-        """Lock the cached prefix and reserve the rest plus `extra_blocks`; None when memory is
-        short now (call again after a release). Raise ValueError if it can never fit."""
+        """None when memory is short now (retry after a release); ValueError if it never fits."""
         hold = self.pin(hashes)
         try:
             if self.reserve(hold, extra_blocks):
@@ -85,7 +76,6 @@ class KVStore:
         return None
 
     def pin(self, hashes: tuple[int, ...]) -> Hold:
-        """Lock the cached prefix of `hashes` (not evictable from now on); reserve nothing."""
         matched = self.cache.match(hashes) if self.cache is not None else []
         for b in matched:
             b.refs += 1
@@ -94,8 +84,7 @@ class KVStore:
         return Hold(matched, 0, len(matched), len(hashes) - len(matched))
 
     def reserve(self, hold: Hold, extra_blocks: int) -> bool:
-        """Reserve a pinned hold's missing prompt blocks plus `extra_blocks`, evicting unlocked
-        cached blocks if needed; False when memory is short now. ValueError if it can never fit."""
+        """False when memory is short now; ValueError if it can never fit."""
         need = hold.missing + extra_blocks
         if need + len(hold.blocks) > self.capacity:
             raise ValueError(
@@ -111,8 +100,7 @@ class KVStore:
         return True
 
     def commit(self, hold: Hold, hashes: tuple[int, ...]) -> int:
-        """The prompt's blocks are here: insert them (locked). Returns how many were new to the
-        cache."""
+        """The prompt's blocks are here: insert them (locked); returns how many were new."""
         self.reserved -= hold.missing
         hold.reserved -= hold.missing
         if self.cache is None:
@@ -130,8 +118,7 @@ class KVStore:
         return new
 
     def commit_more(self, hold: Hold, hashes: tuple[int, ...]) -> int:
-        """Blocks generated here (prompt + output, prefix-chained, extending what `hold` already
-        holds): insert them (locked), paid from the hold's output reservation. Returns how many."""
+        """Insert blocks generated here (locked), paid from the hold's output reservation."""
         if self.cache is None:
             return 0
         have = len(hold.blocks)
@@ -144,8 +131,6 @@ class KVStore:
         return self._insert_locked(hold, hashes, skip=have)
 
     def _insert_locked(self, hold: Hold, hashes: tuple[int, ...], skip: int) -> int:
-        """Insert `hashes`, lock the blocks past the first `skip` into `hold`, tell the mirror;
-        returns how many blocks were new to the cache."""
         stored = self.cache.insert(hashes, [_Block(h) for h in hashes])
         new = [h for h, s in zip(hashes, stored) if s]
         for b in self.cache.match(hashes, touch=False)[skip:]:
@@ -166,10 +151,9 @@ class KVStore:
         self._wake()
 
     def wait(self, retry: Callable[[], bool]) -> None:
-        """Queue `retry` (FIFO); it is called after releases until it returns True."""
+        """`retry` is called after releases (FIFO) until it returns True."""
         self.waiters.append(retry)
 
-    # ---- internals ------------------------------------------------------------------------------
     def _unlock(self, hold: Hold) -> None:
         for b in hold.blocks:
             b.refs -= 1

@@ -1,5 +1,4 @@
-"""From finished runs to the report: latency percentiles, SLA goodput, cost, BCR, WAN bytes,
-relay token share, variant and handoff counts. Pure Python on lists; JSON-ready dicts."""
+"""From finished runs to the report (JSON-ready dicts): percentiles, goodput, cost, BCR, bytes."""
 
 from __future__ import annotations
 
@@ -26,8 +25,7 @@ def ttft(run: Run) -> float:
 
 
 def tpot(run: Run) -> float:
-    """Seconds per output token after the first, as the client sees them (handoff stalls
-    included)."""
+    """Seconds per output token after the first, handoff stalls included."""
     n = run.req.output_tokens
     return (run.finished_at - run.first_token_at) / (n - 1) if n > 1 else 0.0
 
@@ -88,7 +86,7 @@ def summarize(sim: Simulation, pricing: dict | None = None) -> dict:
         "slo_goodput_rps": round(goodput, 4),
         "cost_per_hour": round(cost, 3),
         "gpus": sum(op.replicas * op.devices_per_replica for op in plan.operators.values()),
-        # SLA-compliant requests per dollar of hardware: goodput (req/s) x 3600 / ($/hour)
+        # SLA-compliant requests per dollar
         "bcr": round(goodput * 3600 / cost, 4) if cost else math.nan,
         "wan_bytes": round(wan_bytes),
         "wan_bytes_full_kv": round(full_kv),
@@ -132,8 +130,7 @@ def summarize(sim: Simulation, pricing: dict | None = None) -> dict:
 
 
 def request_rows(sim: Simulation) -> list[dict]:
-    """Every request, as `--per-request` reports it (times in simulated seconds from the start), to
-    set beside `pddflow bench serve --per-request` request by request."""
+    """`--per-request` rows, in simulated seconds, keyed as `bench serve --per-request`'s."""
 
     def t(x: float | None) -> float | None:
         return None if x is None else round(x, 4)
@@ -180,8 +177,7 @@ def request_rows(sim: Simulation) -> list[dict]:
 
 
 def steady_window(runs: list[Run], trim: float = 0.05) -> tuple[float, float]:
-    """Arrival-time window that rates are measured over: the first and last `trim` of arrivals are
-    left out (ramp-up, and the drain of closed-loop sessions at the end)."""
+    """Arrival window of the rates, without the first and last `trim` (ramp-up, drain)."""
     arr = sorted(r.arrival for r in runs)
     if not arr:
         return 0.0, 0.0
@@ -191,9 +187,7 @@ def steady_window(runs: list[Run], trim: float = 0.05) -> tuple[float, float]:
 
 
 def revenue(sim: Simulation, ok: list[Run], span_s: float, pricing: dict) -> dict:
-    """Money earned by the SLA-compliant requests `ok` that arrived in a window of `span_s` seconds,
-    at per-token prices; cached prompt tokens (the entry instance's prefix hit) are billed at
-    `cached_ratio` of the uncached price."""
+    """Revenue of the SLA-compliant requests `ok`; cached prompt tokens at `cached_ratio`."""
     pin, pout, ratio = (
         pricing["input_per_mtok"],
         pricing["output_per_mtok"],

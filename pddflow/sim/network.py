@@ -1,15 +1,5 @@
-"""The network: RDMA inside a cluster, shared WAN links between clusters.
-
-WAN: a transfer first waits its latency (RTT plus a per-transfer delay drawn from the link's jitter
-distribution, seeded), then its bytes join the link, which every flow in flight shares equally
-(processor sharing: n flows each get min(1/n of the bandwidth, the flow cap)). The flow cap is the
-channel's parallel `streams` times what one TCP stream sustains over a long-RTT path
-(`STREAM_GBPS`): a single transfer cannot fill a 100 Gbps line, which is why a cold prompt's KV
-takes seconds even on an idle link and why transfer times spread with size (PDD: 1-20 s). A flow
-can be cancelled mid-way (the bytes already sent stay counted). RDMA: bytes over the smaller
-instance's NICs plus a few microseconds, no contention (the fabric is far from the bottleneck in
-these topologies).
-"""
+"""The network: uncontended RDMA inside a cluster, processor-shared WAN links with jitter and
+per-flow caps between clusters (docs/simulator.md, Network)."""
 
 from __future__ import annotations
 
@@ -21,11 +11,9 @@ from pddflow.core.link import LinkModel
 from pddflow.sim.events import EventLoop
 
 RDMA_LATENCY_S = 20e-6
-# Per-transfer delays are drawn from the link's jitter distribution, capped here: PDD measured
-# cross-datacenter KV transfers between 1 and 20 s, and a lognormal tail is otherwise unbounded.
+# caps the lognormal jitter tail: PDD measured cross-DC KV transfers between 1 and 20 s
 MAX_DELAY_S = 20.0
-# What one TCP stream of a wan_flight channel sustains across datacenters (window/RTT and loss
-# bound); a transfer's rate is capped at streams x this. 0 disables the cap.
+# one TCP stream across datacenters (window/RTT bound); a flow's cap is streams x this; 0: no cap
 STREAM_GBPS = 2.5
 IDS_BYTES_PER_TOKEN = 15  # token-ID handoff on the wire (PDD: 1.5 KB per 100 tokens)
 
@@ -56,9 +44,7 @@ class SharedLink:
         self.in_flight = 0  # flows started and not done (latency phase included)
         self.bytes_sent = 0.0
 
-    # ---- KV transfers ---------------------------------------------------------------------------
     def send(self, nbytes: float, on_done: Callable[[float], None]) -> Flow:
-        """Start a KV transfer; `on_done(t)` when its last byte lands."""
         self._fid += 1
         f = Flow(self._fid, nbytes, on_done)
         self.in_flight += 1
@@ -69,7 +55,7 @@ class SharedLink:
         return f
 
     def cancel(self, f: Flow) -> float:
-        """Stop a transfer; returns the bytes it had sent."""
+        """Returns the bytes it had sent."""
         if f.state in ("done", "cancelled"):
             return f.sent
         if f.state == "data":
@@ -83,17 +69,14 @@ class SharedLink:
         return f.sent
 
     def message(self, nbytes: float, on_done: Callable[[float], None]) -> None:
-        """A small control or token-ID message: half an RTT plus its bytes at full rate, no queueing
-        behind KV (its own stream) and no jitter (PDD: token-ID handoff std 4.8 ms)."""
+        """Half an RTT plus bytes at full rate: its own stream, no jitter (PDD: std 4.8 ms)."""
         self.bytes_sent += nbytes
         self.loop.after(self.model.rtt_ms / 2e3 + nbytes / self.bw, self._deliver, on_done)
 
     def _deliver(self, on_done: Callable[[float], None]) -> None:
         on_done(self.loop.now)
 
-    # ---- processor sharing ----------------------------------------------------------------------
     def rate(self, flows: int) -> float:
-        """Bytes/s each of `flows` active flows gets."""
         share = self.bw / max(flows, 1)
         return share if share < self.cap else self.cap
 

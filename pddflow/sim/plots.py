@@ -43,8 +43,6 @@ def ttft_cdf(sims: list[Simulation], path: Path) -> Path:
 
 
 def variant_timeline(sim: Simulation, path: Path, bin_s: float | None = None) -> Path:
-    """Top: requests started per second by variant (and singular); bottom: TTFT over time by
-    variant."""
     import numpy as np
 
     plt = _plt()

@@ -14,8 +14,8 @@ from pddflow.sim.workload import SimRequest
 
 
 class LegState(Enum):
-    NONE = "none"  # no copy sent (yet)
-    TRANSFER = "transfer"  # the KV is on its way
+    NONE = "none"
+    TRANSFER = "transfer"
     MEMORY = "memory"  # landed, waiting for the decoder's memory
     DECODING = "decoding"  # the relay decodes it
     LANDED = "landed"  # the finisher holds it
@@ -42,7 +42,7 @@ class RelayLeg:
         self.hold: Hold | None = None
         self.seq: Seq | None = None
         self.state = LegState.NONE
-        self.landed_at: float | None = None  # the KV reached the relay
+        self.landed_at: float | None = None
         self.started_at: float | None = None  # the relay's loop took it
 
 
@@ -104,7 +104,7 @@ class Run:
         self.prefill = PrefillLeg(decision.target(path.entry))
         self.relay = RelayLeg(decision.target(path.relay) if path.relay else None)
         self.finisher = FinisherLeg(decision.target(path.finisher))
-        self.ids_sent = 0  # token IDs handed from the relay to the finisher so far
+        self.ids_sent = 0
         self.relay_tokens = 0
         self.handoff: str | None = None  # one_shot | catch_up | takeover, once it happened
         self.rounds = 0

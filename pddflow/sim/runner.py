@@ -1,5 +1,4 @@
-"""Simulating plans as `pddflow simulate` reports them: each calibrated plan settled (calibration/
-settle.py), replicated over other draws of its random parts, summarized."""
+"""Plans simulated as `pddflow simulate` reports them: calibrated, settled, replicated."""
 
 from __future__ import annotations
 
@@ -19,12 +18,11 @@ from pddflow.sim.workload import Workload
 @dataclass(frozen=True)
 class RunOptions:
     seed: int = 0
-    # replays of the same workload with other draws of the random parts (WAN jitter, the
-    # calibration's draws); each TTFT/TPOT percentile is then the median over them
+    # other draws of the random parts; each TTFT/TPOT percentile is the median over them
     replications: int = 1
     stream_gbps: float = STREAM_GBPS
     strict_mirrors: bool = False
-    embedded: bool = False  # Simulation(embedded=...)
+    embedded: bool = False
     wan_jitter_seed: int | None = None
 
 
@@ -38,7 +36,6 @@ def with_wan_gbps(plan: Plan, gbps: float | None) -> Plan:
 def calibrated(
     plans: list[Plan], measured: Measurements, host: HostSpec | None, local: bool = True
 ) -> tuple[list[Plan], list[Calibration]]:
-    """Each plan on the fitted device (`calibrated_plan`) and its calibration."""
     cals = [measured.calibration(p.source, host) for p in plans]
     return [calibrated_plan(p, measured.engine, local=local) for p in plans], cals
 
@@ -50,8 +47,7 @@ def simulate(
     options: RunOptions,
     progress: Callable[[int, int], None] | None = None,
 ) -> tuple[dict, Simulation]:
-    """The report of `plan` on `workload` (`metrics.summarize`, plus what the calibration settled)
-    and its first replay."""
+    """The report (summary plus what the calibration settled) and the first replay."""
 
     def replay(cal: Calibration, seed: int = options.seed) -> Simulation:
         sim = Simulation(
@@ -100,8 +96,7 @@ def _wall_report(sim: Simulation, kind: StepKind, measured: dict, factors: dict)
 
 
 def pool(results: list[dict]) -> dict:
-    """Replications of one graph as one result: the first's, with every TTFT and TPOT percentile
-    the median over the replications (each kept under `replications`)."""
+    """The first result, with each TTFT and TPOT percentile the median over the replications."""
     out = dict(results[0])
     for key in ("ttft_s", "tpot_ms"):
         out[key] = {

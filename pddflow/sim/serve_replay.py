@@ -1,18 +1,5 @@
-"""Replay the exact multi-turn workload of `pddflow bench serve` in the simulator.
-
-The sessions come from the same builder (`pddflow.core.serve_sessions.build`, shared with the
-runtime; the simulator never imports `pddflow.runtime`), so prompts, user turns and output lengths
-are token for token what the benchmark sends. The replay mirrors the benchmark's client:
-
-- session i starts at i / rps;
-- sessions are closed-loop: turn k+1 arrives `think_s` after turn k's last token;
-- outputs are `max_tokens` long (greedy decoding of the built-in model, no EOS in practice), so
-  turn k+1's prompt = turn k's prompt + its output + the next user message;
-- block hashes are the runtime's prefix-chained hashes (`pddflow.core.block_hash`) of the real
-  prompt tokens at the plan's block size; the generated tokens are unknown here, so each stands in
-  as a distinct placeholder ID, the same in the request's `done_hashes` (the instance that finishes
-  a turn caches prompt + output, as the runtime's MainDecode does) and in the next turn's prompt.
-"""
+"""`pddflow bench serve`'s multi-turn workload, token for token, as simulator requests
+(docs/simulator.md, `--serve-workload`)."""
 
 from __future__ import annotations
 
@@ -37,7 +24,7 @@ def replay(
     think_s: float = 1.0,
     name: str = "serve-workload",
 ) -> Workload:
-    """The benchmark's sessions as simulator requests (roots at i/rps, later turns closed-loop)."""
+    """Roots at i/rps, later turns closed-loop."""
     if rps <= 0:
         raise ValueError("rps must be > 0")
     reqs: list[SimRequest] = []
@@ -134,7 +121,6 @@ def serve_workload(
     rps: float = 2.0,
     think_s: float = 1.0,
 ) -> Workload:
-    """`pddflow bench serve`'s workload (same defaults) as a simulator workload."""
     spec = build(trace, sessions, turns, scale, vocab=vocab, seed=seed, max_output=max_output)
     wl = replay(
         spec,

@@ -1,18 +1,5 @@
-"""The simulation of one Plan on one workload: the same scheduler objects as the runtime, engines,
-KV stores and links from the plan, and every request's life as events.
-
-A request's life (matching docs/structure.md):
-1. arrival: the policy decides (variant, instances, handoff mode, singular) from the mirrors,
-   loads and link estimates, exactly as the runtime's router does;
-2. the entry instance locks its cached prefix, reserves the rest, prefills the uncached tokens
-   (colocated: then decodes them itself);
-3. the KV goes to the relay over RDMA (whole prompt) and to the finishing decoder (only the blocks
-   its cache lacks, over the WAN or RDMA), both at once (`decode_legs.py`);
-4. the relay decodes as soon as its copy lands; when the finisher's copy lands the relay hands
-   over token IDs, one-shot or in catch-up rounds (`handoff.py`);
-5. singular traffic: the relay finishes the request and the WAN leg is cancelled;
-6. finishing releases every hold; cached blocks stay, evictable.
-"""
+"""The simulation of one Plan on one workload: the runtime's scheduler objects, engines, KV stores
+and links, and every request's life as events (docs/simulator.md, Request life)."""
 
 from __future__ import annotations
 
@@ -46,12 +33,9 @@ from pddflow.sim.workload import SimRequest, Workload
 
 
 class Simulation(DecodeLegs, Handoffs):
-    """`embedded`: replay the embedded runtime's worker loop rather than a production engine:
-    prefill samples the first token, which the client sees as soon as a decoder holds the KV
-    (decoders start at token 2), and every engine runs one model call at a time (a prefill or
-    extend whole and alone, decoders waiting). `wan_jitter_seed` (a deployment's `--seed`): every
-    WAN transfer draws its delay from the sequence the deployment's emulated KV link draws from, in
-    send order, so both see the same delays."""
+    """`embedded`: replay the embedded runtime's worker loop (prefill samples the first token; one
+    model call at a time). `wan_jitter_seed`: a deployment's `--seed`, so WAN transfers draw the
+    delays its emulated KV link draws, in send order."""
 
     def __init__(
         self,
@@ -115,8 +99,7 @@ class Simulation(DecodeLegs, Handoffs):
         self._arrived = 0
 
     def _streams(self, link: str) -> int:
-        """Parallel streams a KV transfer over `link` uses (the most any KV channel across it
-        declares)."""
+        """The most `streams` any KV channel across `link` declares."""
         return max(
             (
                 int(c.params.get("streams", 1))
@@ -126,7 +109,6 @@ class Simulation(DecodeLegs, Handoffs):
             default=1,
         )
 
-    # ---- driving ---------------------------------------------------------------------------------
     def run(self, progress: Callable[[int, int], None] | None = None) -> list[Run]:
         t0 = time.perf_counter()
         self._warm_caches()
@@ -142,9 +124,8 @@ class Simulation(DecodeLegs, Handoffs):
         return self.runs
 
     def _warm_caches(self) -> None:
-        """Route every warm prefix through the policy and insert it into the chosen instances'
-        caches (through the stores, so mirrors see the inserts). Placement counts stand in for load
-        so the histories spread the way live sessions would."""
+        """Place every warm prefix through the policy (placement counts stand in for load, so
+        histories spread as live sessions would)."""
         if not self.workload.warm_prefixes:
             return
         decided, singular = self.policy.decided, self.policy.singular_count
@@ -187,7 +168,6 @@ class Simulation(DecodeLegs, Handoffs):
                     f"{st.name}: {st.reserved} reserved and {st._locked} locked KV blocks leaked"
                 )
 
-    # ---- 1. arrival and decision -----------------------------------------------------------------
     def _arrive_root(self) -> None:
         roots = self._roots
         req = roots[self._next]
@@ -226,12 +206,10 @@ class Simulation(DecodeLegs, Handoffs):
             est = LinkEstimate.from_model(link.model, link.in_flight)
             self.state.links[name] = replace(est, bytes_per_s=link.new_flow_rate())
 
-    # ---- 2. prefill ------------------------------------------------------------------------------
     def _acquire(
         self, run: Run, inst: str, extra_tokens: int, then: Callable[[Hold], None]
     ) -> None:
-        """Reserve KV on `inst` now or as soon as memory frees (FIFO); fail the request if it can
-        never fit. A request that ended while waiting is dropped."""
+        """Reserve KV on `inst` now or when memory frees (FIFO); fail if it can never fit."""
         store = self.stores[inst]
         extra = -(-extra_tokens // self.block_tokens)
         try:
@@ -272,8 +250,6 @@ class Simulation(DecodeLegs, Handoffs):
         self.engines[leg.instance].submit_job(job)
 
     def _shipped_bytes(self, run: Run) -> float:
-        """The KV bytes a prefill sends: the whole prompt to the relay, the missing blocks to the
-        finisher."""
         path = run.path
         if path.colocated:
             return 0.0
@@ -283,9 +259,7 @@ class Simulation(DecodeLegs, Handoffs):
         return out
 
     def _kv_bytes(self, prompt_tokens: int, hit_blocks: int) -> float:
-        """What prefill sends for a prompt whose first `hit_blocks` blocks the target has: as the
-        runtime, whole pages from the first one not reused, and the block holding the prompt's
-        last token always travels."""
+        """As the runtime: whole pages from the first not reused (see `reused_blocks`)."""
         reused = reused_blocks(hit_blocks, prompt_tokens, self.block_tokens) * self.block_tokens
         end = -(-prompt_tokens // self.page) * self.page
         return float(max(end - reused, 0) * self.kv_bytes_per_token)
@@ -324,14 +298,12 @@ class Simulation(DecodeLegs, Handoffs):
             self._finisher_send(run)
 
     def _copy_left(self, run: Run) -> None:
-        """One outgoing copy of the prompt KV has left the entry instance."""
         leg = run.prefill
         leg.copies -= 1
         if leg.copies == 0 and leg.hold is not None:
             self.stores[leg.instance].release(leg.hold)
             leg.hold = None
 
-    # ---- 5. the end ------------------------------------------------------------------------------
     def _first(self, seq: Seq, t: float) -> None:
         run = seq.run
         if run.first_token_at is None:

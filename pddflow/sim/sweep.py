@@ -1,6 +1,4 @@
-"""The hit-rate sweep: the same graph on agentic workloads from cold to nearly fully cached, and
-the benefit (revenue of SLA-compliant requests at per-token prices) per GPU-hour at each point,
-with cached prompt tokens billed at 10-25% of uncached ones (PDD.md, Economics: the bathtub)."""
+"""The hit-rate sweep: revenue of SLA-compliant requests per GPU-hour from cold to fully cached."""
 
 from __future__ import annotations
 
@@ -34,15 +32,14 @@ def sla_capacity(
     attainment: float = 0.95,
     steps: int = 4,
 ) -> tuple[float, Simulation, dict]:
-    """The highest offered rate (sessions are closed-loop, so the served rate is measured) at which
-    at least `attainment` of requests meet the SLA: bracket by doubling or halving, then bisect in
-    log space. Returns (offered rps, that run, its summary)."""
+    """(offered rps, run, summary) at the highest rate where `attainment` of requests meet the SLA
+    (closed-loop sessions: the served rate is measured)."""
     rps = cfg.rps
     sim, m = _trial(plan, replace(cfg, rps=rps), seed, sim_kwargs)
     ok = m["sla_attainment"] >= attainment
     good = (rps, sim, m) if ok else None
     lo, hi = (rps, None) if ok else (None, rps)
-    for _ in range(8):  # bracket
+    for _ in range(8):
         if lo is not None and hi is not None:
             break
         rps = rps * 2 if ok else rps / 2
@@ -54,7 +51,7 @@ def sla_capacity(
             hi = rps
     if lo is None or hi is None:
         return good or (rps, sim, m)
-    for _ in range(steps):  # bisect
+    for _ in range(steps):
         mid = (lo * hi) ** 0.5
         sim, m = _trial(plan, replace(cfg, rps=mid), seed, sim_kwargs)
         if m["sla_attainment"] >= attainment:
@@ -74,9 +71,7 @@ def hit_rate_sweep(
     progress: Callable[[int, int], None] | None = None,
     load: str = "capacity",
 ) -> list[dict]:
-    """One row per hit rate. `load="capacity"`: each point runs at its SLA capacity (the benefit a
-    saturated cluster earns); `load="fixed"`: every point at `base.rps` (a demand-limited
-    cluster)."""
+    """One row per hit rate, each at its SLA capacity (`load="capacity"`) or at `base.rps`."""
     rows = []
     for i, h in enumerate(hits):
         cfg = replace(

@@ -1,11 +1,5 @@
-"""Mooncake-format JSONL traces (FAST'25 release): one request per line,
-
-    {"timestamp": ms, "input_length": tokens, "output_length": tokens, "hash_ids": [one per block]}
-
-Reading and checking lines is `pddflow/core/mooncake.py` (shared with `bench serve`). Scaling:
-`rate_scale` compresses arrival times (2.0 = twice the request rate), `input_scale` stretches every
-prompt block (the hash structure, hence every hit rate, is kept), `output_scale` stretches outputs.
-"""
+"""Mooncake traces as workloads (reading: `core/mooncake.py`); `input_scale` stretches every block,
+so the hash structure and every hit rate are kept."""
 
 from __future__ import annotations
 

@@ -11,11 +11,10 @@ class SimRequest:
     arrival_s: float
     prompt_tokens: int
     output_tokens: int
-    hashes: tuple[int, ...]  # prefix-chained: equal leading hashes mean an equal prompt prefix
+    hashes: tuple[int, ...]
     parent: int = -1  # closed-loop sessions: arrive `gap_s` after request `parent` finishes
     gap_s: float = 0.0
-    # prompt + generated tokens' full-block hashes, when known (a replay that knows its outputs):
-    # the instance that finishes the request caches them, so the session's next turn hits them too
+    # prompt + output full-block hashes, when known: the finisher caches them for the next turn
     done_hashes: tuple[int, ...] = ()
     session: int = -1  # multi-turn workloads: which session and turn (reports only)
     turn: int = -1
@@ -27,9 +26,7 @@ class Workload:
     requests: list[SimRequest]
     block_tokens: int  # tokens one hash covers
     meta: dict = field(default_factory=dict)
-    # Contexts already cached when the replay starts (sessions under way at t=0): the simulator
-    # routes each through the scheduler and inserts it into the chosen instances' caches, at no
-    # time cost.
+    # contexts cached at t=0 (sessions under way), placed through the scheduler at no time cost
     warm_prefixes: list[tuple[int, ...]] = field(default_factory=list)
 
     @property
@@ -39,8 +36,7 @@ class Workload:
         return self.requests[-1].arrival_s - self.requests[0].arrival_s
 
     def unbounded_hit_rates(self) -> list[float]:
-        """Per-request prefix hit (share of blocks) with an unbounded cache seeing every earlier
-        prompt: the trace's own cache facts, before any capacity or routing effect."""
+        """Per-request prefix hit (share of blocks) with an unbounded cache."""
         seen: set[int] = {h for p in self.warm_prefixes for h in p}
         out = []
         for r in self.requests:
