@@ -1,15 +1,5 @@
-"""Typed channels between operator processes: what crosses which wire in PDD.
-
-    rdma_tensor  KVBlocks inside a cluster: written straight into the receiver's shared memory
-                 (NIXL where installed); classes SharedMemoryKV* in shm_kv.py
-    wan_flight   KVBlocks across clusters: Arrow Flight, parallel streams, resumable, TLS + token
-    token_ids    TokenIds and control (cancel, release) anywhere: gRPC bidirectional stream
-    emulation    shapes a real channel with the graph's LinkModel (both ends on one machine)
-    link_relay   the TCP relay an emulated link's connections cross, so the link can be cut
-
-The names below load lazily, so `import pddflow.channels` does not pull in pyarrow or grpc. See
-docs/channels.md for wire formats, options and the API the runtime uses.
-"""
+"""Typed channels between operator processes (docs/channels.md). Names load lazily, so importing
+the package pulls in neither pyarrow nor grpc."""
 
 from __future__ import annotations
 

@@ -1,22 +1,5 @@
-"""`KVBlocks` <-> Arrow record batches: the one wire form of KV in pddflow.
-
-One row per block. Columns:
-
-    block_index  uint32      position of the block inside the KVBlocks set (0..num_blocks-1)
-    block_hash   uint64      the radix-cache key of the block (int64 bits when the schema says so)
-    token_start  int64       first token position the block covers
-    token_end    int64       one past its last (a final partial block ends early)
-    checksum     uint64      over the row's metadata and its K/V bytes (`kv_checksum.py`)
-    kv           fixed_size_binary[block_bytes]
-                             data[i] as raw bytes: [num_layers, 2 (K, V), block_size, heads, dim]
-
-The schema metadata key `pddflow.kv` holds JSON describing the set (sequence, token range, layout,
-checksum algorithm), so an IPC stream or file is self-describing. No pickle anywhere.
-
-Zero copy: encoding wraps the tensor's memory in Arrow buffers (a contiguous run of blocks becomes
-one `kv` buffer, nothing is copied); decoding a batch gives numpy/torch views of the Arrow buffer.
-The one copy a receiver makes is landing blocks into its destination (`kv_landing.py`).
-"""
+"""`KVBlocks` <-> Arrow record batches, one row per block: the one wire form of KV, zero-copy both
+ways (docs/channels.md, Wire formats has the columns)."""
 
 from __future__ import annotations
 
@@ -76,9 +59,8 @@ def schema_meta(schema: pa.Schema) -> dict:
 
 @dataclass
 class KVSource:
-    """A KVBlocks prepared for sending: byte rows (zero-copy), hash bits and lazily computed
-    checksums. Both paths of PDD's dual-path send can share one KVSource so checksums are
-    computed once."""
+    """A KVBlocks prepared for sending, shared by both paths of a dual-path send so checksums
+    (lazy) are computed once."""
 
     kv: KVBlocks
     layout: KVLayout
@@ -108,9 +90,8 @@ class KVSource:
         return cls(kv, layout, rows, bits, signed, check_algorithm(checksum))
 
     def sum(self, i: int) -> int:
-        """Block i's checksum (computed once). Stream threads call this concurrently: the arrays
-        are created once under a lock (two threads creating them could pair one thread's sum
-        with the other's `have` flag and send a zero checksum, rejected on every resend)."""
+        """Thread-safe: the arrays are created once under a lock (else one thread's `have` flag
+        could pair with another's sums and send a zero checksum, rejected on every resend)."""
         if self._have is None:
             with _SUMS_INIT:
                 if self._have is None:
@@ -148,8 +129,7 @@ class KVSource:
     def batches(
         self, blocks: Iterable[int] | None = None, max_batch_bytes: int = 8 << 20
     ) -> Iterator[pa.RecordBatch]:
-        """Record batches over `blocks` (default: all), each a run of consecutive blocks of at most
-        max_batch_bytes (at least one block); the kv column points into the tensor's memory."""
+        """Runs of consecutive blocks, at most max_batch_bytes (at least one block) each."""
         idx = (
             list(range(self.kv.num_blocks))
             if blocks is None
@@ -182,9 +162,9 @@ class KVSource:
 
 @dataclass
 class BatchBlocks:
-    """The columns of one received record batch, as zero-copy numpy views."""
+    """One received record batch's columns, as zero-copy numpy views."""
 
-    index: np.ndarray  # uint32 [n]
+    index: np.ndarray
     hashes: np.ndarray  # uint64 [n]
     token_start: np.ndarray
     token_end: np.ndarray
@@ -211,7 +191,6 @@ class BatchBlocks:
         return cls(cols[0], cols[1], cols[2], cols[3], cols[4], rows.reshape(n, block_bytes))
 
     def verify(self, algorithm: str) -> np.ndarray:
-        """Boolean mask: True where the row's checksum matches."""
         ok = np.empty(len(self.index), dtype=bool)
         for j in range(len(self.index)):
             ok[j] = block_checksum(
@@ -226,8 +205,7 @@ class BatchBlocks:
 
 
 def view_batch(batch: pa.RecordBatch, tensor_lib: str | None = None) -> KVBlocks:
-    """Zero-copy KVBlocks over one verified batch of consecutive blocks (data is read-only memory
-    owned by the batch). Raises ChannelCorrupt if any checksum fails."""
+    """Zero-copy, read-only KVBlocks over one verified batch; ChannelCorrupt if a checksum fails."""
     meta = schema_meta(batch.schema)
     layout = KVLayout.from_dict(meta["layout"])
     blocks = BatchBlocks.of(batch, layout.block_bytes)
@@ -253,7 +231,6 @@ def view_batch(batch: pa.RecordBatch, tensor_lib: str | None = None) -> KVBlocks
 def encode_ipc(
     kv: KVBlocks, max_batch_bytes: int = 8 << 20, checksum: str = DEFAULT_CHECKSUM
 ) -> pa.Buffer:
-    """KVBlocks as one Arrow IPC stream (the file/socket form of the same batches Flight sends)."""
     src = KVSource.of(kv, checksum)
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, src.schema()) as writer:
@@ -263,7 +240,6 @@ def encode_ipc(
 
 
 def _runs(idx: list[int], per_batch: int) -> Iterator[list[int]]:
-    """Runs of consecutive indices, at most per_batch long."""
     run: list[int] = []
     for i in idx:
         if run and (i != run[-1] + 1 or len(run) >= per_batch):

@@ -1,11 +1,11 @@
-"""Channel errors: one exception type per way a transfer can fail, so a worker can tell a dead peer
-(fail over) from a bad credential (configuration) from a corrupt payload (already retried)."""
+"""One exception per way a transfer fails: a dead peer (fail over), a bad credential, a corrupt
+payload (already retried)."""
 
 from __future__ import annotations
 
 
 class ChannelError(RuntimeError):
-    """Base class of every error a channel raises."""
+    pass
 
 
 class ChannelTimeout(ChannelError, TimeoutError):
@@ -17,8 +17,7 @@ class ChannelAuthError(ChannelError, PermissionError):
 
 
 class ChannelCorrupt(ChannelError):
-    """A block failed its checksum more often than the retry budget allows, or a decode was asked
-    to accept a block whose checksum does not match (it never decodes garbage)."""
+    """A block failed its checksum past the retry budget; garbage is never decoded."""
 
     def __init__(self, message: str, bad_blocks: list[int] | None = None):
         super().__init__(message)

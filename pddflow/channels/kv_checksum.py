@@ -1,14 +1,5 @@
-"""Per-block checksums of the KV wire form. Each covers the block's metadata words (index, hash,
-token_start, token_end) first, then its K/V bytes, so a block moved to another index or given
-another hash fails too.
-
-    xsum64  sum of w_k * word_k mod 2^64 over the little-endian 64-bit words, w_k = 2k + 1. Odd
-            weights make every error inside one word, and every burst of up to 64 bits, change
-            the sum; a random error goes unnoticed with probability 2^-64. numpy computes it at
-            memory speed, faster than zlib's CRC-32, so it is the default.
-    crc32   zlib CRC-32: the classic, slower; bursts up to 32 bits always caught, random errors
-            missed with probability 2^-32.
-"""
+"""Per-block checksums (xsum64, crc32: docs/channels.md) over the block's metadata words, then its
+K/V bytes, so a block moved to another index or given another hash fails too."""
 
 from __future__ import annotations
 
@@ -34,7 +25,7 @@ _WEIGHTS: dict[int, np.ndarray] = {}
 
 
 def _weights(n: int) -> np.ndarray:
-    """The first n odd weights, cached for the few block sizes a process sees."""
+    """The first n odd weights (xsum64: sum of (2k + 1) x word_k mod 2^64)."""
     w = _WEIGHTS.get(n)
     if w is None:
         if len(_WEIGHTS) > 8:
@@ -70,6 +61,5 @@ def check_algorithm(name: str) -> str:
 def block_checksum(
     algorithm: str, index: int, hash_word: int, token_start: int, token_end: int, kv: Any
 ) -> int:
-    """Checksum of one block's row: its metadata, then its K/V bytes."""
     meta = (index, hash_word, token_start & U64_MASK, token_end & U64_MASK)
     return CHECKSUMS[algorithm](meta, kv)

@@ -1,7 +1,5 @@
-"""Receiver-side assembly of a KV set: verify each block, copy the good ones into the destination
-(the one copy on the receive path), track which have landed. Every KV receiver lands through
-this, and `decode_kv` / `decode_ipc` assemble a whole set from Arrow batches with it.
-"""
+"""Receiver-side assembly of a KV set, for every KV receiver: verify, copy into the destination
+(the one copy on the receive path), track what landed."""
 
 from __future__ import annotations
 
@@ -26,8 +24,6 @@ from pddflow.core.payloads import KVBlocks
 
 
 class KVLanding:
-    """One KVBlocks set being received, into `dest` or a new tensor of the sender's layout."""
-
     def __init__(
         self,
         seq_id: str,
@@ -81,7 +77,6 @@ class KVLanding:
     def from_transfer(
         cls, header: Any, layout: KVLayout, dest: Any = None, tensor_lib: str | None = None
     ) -> KVLanding:
-        """From a transfer's protobuf header (`KVTransfer`), as a channel's receiver gets it."""
         return cls(
             header.seq_id,
             header.num_blocks,
@@ -100,14 +95,9 @@ class KVLanding:
         return self.count == self.num_blocks
 
     def land(self, blocks: BatchBlocks) -> tuple[list[int], list[int]]:
-        """Land the good rows; return (accepted, rejected) block indices.
-
-        Each row is copied into its destination row first and verified there: the destination
-        is aligned (received Arrow buffers often are not, which slows the checksum) and the copy
-        is needed anyway. A row that fails stays un-landed and is reported rejected, so it is
-        resent and never handed out. A block already landed is accepted again without a copy (a
-        resend after a lost ack); one being landed by another stream right now is reported
-        rejected, so the sender retries it rather than trusting a copy nobody verified yet."""
+        """Return (accepted, rejected) block indices. A row is verified after its copy, in the
+        aligned destination. A block already landed is accepted again (a resend after a lost
+        ack); one another stream is landing now is rejected: retried, never trusted unverified."""
         accepted: list[int] = []
         rejected: list[int] = []
         for j in range(len(blocks.index)):
@@ -118,7 +108,7 @@ class KVLanding:
                 )
             lo, hi = token_range(i, self.token_start, self.token_end, self.block_size)
             if int(blocks.token_start[j]) != lo or int(blocks.token_end[j]) != hi:
-                rejected.append(i)  # metadata disagrees with the set: treat as corrupt
+                rejected.append(i)  # metadata disagrees with the set
                 continue
             with self._lock:
                 if self.landed[i]:
@@ -148,8 +138,7 @@ class KVLanding:
     def land_in_place(
         self, indices: Iterable[int], hash_words: np.ndarray, sums: Sequence[int] | None = None
     ) -> tuple[list[int], list[int]]:
-        """Blocks whose bytes a transport already wrote into self.rows (the shared-memory path).
-        With sums, verify each against the set's metadata first; without, trust the transport."""
+        """Blocks a transport already wrote into self.rows; without sums, trust the transport."""
         accepted: list[int] = []
         rejected: list[int] = []
         for i in indices:
@@ -205,8 +194,7 @@ def decode_kv(
     dest: Any = None,
     tensor_lib: str | None = None,
 ) -> KVBlocks:
-    """Assemble a KVBlocks from record batches (any order). Raises ChannelCorrupt naming the bad
-    blocks if any checksum fails, ChannelError if blocks are missing."""
+    """Assemble from record batches in any order; ChannelCorrupt names blocks that fail."""
     landing: KVLanding | None = None
     bad: list[int] = []
     for batch in batches:
@@ -226,6 +214,5 @@ def decode_kv(
 
 
 def decode_ipc(buf: Any, *, dest: Any = None, tensor_lib: str | None = None) -> KVBlocks:
-    """A KVBlocks from one Arrow IPC stream (what `codec_kv.encode_ipc` writes)."""
     reader = pa.ipc.open_stream(buf)
     return decode_kv(reader, reader.schema, dest=dest, tensor_lib=tensor_lib)

@@ -1,6 +1,5 @@
-"""How a KV set sits in memory and in its wire metadata: the layout of one block, byte rows over
-a tensor without copying it, the token range of each block, and block hashes as 64-bit words.
-"""
+"""How a KV set sits in memory and in its wire metadata: block layout, zero-copy byte rows, token
+ranges, hash words."""
 
 from __future__ import annotations
 
@@ -18,8 +17,6 @@ U64_MASK = (1 << 64) - 1
 
 @dataclass(frozen=True)
 class KVLayout:
-    """How one block of a KVBlocks tensor is laid out in memory."""
-
     tensor_lib: str  # "torch" or "numpy"
     dtype: str  # torch dtype name ("bfloat16") or numpy dtype name ("float16")
     block_shape: tuple[int, ...]  # [num_layers, 2, block_size, num_kv_heads, head_dim]
@@ -77,7 +74,6 @@ class KVLayout:
         return cls(msg.tensor_lib, msg.dtype, shape, int(msg.block_bytes // elems))
 
     def empty(self, num_blocks: int, tensor_lib: str | None = None) -> Any:
-        """A new destination tensor for num_blocks blocks."""
         lib = tensor_lib or self.tensor_lib
         if lib == "torch":
             import torch
@@ -86,7 +82,6 @@ class KVLayout:
         return np.empty((num_blocks, *self.block_shape), dtype=_numpy_dtype(self.dtype))
 
     def view(self, rows: np.ndarray, tensor_lib: str | None = None) -> Any:
-        """A zero-copy tensor over a uint8 array of shape [n, block_bytes]."""
         n = rows.shape[0]
         lib = tensor_lib or self.tensor_lib
         if lib == "torch":
@@ -128,10 +123,8 @@ def num_rows(data: Any) -> int:
 
 
 def block_rows(data: Any) -> np.ndarray:
-    """data as a uint8 array of shape [num_blocks, block_bytes] sharing its memory (no copy).
-
-    A torch tensor on an accelerator is staged to host memory first (one copy); a non-contiguous
-    tensor is refused, because a silent copy of a multi-GB KV set is a bug worth hearing about."""
+    """data as uint8 [num_blocks, block_bytes], no copy (an accelerator tensor is staged once). A
+    non-contiguous tensor is refused: a silent copy of a multi-GB KV set is a bug."""
     if _is_torch(data):
         t = data.detach()
         if t.device.type != "cpu":
@@ -156,13 +149,11 @@ def block_rows(data: Any) -> np.ndarray:
 
 
 def token_range(i: int, token_start: int, token_end: int, block_size: int) -> tuple[int, int]:
-    """Tokens [lo, hi) of block i of a set; the last block may end early."""
     lo = token_start + i * block_size
     return lo, min(token_end, lo + block_size)
 
 
 def hash_bits(hashes: Sequence[int]) -> tuple[np.ndarray, bool]:
-    """Block hashes as uint64 bits, and whether they must be read back as signed int64."""
     signed = any(h < 0 for h in hashes)
     for h in hashes:
         if not (-(1 << 63) <= h <= U64_MASK) or (signed and h > (1 << 63) - 1):

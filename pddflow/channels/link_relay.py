@@ -1,11 +1,5 @@
-"""The TCP relay of an emulated link: what lets a link between two emulated clusters be cut.
-
-When both clusters run on one machine (`pddflow deploy`'s local backend), every channel that
-crosses a link connects through one of these relays instead of straight to its peer. The relay
-forwards bytes both ways and counts them; `cut` takes the link down as a WAN outage would: live
-connections are reset and new ones refused for a while, now or once a given number of bytes have
-crossed (mid-transfer). Bandwidth and delay are shaped by the senders (`emulation.py`), not here.
-"""
+"""The TCP relay an emulated link's connections cross, counting bytes, so the link can be cut;
+the senders shape bandwidth and delay (`emulation.py`), not this."""
 
 from __future__ import annotations
 
@@ -24,13 +18,11 @@ class RelayStats:
     down_bytes: int = 0  # server -> client
     connections: int = 0
     cuts: int = 0
-    per_connection_up: list[int] = field(default_factory=list)  # client -> server, by connection
+    per_connection_up: list[int] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
 
 class LinkRelay:
-    """Listens on `address` and relays each connection to `upstream` (host, port)."""
-
     def __init__(self, upstream: tuple[str, int], *, host: str = "127.0.0.1"):
         self.upstream = upstream
         self.stats = RelayStats()
@@ -39,7 +31,7 @@ class LinkRelay:
         self.port = self._sock.getsockname()[1]
         self.address = f"{host}:{self.port}"
         self._conns: list[socket.socket] = []
-        self._down_until = 0.0  # the link is down (connections refused) until then
+        self._down_until = 0.0
         self._cut_at: int | None = None  # a pending cut: once up_bytes reaches this
         self._cut_for = 0.0
         self._stop = threading.Event()
@@ -50,8 +42,7 @@ class LinkRelay:
         self._accept.start()
 
     def cut(self, seconds: float, after_bytes: int = 0) -> None:
-        """Take the link down for `seconds`: live connections are reset and new ones refused.
-        With after_bytes, the cut happens once that many more client bytes have crossed."""
+        """Reset live connections and refuse new ones for `seconds`, now or after_bytes later."""
         if after_bytes > 0:
             with self.stats.lock:
                 self._cut_for = seconds
@@ -61,7 +52,6 @@ class LinkRelay:
         self.drop_all()
 
     def drop_all(self) -> None:
-        """Reset every live connection."""
         with self.stats.lock:
             conns, self._conns = self._conns, []
         for s in conns:
@@ -144,8 +134,7 @@ class LinkRelay:
                     pass
 
     def _cross(self, data: bytes, up: bool, conn_no: int) -> bytes | None:
-        """Count bytes crossing the link; None when a pending cut fell due under them (every
-        connection has been reset then)."""
+        """None when a pending cut fell due (every connection has been reset then)."""
         cut = False
         with self.stats.lock:
             if not up:

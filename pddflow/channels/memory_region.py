@@ -1,12 +1,5 @@
-"""The data plane under the rdma_tensor channel kind: memory the receiver owns and the sender
-writes into, behind one interface so the protocol (`shm_kv_*.py`) is the same on every backend.
-
-The receiver creates a `Region` and describes it in bytes (plus file descriptors on one host); the
-sender attaches a `RegionWriter` to that description, and once `write_at(offset, src)` returns the
-receiver may read the bytes. Credits, checksums, resends, landing and cancel are the protocol's,
-not a backend's. Backends: `shm_region.py` (memfd shared memory between processes on one host) and
-`nixl_region.py` (NVIDIA NIXL: RDMA, NVLink), picked in `shm_kv_protocol.py`.
-"""
+"""The region interface under rdma_tensor: memory the receiver owns and the sender writes into,
+so the protocol is the same on every backend (`shm_region.py`, `nixl_region.py`)."""
 
 from __future__ import annotations
 
@@ -19,8 +12,6 @@ from pddflow.channels.deadline import Deadline
 
 
 class Region(ABC):
-    """Receiver side: `nbytes` of memory a sender can write into."""
-
     nbytes: int
 
     @abstractmethod
@@ -33,20 +24,18 @@ class Region(ABC):
 
     @abstractmethod
     def descriptor(self) -> tuple[bytes, list[int]]:
-        """What a writer needs to attach: a payload and file descriptors to pass (may be empty)."""
+        """What a writer needs to attach: a payload and file descriptors (may be none)."""
 
     @abstractmethod
     def close(self) -> None: ...
 
 
 class RegionWriter(ABC):
-    """Sender side: writes into a receiver's region."""
-
     def begin(self, src_rows: np.ndarray) -> None:  # noqa: B027 - optional: most register nothing
         """A send of src_rows (uint8 [blocks, block_bytes]) starts: register it if needed."""
 
     def end(self) -> None:  # noqa: B027 - optional, as begin
-        """The send ended (successfully or not): release what begin registered."""
+        """Release what begin registered (whether the send succeeded or not)."""
 
     @abstractmethod
     def write_at(self, offset: int, src: np.ndarray, dl: Deadline) -> None:

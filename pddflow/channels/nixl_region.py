@@ -1,15 +1,5 @@
-"""Regions over NVIDIA NIXL (UCX underneath: RDMA NICs, NVLink, shared memory), used where `nixl`
-is importable.
-
-The receiver registers each region (ring, arena) with a NIXL agent and describes it as the
-agent's metadata plus the region's address; the sender adds that agent as a remote one,
-registers each send's source rows and turns `write_at(offset, src)` into a NIXL WRITE that
-returns once the transfer reports DONE (the bytes are in the receiver's memory). Control frames
-still go over the control socket (Unix or TCP).
-
-Written against NIXL's Python API (`nixl._api.nixl_agent`); it has not run where NIXL is not
-installed, and its test skips there.
-"""
+"""Regions over NVIDIA NIXL (RDMA, NVLink), where `nixl` is importable: `write_at` is a NIXL
+WRITE that returns at DONE. Written against NIXL's Python API; never run here (no NIXL)."""
 
 from __future__ import annotations
 
@@ -26,7 +16,7 @@ from pddflow.channels.memory_region import Region, RegionBackend, RegionWriter
 
 
 def _api() -> Any:
-    import nixl._api as api  # NIXL's Python API: nixl_agent, nixl_agent_config
+    import nixl._api as api
 
     return api
 

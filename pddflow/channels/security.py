@@ -1,10 +1,4 @@
-"""TLS and bearer-token auth shared by the network channels (wan_flight, token_ids).
-
-A server with a token refuses every call that lacks `authorization: Bearer <token>` or carries
-another token, with an error that says which; the client turns that refusal into ChannelAuthError.
-Tokens are compared in constant time. TLS material is PEM files; `self_signed` makes a throwaway
-certificate for the embedded deployment (both ends on one machine) with the openssl CLI.
-"""
+"""TLS and bearer-token auth (compared in constant time) of the network channels."""
 
 from __future__ import annotations
 
@@ -19,8 +13,7 @@ AUTH_HEADER = "authorization"
 
 @dataclass(frozen=True)
 class TLSConfig:
-    """PEM paths. A server needs cert_chain + private_key; a client needs root_certs (the CA or the
-    self-signed certificate it trusts)."""
+    """PEM paths: a server needs cert_chain + private_key, a client root_certs."""
 
     cert_chain: str | None = None
     private_key: str | None = None
@@ -68,8 +61,7 @@ def self_signed(
     hosts: tuple[str, ...] = ("localhost", "127.0.0.1"),
     days: int = 30,
 ) -> TLSConfig:
-    """Write cert.pem/key.pem for `hosts` into directory and return a TLSConfig that both a server
-    and a client on this machine can use (the certificate is its own root)."""
+    """A throwaway certificate (its own root) for both ends on this machine, via openssl."""
     openssl = shutil.which("openssl")
     if openssl is None:
         raise RuntimeError(

@@ -1,33 +1,6 @@
-"""What both ends of an rdma_tensor channel agree on: its params, the control frames and the
-region backends.
-
-Tensor bytes are never serialised. The receiver owns memory the sender writes into, one of two
-ways per KV set:
-
-  direct  The receiver keeps a landing arena (`arena_mb`, shared by every sender) and reserves a
-          region there per set; the sender copies the blocks straight into it, as an RDMA write
-          lands in registered memory, and the receiver hands that region out as the KVBlocks'
-          tensor: one copy end to end. The region returns to the arena when the worker drops the
-          tensor and every view of it.
-  ring    When the arena is off or full, or the worker supplies its own destination (`alloc`),
-          the sender copies runs of blocks into a ring of `ring_slots` x `slot_mb` slots and the
-          receiver copies each slot into the destination and hands the slot back. The two copies
-          overlap in the two processes.
-
-Control frames (`control_socket.py`; `struct` or protobuf payloads, no pickle):
-
-    HELLO  s->r  protocol version           RING   r->s  backend, ring and arena (+ memfds)
-    BEGIN  s->r  KVTransfer (layout, hashes, token range, optional per-block checksums)
-    PLACE  r->s  arena offset, or NO_PLACE: use the ring
-    CHUNK  s->r  slot, byte offset, length  FREE   r->s  slot          (ring mode only)
-    END    s->r  pass done                  RESULT r->s  KVAck: rejected blocks, complete
-    CANCEL s->r  KVCancel                   ERROR  r->s  text (e.g. the sequence was cancelled)
-
-With `checksum="xsum64"` (or "crc32") the receiver verifies every block after a pass and the
-sender resends the rejected ones, at most `max_block_retries` times. Off by default: a copy
-between two processes on one host has no wire to corrupt it, and a checksum pass on each side
-costs more than the copy.
-"""
+"""What both ends of an rdma_tensor channel agree on: params, control frames (direct landing or
+ring; docs/channels.md, rdma_tensor protocol) and region backends. Tensor bytes are never
+serialised."""
 
 from __future__ import annotations
 
@@ -43,7 +16,7 @@ from pddflow.channels.shm_region import SharedMemoryBackend
 
 
 class Frame(enum.IntEnum):
-    """Control frame kinds (the table above)."""
+    """s->r: HELLO BEGIN CHUNK END CANCEL; r->s: RING PLACE FREE RESULT ERROR."""
 
     HELLO = 1
     RING = 2
@@ -69,13 +42,12 @@ DIRECT_PIECE = 8 << 20  # direct writes go in pieces, with deadline and cancel c
 
 @dataclass(frozen=True)
 class SharedMemoryKVParams:
-    """Channel params a graph edge passes (`channel: rdma_tensor`)."""
-
     ring_slots: int = 4
     slot_mb: float = 2.0  # small slots keep the ring in cache between the two copies
     arena_mb: float = 512.0  # per receiver, pages committed on first use; 0: ring only
     deadline_s: float = 10.0
-    checksum: str | None = None  # None, "xsum64" or "crc32": the receiver verifies and NACKs
+    # off by default: one host's copy has no wire to corrupt, and checksums cost more than it
+    checksum: str | None = None
     transport: str = "auto"  # region backend: auto | shm | nixl
     max_block_retries: int = 3
 

@@ -106,9 +106,7 @@ class _SenderConnection:
 
 
 class SharedMemoryKVReceiver:
-    """Listens on `address` (default: a fresh abstract Unix socket name). `recv(seq_id=None,
-    timeout_s=...)` returns completed KVBlocks; with `alloc(seq_id, num_blocks, layout)` the
-    worker chooses every destination itself (ring mode)."""
+    """Listens on `address` (default: a fresh abstract Unix socket name)."""
 
     def __init__(
         self,

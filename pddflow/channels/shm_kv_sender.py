@@ -38,10 +38,7 @@ from pddflow.core.payloads import KVBlocks
 
 
 class SharedMemoryKVSender:
-    """Sends KVBlocks to one SharedMemoryKVReceiver. Sends on one sender are serialised (one
-    ring): use one sender per concurrent stream of sends. `send` blocks until the receiver has
-    confirmed every block, or raises ChannelTimeout at its deadline if the receiver stops
-    answering; `send_async` returns a Future."""
+    """Sends on one sender are serialised (one ring): one sender per concurrent stream of sends."""
 
     def __init__(self, address: str, *, params: SharedMemoryKVParams = SharedMemoryKVParams()):
         self.address = address

@@ -1,8 +1,5 @@
-"""Shared-memory regions between two processes on one host: a region is a memfd mapped by both.
-
-The fd crosses the Unix control socket with SCM_RIGHTS, so there is no name to leak in /dev/shm:
-the memory is gone when both ends have closed it. A write is one memcpy into the mapping.
-"""
+"""Shared-memory regions: a memfd mapped by both processes, passed with SCM_RIGHTS, so no name in
+/dev/shm can leak."""
 
 from __future__ import annotations
 

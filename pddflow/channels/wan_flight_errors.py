@@ -17,7 +17,6 @@ class AcksEnded(Exception):
 
 
 def first_line(exc: BaseException | None) -> str:
-    """An error's first line, short enough for a message."""
     if exc is None:
         return ""
     text = str(exc).strip().splitlines()
@@ -28,7 +27,7 @@ def first_line(exc: BaseException | None) -> str:
 
 
 def translate(exc: BaseException, dl: Deadline, location: str) -> BaseException:
-    """Map Flight errors onto channel errors; retryable transport errors pass through unchanged."""
+    """Retryable transport errors pass through unchanged."""
     if isinstance(exc, ChannelError):
         return exc
     if isinstance(exc, (fl.FlightUnauthenticatedError, fl.FlightUnauthorizedError)):

@@ -11,18 +11,16 @@ from pddflow.core.link import LinkModel
 
 @dataclass(frozen=True)
 class WanFlightParams:
-    """Channel params a graph edge passes (`channel: wan_flight`)."""
-
     streams: int = 4
-    deadline_s: float = 30.0  # default time allowed per send / recv
+    deadline_s: float = 30.0
     token: str | None = None
     tls: TLSConfig | None = None
     max_batch_bytes: int = 8 << 20  # one record batch (a run of whole blocks)
-    max_message_bytes: int = 64 << 20  # gRPC message limit, both sides
+    max_message_bytes: int = 64 << 20
     keepalive_s: float = 30.0
     emulate: LinkModel | None = None
     seed: int = 0
-    checksum: str = "xsum64"  # per-block checksum: xsum64 (fast) or crc32 (kv_checksum.py)
+    checksum: str = "xsum64"  # or crc32
     # receiver: let glibc recycle gRPC's freed receive buffers (core/host_memory.py)
     tune_host_malloc: bool = True
 

@@ -106,13 +106,7 @@ class _FlightServer(fl.FlightServerBase):
 
 
 class WanFlightReceiver:
-    """Flight server that lands KV sets and hands them out per sequence.
-
-    `recv(seq_id=None, timeout_s=...)` returns the next completed KVBlocks (or the one for
-    seq_id). `alloc(seq_id, num_blocks, layout)` may return the destination tensor (e.g. pages of
-    a KV cache staging area); by default a new tensor of the sender's kind is allocated.
-    Thread-safe; the Flight server runs on its own threads from construction until close().
-    """
+    """Thread-safe; the Flight server runs on its own threads from construction until close()."""
 
     def __init__(
         self,
@@ -127,8 +121,7 @@ class WanFlightReceiver:
         self._alloc = alloc
         self._tensor_lib = tensor_lib
         if params.tune_host_malloc:
-            # gRPC mallocs each message's receive buffers and frees them once the batch has
-            # landed; with glibc's default thresholds every batch page-faults them in again
+            # else every batch page-faults gRPC's freed receive buffers in again
             keep_freed_memory()
         self._lock = threading.Lock()
         self._create_lock = threading.Lock()

@@ -34,12 +34,7 @@ from pddflow.core.payloads import KVBlocks
 
 
 class WanFlightSender:
-    """Pushes KVBlocks to one WanFlightReceiver. Thread-safe; several sends may run at once.
-
-    `send(kv, timeout_s=...)` blocks until every block is acknowledged (returns a TransferReport)
-    or raises ChannelTimeout / ChannelAuthError / ChannelCorrupt / ChannelCancelled.
-    `send_async` returns a concurrent.futures.Future of the same.
-    """
+    """Pushes KVBlocks to one WanFlightReceiver. Thread-safe; several sends may run at once."""
 
     def __init__(
         self,
@@ -153,8 +148,7 @@ class WanFlightSender:
         )
 
     def connect(self, timeout_s: float = 5.0) -> None:
-        """Open every stream's connection now (and check credentials), so the first send does not
-        pay for connection setup."""
+        """Open every stream's connection and check credentials now, not in the first send."""
         dl = Deadline.of(timeout_s, what=f"wan_flight connect {self.location}")
         futs = [
             self._pool.submit(self.ping, dl.remaining(), stream)
@@ -164,8 +158,7 @@ class WanFlightSender:
             f.result()
 
     def ping(self, timeout_s: float = 5.0, stream: int = 0) -> None:
-        """Check the receiver is reachable and accepts our credentials, on one stream's
-        connection."""
+        """Check reachability and credentials on one stream's connection."""
         dl = Deadline.of(timeout_s, what=f"wan_flight ping {self.location}")
         last: BaseException | None = None
         while True:

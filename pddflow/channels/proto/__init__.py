@@ -1,2 +1,1 @@
-"""Generated protobuf modules for pddflow's channels (see pddflow.proto; regenerate with
-`python -m pddflow.regen_protos`)."""
+"""Generated protobuf modules of the channels (`python -m pddflow.regen_protos`)."""
