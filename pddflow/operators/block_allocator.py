@@ -1,10 +1,5 @@
-"""Block allocator for the paged KV cache: a free list plus a reference count per block.
-
-Reference counts let one physical block back several owners at once: the radix cache holds one
-reference for every block it caches, and each sequence reading a shared prefix holds another. A
-block returns to the free list only when the last owner lets go. Pure Python, so a simulator can
-model memory with the same code.
-"""
+"""KV block allocator: a free list plus a reference count per block (the radix cache holds one,
+each sequence reading the block another). Pure Python."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""Model configuration: what the engine needs from an HF `config.json` (Llama or Qwen2 style) or
-for `builtin:tiny-llama`. Pure Python.
-
-Anything the engine does not implement (sliding windows, other activations or RoPE types) is
-refused with a message, not loaded and silently computed wrong.
-"""
+"""Model configuration from an HF `config.json` (Llama or Qwen2) or builtin, pure Python; what the
+engine does not implement is refused, never silently computed wrong."""
 
 from __future__ import annotations
 
@@ -12,7 +8,7 @@ from typing import Any
 
 
 class ModelSpecError(ValueError):
-    """A builtin name or checkpoint directory that cannot be loaded; the message says why."""
+    pass
 
 
 @dataclass(frozen=True)
@@ -54,7 +50,6 @@ class ModelConfig:
 
     @property
     def group_size(self) -> int:
-        """Query heads per KV head (GQA)."""
         return self.num_heads // self.num_kv_heads
 
     def kv_bytes_per_token(self, dtype_bytes: int = 4) -> int:
@@ -140,9 +135,8 @@ def _rope_from_hf(d: dict[str, Any]) -> tuple[float, RopeScaling]:
     )
 
 
-# builtin:tiny-llama: 32 KiB of fp32 KV per token (inside PDD's 10-80 KB range), GQA and llama3 RoPE
-# scaling, so every code path of a real Llama 3 runs, at 47M parameters a laptop CPU can serve.
-# Vocabulary: 256 bytes + <bos> <eos> <pad>.
+# 32 KiB of fp32 KV per token (inside PDD's 10-80 KB range), GQA and llama3 RoPE: every code path
+# of a real Llama 3 at 47M parameters. Vocabulary: 256 bytes + <bos> <eos> <pad>.
 TINY_LLAMA = ModelConfig(
     arch="llama",
     vocab_size=259,

@@ -1,14 +1,5 @@
-"""The co-run point of `pddflow bench engine`: the engine's prefill and decode step on one core,
-alone and while another process decodes on another core.
-
-Pinned cores still share the last-level cache and the memory bus, so a calibration on an idle
-machine misses the slowdown a neighbour causes; the simulator (`sim/calibration/host.py`)
-applies these factors to a worker's steps while a worker on other cores is busy
-(docs/simulator.md has the figures).
-
-The companion is paused (SIGSTOP) for the "alone" samples and resumed (SIGCONT) for the "co-run"
-ones, alternating, so a drift of the machine's speed falls on both sides alike.
-"""
+"""The co-run point of `pddflow bench engine`: prefill and decode steps on one core, alone and while
+another process decodes on another (pinned cores still share the cache and memory bus)."""
 
 from __future__ import annotations
 
@@ -25,7 +16,6 @@ READY_TIMEOUT_S = 120.0  # the companion loads the model before it says "ready"
 
 
 def cores_for_corun() -> tuple[int, int] | None:
-    """Two cores this process may run on, or None (one core, or no affinity control here)."""
     if not hasattr(os, "sched_getaffinity"):
         return None
     cpus = sorted(os.sched_getaffinity(0))
@@ -43,10 +33,8 @@ def measure(
     context: int = 768,
     progress: Callable[[str], None] = lambda _m: None,
 ) -> dict[str, Any] | None:
-    """Prefill and decode-step seconds (`prefill()`, `decode_step()` each time one run) alone and
-    while the companion decodes `batch` sequences over `context` tokens (a deployment's main
-    decoder: a few sessions, hundreds of tokens each); None where two cores are not available,
-    `{"skipped": why}` when the companion does not start."""
+    """Step seconds alone and beside the companion, alternating (SIGSTOP / SIGCONT) so a drift
+    falls on both sides; None without two cores, `{"skipped": why}` if the companion fails."""
     cores = cores_for_corun()
     if cores is None:
         return None
@@ -103,7 +91,6 @@ def measure(
 
 
 def _started(companion: subprocess.Popen, timeout_s: float) -> bool:
-    """Wait, at most `timeout_s`, for the companion's "ready" line."""
     import select
 
     if companion.stdout is None:
@@ -113,7 +100,6 @@ def _started(companion: subprocess.Popen, timeout_s: float) -> bool:
 
 
 def _companion(spec: str, cpu: int, threads: int, batch_size: int, context: int) -> None:
-    """Decode `batch_size` sequences forever on `cpu` (the parent kills it)."""
     import random
 
     import torch

@@ -1,19 +1,5 @@
-"""The engine: what every PDD worker runs. A model, a paged KV pool, a radix prefix cache, and the
-entry points the runtime calls:
-
-    seq = engine.add_sequence(prompt_ids, sampling)
-    engine.prefill(seq)                  # P / colocated: reuse the cached prefix, compute, sample
-    kv = engine.export_kv(seq, start_block=k)    # P: only the blocks the remote cache lacks
-    engine.import_kv(seq, kv)            # RLD / MD: land received KV in fresh blocks
-    engine.decode([seq, ...])            # one continuous-batching step
-    logits = engine.extend(seq, ids)     # MD: Extend-Decode handoff (N known tokens in parallel)
-    engine.sample(seq, logits)
-    engine.free(seq)                     # blocks go back; full ones stay cached for the next turn
-    engine.match(hashes)                 # the router's hit prediction
-
-No scheduler lives here: the runtime decides what runs when. `generate` is the colocated reference
-loop (continuous batching).
-"""
+"""The engine: a model, a paged KV pool, a radix prefix cache and the entry points the runtime
+calls (docs/engine.md, What the runtime calls). No scheduler lives here."""
 
 from __future__ import annotations
 
@@ -57,8 +43,7 @@ class EngineConfig:
     prefix_cache: bool = True
     device: str = "auto"  # auto | cpu | cuda
     tune_host_malloc: bool = True  # CPU: let glibc recycle large freed buffers (host_memory)
-    # Torch threads, process-wide. Set it when workers share a machine: oversubscribed OpenMP
-    # barriers stall for whole scheduler time slices (docs/engine.md).
+    # torch threads, process-wide; set it when workers share a machine (OpenMP stalls otherwise)
     num_threads: int | None = None
     dtype: str | None = None  # None: fp32 on CPU, bf16 on CUDA; or float32/bfloat16/float16
 
@@ -138,7 +123,6 @@ class Engine:
     def block_size(self) -> int:
         return self.config.block_size
 
-    # --- sequences -----------------------------------------------------------------------------
     def add_sequence(
         self,
         prompt_ids: Seq[int],
@@ -158,7 +142,7 @@ class Engine:
         return Sequence(seq_id or f"seq-{next(self._ids)}", ids, len(ids), sampling, seed)
 
     def append_tokens(self, seq: Sequence, token_ids: Seq[int]) -> None:
-        """Known tokens whose KV is not computed yet (e.g. the token Prefill sampled)."""
+        """Known tokens whose KV is not computed yet."""
         seq.token_ids.extend(int(t) for t in token_ids)
 
     def reuse_prefix(self, seq: Sequence, keep_last: bool = True) -> int:
@@ -175,11 +159,11 @@ class Engine:
         return seq.num_computed
 
     def match(self, hashes: Seq[int]) -> int:
-        """Cached prefix length in blocks; read-only (for routers predicting a hit)."""
+        """Cached prefix length in blocks; read-only (a hit prediction must not touch the LRU)."""
         return self.radix.match_len(hashes)
 
     def free(self, seq: Sequence) -> None:
-        """Release a sequence's blocks; its full blocks stay cached for the next turn."""
+        """Its full blocks stay cached for the next turn."""
         if self.config.prefix_cache:
             self.cache_sequence(seq)
         self.allocator.decref(seq.block_table)
@@ -195,10 +179,8 @@ class Engine:
         stored = self.radix.insert(seq.block_hashes(self.block_size, n * self.block_size), blocks)
         self.allocator.incref([b for b, new in zip(blocks, stored) if new])
 
-    # --- compute entry points ------------------------------------------------------------------
     def prefill(self, seq: Sequence, chunk_size: int | None = None) -> int:
-        """Reuse the cached prefix, compute the rest in chunks, sample and return the first token
-        (appended, its KV pending)."""
+        """Returns the first token, appended with its KV pending."""
         self.reuse_prefix(seq)
         logits = self._compute_pending(seq, chunk_size)
         if self.config.prefix_cache:
@@ -208,8 +190,7 @@ class Engine:
     def extend(
         self, seq: Sequence, token_ids: Seq[int], chunk_size: int | None = None
     ) -> torch.Tensor:
-        """The Extend-Decode handoff: append known tokens, compute their KV over the cache as a
-        chunked prefill does; returns next-token logits [V] (fp32)."""
+        """The Extend-Decode handoff, computed as a chunked prefill; next-token logits [V] fp32."""
         self.append_tokens(seq, token_ids)
         if seq.num_pending == 0:
             raise ValueError("extend with nothing to compute")
@@ -229,7 +210,7 @@ class Engine:
             )
 
     def decode(self, seqs: Seq[Sequence]) -> list[int]:
-        """One continuous-batching step: each sequence feeds its one pending token and samples."""
+        """One step: each sequence feeds its one pending token and samples."""
         for s in seqs:
             if s.finished:
                 raise ValueError(f"{s.seq_id} is finished")
@@ -247,11 +228,11 @@ class Engine:
         return out
 
     def sample(self, seq: Sequence, logits: torch.Tensor) -> int:
-        """Sample from logits [V], append the token (pending), update the finish state."""
+        """Append the sampled token (KV pending) and update the finish state."""
         return self._sample_rows([seq], logits.view(1, -1))[0]
 
     def score(self, token_ids: Seq[int]) -> torch.Tensor:
-        """Teacher-forced logits [n, V] of every position (no cache reuse, nothing kept)."""
+        """Teacher-forced logits [n, V] (no cache reuse, nothing kept)."""
         seq = self.add_sequence(token_ids)
         try:
             rows: list[torch.Tensor] = []
@@ -263,11 +244,10 @@ class Engine:
             self.allocator.decref(seq.block_table)
             seq.block_table = []
 
-    # --- KV transfer ---------------------------------------------------------------------------
     def export_kv(
         self, seq: Sequence, start_block: int = 0, end_block: int | None = None
     ) -> KVBlocks:
-        """Computed blocks [start_block, end_block) as one KVBlocks (the last may be partial)."""
+        """Blocks [start_block, end_block) as one KVBlocks (the last may be partial)."""
         bs = self.block_size
         n_blocks = -(-seq.num_computed // bs)
         end_block = n_blocks if end_block is None else min(end_block, n_blocks)
@@ -285,8 +265,7 @@ class Engine:
         return KVBlocks(seq.seq_id, hashes, token_start, token_end, bs, data)
 
     def import_kv(self, seq: Sequence, kv: KVBlocks, cache: bool = True) -> None:
-        """Land received blocks in fresh blocks of `seq`, whose KV must reach kv.token_start and
-        whose tokens must cover kv.token_end; full blocks are checked against its own hashes."""
+        """Land received KV in fresh blocks; full blocks are checked against `seq`'s own hashes."""
         bs = self.block_size
         if kv.block_size != bs:
             raise ValueError(f"KV block size {kv.block_size} != engine block size {bs}")
@@ -320,7 +299,6 @@ class Engine:
         if cache and self.config.prefix_cache:
             self.cache_sequence(seq)
 
-    # --- colocated reference loop --------------------------------------------------------------
     def generate(
         self,
         requests: Seq[Request] | Seq[Seq[int]],
@@ -328,9 +306,8 @@ class Engine:
         max_batch: int = 8,
         on_step: Callable[[list[Sequence]], None] | None = None,
     ) -> list[Sequence]:
-        """Serve requests to completion with continuous batching: admit while the batch has room
-        and the KV cache holds the request's worst case, then one decode step for all running.
-        Returns the finished sequences in request order."""
+        """The colocated reference loop: admit while the batch has room and the KV cache holds the
+        request's worst case, then one decode step. Finished sequences in request order."""
         reqs = [
             r
             if isinstance(r, Request)
@@ -376,7 +353,6 @@ class Engine:
             running = still
         return [done[i] for i in range(len(reqs))]
 
-    # --- internals -----------------------------------------------------------------------------
     def _blocks_needed(self, r: Request) -> int:
         return -(-(len(r.prompt_ids) + max(r.sampling.max_tokens, 0)) // self.block_size)
 

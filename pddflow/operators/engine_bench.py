@@ -1,10 +1,5 @@
-"""`pddflow bench engine`: the engine beside HF transformers on the same weights, in the same
-process and thread count (docs/engine.md lists what is measured).
-
-Fields marked "engine only" are calibration points for `pddflow simulate --calibrate`, not
-comparisons. The machine may be shared, so short measurements alternate engine and HF and keep
-the best of a few repeats (the median for `--quick`, which the calibration fits).
-"""
+"""`pddflow bench engine`: the engine beside HF transformers on the same weights and threads
+(docs/engine.md); "engine only" fields are calibration points, not comparisons."""
 
 from __future__ import annotations
 
@@ -35,13 +30,13 @@ class BenchSizes:
     decode_batches: tuple[int, ...] = (1, 8, 32)
     decode_context: int = 128
     decode_steps: int = 16
-    # Engine only: the largest decode batch over a long context (how a step grows with its KV).
+    # engine only: the largest decode batch over a long context
     long_context: int = 1024
     extend_tokens: int = 100
     extend_context: int = 512
-    # Engine only: (tokens, context) of a prefill over a long cached context (attention's cost).
+    # engine only: (tokens, context) of a prefill over a long cached context
     long_extend: tuple[int, int] = (128, 2048)
-    # Engine only: (new, cached) prompts over a cached prefix, as a multi-turn prefill worker runs.
+    # engine only: (new, cached) prompts over a cached prefix
     prefill_grid: tuple[tuple[int, int], ...] = (
         (128, 0),
         (512, 0),
@@ -95,8 +90,7 @@ def _best_pair(
     repeats: int,
     statistic: str = "best",
 ) -> tuple[float, float]:
-    """Best (or median) of `repeats` timings each, alternating engine and HF so both see the same
-    machine load."""
+    """Alternating engine and HF, so both see the same machine load."""
     engine_times: list[float] = []
     hf_times: list[float] = []
     for _ in range(max(repeats, 1)):
@@ -155,7 +149,6 @@ def run_bench(
         "loadavg_start": [round(x, 2) for x in os.getloadavg()],
     }
 
-    # --- prefill -------------------------------------------------------------------------------
     out["prefill"] = {}
     for n in sizes.prefill_lengths:
         progress(f"prefill {n} tokens")
@@ -177,7 +170,6 @@ def run_bench(
             "ratio": _ratio(hf_s, engine_s),
         }
 
-    # --- decode --------------------------------------------------------------------------------
     out["decode"] = {"context": sizes.decode_context}
     for b in sizes.decode_batches:
         progress(f"decode batch {b}")
@@ -197,7 +189,6 @@ def run_bench(
             "hf_step_ms": round(hf_s / sizes.decode_steps * 1e3, 2),
         }
 
-    # --- decode over a long context (engine only: a calibration point, not a comparison) ---------
     if sizes.long_context > sizes.decode_context:
         b = max(sizes.decode_batches)
         progress(f"decode batch {b} over {sizes.long_context} tokens of context")
@@ -210,7 +201,6 @@ def run_bench(
             "engine_step_ms": round(engine_s / sizes.decode_steps * 1e3, 2),
         }
 
-    # --- extend vs decode ----------------------------------------------------------------------
     progress(f"extend {sizes.extend_tokens} tokens vs one decode step")
     ctx_prompt = prompt(sizes.extend_context)
     known = prompt(sizes.extend_tokens)
@@ -236,7 +226,6 @@ def run_bench(
         "hf_decode_step_ms": round(hf_step * 1e3, 2),
     }
 
-    # --- new tokens over a long cached context (engine only: a calibration point) ---------------
     n, ctx = sizes.long_extend
     if n > 0 and ctx > 0:
         progress(f"{n} new tokens over {ctx} cached")
@@ -248,11 +237,9 @@ def run_bench(
             "extend_ms": round(_summary(runs, sizes.statistic) * 1e3, 2),
         }
 
-    # --- prompts over a cached prefix (engine only: the calibration grid) ---------------------
     if sizes.prefill_grid:
         out["prefill_grid"] = _prefill_grid(source, sizes, prompt, kv_bytes, progress)
 
-    # --- co-run: the same steps while another process decodes on another core -------------------
     if sizes.corun:
         from pddflow.operators.corun_bench import measure
 
@@ -275,7 +262,6 @@ def run_bench(
                 corun["prefill_tokens"], corun["decode_batch"] = n_pre, b_dec
             out["corun"] = corun
 
-    # --- mixed serving workload ----------------------------------------------------------------
     workload_rng = random.Random(seed + 1)
     reqs = []
     for i in range(sizes.mixed_requests):
@@ -336,11 +322,8 @@ def _prefill_grid(
     kv_bytes: int,
     progress: Callable[[str], None],
 ) -> dict[str, Any]:
-    """Each (new, cached) of the grid: a prompt whose first `cached` tokens are in the prefix cache,
-    prefilled as a prefill worker does (reuse the cached blocks, compute the rest). The prefix is
-    prefilled once; every repeat appends fresh tokens to it. A second engine (the benchmark's own
-    runs without a prefix cache, so its repeats measure compute), freed on return: for a large
-    model, one more copy of its fused weights while this section runs."""
+    """Each (new, cached): fresh tokens over a prefix prefilled once, as a prefill worker runs them,
+    on a second engine (the benchmark's own has no prefix cache): one more copy of the weights."""
     need = max(n + c for n, c in sizes.prefill_grid) + 64
     kv = max(kv_bytes, 4 * need * source.config.kv_bytes_per_token(4))
     engine = Engine(source, EngineConfig(kv_cache_bytes=kv, prefix_cache=True))
@@ -379,7 +362,6 @@ def _warm_prefill(engine: Engine, hf, ids: list[int]) -> None:
 
 
 def _engine_prefill(engine: Engine, ids: list[int]) -> float:
-    """Seconds of one prompt's prefill (its blocks freed after)."""
     seq = engine.add_sequence(ids, SamplingParams(max_tokens=1))
     t = time.perf_counter()
     engine.prefill(seq)

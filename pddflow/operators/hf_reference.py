@@ -1,6 +1,4 @@
-"""HF transformers on the engine's own weights: the reference `bench engine` times the engine
-against and the HF parity tests compare logits with. Imports transformers, which the engine never
-does."""
+"""HF transformers on the engine's own weights, for `bench engine` and the parity tests."""
 
 from __future__ import annotations
 
@@ -14,7 +12,6 @@ from pddflow.operators.weights import ModelSource
 
 
 def hf_model_from_source(source: ModelSource):
-    """A transformers model holding exactly the engine's weights (fp32, eval mode)."""
     from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
     c = source.config

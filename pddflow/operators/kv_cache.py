@@ -1,9 +1,4 @@
-"""The paged KV pool: one tensor holding every block of every sequence.
-
-Layout [num_blocks, num_layers, 2 (K, V), block_size, num_kv_heads, head_dim]: a block is one
-contiguous slab, so exporting blocks is a single gather into the `KVBlocks.data` wire layout and a
-channel can checksum or resume per block without copying.
-"""
+"""The paged KV pool: one tensor, each block one contiguous slab (docs/engine.md, KV layout)."""
 
 from __future__ import annotations
 
@@ -20,7 +15,6 @@ def block_bytes(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int
 def blocks_for_budget(
     config: ModelConfig, block_size: int, dtype: torch.dtype, budget_bytes: int
 ) -> int:
-    """How many blocks a memory budget buys."""
     return int(budget_bytes) // block_bytes(config, block_size, dtype)
 
 
@@ -34,8 +28,7 @@ class KVPool:
         device: torch.device,
     ):
         self.block_size = block_size
-        # Zeros, not empty: attention multiplies never-written slots by a zero probability, which
-        # gives exactly zero only for finite values.
+        # zeros: never-written slots times a zero probability is zero only for finite values
         self.tensor = torch.zeros(
             num_blocks,
             config.num_layers,

@@ -1,13 +1,5 @@
-"""Batch-invariant linear layers: an output row depends only on its input row, never on how many
-rows share the matmul.
-
-Why: the Extend-Decode handoff recomputes in one N-row extend the tokens the relay decoded one row
-at a time, and greedy outputs stay identical only if each row's arithmetic does. CPU BLAS takes
-other kernels (other rounding) for small row counts; oneDNN over a pre-packed weight does not,
-except for a special 1-row path. So on CPU weights are packed for oneDNN and the row count padded
-to `row_multiple`, which `calibrate` verifies on this machine (falling back to BLAS with wider
-padding). CUDA calls F.linear: no bit-exactness promised there.
-"""
+"""Batch-invariant linear layers: an output row never depends on how many rows share the matmul
+(docs/engine.md, Batch invariance). CUDA calls F.linear: no bit-exactness promised there."""
 
 from __future__ import annotations
 
@@ -28,8 +20,6 @@ def _onednn_available() -> bool:
 
 
 class Linear:
-    """y = x W^T + b for x [M, K]."""
-
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, max_rows: int = 512):
         self.weight = weight.contiguous()
         self.bias = None if bias is None else bias.contiguous()
@@ -68,8 +58,7 @@ def _round_up(x: int, m: int) -> int:
 
 @functools.cache
 def calibrate(k: int, n: int, bias: bool, max_rows: int, num_threads: int) -> tuple[str, int]:
-    """Pick (backend, row padding) whose rows are bit-identical for every padded row count up to
-    max_rows, tested on random data with this exact shape. Cached per shape and thread count."""
+    """(backend, row padding) whose rows are bit-identical up to max_rows on this machine."""
     candidates = ([("onednn", 8), ("onednn", 16)] if _onednn_available() else []) + [
         ("blas", 16),
         ("blas", 32),

@@ -1,9 +1,5 @@
-"""The Llama-architecture decoder (Llama and Qwen2 checkpoints) over the paged KV pool.
-
-`forward` takes a flat batch of token rows from any mix of prefill chunks, extend chunks and decode
-rows; every op is row-wise or batch-invariant, so a token's logits and KV do not depend on what it
-was batched with.
-"""
+"""The Llama-architecture decoder (Llama, Qwen2) over the paged KV pool; every op is row-wise or
+batch-invariant, so any mix of prefill, extend and decode rows can share a forward."""
 
 from __future__ import annotations
 
@@ -25,8 +21,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 
 def silu(x: torch.Tensor) -> torch.Tensor:
-    # Spelled out: F.silu's vector and scalar-tail paths round differently, so a value would depend
-    # on where it sits in the tensor.
+    # not F.silu: its vector and scalar-tail paths round differently
     return x / (1 + torch.exp(-x))
 
 
@@ -59,7 +54,7 @@ class LlamaModel:
             return w(name) if name in weights else None
 
         def cat_bias(names: list[str]) -> torch.Tensor | None:
-            # A fused projection has all its biases or none (hf_weight_names keeps it so).
+            # a fused projection has all its biases or none
             parts = [opt(n) for n in names]
             return None if any(p is None for p in parts) else torch.cat(parts)  # type: ignore[arg-type]
 

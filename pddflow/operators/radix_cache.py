@@ -1,11 +1,5 @@
-"""Radix prefix cache: a tree of KV blocks keyed by prefix-chained block hashes.
-
-It serves Prefill's prefix reuse and MainDecode's decode-side cache (DRC), and maps a hash to an
-opaque value (a block id in the engine), so it is pure Python.
-
-Why a tree when a chained hash already names its whole prefix: eviction must go leaf-first, since
-evicting an inner block would strand every descendant (a match stops at the first miss).
-"""
+"""Radix prefix cache of hash -> opaque value, pure Python. A tree although a chained hash names its
+whole prefix: evicting an inner block would strand its descendants, so eviction goes leaf-first."""
 
 from __future__ import annotations
 
@@ -27,13 +21,7 @@ class _Node:
 
 
 class RadixCache:
-    """Longest-prefix match, insert and LRU eviction of unreferenced leaves.
-
-    capacity: most blocks to hold; None: the owner bounds it and calls `evict` (the engine does,
-        when its block allocator runs dry).
-    on_evict(value): called for every evicted block.
-    evictable(value): False keeps a block a running sequence still reads.
-    """
+    """`capacity` None: the owner calls `evict`. `evictable(v)` False: a sequence reads it."""
 
     def __init__(
         self,
@@ -49,21 +37,17 @@ class RadixCache:
         self._clock = itertools.count(1)
         self._root = _Node(None, None, None, 0)
         self._size = 0
-        # Leaves by last access, lazily deleted: an entry whose node was touched again, gained a
-        # child or left the tree is stale, skipped on pop and compacted away.
+        # leaves by last access, lazily deleted: stale entries are skipped on pop and compacted
         self._heap: list[tuple[int, int, _Node]] = []
         self._tiebreak = itertools.count()
-        # Net (inserted, evicted) since the last take_changes(), kept once asked for: what a worker
-        # publishes to the router's mirror, O(change) instead of a diff of the tree.
+        # net (inserted, evicted) since take_changes(), once asked for: O(change) mirror updates
         self._changes: tuple[set[int], set[int]] | None = None
 
-    # --- queries -------------------------------------------------------------------------------
     def __len__(self) -> int:
         return self._size
 
     def match_len(self, hashes: Sequence[int]) -> int:
-        """How many leading blocks of `hashes` are cached. Read-only: predicting a hit must not
-        change what the cache evicts next."""
+        """Leading blocks of `hashes` cached; read-only: predicting a hit must not touch the LRU."""
         node, n = self._root, 0
         for h in hashes:
             node = node.children.get(h)  # type: ignore[assignment]
@@ -86,10 +70,8 @@ class RadixCache:
             yield node.hash, node.value  # type: ignore[misc]
             stack.extend(node.children.values())
 
-    # --- updates -------------------------------------------------------------------------------
     def insert(self, hashes: Sequence[int], values: Sequence[Any]) -> list[bool]:
-        """Insert a prefix (hashes[0] is a sequence's first block). Per block, whether this call
-        stored its value: False where the hash was cached already and the caller keeps its value."""
+        """Per block, whether this call stored its value (False: cached, the caller keeps it)."""
         if len(hashes) != len(values):
             raise ValueError(f"{len(hashes)} hashes but {len(values)} values")
         stored: list[bool] = []
@@ -114,7 +96,6 @@ class RadixCache:
         return stored
 
     def evict(self, num_blocks: int) -> list[Any]:
-        """Evict up to `num_blocks` least recently used evictable leaves; returns their values."""
         evicted: list[Any] = []
         held: list[tuple[int, int, _Node]] = []
         while len(evicted) < num_blocks and self._heap:
@@ -140,8 +121,7 @@ class RadixCache:
         return evicted
 
     def evictable_count(self) -> int:
-        """Blocks repeated `evict` calls could free now: nodes whose whole subtree is evictable.
-        O(size): for admission control, not per-token paths."""
+        """Blocks repeated `evict` calls could free now. O(size): not for per-token paths."""
         count = 0
         order: list[_Node] = []
         stack = list(self._root.children.values())
@@ -159,7 +139,6 @@ class RadixCache:
         return count
 
     def clear(self) -> list[Any]:
-        """Drop everything (evictable or not); returns the values, calling on_evict for each."""
         values = [v for _, v in self]
         if self._changes is not None:
             for h, _ in self:
@@ -172,11 +151,9 @@ class RadixCache:
         self._heap.clear()
         return values
 
-    # --- change journal ------------------------------------------------------------------------
     def take_changes(self) -> tuple[list[int], list[int]]:
-        """Net (inserted, evicted) hashes since the previous call: applying `evicted` then
-        `inserted` to the previous set gives the set now. The first call starts the journal and
-        returns every cached hash as inserted."""
+        """Net (inserted, evicted) since the previous call (apply `evicted` first); the first call
+        starts the journal and returns every cached hash as inserted."""
         if self._changes is None:
             self._changes = (set(), set())
             return sorted(h for h, _ in self), []
@@ -198,7 +175,6 @@ class RadixCache:
         else:
             ev.add(h)
 
-    # --- internals -----------------------------------------------------------------------------
     def _walk(self, hashes: Sequence[int]) -> list[_Node]:
         path: list[_Node] = []
         node = self._root

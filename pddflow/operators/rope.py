@@ -1,10 +1,5 @@
-"""Rotary position embeddings with the config's theta and scaling (default, linear, llama3), the
-same formulas as transformers.
-
-cos/sin come from a table that grows in fixed 4096-position pages. Each page is computed as one
-tensor of identical shape, so a position's value is the same whichever step first needed it (a
-vectorised cos/sin may round a tensor's tail elements differently from its body).
-"""
+"""Rotary embeddings as transformers computes them. The table grows in fixed 4096-position pages,
+so a position's value never depends on which step first needed it (tails round differently)."""
 
 from __future__ import annotations
 

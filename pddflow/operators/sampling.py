@@ -1,9 +1,5 @@
-"""Token sampling: greedy, or temperature + top-p with per-request seeds.
-
-Randomness is stateless: the uniform draw for the token at position p is a hash of (seed, p). A
-sequence sampled on several workers (prefill's first token, relay tokens, main-decode tokens) draws
-what one colocated run draws, with no generator state to ship between them.
-"""
+"""Token sampling, greedy or temperature + top-p, stateless: the draw at position p is a hash of
+(seed, p), so a sequence split across workers draws what one colocated run draws."""
 
 from __future__ import annotations
 
@@ -15,7 +11,6 @@ from pddflow.core.payloads import SamplingParams
 
 
 def uniform(seed: int, position: int) -> float:
-    """A reproducible draw in [0, 1) for (seed, position)."""
     h = hashlib.blake2b(
         (seed & (2**64 - 1)).to_bytes(8, "little") + position.to_bytes(8, "little"), digest_size=8
     )

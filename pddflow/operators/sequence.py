@@ -1,8 +1,5 @@
-"""A sequence: one request's tokens and where its KV lives. Pure Python.
-
-Invariant: the KV of token_ids[:num_computed] is in the pool, in block_table order; later tokens
-are known but pending (the prompt before prefill, the token a decode step feeds, handoff IDs).
-"""
+"""A sequence. Invariant: the KV of token_ids[:num_computed] is in the pool, in block_table order;
+later tokens are known but pending."""
 
 from __future__ import annotations
 

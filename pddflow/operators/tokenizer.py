@@ -1,8 +1,4 @@
-"""Tokenizers: bytes for `builtin:tiny-llama`, `tokenizer.json` (HF `tokenizers`) for checkpoints.
-
-The engine itself only sees token IDs; a tokenizer is needed only at the edges (text prompts in,
-text out), and a checkpoint without `tokenizer.json` still serves `--prompt-ids`.
-"""
+"""Tokenizers (bytes for builtin, `tokenizer.json` for checkpoints), needed only for text I/O."""
 
 from __future__ import annotations
 

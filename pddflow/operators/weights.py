@@ -1,9 +1,5 @@
-"""Model sources: `builtin:<name>` (weights drawn from a fixed seed) or a local HF checkpoint
-directory (`config.json` + `*.safetensors`, optional `tokenizer.json`). Nothing is fetched.
-
-Weights come back under their HF names in fp32 on the CPU, so the same dict loads into
-`transformers` for side-by-side checks.
-"""
+"""Model sources: `builtin:<name>` (seeded weights) or a local HF checkpoint, nothing fetched;
+weights under their HF names in fp32, so the same dict loads into `transformers`."""
 
 from __future__ import annotations
 
@@ -32,7 +28,6 @@ class ModelSource:
 
 
 def load_model_source(spec: str, seed: int = BUILTIN_SEED) -> ModelSource:
-    """`builtin:tiny-llama` or a checkpoint directory; raises ModelSpecError with the reason."""
     spec = str(spec)
     if spec.startswith("builtin:"):
         name = spec.split(":", 1)[1]
@@ -88,9 +83,7 @@ def _shape(config: ModelConfig, name: str) -> tuple[int, ...]:
 
 
 def builtin_weights(config: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
-    """The same weights in every process, from one seeded generator: N(0, 0.02) matrices, unit
-    norms, zero biases, and N(0, 1) embeddings; with 0.02 embeddings greedy decoding collapses onto
-    one repeated token, which would blind the exactness tests."""
+    """N(0, 1) embeddings: with N(0, 0.02) greedy decoding repeats one token, blinding the tests."""
     import torch
 
     gen = torch.Generator().manual_seed(seed)
