@@ -1,6 +1,2 @@
-"""Engine kernels, each with a torch reference: `paged_attention` (decode rows and prefill/extend
-chunks over the paged KV pool) and `kv_copy` (block gather/scatter for KV export and import).
-
-Triton is imported only inside the `_triton_*` modules, which load on CUDA or in kernel tests, so
-the engine runs where triton is not installed.
-"""
+"""Engine kernels, each with a torch reference (docs/engine.md, Kernels). Triton is imported only
+in the `_triton_*` modules, so the engine runs without it."""

@@ -1,8 +1,5 @@
-"""Triton paged attention (CUDA; also runs under TRITON_INTERPRET=1 for tests).
-
-One program per (query row, KV head) walks the row's block table up to its own context length with
-an online softmax, so a row's result depends only on its own query and context.
-"""
+"""Triton paged attention (CUDA, or TRITON_INTERPRET=1): one program per (query row, KV head), so a
+row's result depends only on its own query and context."""
 
 from __future__ import annotations
 

@@ -1,8 +1,4 @@
-"""KV block gather/scatter: the device side of KV export and import.
-
-One block (all layers, K and V) is one contiguous slab of the pool, so a selection of blocks
-gathers into exactly the `KVBlocks.data` layout with one copy.
-"""
+"""KV block gather/scatter, the device side of KV export and import: one copy each way."""
 
 from __future__ import annotations
 
@@ -10,7 +6,6 @@ import torch
 
 
 def gather_blocks(pool: torch.Tensor, block_ids: list[int] | torch.Tensor) -> torch.Tensor:
-    """Copy pool[block_ids] into a new contiguous tensor."""
     ids = torch.as_tensor(block_ids, dtype=torch.long, device=pool.device)
     if pool.device.type == "cuda" and ids.numel():
         from pddflow.kernels._triton_kv_copy import gather_blocks_triton

@@ -1,17 +1,6 @@
-"""Paged attention for any set of query rows: decode rows and prefill/extend chunks share one
-function, so a token's output cannot depend on which entry point computed it.
-
-Why the torch path is tiled: the correctness invariant needs a token inside a 512-row extend chunk
-to get bit-identical output to the same token computed as a 1-row decode step, and CPU BLAS picks
-kernels (and reduction orders) by matrix shape. So scores reduce only over head_dim, with keys
-padded to a multiple of `tile` and query rows to a multiple of `row_multiple`; `P V` runs per
-fixed-size key tile and the tile partials are summed by a fixed binary tree (all-zero tiles past a
-query's context leave that sum unchanged). `calibrate` checks on this machine's BLAS that rows
-really are invariant and picks the row padding.
-
-The Triton path (CUDA) walks each row's block table with an online softmax: batch-invariant by
-construction.
-"""
+"""Paged attention for decode rows and prefill/extend chunks alike, so a token's output cannot
+depend on its entry point; the torch path is tiled to stay batch-invariant on CPU BLAS
+(docs/engine.md, Batch invariance)."""
 
 from __future__ import annotations
 
@@ -27,9 +16,8 @@ DEFAULT_TILE = 64
 
 @dataclass(frozen=True)
 class SeqSpan:
-    """Rows [row_start, row_start + num_rows) of a forward batch: one sequence's queries at token
-    positions start_pos .. start_pos + num_rows - 1. Their K/V are already in the pool, so the
-    context of the last row is start_pos + num_rows tokens, read through `block_table`."""
+    """One sequence's rows [row_start, +num_rows) at positions from start_pos, K/V already in the
+    pool: the last row's context is start_pos + num_rows tokens."""
 
     row_start: int
     num_rows: int
@@ -45,11 +33,11 @@ class SeqSpan:
 class _Group:
     """Spans attended together: a bucket of decode rows, or one chunk split into row blocks."""
 
-    batch: int  # B spans
-    key_len: int  # L: the longest context rounded up to the tile
+    batch: int
+    key_len: int  # the longest context rounded up to the tile
     key_index: torch.Tensor  # [B, Hkv, L] flat pool row index (layer 0, K)
-    rows: torch.Tensor | slice  # which rows of q
-    num_rows: int  # decode: 1 per span; chunk: the chunk length
+    rows: torch.Tensor | slice
+    num_rows: int
     mask: torch.Tensor | None = None  # decode: [B, 1, 1, L], True where the key is hidden
     # chunk: (row0, row1, keys, mask_from, mask [rows, keys - mask_from]) over [Hkv, n*G, D] rows
     blocks: list[tuple[int, int, int, int, torch.Tensor]] = field(default_factory=list)
@@ -57,7 +45,7 @@ class _Group:
 
 @dataclass
 class AttentionPlan:
-    """Everything about one forward step's attention that does not change across layers."""
+    """What of one forward step's attention is the same for every layer."""
 
     spans: list[SeqSpan]
     num_rows: int
@@ -76,8 +64,7 @@ def _round_up(x: int, m: int) -> int:
     return (x + m - 1) // m * m
 
 
-# Chunk rows per attention block: the score block stays cache-sized, and each block stops at its
-# own last key instead of the chunk's (causal skipping).
+# chunk rows per block: scores stay cache-sized and each block stops at its own last key
 ROW_BLOCK = 256
 
 
@@ -120,7 +107,7 @@ def plan_attention(
 
 
 def _decode_buckets(spans: list[SeqSpan], tile: int) -> list[list[SeqSpan]]:
-    """Decode rows of similar context length: a bucket pads every row to its longest context."""
+    """Buckets of similar context length: a bucket pads every row to its longest."""
     spans = sorted(spans, key=lambda s: -s.context_len)
     buckets: list[list[SeqSpan]] = []
     for s in spans:
@@ -146,7 +133,7 @@ def _key_index(
             raise ValueError(f"block table has {len(s.block_table)} blocks, context needs {need}")
         # Padding reads block 0: its keys are masked and the pool is finite, so 0 * V stays 0.
         tables[i, :need] = torch.as_tensor(list(s.block_table[:need]), dtype=torch.long)
-    # Row index into pool.view(-1, head_dim) for layer 0, K (layout: kv_cache.KVPool).
+    # row index into pool.view(-1, head_dim) for layer 0, K
     block_stride = plan.num_layers * 2 * bs * hkv
     slot = (tables[:, :, None] * block_stride + torch.arange(bs)[None, None, :] * hkv).reshape(
         len(spans), key_len
@@ -210,7 +197,7 @@ def _triton_meta(spans: list[SeqSpan], block_size: int, device: torch.device):
 def paged_attention(
     q: torch.Tensor, pool: torch.Tensor, layer: int, plan: AttentionPlan, scale: float
 ) -> torch.Tensor:
-    """q [T, H, D] (RoPE applied) against the pool, this step's K/V already written; [T, H, D]."""
+    """q [T, H, D] (RoPE applied), this step's K/V already in the pool; returns [T, H, D]."""
     if q.device.type == "cuda":
         from pddflow.kernels._triton_attention import paged_attention_triton
 
@@ -238,8 +225,7 @@ def paged_attention_torch(
         )
         V = flat.index_select(0, (idx + v_off).view(-1)).view(grp.batch, hkv, grp.key_len, D)
         if grp.mask is None or not plan.decode_kt_view:
-            # A contiguous K^T speeds up a chunk's score GEMMs; a decode row is too short to pay
-            # for the copy. Both give the same bits; calibrate() checks that here.
+            # contiguous K^T speeds a chunk's GEMMs; same bits either way (calibrate() checks)
             Kt = Kt.contiguous()
         if grp.mask is not None:  # decode bucket: G rows per (span, KV head), padded
             qg = q.index_select(0, grp.rows).view(grp.batch, hkv, g, D)  # type: ignore[arg-type]
@@ -310,9 +296,7 @@ def tree_sum(x: torch.Tensor, dim: int) -> torch.Tensor:
 
 @dataclass(frozen=True)
 class Numerics:
-    """How the torch path must run on this machine to stay batch-invariant."""
-
-    row_multiple: int  # pad query rows to a multiple of this
+    row_multiple: int
     decode_kt_view: bool  # decode may feed K^T as a transposed view (no copy)
     invariant: bool  # False: no setting passed the check (outputs may differ across splits)
 
@@ -321,7 +305,7 @@ class Numerics:
 def calibrate(
     head_dim: int, num_kv_heads: int, group_size: int, tile: int, num_threads: int
 ) -> Numerics:
-    """The cheapest setting under which the torch path is row-invariant here; warns if none is."""
+    """The cheapest row-invariant setting on this machine; warns if none is."""
     for row_multiple in (4, 8, 16, 32, 64):
         for kt_view in (True, False):
             if _rows_invariant(head_dim, num_kv_heads, group_size, tile, row_multiple, kt_view):
