@@ -1,9 +1,5 @@
-"""The OpenAI-compatible HTTP API: /v1/completions, /v1/chat/completions (SSE streaming or not),
-/v1/models, /health, /metrics and /v1/requests/{id}/timeline.
-
-The app only translates HTTP to the `Frontend` protocol below (the deployment's router); it holds
-no scheduling or transport logic, so any backend can serve it.
-"""
+"""The OpenAI-compatible HTTP API (docs/runtime.md, API): it only translates HTTP to the `Frontend`
+protocol below, so any backend can serve it."""
 
 from __future__ import annotations
 
@@ -72,7 +68,7 @@ def _error(
 
 
 class _Utf8Stream:
-    """Decodes a growing token list to text without splitting a multi-byte character."""
+    """Never splits a multi-byte character."""
 
     def __init__(self, tok: Tokenizer):
         self.tok, self.ids, self.sent = tok, [], ""
@@ -279,8 +275,6 @@ async def _serve(frontend: Frontend, body: _Body, prompt_ids: list[int], chat: b
 
 
 class _Run:
-    """One generation as text: applies stop strings and records the finish reason."""
-
     def __init__(
         self,
         frontend: Frontend,

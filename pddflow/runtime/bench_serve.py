@@ -1,6 +1,5 @@
-"""`pddflow bench serve`: the same multi-turn workload against several graphs, one deployment
-after the other on one emulated WAN, measured from the client side (TTFT, TPOT) and from each
-deployment's /metrics (WAN bytes sent and saved by DRC, relay token share)."""
+"""`pddflow bench serve`: one multi-turn workload against each graph's deployment in turn, measured
+at the client and from /metrics (docs/benchmarks.md)."""
 
 from __future__ import annotations
 
@@ -47,9 +46,7 @@ class GraphResult:
     errors: list[str] = field(default_factory=list)
     wall_s: float = 0.0
     metrics: dict[str, float] = field(default_factory=dict)
-    # CPU seconds the serving path took besides the workers while the workload ran: the deployment's
-    # frontend process (API, routing, streaming) and this client. On the embedded deployment they
-    # share the workers' cores; `pddflow simulate --calibrate` reads them as a load per token.
+    # CPU seconds of the serving path besides the workers (frontend process, this client)
     frontend_cpu_s: float | None = None
     client_cpu_s: float | None = None
     # instance -> its decode steps over the run
@@ -150,7 +147,6 @@ def _scrape(base: str) -> dict[str, float]:
 
 
 def _timelines(base: str, samples: list[Sample]) -> None:
-    """Attach each request's server-side timeline (the frontend keeps the most recent ones)."""
     with httpx.Client(timeout=10) as client:
         for s in samples:
             r = client.get(f"{base}/v1/requests/{s.request_id}/timeline")
@@ -158,9 +154,8 @@ def _timelines(base: str, samples: list[Sample]) -> None:
 
 
 def decode_counters(base: str, since: dict[str, dict] | None = None) -> dict[str, dict]:
-    """Each decoding worker's decode counters (`DECODE_COUNTERS`: steps, CPU and wall seconds,
-    sequences, context tokens) from the frontend's /metrics, less `since`. Workers report their
-    status every STATUS_EVERY_S: wait twice that first, so the figures include the last steps."""
+    """Each decoder's `DECODE_COUNTERS` from /metrics, less `since`; waits two status periods
+    first, so the figures include the last steps."""
     time.sleep(2 * STATUS_EVERY_S)
     text = httpx.get(f"{base}/metrics", timeout=10).text
     keys = {name: field.removeprefix("decode_") for field, (name, _) in DECODE_COUNTERS.items()}
@@ -291,8 +286,7 @@ def summarize(res: GraphResult, sla_ttft_s: float, sla_tpot_s: float) -> dict:
 
 
 def _host_cpu(res: GraphResult) -> dict | None:
-    """The serving path's CPU besides the workers (frontend process, this client), in all and per
-    streamed token."""
+    """The serving path's CPU besides the workers, in all and per streamed token."""
     if res.frontend_cpu_s is None or res.client_cpu_s is None:
         return None
     tokens = sum(s.tokens for s in res.samples)

@@ -1,10 +1,5 @@
-"""A deployment: compile the graph, start every operator instance through a backend, serve the
-API, stop everything cleanly.
-
-Backends own processes, not policy: `local` (the embedded default) runs each instance as an OS
-process on this machine with both clusters emulated and the WAN shaped by the graph's link model.
-A backend for many machines (Ray, Kubernetes) implements the same three calls.
-"""
+"""A deployment: compile the graph, start every instance through a backend (processes, not
+policy; docs/runtime.md, Backends), serve the API, stop everything cleanly."""
 
 from __future__ import annotations
 
@@ -37,7 +32,7 @@ class Backend(Protocol):
 
 
 class LocalBackend:
-    """Every instance of the plan as a child process of this one (see processes.py)."""
+    """Every instance of the plan as a child process of this one."""
 
     name = "local"
 
@@ -74,7 +69,7 @@ class LocalBackend:
         return {w.name: w.pid for w in self.workers if w.pid}
 
     def kill(self, instance: str) -> None:
-        """Kill one instance at once (failure drills and tests)."""
+        """For failure drills and tests."""
         import signal
 
         for w in self.workers:
@@ -82,7 +77,6 @@ class LocalBackend:
                 w.signal(signal.SIGKILL)
 
     def cut_link(self, link: str, seconds: float, after_bytes: int = 0) -> None:
-        """Take an emulated link down (now, or after `after_bytes` more bytes cross it)."""
         if link not in self.relays:
             raise KeyError(f"no emulated link {link!r}; links: {', '.join(self.relays) or 'none'}")
         for relay in self.relays[link]:

@@ -1,11 +1,5 @@
-"""The frontend: the deployment's router. It asks the scheduler for a route, hands each instance
-on the route its leg, merges the token streams the legs report into one client stream, triggers
-the relay's handoff when main's KV has landed, keeps the scheduler's cache mirrors exact from the
-workers' cache deltas, and applies the declared fallbacks when a leg or a worker fails.
-
-Reports arrive on gRPC threads and are handed to the asyncio loop; all request state is touched
-only on that loop.
-"""
+"""The frontend: the deployment's router (docs/runtime.md, A request, step by step). Reports arrive
+on gRPC threads; all request state is touched only on the asyncio loop."""
 
 from __future__ import annotations
 
@@ -77,7 +71,6 @@ class Frontend:
             threads=len(wiring.workers) + 8,
         )
 
-    # ---- the API's Frontend protocol ---------------------------------------------------------
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         with self._lock:
             self.loop = loop
@@ -158,7 +151,6 @@ class Frontend:
         finally:
             self._close(live)
 
-    # ---- routing -----------------------------------------------------------------------------
     def _route(
         self,
         rid: str,
@@ -211,7 +203,6 @@ class Frontend:
                     503, f"worker {inst} did not take the request: {grpc_text(exc)}"
                 ) from None
 
-    # ---- reports (gRPC threads -> the loop) --------------------------------------------------
     def _reports(self, stream: Iterator[pb.Report], context: Any) -> pb.Empty:
         instance = None
         try:
@@ -300,8 +291,7 @@ class Frontend:
         st, r = live.state, live.route
         op = self.plan.instance(inst).operator
         if self.plan.operators[op].op_type == "prefill":
-            # Prefill's first token reaches the client through the decoder that continues from it
-            # (as in every PD system): TTFT includes getting the KV to a decoder.
+            # prefill's first token reaches the client via the decoder that continues from it
             r.legs.discard(inst)
             if t.final:
                 st.add(TokenRun(int(t.start), list(t.ids), op, final=True))
@@ -407,8 +397,7 @@ class Frontend:
                     )
 
     def _resume(self, live: Live, lost: str) -> bool:
-        """Finish a request whose decoder is gone on another decoder of its route (the relay when
-        main is lost, main when the relay is lost): it prefills prompt + tokens so far locally."""
+        """Resume on the route's other decoder, which prefills prompt + tokens so far locally."""
         r, st = live.route, live.state
         survivors = [i for i in (r.relay, r.main) if i and i != lost and i not in self.lost]
         if not survivors or r.resumed_seq:
@@ -417,7 +406,7 @@ class Frontend:
         for inst in list(r.legs):
             self._abort_leg(live, inst, f"resuming on {target}")
         done = list(st.tokens)
-        # A new sequence id: the aborts of the old legs and this submit may arrive in any order.
+        # a new sequence id: the old legs' aborts and this submit may arrive in any order
         r.resumed_seq = f"{st.request_id}{RESUMED}"
         self.resumed[r.resumed_seq] = st.request_id
         job = live.job(
@@ -446,7 +435,6 @@ class Frontend:
         self._call(target, "Submit", job)
         return True
 
-    # ---- endings -----------------------------------------------------------------------------
     def _abort_leg(self, live: Live, inst: str, reason: str) -> None:
         live.route.legs.discard(inst)
         if inst not in self.lost:

@@ -1,6 +1,5 @@
-"""Run `pddflow deploy` as a subprocess on a free port, wait until it is ready, stop it, and tell
-whether anything was left behind (worker processes, KV blocks of finished requests). Used by
-`pddflow bench serve` and the end-to-end tests."""
+"""`pddflow deploy` as a subprocess for `bench serve` and the end-to-end tests, with a check that
+nothing was left behind (worker processes, KV blocks of finished requests)."""
 
 from __future__ import annotations
 

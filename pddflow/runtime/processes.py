@@ -1,9 +1,5 @@
-"""Worker processes of the local backend: start, watch, stop, with nothing left behind.
-
-Each worker is a child in its own process group that the kernel kills if the deployer dies
-(PR_SET_PDEATHSIG), so even a `kill -9` of `pddflow deploy` leaves no orphan. Stopping sends
-SIGTERM, waits up to a grace period, then SIGKILLs what is left.
-"""
+"""Worker processes of the local backend: start, watch, stop (SIGTERM, then SIGKILL), and die with
+the deployer (PR_SET_PDEATHSIG), so nothing is left behind."""
 
 from __future__ import annotations
 

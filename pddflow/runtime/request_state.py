@@ -1,6 +1,5 @@
-"""One request as the frontend sees it: tokens arriving from several workers (prefill's first
-token, the relay's eager tokens, main decode's tokens after the handoff) merged into one stream by
-position, so the client never sees a token twice or misses one; plus its timeline."""
+"""One request at the frontend: tokens from several workers merged by position into one stream, no
+token repeated or lost; plus its timeline."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ from typing import Any
 class TokenRun:
     start: int  # position in the output (0 = first generated token)
     ids: list[int]
-    source: str  # operator name that produced them
+    source: str  # operator name
     final: bool = False  # the source produced the sequence's last token
 
 
@@ -45,7 +44,7 @@ class RequestState:
     error: str | None = None
     events: list[TimelineEvent] = field(default_factory=list)
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
-    emitted: int = 0  # tokens handed to the client so far
+    emitted: int = 0
     token_times: list[float] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -55,8 +54,7 @@ class RequestState:
         self.events.append(TimelineEvent(name, time.monotonic(), detail))
 
     def add(self, run: TokenRun) -> None:
-        """Accept tokens at any position; a position reported twice (the relay and main decode
-        around the handoff point) must carry the same token."""
+        """Any position; one reported twice (around the handoff) must carry the same token."""
         if self.finished:
             return
         for i, tok in enumerate(run.ids):

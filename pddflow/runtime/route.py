@@ -1,5 +1,4 @@
-"""A request in flight at the frontend: the route the scheduler chose (which instance plays which
-part, the handoff mode) and the Job each instance on it receives."""
+"""A request in flight at the frontend: its route and the Job each instance on it receives."""
 
 from __future__ import annotations
 
@@ -59,7 +58,6 @@ class Live:
     deadline: float
 
     def job(self, plan: Plan, **over: Any) -> pb.Job:
-        """The leg every instance on the route receives (`over` replaces fields)."""
         r, s = self.route, self.sampling
         main_blocks = r.decision.predicted_hit_tokens // plan.model.block_size if r.main else 0
         fields = dict(

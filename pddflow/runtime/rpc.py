@@ -1,5 +1,5 @@
-"""gRPC plumbing of the control plane (services in runtime.proto), registered by hand with the
-protobuf serialisers: no generated stubs, no pickle. Every client call carries a deadline."""
+"""gRPC plumbing of the control plane, registered by hand (no generated stubs, no pickle); every
+client call carries a deadline."""
 
 from __future__ import annotations
 
@@ -48,7 +48,6 @@ def serve(
     port: int = 0,
     threads: int = 8,
 ) -> tuple[grpc.Server, int]:
-    """Start a gRPC server on 127.0.0.1:port with the given handlers; returns it and its port."""
     server = grpc.server(
         ThreadPoolExecutor(max_workers=threads, thread_name_prefix=service.rsplit(".", 1)[-1]),
         options=_SERVER_OPTIONS,
@@ -75,8 +74,6 @@ def serve(
 
 
 class WorkerClient:
-    """The frontend's handle on one worker."""
-
     def __init__(self, address: str):
         self.address = address
         self.channel = grpc.insecure_channel(address, options=_OPTIONS)

@@ -1,6 +1,5 @@
-"""Wiring: where every endpoint of a local deployment listens, decided once by the deployer and
-handed to every worker as a JSON file (ports on 127.0.0.1, abstract Unix sockets for
-rdma_tensor)."""
+"""Wiring: where every endpoint of a local deployment listens, decided by the deployer and handed
+to every worker as a JSON file."""
 
 from __future__ import annotations
 
@@ -34,8 +33,7 @@ class Wiring:
     seed: int = 0
     kv_cache_bytes: int = LOCAL_KV_CACHE_MIB << 20  # per worker, local profile
     leg_timeout_s: float = 60.0  # a leg's default deadline
-    # Cross-cluster endpoints are reached through the emulated link's relay (real address -> relay
-    # address), so the link can be cut like a real WAN; `links` names the endpoints behind each.
+    # real address -> the emulated link's relay, so the link can be cut
     via: dict[str, str] = field(default_factory=dict)
     cpus: dict[str, list[int]] = field(default_factory=dict)  # instance -> cores it is pinned to
     threads: dict[str, int] = field(default_factory=dict)  # instance -> torch threads (0: default)
@@ -45,7 +43,6 @@ class Wiring:
     links: dict[str, list[str]] = field(default_factory=dict)
 
     def reach(self, address: str) -> str:
-        """The address a sender dials for `address` (via the link's relay when it crosses one)."""
         return self.via.get(address, address)
 
     def plan(self) -> Plan:
@@ -85,7 +82,6 @@ def wire(
         kv_cache_bytes=kv_cache_bytes,
         leg_timeout_s=leg_timeout_s,
     )
-    # One host runs every worker: split its cores rather than oversubscribe them.
     cpus = cpus or plan_layout(plan, host_cores())
     w.cpus = {i: list(c) for i, c in cpus.cpus.items()}
     w.threads, w.nice = dict(cpus.threads), dict(cpus.nice)

@@ -1,7 +1,4 @@
-"""A worker process: one operator instance of a deployment.
-
-python -m pddflow.runtime.worker WIRING.json INSTANCE
-"""
+"""A worker process, one operator instance: python -m pddflow.runtime.worker WIRING.json INSTANCE"""
 
 from __future__ import annotations
 

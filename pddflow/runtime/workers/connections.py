@@ -1,6 +1,5 @@
-"""A worker's connections: its KV and handoff receivers, its senders to peers (made on first use)
-and its report stream to the frontend. Everything that arrives is put on one inbox queue, which
-the worker's compute loop drains; nothing here touches the engine."""
+"""A worker's receivers, senders (made on first use) and report stream; what arrives goes on the
+inbox the compute loop drains, and nothing here touches the engine."""
 
 from __future__ import annotations
 
@@ -87,7 +86,6 @@ class WorkerIO:
             ).start()
         threading.Thread(target=self._keep_reporting, daemon=True, name="reports").start()
 
-    # ---- channel parameters from the plan (the emulated link shapes cross-cluster channels) ----
     def _link(self, ch: ChannelPlan):
         if ch.cross_cluster and ch.params["emulate"] and ch.link:
             return self.plan.links[ch.link]
@@ -123,8 +121,7 @@ class WorkerIO:
         )
 
     def _token_params(self, ch: ChannelPlan) -> TokenIdsParams:
-        # The link's jitter models bulk KV transfers queueing on a busy WAN; a few hundred bytes of
-        # token IDs see the RTT, not that queue (PDD measured the handoff's deviation at 4.8 ms).
+        # jitter models bulk KV queueing on a busy WAN; token IDs see the RTT (PDD: std 4.8 ms)
         link = self._link(ch)
         link = replace(link, jitter=Jitter()) if link is not None else None
         return TokenIdsParams(
@@ -135,7 +132,7 @@ class WorkerIO:
             seed=self.wiring.seed,
         )
 
-    # ---- senders, one per (channel, destination instance) ----
+    # one sender per (channel, destination instance)
     def sender(self, kind: str, dst_instance: str) -> Any:
         key = (kind, dst_instance)
         with self._lock:
@@ -171,7 +168,6 @@ class WorkerIO:
         )
 
     def deadline_s(self, kind: str, dst_instance: str) -> float:
-        """The channel's own deadline (its `deadline_s` parameter) toward dst_instance."""
         return float(self._channel(kind, dst_instance).params["deadline_s"])
 
     def kv_kind_to(self, dst_instance: str) -> str:
@@ -183,7 +179,6 @@ class WorkerIO:
             f"{self.instance}: the plan has no KV edge from {self.operator} to {dst_op}"
         )
 
-    # ---- receive pumps: channel threads -> the compute loop's inbox ----
     def _pump_kv(self, receiver: Any) -> None:
         while not self.closed.is_set():
             try:
@@ -217,13 +212,12 @@ class WorkerIO:
                 self.inbox.put(Abort(msg.payload.seq_id, reason))
 
     def release(self, peer: str, seq_id: str, timeout_s: float) -> None:
-        """Main decode tells the relay it has caught up (sent back on the handoff stream)."""
+        """Main tells the relay it has caught up, back on the handoff stream."""
         assert self.handoff_server is not None
         self.handoff_server.send_async(
             peer, Control(ControlKind.RELEASE, seq_id), timeout_s=timeout_s
         )
 
-    # ---- reports to the frontend ----
     def report(self, **body: Any) -> None:
         self.reports.put(pb.Report(instance=self.instance, **body))
 

@@ -1,11 +1,5 @@
-"""What every decoding role shares: landing the prompt's KV, memory admission, the
-continuous-batching decode step, and a local prefill for a request resumed here after its decoder
-was lost.
-
-A decoder takes landed KV only when the request's prompt and whole output fit in its free blocks
-plus what the prefix cache can give back, and then allocates them all at once, so no decode step
-can run out of blocks; otherwise the KV waits, first come first served, under the request's
-deadline."""
+"""What every decoding role shares: KV landing under memory admission (all blocks allocated at
+once, so no decode step runs dry), the decode step, a local prefill for a resumed request."""
 
 from __future__ import annotations
 
@@ -30,12 +24,10 @@ class DecodeLeg(Leg):
 
 @dataclass
 class DecodeStats:
-    """Decode steps since the worker started, reported in its status."""
-
     steps: int = 0
     cpu_s: float = 0.0  # the loop thread's
-    seqs: int = 0  # sequences stepped
-    context_tokens: int = 0  # context those sequences held
+    seqs: int = 0
+    context_tokens: int = 0
     wall_s: float = 0.0  # of the loop iterations that ran them
 
 
@@ -62,7 +54,6 @@ class DecoderWorker(Worker):
             leg.first = item.token
             self.maybe_start(leg)
 
-    # ---- the loop ----------------------------------------------------------------------------
     def idle(self) -> bool:
         return not (self.compute_queue or self.decoding())
 
@@ -86,7 +77,6 @@ class DecoderWorker(Worker):
         return len(self.decoding())
 
     def compute(self, leg: DecodeLeg) -> None:
-        """A local prefill, then decode here."""
         try:
             self.engine.reuse_prefix(leg.seq)
             self.engine.prefill(leg.seq)
@@ -126,7 +116,6 @@ class DecoderWorker(Worker):
     def on_finished(self, leg: DecodeLeg) -> None:
         """`leg` emitted its last token; the leg ends after this."""
 
-    # ---- landing the KV ----------------------------------------------------------------------
     def land(self, leg: DecodeLeg) -> None:
         if not self.room_for(leg):
             return
@@ -173,7 +162,6 @@ class DecoderWorker(Worker):
         return False
 
     def land_waiting(self) -> None:
-        """Land waiting KV, oldest first, while it fits."""
         while self.memory_wait:
             leg = self.memory_wait[0]
             if leg.seq_id not in self.legs:  # ended while it waited
@@ -212,9 +200,8 @@ class DecoderWorker(Worker):
         return True
 
     def started(self, leg: DecodeLeg) -> None:
-        """`leg` has begun decoding."""
+        """`leg` has begun decoding (a hook)."""
 
-    # ---- endings and status ------------------------------------------------------------------
     def finish(self, leg: DecodeLeg, reason: str = "") -> None:
         if leg in self.memory_wait:
             self.memory_wait.remove(leg)

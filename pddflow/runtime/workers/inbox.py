@@ -1,5 +1,4 @@
-"""What reaches a worker's loop: one typed message per input, put on its inbox by the RPC threads
-(the frontend's calls) and the channel threads (KV, handoff IDs, control from a peer)."""
+"""What reaches a worker's loop: one typed message per input, from the RPC and channel threads."""
 
 from __future__ import annotations
 

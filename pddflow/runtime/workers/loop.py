@@ -1,9 +1,5 @@
-"""The loop every worker role shares: admit what arrived, run one model step, report.
-
-A worker is one operator instance in its own process. RPC threads (the frontend's calls) and
-channel threads (KV, handoff IDs) only put typed messages on the inbox; everything that touches
-the engine or a leg happens on the loop thread. Roles (prefill.py, decoder.py, relay.py, main.py)
-say what a request does here."""
+"""The loop every worker role shares: admit what arrived, run one model step, report. Other threads
+only put typed messages on the inbox; the engine and the legs are touched on the loop thread."""
 
 from __future__ import annotations
 
@@ -101,7 +97,6 @@ class Worker:
         self.inbox.put(item)
         return pb.Reply(ok=True)
 
-    # ---- the loop ----------------------------------------------------------------------------
     def run(self) -> None:
         self._status = self.status()
         self.io.report(status=self._status)
@@ -176,7 +171,6 @@ class Worker:
         for item in self.early.pop(job.seq_id, (0.0, []))[1]:
             self.handle(item)
 
-    # ---- what each role defines --------------------------------------------------------------
     def on_job(self, leg: Leg) -> None:
         raise NotImplementedError
 
@@ -186,7 +180,6 @@ class Worker:
     def compute(self, leg: Leg) -> None:
         raise NotImplementedError
 
-    # ---- shared by every role ----------------------------------------------------------------
     def emit(self, leg: Leg, ids: list[int], start: int) -> None:
         seq = leg.seq
         tokens = pb.Tokens(
@@ -223,7 +216,6 @@ class Worker:
         for seq_id in [s for s, (since, _) in self.early.items() if since < now - EARLY_KEEP_S]:
             del self.early[seq_id]
 
-    # ---- status and the router's cache mirror ------------------------------------------------
     def status(self) -> pb.WorkerStatus:
         """A snapshot, taken on the loop thread (RPC threads answer with the last one)."""
         alloc = self.engine.allocator

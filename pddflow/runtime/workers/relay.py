@@ -65,7 +65,6 @@ class RelayWorker(DecoderWorker):
             except Exception as exc:  # noqa: BLE001 - the request is done; main misses a turn
                 self.io.fail(leg.seq_id, pb.FAILURE_HANDOFF, str(exc))
 
-    # ---- the Extend-Decode handoff -----------------------------------------------------------
     def start_handoff(self, leg: RelayLeg, mode: pb.HandoffMode.ValueType) -> None:
         if not leg.decoding:  # main's KV landed before the relay's: hand over once it decodes
             leg.pending_handoff = mode
