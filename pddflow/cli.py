@@ -1,8 +1,5 @@
-"""The `pddflow` command line: one typer app; each command group lives in `pddflow/commands/`.
-
-Command modules import heavy libraries (torch, pyarrow, grpc) inside their command functions, so
-`pddflow validate` and `pddflow viz` start instantly.
-"""
+"""The `pddflow` command line; command modules import heavy libraries inside their functions, so
+`pddflow validate` and `pddflow viz` start instantly."""
 
 from __future__ import annotations
 

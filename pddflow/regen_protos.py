@@ -1,10 +1,7 @@
-"""Regenerate the committed protobuf modules from their .proto files:
+"""Regenerate the committed `*_pb2.py` from their .proto files (needs grpcio-tools; no gRPC stubs):
 
-    python -m pddflow.regen_protos
-
-Needs grpcio-tools (the `dev` extra). The generated `*_pb2.py` are committed, so running pddflow
-needs only the protobuf runtime (the gencode checks it is at least the version that generated it).
-No gRPC stubs are generated: services register their methods by hand with these serializers."""
+python -m pddflow.regen_protos
+"""
 
 from __future__ import annotations
 

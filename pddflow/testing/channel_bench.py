@@ -1,20 +1,5 @@
-"""`pddflow bench channels`: every channel next to its baseline, measured in one run on 127.0.0.1.
-
-    wan_flight   a KV set pushed to a receiver process, unshaped
-                 vs raw_tcp: the same bytes over one socket
-    rdma_tensor  the same KV set to a receiver process (direct landing; the ring path reported too)
-                 vs memcpy: the same bytes, in process
-    token_ids    TCP payload bytes of a 100-token handoff (through a counting relay) and its
-                 round trip (send -> receiver queue -> ack) P50/P99, direct
-    shaped       wan_flight through the emulated link at a configured rate, and the rate achieved
-
-Receivers land into a warm, reused destination (as a KV cache would be; rdma_tensor's direct mode
-reuses its arena region), the raw TCP baseline receives into a warm buffer, memcpy copies into a
-warm buffer. Each figure is the median of `reps` runs after `WARMUP` warm-up runs of every side
-(a long-lived receiver is measured in its steady state: the wan_flight receiver's heap takes a
-few sets to grow to the size gRPC's receive buffers recycle in), and the two sides of a comparison
-alternate run by run (the machine may be shared). Gbps are decimal (1e9 bits/s).
-"""
+"""`pddflow bench channels`: every channel next to its baseline (raw TCP, memcpy) on 127.0.0.1,
+into warm destinations (docs/channels.md, Measured). Gbps are decimal (1e9 bits/s)."""
 
 from __future__ import annotations
 
@@ -42,8 +27,8 @@ WARMUP = 3
 
 
 def _pair(nbytes: int, runs: dict[str, Callable[[], float]], reps: int) -> dict[str, dict]:
-    """Time several runners on the same bytes, alternating them rep by rep, so a neighbour's load
-    on a shared machine hits both sides of a comparison alike. WARMUP warm-up runs each first."""
+    """Runners alternate rep by rep, so a neighbour's load hits both sides alike. WARMUP runs
+    each first: the wan_flight receiver's heap takes a few sets to reach its steady size."""
     for _ in range(WARMUP):
         for run in runs.values():
             run()

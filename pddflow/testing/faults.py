@@ -1,11 +1,5 @@
-"""Channel parts that misbehave on purpose, so tests can show what the real ones do about it.
-
-FaultyKVSender  an rdma_tensor sender whose writes pass through a fault first (a bit flipped
-                in the receiver's memory, a receiver killed or a set cancelled mid-write)
-FaultyRelay     a link relay that corrupts a byte TCP's checksum missed (a bad middlebox) or
-                throttles chosen connections (one slow path among several)
-BlackHole       a TCP server that accepts connections and never answers
-"""
+"""Channel parts that misbehave on purpose (docs/channels.md lists them), so tests can show what
+the real ones do about it."""
 
 from __future__ import annotations
 
@@ -73,8 +67,7 @@ class FaultyRelay(LinkRelay):
 
 
 class BlackHole:
-    """Accepts TCP connections and holds them open, reading and writing nothing: the peer that
-    hangs."""
+    """Accepts TCP connections and never reads or writes: the peer that hangs."""
 
     def __init__(self, host: str = "127.0.0.1"):
         self._sock = socket.create_server((host, 0))

@@ -7,10 +7,8 @@
     python -m pddflow.testing.peer tok-server [--token T] [--tls-cert C --tls-key K] [--quiet]
     python -m pddflow.testing.peer tcp-recv  --nbytes N
 
-Each prints one JSON line `{"ready": ..., "address": ...}`, then one JSON line per KV set (or
-message) received, and exits when its stdin closes, so a parent that dies takes it along. The
-JSON lines are the only thing that crosses back: a digest of what arrived, never the data.
-"""
+Each prints `{"ready": ..., "address": ...}`, then one JSON line (a digest, never the data) per
+set or message received, and exits when its stdin closes, so a dying parent takes it along."""
 
 from __future__ import annotations
 
@@ -222,9 +220,6 @@ def _tcp_recv(nbytes: int, stop: threading.Event) -> None:
             except (ConnectionError, OSError):
                 continue
     srv.close()
-
-
-# ------------------------------------------------------------------------------ parent side
 
 
 class PeerProcess:
