@@ -97,7 +97,7 @@ class KVLanding:
     def land(self, blocks: BatchBlocks) -> tuple[list[int], list[int]]:
         """Return (accepted, rejected) block indices. A row is verified after its copy, in the
         aligned destination. A block already landed is accepted again (a resend after a lost
-        ack); one another stream is landing now is rejected: retried, never trusted unverified."""
+        ack); a block another stream is landing now is rejected, to be retried, not trusted."""
         accepted: list[int] = []
         rejected: list[int] = []
         for j in range(len(blocks.index)):
