@@ -63,7 +63,7 @@ def summarize(sim: Simulation, pricing: dict | None = None) -> dict:
     busy = Counter()
     count = Counter()
     for iid, eng in sim.engines.items():
-        op = iid.split("/")[0]
+        op = plan.instance(iid).operator
         busy[op] += eng.busy_s
         count[op] += 1
     horizon = max((r.finished_at for r in done), default=span) or span
