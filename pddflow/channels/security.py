@@ -27,6 +27,12 @@ class TLSConfig:
     def roots(self) -> bytes | None:
         return _read(self.root_certs) if self.root_certs else None
 
+    def cert_chain_bytes(self) -> bytes:
+        return self.server_pair()[0]
+
+    def private_key_bytes(self) -> bytes:
+        return self.server_pair()[1]
+
 
 def _read(path: str) -> bytes:
     p = pathlib.Path(path)

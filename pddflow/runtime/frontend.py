@@ -52,7 +52,10 @@ class Frontend:
         self.metrics = metrics or Metrics()
         self.policy = make_policy(plan)
         self.sched = SchedulerState.for_plan(plan)
-        self.clients = {i: WorkerClient(ep.rpc) for i, ep in wiring.workers.items()}
+        self.credentials = wiring.credentials()
+        self.clients = {
+            i: WorkerClient(ep.rpc, self.credentials) for i, ep in wiring.workers.items()
+        }
         self.status: dict[str, pb.WorkerStatus] = {}
         self.metrics.watch_workers(self.status)
         self.lost: set[str] = set()
@@ -66,6 +69,7 @@ class Frontend:
         self._lock = threading.Lock()
         self.server, _ = serve(
             FRONTEND,
+            self.credentials,
             streams_in={"Reports": (pb.Report, pb.Empty, self._reports)},
             port=int(wiring.frontend.rsplit(":", 1)[1]),
             threads=len(wiring.workers) + 8,

@@ -1,14 +1,17 @@
-"""gRPC plumbing of the control plane, registered by hand (no generated stubs, no pickle); every
-client call carries a deadline."""
+"""gRPC plumbing of the control plane, registered by hand (no generated stubs, no pickle). Every
+call carries the deployment's bearer token (checked in constant time: anyone else gets
+UNAUTHENTICATED), over mutual TLS when the deployment has certificates, and a deadline."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
 
+from pddflow.channels.security import AUTH_HEADER, TLSConfig, bearer, check_bearer
 from pddflow.runtime.proto import runtime_pb2 as pb
 
 WORKER = "pddflow.runtime.v1.Worker"
@@ -30,6 +33,42 @@ _SERVER_OPTIONS = _OPTIONS + [
     ("grpc.http2.max_ping_strikes", 0),
 ]
 
+
+@dataclass(frozen=True)
+class Credentials:
+    """What both ends of the control plane must show: the deployment's token, and its certificate
+    (when it has one) for mutual TLS."""
+
+    token: str
+    tls: TLSConfig | None = None
+
+    def server(self) -> grpc.ServerCredentials | None:
+        if self.tls is None:
+            return None
+        key, cert = self.tls.private_key_bytes(), self.tls.cert_chain_bytes()
+        roots = self.tls.roots()
+        return grpc.ssl_server_credentials(
+            [(key, cert)], root_certificates=roots, require_client_auth=True
+        )
+
+    def channel(self, address: str) -> grpc.Channel:
+        if self.tls is None:
+            return grpc.insecure_channel(address, options=_OPTIONS)
+        creds = grpc.ssl_channel_credentials(
+            root_certificates=self.tls.roots(),
+            private_key=self.tls.private_key_bytes(),
+            certificate_chain=self.tls.cert_chain_bytes(),
+        )
+        return grpc.secure_channel(address, creds, options=_OPTIONS)
+
+    def metadata(self) -> tuple[tuple[str, str], ...]:
+        return ((AUTH_HEADER, bearer(self.token)),)
+
+    def refusal(self, context: Any) -> str | None:
+        values = [v for k, v in (context.invocation_metadata() or ()) if k == AUTH_HEADER]
+        return check_bearer(values, self.token, "control plane")
+
+
 # method -> (request type, response type)
 WORKER_METHODS: dict[str, tuple[type, type]] = {
     "Submit": (pb.Job, pb.Reply),
@@ -43,6 +82,7 @@ WORKER_METHODS: dict[str, tuple[type, type]] = {
 
 def serve(
     service: str,
+    credentials: Credentials,
     unary: dict[str, tuple[type, type, Callable]] | None = None,
     streams_in: dict[str, tuple[type, type, Callable]] | None = None,
     port: int = 0,
@@ -52,21 +92,31 @@ def serve(
         ThreadPoolExecutor(max_workers=threads, thread_name_prefix=service.rsplit(".", 1)[-1]),
         options=_SERVER_OPTIONS,
     )
+
+    def checked(fn: Callable, *args: Any) -> Any:
+        ctx = args[-1]
+        refusal = credentials.refusal(ctx)
+        if refusal is not None:
+            ctx.abort(grpc.StatusCode.UNAUTHENTICATED, refusal)
+        return fn(*args)
+
     handlers: dict[str, Any] = {}
     for name, (req, resp, fn) in (unary or {}).items():
         handlers[name] = grpc.unary_unary_rpc_method_handler(
-            lambda r, ctx, fn=fn: fn(r),
+            lambda r, ctx, fn=fn: checked(lambda r, _ctx: fn(r), r, ctx),
             request_deserializer=req.FromString,
             response_serializer=resp.SerializeToString,
         )
     for name, (req, resp, fn) in (streams_in or {}).items():
         handlers[name] = grpc.stream_unary_rpc_method_handler(
-            lambda it, ctx, fn=fn: fn(it, ctx),
+            lambda it, ctx, fn=fn: checked(fn, it, ctx),
             request_deserializer=req.FromString,
             response_serializer=resp.SerializeToString,
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
-    bound = server.add_insecure_port(f"127.0.0.1:{port}")
+    creds = credentials.server()
+    address = f"127.0.0.1:{port}"
+    bound = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
     if not bound:
         raise OSError(f"cannot bind 127.0.0.1:{port} for {service}")
     server.start()
@@ -74,9 +124,10 @@ def serve(
 
 
 class WorkerClient:
-    def __init__(self, address: str):
+    def __init__(self, address: str, credentials: Credentials):
         self.address = address
-        self.channel = grpc.insecure_channel(address, options=_OPTIONS)
+        self.metadata = credentials.metadata()
+        self.channel = credentials.channel(address)
         self._calls = {
             name: self.channel.unary_unary(
                 f"/{WORKER}/{name}",
@@ -87,24 +138,27 @@ class WorkerClient:
         }
 
     def call(self, method: str, message: Any, timeout_s: float = CALL_TIMEOUT_S) -> Any:
-        return self._calls[method](message, timeout=timeout_s)
+        return self._calls[method](message, timeout=timeout_s, metadata=self.metadata)
 
     def future(self, method: str, message: Any, timeout_s: float = CALL_TIMEOUT_S) -> grpc.Future:
-        return self._calls[method].future(message, timeout=timeout_s)
+        return self._calls[method].future(message, timeout=timeout_s, metadata=self.metadata)
 
     def close(self) -> None:
         self.channel.close()
 
 
-def open_reports(address: str, messages: Iterator[pb.Report]) -> grpc.Future:
+def open_reports(
+    address: str, messages: Iterator[pb.Report], credentials: Credentials
+) -> grpc.Future:
     """A worker's report stream to the frontend, until `messages` ends or the channel closes."""
-    channel = grpc.insecure_channel(address, options=_OPTIONS)
+    channel = credentials.channel(address)
     call = channel.stream_unary(
         f"/{FRONTEND}/Reports",
         request_serializer=pb.Report.SerializeToString,
         response_deserializer=pb.Empty.FromString,
     )
-    fut = call.future(messages, wait_for_ready=True)  # the frontend may still be starting
+    # the frontend may still be starting
+    fut = call.future(messages, wait_for_ready=True, metadata=credentials.metadata())
     fut.add_done_callback(lambda _: channel.close())
     return fut
 

@@ -10,9 +10,11 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from pddflow.channels.security import TLSConfig
 from pddflow.core.cpu_layout import CpuLayout, host_cores, plan_layout
 from pddflow.core.device import LOCAL_KV_CACHE_MIB
 from pddflow.graph.plan import Plan
+from pddflow.runtime.rpc import Credentials
 
 
 @dataclass
@@ -29,7 +31,7 @@ class Wiring:
     plan_json: str
     frontend: str  # the frontend's report service
     workers: dict[str, Endpoints] = field(default_factory=dict)
-    auth_token: str = ""  # bearer token for every cross-cluster channel
+    auth_token: str = ""  # bearer token of the control plane and every cross-cluster channel
     seed: int = 0
     kv_cache_bytes: int = LOCAL_KV_CACHE_MIB << 20  # per worker, local profile
     leg_timeout_s: float = 60.0  # a leg's default deadline
@@ -44,6 +46,15 @@ class Wiring:
 
     def reach(self, address: str) -> str:
         return self.via.get(address, address)
+
+    def credentials(self) -> Credentials:
+        """The control plane's: the deployment's token, mutual TLS when it has a certificate."""
+        tls = None
+        if self.tls_cert:
+            tls = TLSConfig(
+                cert_chain=self.tls_cert, private_key=self.tls_key, root_certs=self.tls_cert
+            )
+        return Credentials(self.auth_token, tls)
 
     def plan(self) -> Plan:
         return Plan.from_json(self.plan_json)

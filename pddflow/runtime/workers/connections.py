@@ -36,6 +36,7 @@ class WorkerIO:
     def __init__(self, wiring: Wiring, plan: Plan, instance: str, inbox: queue.Queue):
         self.wiring, self.plan, self.instance, self.inbox = wiring, plan, instance, inbox
         self.operator = plan.instance(instance).operator
+        self.credentials = wiring.credentials()
         self.closed = threading.Event()
         # set when the report stream reopened: the worker resends its whole cache listing
         self.resync = threading.Event()
@@ -261,7 +262,7 @@ class WorkerIO:
             if not first:
                 self.resync.set()
             first = False
-            fut = open_reports(self.wiring.frontend, self._report_stream())
+            fut = open_reports(self.wiring.frontend, self._report_stream(), self.credentials)
             while not (self.closed.is_set() or fut.done()):
                 time.sleep(POLL_S)
             if not self.closed.is_set():

@@ -78,6 +78,7 @@ class Worker:
         put = self._enqueue
         self.rpc, _ = serve(
             WORKER,
+            wiring.credentials(),
             {
                 "Submit": (pb.Job, pb.Reply, lambda m: put(JobArrived(m, time.monotonic()))),
                 "Feed": (pb.Tokens, pb.Reply, lambda m: put(FirstToken(m.seq_id, m.ids[0]))),
