@@ -67,6 +67,7 @@ def deploy(
     )
     from pddflow.runtime.frontend import Frontend
     from pddflow.runtime.model_info import model_info
+    from pddflow.runtime.supervisor import Supervisor
     from pddflow.runtime.wiring import wire
 
     if backend not in BACKENDS:
@@ -90,7 +91,7 @@ def deploy(
     )
     rd = make_run_dir(run_dir)
     be = BACKENDS[backend]()
-    frontend = None
+    frontend = supervisor = None
     signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM during startup cleans up like Ctrl-C
     try:
         if any(c.cross_cluster and c.params.get("tls") for c in plan.channels):
@@ -126,6 +127,8 @@ def deploy(
             f"(model {frontend.model_id!r}); logs in {rd}"
         )
         err.print(f"cpus: {cpus.describe()}")
+        # a worker that dies is restarted; until it is back, requests go around it
+        supervisor = Supervisor(be, frontend.worker_exited, frontend.worker_restarted).start()
         sys.stderr.flush()
         config = uvicorn.Config(
             make_app(frontend, be), host=host, port=port, log_level=log_level, access_log=False
@@ -136,6 +139,8 @@ def deploy(
     except KeyboardInterrupt:
         err.print("interrupted; stopping workers")
     finally:
+        if supervisor is not None:
+            supervisor.stop()
         be.stop()
         if frontend is not None:
             frontend.close()

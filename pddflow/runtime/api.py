@@ -25,9 +25,10 @@ DEFAULT_TIMEOUT_S = 300.0
 class RequestRejected(Exception):
     """A request the deployment will not run; `status` is the HTTP status to answer with."""
 
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, retry_after_s: int | None = None):
         super().__init__(message)
         self.status = status
+        self.retry_after_s = retry_after_s
 
 
 class Tokenizer(Protocol):
@@ -122,7 +123,7 @@ def make_app(frontend: Frontend, backend: Any = None) -> FastAPI:
     async def health() -> JSONResponse:
         ready, detail = frontend.health()
         return JSONResponse(
-            {"status": "ready" if ready else "starting", **detail},
+            detail,
             status_code=200 if ready else 503,
         )
 
@@ -232,11 +233,14 @@ async def _serve(frontend: Frontend, body: _Body, prompt_ids: list[int], chat: b
         # rejections (bad variant, overload) surface before any byte is sent
         first = await anext(stream, None)
     except RequestRejected as exc:
-        return _error(
+        out = _error(
             exc.status,
             str(exc),
             kind="invalid_request_error" if exc.status < 500 else "server_error",
         )
+        if exc.retry_after_s is not None:
+            out.headers["Retry-After"] = str(exc.retry_after_s)
+        return out
     created = int(time.time())
     run = _Run(frontend, stream, first, stops, max_tokens)
     if body.stream:

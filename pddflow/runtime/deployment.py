@@ -65,6 +65,21 @@ class LocalBackend:
                 return w.exit_summary()
         return None
 
+    def instances(self) -> list[str]:
+        return [w.name for w in self.workers]
+
+    def alive(self, instance: str) -> bool:
+        return self._worker(instance).alive()
+
+    def exit_summary(self, instance: str) -> str:
+        return self._worker(instance).exit_summary()
+
+    def restart(self, instance: str) -> None:
+        self._worker(instance).start()
+
+    def _worker(self, instance: str) -> WorkerProcess:
+        return next(w for w in self.workers if w.name == instance)
+
     def pids(self) -> dict[str, int]:
         return {w.name: w.pid for w in self.workers if w.pid}
 

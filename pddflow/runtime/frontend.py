@@ -17,6 +17,7 @@ from pddflow.core.block_hash import chain_block_hashes
 from pddflow.core.payloads import SamplingParams
 from pddflow.graph.plan import Plan
 from pddflow.runtime.api import RequestRejected
+from pddflow.runtime.fallbacks import Fallbacks
 from pddflow.runtime.metrics import Metrics
 from pddflow.runtime.model_info import ModelInfo
 from pddflow.runtime.proto import runtime_pb2 as pb
@@ -40,7 +41,7 @@ def event_name(kind: pb.EventKind.ValueType) -> str:
     return pb.EventKind.Name(kind).removeprefix("EVENT_").lower()
 
 
-class Frontend:
+class Frontend(Fallbacks):
     def __init__(
         self, plan: Plan, wiring: Wiring, model: ModelInfo, metrics: Metrics | None = None
     ):
@@ -65,6 +66,10 @@ class Frontend:
         # ended requests, kept for their timelines; a leg that outlives the request (main's KV
         # landing after the relay finished) still adds its events here
         self.done: OrderedDict[str, RequestState] = OrderedDict()
+        # ended requests whose main still extends over the relay's IDs (its cache keeps the turn)
+        self.lingering: OrderedDict[str, Route] = OrderedDict()
+        self.restarts: dict[str, int] = {}  # instance -> restarts by the deployer
+        self.exits: dict[str, str] = {}  # instance -> why it last died
         self.loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
         self.server, _ = serve(
@@ -80,21 +85,28 @@ class Frontend:
             self.loop = loop
 
     def health(self) -> tuple[bool, dict[str, Any]]:
-        workers = {
-            i: {
-                "ready": (s := self.status.get(i)) is not None and s.ready and i not in self.lost,
-                "kv_blocks_used": s.kv_blocks_used if s else None,
-                "cached_blocks": s.cached_blocks if s else None,
-                "running": s.running if s else None,
-            }
-            for i in self.wiring.workers
-        }
+        workers = {i: self._worker_health(i) for i in self.wiring.workers}
         ready = all(w["ready"] for w in workers.values())
+        down = [i for i, w in workers.items() if w["state"] == "lost"]
         return ready, {
+            "status": "ready" if ready else ("degraded" if down else "starting"),
             "workers": workers,
             "live_requests": len(self.live),
+            "max_tokens_in_flight": self.max_serving_tokens(),
             "mirror_drift": self.drift,
         }
+
+    def _worker_health(self, inst: str) -> dict[str, Any]:
+        s = self.status.get(inst)
+        state = "lost" if inst in self.lost else ("up" if s is not None and s.ready else "starting")
+        out: dict[str, Any] = {"ready": state == "up", "state": state}
+        if state == "up":
+            out.update(
+                kv_blocks_used=s.kv_blocks_used, cached_blocks=s.cached_blocks, running=s.running
+            )
+        if inst in self.restarts or inst in self.exits:
+            out.update(restarts=self.restarts.get(inst, 0), last_exit=self.exits.get(inst))
+        return out
 
     def metrics_text(self) -> tuple[bytes, str]:
         return self.metrics.render()
@@ -182,12 +194,9 @@ class Frontend:
             )
         else:
             decision = self.policy.decide(feats, self.sched)
-        dead = [i for i in decision.instances if i in self.lost]
-        if dead:
-            raise RequestRejected(
-                503, f"instances {', '.join(dead)} of variant {decision.variant} are down"
-            )
-        return Route.of(self.plan, decision, handoff)
+        route = Route.of(self.plan, self._around_lost(decision, feats), handoff)
+        self._admit(route, len(prompt_ids), sampling.max_tokens)
+        return route
 
     async def _submit(self, live: Live) -> None:
         r = live.route
@@ -261,6 +270,10 @@ class Frontend:
 
     def _on_status(self, inst: str, s: pb.WorkerStatus) -> None:
         self.status[inst] = s
+        if inst in self.lost and s.ready:
+            self._on_worker_back(inst)
+        elif s.ready:
+            self.metrics.worker_up.labels(inst).set(1)
         op = self.plan.operator_of(inst)
         self.sched.set_load(
             inst,
@@ -297,6 +310,7 @@ class Frontend:
         if self.plan.operators[op].op_type == "prefill":
             # prefill's first token reaches the client via the decoder that continues from it
             r.legs.discard(inst)
+            r.first_fed = True
             if t.final:
                 st.add(TokenRun(int(t.start), list(t.ids), op, final=True))
             else:
@@ -333,6 +347,8 @@ class Frontend:
         live = self._live(e.seq_id)
         if e.kind in (pb.EVENT_KV_SEND, pb.EVENT_KV_SENT):
             self._count_transfer(inst, e)
+        elif e.kind == pb.EVENT_EXTEND_DONE and e.values.get("final"):
+            self.lingering.pop(e.seq_id, None)  # main has the turn: its leg is over
         # an ended request's timeline still takes its legs' late events
         request_id = self.resumed.get(e.seq_id, e.seq_id)
         st = live.state if live is not None else self.done.get(request_id)
@@ -342,6 +358,8 @@ class Frontend:
         if live is None:
             return
         r = live.route
+        if e.kind in (pb.EVENT_KV_LANDED, pb.EVENT_KV_RECOMPUTED):
+            r.landed.add(inst)
         main_landed = e.kind == pb.EVENT_KV_LANDED and inst == r.main
         if main_landed and r.relay and r.handoff and not live.state.finished:
             live.state.event("handoff_start", mode=mode_name(r.handoff))
@@ -360,85 +378,6 @@ class Frontend:
             self.metrics.wan_bytes.labels(ch.link).inc(e.values.get("bytes", 0.0))
             self.metrics.wan_saved.labels(ch.link).inc(e.values.get("saved_bytes", 0.0))
 
-    def _on_failure(self, inst: str, f: pb.Failure) -> None:
-        live = self._live(f.seq_id)
-        if live is None:
-            return
-        st, r = live.state, live.route
-        kind = pb.FailureKind.Name(f.kind).removeprefix("FAILURE_").lower()
-        where = {"channel": f.channel, "peer": f.peer} if f.peer else {}
-        st.event("leg_failed", instance=inst, kind=kind, **where, error=f.error)
-        if f.kind == pb.FAILURE_KV_RECOVERED:
-            self.metrics.fallbacks.labels("kv_recomputed").inc()
-            return
-        if f.kind == pb.FAILURE_KV_TRANSFER:
-            reason = f"{inst} -> {f.peer}: {f.error}"
-            self._call(f.peer, "Recompute", pb.Cancel(seq_id=f.seq_id, reason=reason))
-            return
-        if f.kind == pb.FAILURE_HANDOFF:  # main unreachable: the relay keeps decoding to the end
-            self.metrics.fallbacks.labels("relay_finishes").inc()
-            if r.main in r.legs:
-                self._abort_leg(live, r.main, "handoff failed")
-            return
-        if inst == r.main and r.relay and not r.handed_off and r.relay in r.legs:
-            self.metrics.fallbacks.labels("relay_finishes").inc()
-            r.main, r.handoff = "", pb.HANDOFF_NONE
-            return
-        if not self._resume(live, lost=inst):
-            st.fail(f"{inst}: {kind}: {f.error}")
-
-    def _on_worker_lost(self, inst: str) -> None:
-        if inst in self.lost:
-            return
-        self.lost.add(inst)
-        log.error("worker %s is gone", inst)
-        for live in list(self.live.values()):
-            if inst in live.route.legs or inst in (live.route.relay, live.route.main):
-                live.route.legs.discard(inst)
-                if not live.state.finished and not self._resume(live, lost=inst):
-                    live.state.fail(
-                        f"worker {inst} was lost and no other instance can finish the request"
-                    )
-
-    def _resume(self, live: Live, lost: str) -> bool:
-        """Resume on the route's other decoder, which prefills prompt + tokens so far locally."""
-        r, st = live.route, live.state
-        survivors = [i for i in (r.relay, r.main) if i and i != lost and i not in self.lost]
-        if not survivors or r.resumed_seq:
-            return False
-        target = survivors[0]
-        for inst in list(r.legs):
-            self._abort_leg(live, inst, f"resuming on {target}")
-        done = list(st.tokens)
-        # a new sequence id: the old legs' aborts and this submit may arrive in any order
-        r.resumed_seq = f"{st.request_id}{RESUMED}"
-        self.resumed[r.resumed_seq] = st.request_id
-        job = live.job(
-            self.plan,
-            seq_id=r.resumed_seq,
-            prompt_ids=live.prompt_ids + done,
-            local_prefill=True,
-            output_offset=len(done),
-            relay="",
-            main="",
-            handoff=pb.HANDOFF_NONE,
-            main_cached_blocks=0,
-            singular=False,
-            sampling=pb.Sampling(
-                max_tokens=live.sampling.max_tokens - len(done),
-                temperature=live.sampling.temperature,
-                top_p=live.sampling.top_p,
-                seed=live.sampling.seed,
-                stop_token_ids=list(live.sampling.stop_token_ids),
-            ),
-        )
-        r.legs.add(target)
-        r.resumed_on.add(target)
-        st.event("resumed", instance=target, from_token=len(done))
-        self.metrics.fallbacks.labels("resumed_elsewhere").inc()
-        self._call(target, "Submit", job)
-        return True
-
     def _abort_leg(self, live: Live, inst: str, reason: str) -> None:
         live.route.legs.discard(inst)
         if inst not in self.lost:
@@ -453,6 +392,7 @@ class Frontend:
         for inst in list(r.legs):
             # main still extends over the relay's IDs to keep its cache; it ends the leg itself
             if ok and inst == r.main and r.relay and not r.decision.singular:
+                self.lingering[st.request_id] = r
                 continue
             self._abort_leg(live, inst, reason)
         outcome = "ok" if st.finished and not st.error else ("error" if st.error else "cancelled")
@@ -464,6 +404,7 @@ class Frontend:
         while len(self.done) > TIMELINES_KEPT:
             request_id, _ = self.done.popitem(last=False)
             self.resumed.pop(f"{request_id}{RESUMED}", None)
+            self.lingering.pop(request_id, None)
 
     def _call(self, inst: str, method: str, msg: Any) -> None:
         if inst in self.lost:

@@ -97,9 +97,9 @@ class Deployment:
 
     def worker_pid(self, instance: str) -> int:
         log = self.run_dir / f"{instance.replace('/', '-')}.log"
-        m = re.search(r"ready \(pid (\d+)\)", log.read_text())
-        assert m, log.read_text()
-        return int(m.group(1))
+        pids = re.findall(r"ready \(pid (\d+)\)", log.read_text())
+        assert pids, log.read_text()
+        return int(pids[-1])  # a restarted worker's log follows its predecessor's
 
     def health(self) -> dict:
         return get_json(f"{self.base}/health")[1]

@@ -81,6 +81,12 @@ class Metrics:
         self.kv_blocks_total = Gauge(
             "pddflow_kv_blocks_total", "KV blocks per instance", ["instance"], registry=r
         )
+        self.worker_up = Gauge(
+            "pddflow_worker_up", "1 while a worker reports, 0 once lost", ["instance"], registry=r
+        )
+        self.worker_restarts = Counter(
+            "pddflow_worker_restarts", "workers restarted by the deployer", ["instance"], registry=r
+        )
         self.fallbacks = Counter(
             "pddflow_fallbacks", "requests finished by a declared fallback", ["kind"], registry=r
         )

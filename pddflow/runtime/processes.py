@@ -36,7 +36,10 @@ class WorkerProcess:
 
     def start(self) -> None:
         env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1"}
-        self.log = open(self.log_path, "wb")  # noqa: SIM115 (closed in stop)
+        if getattr(self, "log", None) is not None and not self.log.closed:
+            self.log.close()  # a restart: the dead process's output has ended
+        # appended: a restarted worker's log follows its predecessor's
+        self.log = open(self.log_path, "ab")  # noqa: SIM115 (closed in stop)
         self.proc = subprocess.Popen(
             self.argv,
             stdout=subprocess.PIPE,

@@ -29,6 +29,8 @@ class Route:
     handoff: pb.HandoffMode.ValueType = pb.HANDOFF_NONE
     legs: set[str] = field(default_factory=set)  # instances holding a live leg
     handed_off: bool = False
+    first_fed: bool = False  # prefill's first token reached a decoder (or ended the request)
+    landed: set[str] = field(default_factory=set)  # decoders holding the prompt's KV
     resumed_seq: str = ""  # the sequence id of its legs after it was resumed on another decoder
     resumed_on: set[str] = field(default_factory=set)
 

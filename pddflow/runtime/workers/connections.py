@@ -38,8 +38,9 @@ class WorkerIO:
         self.operator = plan.instance(instance).operator
         self.credentials = wiring.credentials()
         self.closed = threading.Event()
-        # set when the report stream reopened: the worker resends its whole cache listing
+        # set when a report stream opens: the worker sends its whole cache listing
         self.resync = threading.Event()
+        self.resync.set()
         self.reports: queue.Queue = queue.Queue()
         self._senders: dict[tuple[str, str], Any] = {}
         self._lock = threading.Lock()

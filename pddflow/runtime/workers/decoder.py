@@ -20,6 +20,7 @@ class DecodeLeg(Leg):
     kv_ready: bool = False  # the prompt's KV is in this worker's cache
     first: int | None = None  # the first generated token (prefill's, via the frontend)
     decoding: bool = False
+    kv_lost: str = ""  # why the KV will not come: recompute it once memory has room
 
 
 @dataclass
@@ -77,9 +78,13 @@ class DecoderWorker(Worker):
         return len(self.decoding())
 
     def compute(self, leg: DecodeLeg) -> None:
+        """A local prefill (a colocated request, or one resumed here), once its memory fits."""
+        if not self.room_for(leg):
+            return
         try:
             self.engine.reuse_prefix(leg.seq)
             self.engine.prefill(leg.seq)
+            self.engine.reserve(leg.seq, self.total_tokens(leg))
             self.emit_last(leg)
             leg.kv_ready = True
             leg.decoding = not leg.seq.finished
@@ -167,13 +172,21 @@ class DecoderWorker(Worker):
             if leg.seq_id not in self.legs:  # ended while it waited
                 self.memory_wait.pop(0)
                 continue
-            self.land(leg)
+            if leg.kv is not None:
+                self.land(leg)
+            elif leg.kv_lost:
+                self.recompute_kv(leg, leg.kv_lost)
+            else:
+                self.compute(leg)
             if self.memory_wait and self.memory_wait[0] is leg:
                 return
 
     def recompute_kv(self, leg: DecodeLeg, error: str) -> None:
         """The KV will not come: recompute the prompt from its token IDs (declared fallback)."""
-        if leg.kv_ready:
+        if leg.kv_ready or leg.kv is not None:  # (KV that arrived and waits for memory lands)
+            return
+        if not self.room_for(leg):
+            leg.kv_lost = error
             return
         try:
             self.engine.compute_to(leg.seq, leg.seq.num_prompt_tokens)

@@ -99,8 +99,7 @@ class Worker:
         return pb.Reply(ok=True)
 
     def run(self) -> None:
-        self._status = self.status()
-        self.io.report(status=self._status)
+        self.publish()  # the whole (empty) cache listing, then the status: the mirror starts exact
         while not self.stopping.is_set():
             try:
                 started, idle = time.monotonic(), self.idle()

@@ -80,7 +80,8 @@ class MainWorker(DecoderWorker):
                 f"handoff for {leg.seq_id} starts at {batch.start}, expected {len(seq.output_ids)}"
             )
         logits = self.engine.extend(seq, batch.ids)
-        self.io.event(leg.seq_id, pb.EVENT_EXTEND_DONE, tokens=len(batch.ids))
+        final = float(batch.final)
+        self.io.event(leg.seq_id, pb.EVENT_EXTEND_DONE, tokens=len(batch.ids), final=final)
         if batch.final and self._complete(seq):  # the relay finished it: keep the KV, emit nothing
             self.finish(leg)
         elif batch.final:

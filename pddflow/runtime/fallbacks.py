@@ -1,0 +1,223 @@
+"""The frontend's declared fallbacks: what happens to requests when a leg fails or a worker is
+lost, how new requests are routed around lost workers until they are back, and admission by KV
+memory. A mixin of `Frontend` (frontend.py); everything runs on the frontend's event loop."""
+
+from __future__ import annotations
+
+import logging
+
+from pddflow.runtime.api import RequestRejected
+from pddflow.runtime.proto import runtime_pb2 as pb
+from pddflow.runtime.route import RESUMED, Live, Route
+from pddflow.scheduler import InstanceLoad, RequestFeatures
+from pddflow.scheduler.decision import Decision
+
+log = logging.getLogger("pddflow.frontend")
+RETRY_AFTER_S = 5  # what a 503 tells the client while a lost worker restarts
+# the load a lost instance shows the scheduler: any other replica wins
+LOST_LOAD = InstanceLoad(running=1 << 30, queued=1 << 30, max_batch=1, kv_used=1.0)
+DECODER_TYPES = ("relay_decode", "main_decode", "decode", "colocated")
+
+
+class Fallbacks:
+    # ---- failures of one leg -------------------------------------------------------------------
+    def _on_failure(self, inst: str, f: pb.Failure) -> None:
+        live = self._live(f.seq_id)
+        if live is None:
+            return
+        st, r = live.state, live.route
+        kind = pb.FailureKind.Name(f.kind).removeprefix("FAILURE_").lower()
+        where = {"channel": f.channel, "peer": f.peer} if f.peer else {}
+        st.event("leg_failed", instance=inst, kind=kind, **where, error=f.error)
+        if f.kind == pb.FAILURE_KV_RECOVERED:
+            self.metrics.fallbacks.labels("kv_recomputed").inc()
+            return
+        if f.kind == pb.FAILURE_KV_TRANSFER:
+            reason = f"{inst} -> {f.peer}: {f.error}"
+            self._call(f.peer, "Recompute", pb.Cancel(seq_id=f.seq_id, reason=reason))
+            return
+        if f.kind == pb.FAILURE_HANDOFF:  # main unreachable: the relay keeps decoding to the end
+            self.metrics.fallbacks.labels("relay_finishes").inc()
+            if r.main in r.legs:
+                self._abort_leg(live, r.main, "handoff failed")
+            return
+        if inst == r.main and r.relay and not r.handed_off and r.relay in r.legs:
+            self.metrics.fallbacks.labels("relay_finishes").inc()
+            r.main, r.handoff = "", pb.HANDOFF_NONE
+            return
+        st.fail(f"{inst}: {kind}: {f.error}")  # a leg's own error: running it elsewhere repeats it
+
+    # ---- workers lost and back -----------------------------------------------------------------
+    def _on_worker_lost(self, inst: str) -> None:
+        if inst in self.lost:
+            return
+        self.lost.add(inst)
+        self.sched.set_load(inst, LOST_LOAD)
+        self.metrics.worker_up.labels(inst).set(0)
+        log.error("worker %s is gone", inst)
+        for live in list(self.live.values()):
+            if not live.state.finished:
+                self._without(live, inst)
+        for seq_id, route in list(self.lingering.items()):
+            if inst in (route.relay, route.main):  # main waits for IDs a lost relay never sends
+                self.lingering.pop(seq_id)
+                self._call(route.main, "Abort", pb.Cancel(seq_id=seq_id, reason=f"{inst} lost"))
+
+    def _without(self, live: Live, inst: str) -> None:
+        """Carry `live` on without the lost instance `inst`."""
+        r = live.route
+        r.legs.discard(inst)
+        if inst == r.prefill and inst not in r.resumed_on:
+            if not r.first_fed:  # no first token yet: a decoder prefills the request itself
+                if not self._resume(live, lost=inst):
+                    live.state.fail(f"prefill {inst} was lost and no decoder can take over")
+                return
+            for d in (r.relay, r.main):  # the KV still on its way will not come: recompute it
+                if d and d in r.legs and d not in r.landed:
+                    reason = f"prefill {inst} was lost before the KV landed"
+                    self._call(
+                        d, "Recompute", pb.Cancel(seq_id=live.state.request_id, reason=reason)
+                    )
+            return
+        if inst == r.relay and r.handed_off:
+            return  # main has taken over
+        if inst in (r.relay, r.main) or inst in r.resumed_on:
+            if not self._resume(live, lost=inst):
+                live.state.fail(f"worker {inst} was lost and no other instance can finish it")
+
+    def worker_exited(self, inst: str, summary: str) -> None:
+        """The deployer saw the process end (any thread)."""
+        self._dispatch(self._on_exit, (inst, summary))
+
+    def worker_restarted(self, inst: str, restarts: int) -> None:
+        self._dispatch(self._on_restart, (inst, restarts))
+
+    def _on_exit(self, args: tuple[str, str]) -> None:
+        inst, summary = args
+        self.exits[inst] = summary.splitlines()[0]
+        self._on_worker_lost(inst)
+
+    def _on_restart(self, args: tuple[str, int]) -> None:
+        inst, restarts = args
+        self.restarts[inst] = restarts
+        self.metrics.worker_restarts.labels(inst).inc()
+
+    def _on_worker_back(self, inst: str) -> None:
+        """A lost worker reports ready again (restarted): its mirror was reset from its own
+        report, and the scheduler may route to it."""
+        self.lost.discard(inst)
+        self.metrics.worker_up.labels(inst).set(1)
+        log.warning("worker %s is back", inst)
+
+    def _resume(self, live: Live, lost: str) -> bool:
+        """Resume on a surviving decoder (the route's other one, else any decoder of the plan),
+        which prefills prompt + tokens so far locally and continues at the same position."""
+        r, st = live.route, live.state
+        if r.resumed_seq:
+            return False
+        target = next((i for i in self._decoders(prefer=(r.relay, r.main)) if i != lost), None)
+        if target is None:
+            return False
+        for inst in list(r.legs):
+            self._abort_leg(live, inst, f"resuming on {target}")
+        done = list(st.tokens)
+        # a new sequence id: the old legs' aborts and this submit may arrive in any order
+        r.resumed_seq = f"{st.request_id}{RESUMED}"
+        self.resumed[r.resumed_seq] = st.request_id
+        s = live.sampling
+        job = live.job(
+            self.plan,
+            seq_id=r.resumed_seq,
+            prompt_ids=live.prompt_ids + done,
+            local_prefill=True,
+            output_offset=len(done),
+            relay="",
+            main="",
+            handoff=pb.HANDOFF_NONE,
+            main_cached_blocks=0,
+            singular=False,
+            sampling=pb.Sampling(
+                max_tokens=s.max_tokens - len(done),
+                temperature=s.temperature,
+                top_p=s.top_p,
+                seed=s.seed,
+                stop_token_ids=list(s.stop_token_ids),
+            ),
+        )
+        r.legs.add(target)
+        r.resumed_on.add(target)
+        st.event("resumed", instance=target, from_token=len(done))
+        self.metrics.fallbacks.labels("resumed_elsewhere").inc()
+        self._call(target, "Submit", job)
+        return True
+
+    def _decoders(self, prefer: tuple[str, ...] = ()) -> list[str]:
+        """Live decoding instances, `prefer`red ones first."""
+        alive = [
+            i.id
+            for i in self.plan.instances
+            if i.id not in self.lost and self.plan.operators[i.operator].op_type in DECODER_TYPES
+        ]
+        return [i for i in prefer if i in alive] + [i for i in alive if i not in prefer]
+
+    # ---- routing around lost workers -----------------------------------------------------------
+    def _around_lost(self, decision: Decision, feats: RequestFeatures) -> Decision:
+        """`decision` if its instances are up; else the same request on a path that avoids the
+        lost ones (relay lost: P-MD; main lost: the relay finishes it), else 503."""
+        dead = [i for i in decision.instances if i in self.lost]
+        if not dead:
+            return decision
+        why = f"{', '.join(dead)} down"
+        paths = self.policy.topo.paths
+        for path in paths.values():
+            d = self.policy.build(path, feats, self.sched, reason=f"{why}: {path.name}")
+            if not any(i in self.lost for i in d.instances):
+                return d
+        for path in paths.values():
+            if path.relay is None:
+                continue
+            d = self.policy.build(
+                path, feats, self.sched, singular=True, reason=f"{why}: the relay finishes"
+            )
+            needed = [inst for op, inst in d.targets if op != path.finisher]
+            if not any(i in self.lost for i in needed):
+                return d
+        raise RequestRejected(
+            503, f"{why}; no path around them (restarting)", retry_after_s=RETRY_AFTER_S
+        )
+
+    def _admit(self, route: Route, prompt_tokens: int, max_tokens: int) -> None:
+        """400 at once when an instance on the route could never hold the request's KV."""
+        bs = self.plan.model.block_size
+        for inst, tokens in self._holds(route, prompt_tokens, max_tokens):
+            s = self.status.get(inst)
+            if s is None or not s.kv_blocks_total:
+                continue
+            need = -(-tokens // bs)
+            if need > s.kv_blocks_total:
+                raise RequestRejected(
+                    400,
+                    f"the prompt ({prompt_tokens} tokens) and max_tokens ({max_tokens}) need "
+                    f"{need} KV blocks on {inst}, which holds {s.kv_blocks_total} "
+                    f"({s.kv_blocks_total * bs} tokens); lower max_tokens or shorten the prompt",
+                )
+
+    @staticmethod
+    def _holds(route: Route, prompt_tokens: int, max_tokens: int) -> list[tuple[str, int]]:
+        """(instance, tokens of KV it must hold) for every instance on the route."""
+        out = []
+        decoders = [route.relay, "" if route.decision.singular else route.main]
+        if route.prefill and route.prefill not in decoders:
+            colocated = not route.relay and not route.main
+            out.append((route.prefill, prompt_tokens + (max_tokens if colocated else 0)))
+        out += [(d, prompt_tokens + max_tokens) for d in decoders if d]
+        return out
+
+    def max_serving_tokens(self) -> int | None:
+        """The longest prompt + output every decoder can hold (None before their first status)."""
+        caps = [
+            s.kv_blocks_total * self.plan.model.block_size
+            for i, s in self.status.items()
+            if self.plan.operator_of(i).op_type in DECODER_TYPES and s.kv_blocks_total
+        ]
+        return min(caps) if caps else None
