@@ -25,6 +25,9 @@ _OPTIONS = [
     ("grpc.keepalive_permit_without_calls", 1),
     ("grpc.http2.max_pings_without_data", 0),
     ("grpc.so_reuseport", 0),
+    # a restarted worker listens again within seconds: reconnect soon, not after minutes
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2_000),
 ]
 # The server must accept the clients' 10 s keepalive pings; gRPC's default (one per 5 minutes)
 # answers them with GOAWAY "too_many_pings", which would cut a worker's report stream.
@@ -138,10 +141,15 @@ class WorkerClient:
         }
 
     def call(self, method: str, message: Any, timeout_s: float = CALL_TIMEOUT_S) -> Any:
-        return self._calls[method](message, timeout=timeout_s, metadata=self.metadata)
+        return self._calls[method](
+            message, timeout=timeout_s, metadata=self.metadata, wait_for_ready=True
+        )
 
     def future(self, method: str, message: Any, timeout_s: float = CALL_TIMEOUT_S) -> grpc.Future:
-        return self._calls[method].future(message, timeout=timeout_s, metadata=self.metadata)
+        # wait_for_ready: a channel still backing off from a restarted worker connects first
+        return self._calls[method].future(
+            message, timeout=timeout_s, metadata=self.metadata, wait_for_ready=True
+        )
 
     def close(self) -> None:
         self.channel.close()
