@@ -22,9 +22,45 @@ class RelayStats:
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
 
+class Link:
+    """The relays of one emulated link: it goes down as a whole, and a cut after N bytes counts
+    what crossed every relay of it (the KV and the token-ID connections alike)."""
+
+    def __init__(self) -> None:
+        self.relays: list[LinkRelay] = []
+        self.lock = threading.Lock()
+        self.up_bytes = 0
+        self._cut_at: int | None = None  # a pending cut: once up_bytes reaches this
+        self._cut_for = 0.0
+
+    def cut(self, seconds: float, after_bytes: int = 0) -> None:
+        """Reset live connections and refuse new ones for `seconds`, now or after_bytes later."""
+        if after_bytes > 0:
+            with self.lock:
+                self._cut_for, self._cut_at = seconds, self.up_bytes + after_bytes
+            return
+        for relay in self.relays:
+            relay.go_down(seconds)
+
+    def crossed(self, nbytes: int) -> bool:
+        """Count bytes crossing up; True when that made a pending cut fall due (then done)."""
+        with self.lock:
+            self.up_bytes += nbytes
+            if self._cut_at is None or self.up_bytes < self._cut_at:
+                return False
+            self._cut_at = None
+            seconds = self._cut_for
+        self.cut(seconds)
+        return True
+
+
 class LinkRelay:
-    def __init__(self, upstream: tuple[str, int], *, host: str = "127.0.0.1"):
+    def __init__(
+        self, upstream: tuple[str, int], *, host: str = "127.0.0.1", link: Link | None = None
+    ):
         self.upstream = upstream
+        self.link = link or Link()
+        self.link.relays.append(self)
         self.stats = RelayStats()
         self._sock = socket.create_server((host, 0))
         self._sock.settimeout(0.2)
@@ -32,8 +68,6 @@ class LinkRelay:
         self.address = f"{host}:{self.port}"
         self._conns: list[socket.socket] = []
         self._down_until = 0.0
-        self._cut_at: int | None = None  # a pending cut: once up_bytes reaches this
-        self._cut_for = 0.0
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
         self._accept = threading.Thread(
@@ -42,13 +76,13 @@ class LinkRelay:
         self._accept.start()
 
     def cut(self, seconds: float, after_bytes: int = 0) -> None:
-        """Reset live connections and refuse new ones for `seconds`, now or after_bytes later."""
-        if after_bytes > 0:
-            with self.stats.lock:
-                self._cut_for = seconds
-                self._cut_at = self.stats.up_bytes + after_bytes
-            return
-        self._down_until = time.monotonic() + seconds
+        """Cut this relay's whole link (see `Link.cut`)."""
+        self.link.cut(seconds, after_bytes)
+
+    def go_down(self, seconds: float) -> None:
+        with self.stats.lock:
+            self._down_until = time.monotonic() + seconds
+            self.stats.cuts += 1
         self.drop_all()
 
     def drop_all(self) -> None:
@@ -134,20 +168,11 @@ class LinkRelay:
                     pass
 
     def _cross(self, data: bytes, up: bool, conn_no: int) -> bytes | None:
-        """None when a pending cut fell due (every connection has been reset then)."""
-        cut = False
+        """None when a pending cut fell due (every connection of the link has been reset)."""
         with self.stats.lock:
             if not up:
                 self.stats.down_bytes += len(data)
                 return data
             self.stats.up_bytes += len(data)
             self.stats.per_connection_up[conn_no] += len(data)
-            if self._cut_at is not None and self.stats.up_bytes >= self._cut_at:
-                self._cut_at = None
-                self._down_until = time.monotonic() + self._cut_for
-                self.stats.cuts += 1
-                cut = True
-        if cut:
-            self.drop_all()
-            return None
-        return data
+        return None if self.link.crossed(len(data)) else data

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from pddflow.channels.link_relay import LinkRelay
+from pddflow.channels.link_relay import Link, LinkRelay
 from pddflow.graph.plan import Plan
 from pddflow.runtime.processes import WorkerProcess, stop_all
 from pddflow.runtime.wiring import Wiring
@@ -43,10 +43,11 @@ class LocalBackend:
     def start(self, plan: Plan, wiring: Wiring, run_dir: Path) -> None:
         # cross-cluster traffic goes through a cuttable relay
         for link, addrs in wiring.links.items():
+            whole = Link()  # the link goes down as a whole
             for addr in addrs:
                 scheme, _, hostport = addr.rpartition("://")
                 host, port = hostport.rsplit(":", 1)
-                relay = LinkRelay((host, int(port)))
+                relay = LinkRelay((host, int(port)), link=whole)
                 self.relays.setdefault(link, []).append(relay)
                 wiring.via[addr] = f"{scheme}://{relay.address}" if scheme else relay.address
         path = run_dir / "wiring.json"
@@ -94,8 +95,7 @@ class LocalBackend:
     def cut_link(self, link: str, seconds: float, after_bytes: int = 0) -> None:
         if link not in self.relays:
             raise KeyError(f"no emulated link {link!r}; links: {', '.join(self.relays) or 'none'}")
-        for relay in self.relays[link]:
-            relay.cut(seconds, after_bytes)
+        self.relays[link][0].link.cut(seconds, after_bytes)
 
     def stop(self) -> None:
         stop_all(self.workers)
