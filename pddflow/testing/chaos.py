@@ -1,0 +1,127 @@
+"""Fault drills against a live deployment, shared by tests/chaos and benchmarks/chaos.py: a burst
+of concurrent requests, a fault in the middle of it, then new requests until the deployment
+serves again. Every request is classified: exact (the reference tokens), a clean error (an HTTP
+error with an OpenAI error body), wrong (tokens that differ: a correctness bug) or hung (no answer
+within the client's bound)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import urllib.error
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+
+from pddflow.runtime.launcher import Deployment, post_json
+
+Reference = Callable[[str, int], list[int]]
+ROUTES = (("p_md", None), ("p_rld_md", "one_shot"), ("p_rld_md", "catch_up"), (None, None))
+
+
+@dataclass
+class DrillResult:
+    fault: str
+    sent: int = 0
+    exact: int = 0
+    clean_errors: int = 0
+    wrong: int = 0
+    hung: int = 0
+    recover_s: float | None = None  # fault -> the first request served exactly afterwards
+    errors: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def ask(dep: Deployment, prompt: str, n: int, timeout_s: float, **extra) -> tuple[str, object]:
+    """("exact"/"wrong" with the tokens, "error" with the message, or "hung")."""
+    body = {"model": "pdd", "prompt": prompt, "max_tokens": n, "temperature": 0}
+    try:
+        code, out = post_json(
+            f"{dep.base}/v1/completions",
+            {**body, "return_token_ids": True, **extra},
+            timeout=timeout_s,
+        )
+    except (TimeoutError, urllib.error.URLError) as exc:
+        return "hung", str(exc)
+    if code == 200:
+        return "ok", out["choices"][0]["token_ids"]
+    return "error", f"{code}: {out.get('error', {}).get('message', out)}"
+
+
+def kill(instance: str) -> Callable[[Deployment], None]:
+    def fault(dep: Deployment) -> None:
+        os.kill(dep.worker_pid(instance), signal.SIGKILL)
+
+    return fault
+
+
+def cut_link(link: str, seconds: float, after_bytes: int = 0) -> Callable[[Deployment], None]:
+    def fault(dep: Deployment) -> None:
+        code, out = post_json(
+            f"{dep.base}/admin/links/{link}/cut", {"seconds": seconds, "after_bytes": after_bytes}
+        )
+        assert code == 200, out
+
+    return fault
+
+
+def drill(
+    dep: Deployment,
+    name: str,
+    fault: Callable[[Deployment], None],
+    reference: Reference,
+    *,
+    burst: int = 6,
+    tokens: int = 24,
+    fault_after_s: float = 1.0,
+    timeout_s: float = 60.0,
+    recover_within_s: float = 90.0,
+    after: int = 4,
+) -> DrillResult:
+    res = DrillResult(name)
+    tag = f"{name}-{time.monotonic_ns()}"
+    prompts = [
+        f"{tag} request {k}: " + "words on the wire " * (4 + 5 * (k % 4)) for k in range(burst)
+    ]
+    want = {p: reference(p, tokens) for p in prompts}
+    lock = threading.Lock()
+
+    def one(k: int, prompt: str) -> None:
+        variant, handoff = ROUTES[k % len(ROUTES)]
+        extra = {key: v for key, v in (("variant", variant), ("handoff", handoff)) if v}
+        kind, detail = ask(dep, prompt, tokens, timeout_s, **extra)
+        with lock:
+            res.sent += 1
+            if kind == "ok":
+                if detail == want[prompt]:
+                    res.exact += 1
+                else:
+                    res.wrong += 1
+                    res.errors.append(f"wrong tokens for {prompt[:40]!r}")
+            elif kind == "error":
+                res.clean_errors += 1
+                res.errors.append(str(detail)[:200])
+            else:
+                res.hung += 1
+
+    with ThreadPoolExecutor(burst) as pool:
+        futures = [pool.submit(one, k, p) for k, p in enumerate(prompts)]
+        time.sleep(fault_after_s)
+        fault(dep)
+        at = time.monotonic()
+        for f in futures:
+            f.result()
+    probe = f"{tag} after the fault"
+    while time.monotonic() - at < recover_within_s:
+        kind, got = ask(dep, probe, 8, timeout_s)
+        if kind == "ok" and got == reference(probe, 8):
+            res.recover_s = round(time.monotonic() - at, 2)
+            break
+        time.sleep(0.5)
+    for k in range(after):
+        one(k, prompts[k % len(prompts)])
+    return res
