@@ -64,9 +64,8 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         rec = f"{r.recover_s:.1f} s" if r.recover_s is not None else "not within 90 s"
-        print(
-            f"| {r.fault} | {r.sent} | {r.exact} | {r.clean_errors} | {r.wrong} | {r.hung} | {rec} |"
-        )
+        cells = (r.fault, r.sent, r.exact, r.clean_errors, r.wrong, r.hung, rec)
+        print("| " + " | ".join(map(str, cells)) + " |")
 
 
 if __name__ == "__main__":
