@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 
 from pddflow.core.payloads import SamplingParams
-from pddflow.runtime.openai_schema import ChatBody, CompletionBody, _Body, render_chat
+from pddflow.runtime.openai_schema import ChatBody, CompletionBody, FieldError, _Body, render_chat
 
 DEFAULT_TIMEOUT_S = 300.0
 
@@ -113,6 +113,9 @@ def make_app(frontend: Frontend, backend: Any = None) -> FastAPI:
     @app.exception_handler(RequestValidationError)
     async def _bad_body(_: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0]
+        named = (first.get("ctx") or {}).get("error")
+        if isinstance(named, FieldError):
+            return _error(400, str(named), param=named.field)
         where = ".".join(str(p) for p in first["loc"] if p != "body")
         return _error(
             400, f"{where}: {first['msg']}" if where else first["msg"], param=where or None
