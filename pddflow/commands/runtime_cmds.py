@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import signal
 import sys
@@ -38,7 +39,9 @@ def deploy(
         "of the graph's (a slower WAN on one machine)",
     ),
     run_dir: str | None = typer.Option(
-        None, help="keep worker logs and wiring here (default: a temp dir, removed)"
+        None,
+        help="keep worker logs here (default: a private temp dir, removed on exit); the wiring "
+        "file, which holds the deployment's token, is removed from it on exit",
     ),
     log_level: str = typer.Option("warning", help="uvicorn and runtime log level"),
     cpu_pinning: str = typer.Option(
@@ -88,10 +91,12 @@ def deploy(
     wiring = wire(
         plan, seed=seed, kv_cache_bytes=kv_cache_mb << 20, leg_timeout_s=leg_timeout, cpus=cpus
     )
+    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM during startup cleans up like Ctrl-C
     rd = make_run_dir(run_dir)
+    # also when an exception or a second signal cuts the cleanup below short
+    atexit.register(remove_run_dir, rd, run_dir is not None)
     be = BACKENDS[backend]()
     frontend = None
-    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM during startup cleans up like Ctrl-C
     try:
         if any(c.cross_cluster and c.params.get("tls") for c in plan.channels):
             from pddflow.channels.security import self_signed
