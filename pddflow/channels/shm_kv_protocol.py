@@ -9,7 +9,7 @@ import struct
 from dataclasses import dataclass
 
 from pddflow.channels.errors import ChannelError
-from pddflow.channels.kv_checksum import check_algorithm
+from pddflow.channels.kv_checksum import DEFAULT_CHECKSUM, check_algorithm
 from pddflow.channels.memory_region import RegionBackend
 from pddflow.channels.nixl_region import NixlBackend
 from pddflow.channels.shm_region import SharedMemoryBackend
@@ -53,7 +53,7 @@ class SharedMemoryKVParams:
 
     def __post_init__(self) -> None:
         if self.checksum is True or self.checksum is False:  # tolerate a YAML boolean
-            object.__setattr__(self, "checksum", "xsum64" if self.checksum else None)
+            object.__setattr__(self, "checksum", DEFAULT_CHECKSUM if self.checksum else None)
         if self.checksum is not None:
             check_algorithm(self.checksum)
         if self.ring_slots < 1:

@@ -19,6 +19,7 @@ from pddflow.channels.codec_kv import KVSource
 from pddflow.channels.control_socket import ControlSocket, close_fds, parse_address
 from pddflow.channels.deadline import Deadline
 from pddflow.channels.errors import ChannelCancelled, ChannelClosed, ChannelCorrupt, ChannelError
+from pddflow.channels.kv_checksum import DEFAULT_CHECKSUM
 from pddflow.channels.memory_region import RegionWriter
 from pddflow.channels.proto import pddflow_pb2 as pb
 from pddflow.channels.shm_kv_protocol import (
@@ -65,7 +66,11 @@ class SharedMemoryKVSender:
     ) -> TransferReport:
         if self._closed:
             raise ChannelClosed("rdma_tensor sender closed")
-        src = kv if isinstance(kv, KVSource) else KVSource.of(kv, self.params.checksum or "xsum64")
+        src = (
+            kv
+            if isinstance(kv, KVSource)
+            else KVSource.of(kv, self.params.checksum or DEFAULT_CHECKSUM)
+        )
         dl = Deadline.for_call(
             timeout_s,
             deadline,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pddflow.channels.kv_checksum import check_algorithm
+from pddflow.channels.kv_checksum import DEFAULT_CHECKSUM, check_algorithm
 from pddflow.channels.security import TLSConfig
 from pddflow.core.link import LinkModel
 
@@ -20,7 +20,7 @@ class WanFlightParams:
     keepalive_s: float = 30.0
     emulate: LinkModel | None = None
     seed: int = 0
-    checksum: str = "xsum64"  # or crc32
+    checksum: str = DEFAULT_CHECKSUM  # xxh3_64, or crc32
     # receiver: let glibc recycle gRPC's freed receive buffers (core/host_memory.py)
     tune_host_malloc: bool = True
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import logging
 import signal
 import sys
@@ -38,7 +39,15 @@ def deploy(
         "of the graph's (a slower WAN on one machine)",
     ),
     run_dir: str | None = typer.Option(
-        None, help="keep worker logs and wiring here (default: a temp dir, removed)"
+        None,
+        help="keep worker logs here (default: a private temp dir, removed on exit); the wiring "
+        "file, which holds the deployment's token, is removed from it on exit",
+    ),
+    drain_timeout: float = typer.Option(
+        30.0,
+        min=0.0,
+        help="on Ctrl-C or SIGTERM, new requests get 503 and running ones have this many "
+        "seconds to finish before they are aborted; a second Ctrl-C stops at once",
     ),
     log_level: str = typer.Option("warning", help="uvicorn and runtime log level"),
     cpu_pinning: str = typer.Option(
@@ -51,13 +60,13 @@ def deploy(
     """Deploy GRAPH with its `local` profile: every operator instance as its own process, the
     clusters emulated on this machine and the WAN shaped by the graph's link model; serve the
     OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/models), /health and
-    /metrics until Ctrl-C or SIGTERM, then stop every worker."""
+    /metrics until Ctrl-C or SIGTERM; then drain (--drain-timeout) and stop every worker."""
     import uvicorn
     from rich.console import Console
 
     from pddflow.core.cpu_layout import host_cores, plan_layout
     from pddflow.operators.config import ModelSpecError
-    from pddflow.runtime.api import make_app
+    from pddflow.runtime.api import Admission, make_app
     from pddflow.runtime.deployment import (
         BACKENDS,
         DeployError,
@@ -67,6 +76,7 @@ def deploy(
     )
     from pddflow.runtime.frontend import Frontend
     from pddflow.runtime.model_info import model_info
+    from pddflow.runtime.shutdown import DrainingServer
     from pddflow.runtime.supervisor import Supervisor
     from pddflow.runtime.wiring import wire
 
@@ -89,10 +99,12 @@ def deploy(
     wiring = wire(
         plan, seed=seed, kv_cache_bytes=kv_cache_mb << 20, leg_timeout_s=leg_timeout, cpus=cpus
     )
+    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM during startup cleans up like Ctrl-C
     rd = make_run_dir(run_dir)
+    # also when an exception or a second signal cuts the cleanup below short
+    atexit.register(remove_run_dir, rd, run_dir is not None)
     be = BACKENDS[backend]()
     frontend = supervisor = None
-    signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM during startup cleans up like Ctrl-C
     try:
         if any(c.cross_cluster and c.params.get("tls") for c in plan.channels):
             from pddflow.channels.security import self_signed
@@ -130,10 +142,17 @@ def deploy(
         # a worker that dies is restarted; until it is back, requests go around it
         supervisor = Supervisor(be, frontend.worker_exited, frontend.worker_restarted).start()
         sys.stderr.flush()
+        admission = Admission()
         config = uvicorn.Config(
-            make_app(frontend, be), host=host, port=port, log_level=log_level, access_log=False
+            make_app(frontend, be, admission),
+            host=host,
+            port=port,
+            log_level=log_level,
+            access_log=False,
+            timeout_graceful_shutdown=5,  # the drain has ended every request by then
         )
-        uvicorn.Server(config).run()
+        DrainingServer(config, admission, drain_timeout, err.print).run()
+        err.print("stopping workers")
     except DeployError as exc:
         fail(f"deployment failed: {exc}")
     except KeyboardInterrupt:

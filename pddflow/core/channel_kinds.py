@@ -26,6 +26,8 @@ CHANNEL_KINDS: Registry[ChannelKind] = Registry("channel kind", "pddflow.channel
 _TLS = Param(bool, False, "encrypt with TLS (certificates from the deployment's tls section)")
 _TOKEN = Param(str, "", "bearer token the receiver requires; empty = no auth (loopback only)")
 _DEADLINE = Param(float, 30.0, "seconds a transfer may take before it fails and cancels its pair")
+# per-block KV checksums (pddflow/channels/kv_checksum.py implements each)
+CHECKSUM_ALGORITHMS = ("xxh3_64", "crc32")
 
 for _k in (
     ChannelKind(
@@ -48,7 +50,10 @@ for _k in (
                 float, 512.0, "direct-landing arena per receiver, MiB (0: ring only)"
             ),
             "checksum": Param(
-                str, "", "per-block checksum: '' (off: no wire to corrupt), xsum64 or crc32"
+                str,
+                "",
+                "per-block checksum: '' (off: no wire to corrupt), xxh3_64 or crc32",
+                ("", *CHECKSUM_ALGORITHMS),
             ),
             "deadline_s": _DEADLINE,
         },
@@ -60,7 +65,9 @@ for _k in (
         "any",
         {
             "streams": Param(int, 4, "parallel Flight streams per transfer"),
-            "checksum": Param(str, "xsum64", "per-block checksum: xsum64 or crc32"),
+            "checksum": Param(
+                str, "xxh3_64", "per-block checksum: xxh3_64 or crc32", CHECKSUM_ALGORITHMS
+            ),
             "tls": _TLS,
             "token": _TOKEN,
             "deadline_s": _DEADLINE,

@@ -14,6 +14,7 @@ class Param:
     type: type
     default: Any
     help: str
+    choices: tuple[Any, ...] = ()  # when given, the only values a graph may set
 
 
 @dataclass(frozen=True)

@@ -38,5 +38,14 @@ def check_params(
         if want in (int, float) and value < 0:
             src.error(at + (key,), f"{owner} parameter {key} must be >= 0, got {value!r}")
             continue
+        choices = declared[key].choices
+        if choices and value not in choices:
+            src.error(
+                at + (key,),
+                f"{owner} parameter {key} must be one of "
+                f"{', '.join(repr(c) for c in choices)}, got {value!r}"
+                f"{did_you_mean(str(value), [str(c) for c in choices])}",
+            )
+            continue
         out[key] = value
     return out

@@ -17,9 +17,10 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 
 from pddflow.core.payloads import SamplingParams
-from pddflow.runtime.openai_schema import ChatBody, CompletionBody, _Body, render_chat
+from pddflow.runtime.openai_schema import ChatBody, CompletionBody, FieldError, _Body, render_chat
 
 DEFAULT_TIMEOUT_S = 300.0
+CLIENT_CLOSED = 499  # no one reads it: the client has gone (nginx's code for that)
 
 
 class RequestRejected(Exception):
@@ -29,6 +30,67 @@ class RequestRejected(Exception):
         super().__init__(message)
         self.status = status
         self.retry_after_s = retry_after_s
+
+
+class _ClientGone(Exception):
+    """The client of a request hung up."""
+
+
+class Admission:
+    """The generation requests being served, so that a shutdown can drain them (docs/runtime.md,
+    Stopping): once `drain` starts, new requests get 503; those running may finish until the
+    drain's timeout, then the rest are aborted, each client told why."""
+
+    def __init__(self) -> None:
+        self.refusal: str | None = None  # why new requests are refused; None while open
+        self.runs: set[_Run] = set()
+        self._changed = asyncio.Event()
+
+    @property
+    def open(self) -> bool:
+        return self.refusal is None
+
+    def admit(self, run: _Run) -> None:
+        if self.refusal is not None:
+            raise RequestRejected(503, self.refusal)
+        self.runs.add(run)
+
+    def leave(self, run: _Run) -> None:
+        self.runs.discard(run)
+        self._changed.set()
+
+    async def drain(self, timeout_s: float) -> int:
+        """Refuse new requests, wait up to timeout_s for the running ones, abort the rest; returns
+        how many were aborted."""
+        self.refusal = "the server is shutting down; it takes no new requests"
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self.runs and loop.time() < deadline:
+            await self._changes(deadline - loop.time())
+        return await self.abort_all(
+            f"the server is shutting down and this request did not finish within its drain "
+            f"timeout ({timeout_s:g} s, pddflow deploy --drain-timeout); it was aborted"
+        )
+
+    async def abort_all(self, message: str, answer_s: float = 5.0) -> int:
+        """Abort every running request with a 503 saying `message`; wait up to answer_s for each
+        to have told its client."""
+        self.refusal = self.refusal or "the server is shutting down; it takes no new requests"
+        left = list(self.runs)
+        for run in left:
+            run.abort(RequestRejected(503, message))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + answer_s
+        while self.runs and loop.time() < deadline:
+            await self._changes(deadline - loop.time())
+        return len(left)
+
+    async def _changes(self, timeout_s: float) -> None:
+        self._changed.clear()
+        try:
+            await asyncio.wait_for(self._changed.wait(), timeout=max(timeout_s, 0.0))
+        except TimeoutError:
+            pass
 
 
 class Tokenizer(Protocol):
@@ -95,9 +157,12 @@ class LinkCut(BaseModel):
     )
 
 
-def make_app(frontend: Frontend, backend: Any = None) -> FastAPI:
+def make_app(
+    frontend: Frontend, backend: Any = None, admission: Admission | None = None
+) -> FastAPI:
     """`backend`, when it can (the local backend), adds /admin/links/{name}/cut: failure drills on
-    the emulated WAN."""
+    the emulated WAN. `admission` (app.state.admission) is what a shutdown drains."""
+    admission = admission or Admission()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -110,10 +175,14 @@ def make_app(frontend: Frontend, backend: Any = None) -> FastAPI:
         description="OpenAI-compatible API of a pddflow deployment",
         lifespan=lifespan,
     )
+    app.state.admission = admission
 
     @app.exception_handler(RequestValidationError)
     async def _bad_body(_: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0]
+        named = (first.get("ctx") or {}).get("error")
+        if isinstance(named, FieldError):
+            return _error(400, str(named), param=named.field)
         where = ".".join(str(p) for p in first["loc"] if p != "body")
         return _error(
             400, f"{where}: {first['msg']}" if where else first["msg"], param=where or None
@@ -122,10 +191,9 @@ def make_app(frontend: Frontend, backend: Any = None) -> FastAPI:
     @app.get("/health")
     async def health() -> JSONResponse:
         ready, detail = frontend.health()
-        return JSONResponse(
-            detail,
-            status_code=200 if ready else 503,
-        )
+        if not admission.open:
+            ready, detail = False, {**detail, "status": "draining"}
+        return JSONResponse(detail, status_code=200 if ready else 503)
 
     @app.get("/metrics")
     async def metrics() -> Response:
@@ -171,22 +239,26 @@ def make_app(frontend: Frontend, backend: Any = None) -> FastAPI:
         return JSONResponse(t)
 
     @app.post("/v1/completions")
-    async def completions(body: CompletionBody) -> Response:
+    async def completions(body: CompletionBody, request: Request) -> Response:
+        if not admission.open:
+            return _error(503, admission.refusal or "", kind="server_error")
         try:
             prompt_ids = _prompt_ids(frontend, body.prompt)
         except RequestRejected as exc:
             return _error(exc.status, str(exc), param="prompt")
-        return await _serve(frontend, body, prompt_ids, chat=False)
+        return await _serve(frontend, admission, request, body, prompt_ids, chat=False)
 
     @app.post("/v1/chat/completions")
-    async def chat(body: ChatBody) -> Response:
+    async def chat(body: ChatBody, request: Request) -> Response:
+        if not admission.open:
+            return _error(503, admission.refusal or "", kind="server_error")
         try:
             ids = frontend.tokenizer.encode(render_chat(body.messages))
         except ValueError as exc:
             return _error(400, str(exc), param="messages")
         except RequestRejected as exc:
             return _error(exc.status, str(exc), param="messages")
-        return await _serve(frontend, body, ids, chat=True)
+        return await _serve(frontend, admission, request, body, ids, chat=True)
 
     return app
 
@@ -202,7 +274,14 @@ def _prompt_ids(frontend: Frontend, prompt: str | list[int]) -> list[int]:
     return list(prompt)
 
 
-async def _serve(frontend: Frontend, body: _Body, prompt_ids: list[int], chat: bool) -> Response:
+async def _serve(
+    frontend: Frontend,
+    admission: Admission,
+    request: Request,
+    body: _Body,
+    prompt_ids: list[int],
+    chat: bool,
+) -> Response:
     if body.model != frontend.model_id:
         return _error(
             404,
@@ -228,10 +307,34 @@ async def _serve(frontend: Frontend, body: _Body, prompt_ids: list[int], chat: b
     )
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     deadline = time.monotonic() + (body.timeout_s or DEFAULT_TIMEOUT_S)
+    run = _Run(frontend, stops, max_tokens, admission)
     try:
-        stream = frontend.generate(rid, prompt_ids, sampling, deadline, body.variant, body.handoff)
+        admission.admit(run)
+    except RequestRejected as exc:
+        return _error(exc.status, str(exc), kind="server_error")
+    # A client that hangs up cancels the request (every leg aborted, its KV freed). Starlette
+    # watches for that while it streams; until then, and for a whole non-streamed answer, this
+    # watches the same way (the next ASGI receive after the body is the disconnect).
+    watch = asyncio.create_task(_on_disconnect(request, run))
+    streaming = False
+    try:
+        run.stream = frontend.generate(
+            rid, prompt_ids, sampling, deadline, body.variant, body.handoff
+        )
         # rejections (bad variant, overload) surface before any byte is sent
-        first = await anext(stream, None)
+        run.first = await run.next_chunk()
+        created = int(time.time())
+        if body.stream:
+            watch.cancel()
+            streaming = True
+            return _RunResponse(
+                run,
+                _sse(run, rid, created, body, chat),
+                media_type="text/event-stream",
+                headers={"X-Request-Id": rid},
+            )
+        async for _ in run.text_pieces():
+            pass
     except RequestRejected as exc:
         out = _error(
             exc.status,
@@ -241,19 +344,12 @@ async def _serve(frontend: Frontend, body: _Body, prompt_ids: list[int], chat: b
         if exc.retry_after_s is not None:
             out.headers["Retry-After"] = str(exc.retry_after_s)
         return out
-    created = int(time.time())
-    run = _Run(frontend, stream, first, stops, max_tokens)
-    if body.stream:
-        return StreamingResponse(
-            _sse(run, rid, created, body, chat),
-            media_type="text/event-stream",
-            headers={"X-Request-Id": rid},
-        )
-    try:
-        async for _ in run.text_pieces():
-            pass
-    except RequestRejected as exc:
-        return _error(exc.status, str(exc), kind="server_error")
+    except _ClientGone:
+        return Response(status_code=CLIENT_CLOSED)
+    finally:
+        watch.cancel()
+        if not streaming:
+            await run.close()
     choice: dict[str, Any] = {"index": 0, "finish_reason": run.finish_reason, "logprobs": None}
     if chat:
         choice["message"] = {"role": "assistant", "content": run.text}
@@ -278,21 +374,81 @@ async def _serve(frontend: Frontend, body: _Body, prompt_ids: list[int], chat: b
     )
 
 
+async def _on_disconnect(request: Request, run: _Run) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    run.abort(_ClientGone())
+
+
+class _RunResponse(StreamingResponse):
+    """An SSE answer that ends its run however the stream ends (finished, failed, cancelled by
+    a disconnect, or never started)."""
+
+    def __init__(self, run: _Run, content: AsyncIterator[bytes], **kw: Any):
+        super().__init__(content, **kw)
+        self.run = run
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.run.close()
+
+
 class _Run:
-    def __init__(
-        self,
-        frontend: Frontend,
-        stream: AsyncIterator[list[int]],
-        first: list[int] | None,
-        stops: list[str],
-        max_tokens: int,
-    ):
-        self.stream, self.first, self.stops, self.max_tokens = stream, first, stops, max_tokens
+    """One generation request, from admission to its end: reads the frontend's token stream so
+    that a disconnect or a shutdown can abort it at any await (`abort`)."""
+
+    def __init__(self, frontend: Frontend, stops: list[str], max_tokens: int, admission: Admission):
+        self.stops, self.max_tokens, self.admission = stops, max_tokens, admission
+        self.stream: AsyncIterator[list[int]] | None = None
+        self.first: list[int] | None = None
         self.decoder = _Utf8Stream(frontend.tokenizer)
         self.eos = set(frontend.tokenizer.eos_token_ids)
         self.ids: list[int] = []
         self.text = ""
         self.finish_reason = "length"
+        self._stop: asyncio.Future[Exception] = asyncio.get_running_loop().create_future()
+        self._step: asyncio.Task | None = None
+        self._closing: asyncio.Task | None = None  # held: the loop keeps only weak references
+        self._closed = False
+
+    def abort(self, exc: Exception) -> None:
+        """End the request with exc: the frontend's stream is cancelled (every leg aborted) and the
+        reader gets exc."""
+        if self._stop.done() or self._closed:
+            return
+        self._stop.set_result(exc)
+        if self._step is None:  # nothing reads the stream now (between two pieces): end it here
+            self._closing = asyncio.get_running_loop().create_task(self.close())
+
+    async def next_chunk(self) -> list[int] | None:
+        if self._stop.done():
+            raise self._stop.result()
+        assert self.stream is not None
+        step = self._step = asyncio.ensure_future(_anext(self.stream))
+        step.add_done_callback(_retrieved)
+        interrupted = False
+        try:
+            await asyncio.wait((step, self._stop), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not step.done():  # aborted, or this task was cancelled: cancel the request
+                interrupted = True
+                step.cancel()  # the frontend's generator ends: it aborts every leg
+                await asyncio.wait((step,))
+            self._step = None
+        if interrupted:
+            raise self._stop.result()
+        return step.result()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.admission.leave(self)
+        if self.stream is not None and (self._step is None or self._step.done()):
+            # a step still running was cancelled (next_chunk): it ends the generator itself
+            await self.stream.aclose()  # a stop string, or never finished: cancel everywhere
 
     async def text_pieces(self) -> AsyncIterator[tuple[str, list[int]]]:
         try:
@@ -310,13 +466,13 @@ class _Run:
                     return
                 self.text += piece
                 yield piece, chunk
-                chunk = await anext(self.stream, None)
+                chunk = await self.next_chunk()
             tail = self.decoder.flush()
             if tail:
                 self.text += tail
                 yield tail, []
         finally:
-            await self.stream.aclose()  # client gone or stop string: cancel the request everywhere
+            await self.close()
 
     def _stop_hit(self, piece: str) -> str | None:
         if not self.stops:
@@ -364,8 +520,24 @@ async def _sse(run: _Run, rid: str, created: int, body: _Body, chat: bool) -> As
         async for piece, ids in run.text_pieces():
             yield frame(piece, ids, None)
     except RequestRejected as exc:
-        err = {"error": {"message": str(exc), "type": "server_error", "code": exc.status}}
+        err = {
+            "error": {
+                "message": str(exc),
+                "type": "server_error",
+                "param": None,
+                "code": exc.status,
+            }
+        }
         yield f"data: {json.dumps(err)}\n\n".encode()
         return
     yield frame(None if chat else "", [], run.finish_reason)
     yield b"data: [DONE]\n\n"
+
+
+async def _anext(stream: AsyncIterator[list[int]]) -> list[int] | None:
+    return await anext(stream, None)
+
+
+def _retrieved(task: asyncio.Task) -> None:
+    if not task.cancelled():
+        task.exception()  # read by next_chunk, unless it was interrupted: never logged as lost

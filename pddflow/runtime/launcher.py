@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from pathlib import Path
@@ -58,10 +59,22 @@ class LaunchError(RuntimeError):
 
 
 class Deployment:
-    def __init__(self, graph: str | Path, run_dir: Path, *extra: str, startup_s: float = 180.0):
+    """run_dir None: the deployer makes its own (under tmpdir, when given: its TMPDIR)."""
+
+    def __init__(
+        self,
+        graph: str | Path,
+        run_dir: Path | None,
+        *extra: str,
+        startup_s: float = 180.0,
+        tmpdir: Path | None = None,
+    ):
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.run_dir = run_dir
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        if tmpdir is not None:
+            env["TMPDIR"] = str(tmpdir)
         self.proc = subprocess.Popen(
             [
                 sys.executable,
@@ -71,13 +84,12 @@ class Deployment:
                 str(graph),
                 "--port",
                 str(self.port),
-                "--run-dir",
-                str(run_dir),
+                *(("--run-dir", str(run_dir)) if run_dir is not None else ()),
                 *extra,
             ],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            env=env,
         )
         deadline = time.monotonic() + startup_s
         while time.monotonic() < deadline:
@@ -88,12 +100,26 @@ class Deployment:
                 code, _ = get_json(f"{self.base}/health", timeout=1)
                 if code == 200:
                     self.children = _children_of(self.proc.pid)
+                    if self.run_dir is None:
+                        self.run_dir = self._own_run_dir(tmpdir)
                     return
             except OSError:
                 pass
             time.sleep(0.3)
         self.stop()
         raise LaunchError(f"deployment of {graph} did not become ready within {startup_s:g} s")
+
+    def _own_run_dir(self, tmpdir: Path | None) -> Path | None:
+        from pddflow.runtime.deployment import OWNER_FILE, RUN_DIR_PREFIX
+
+        parent = Path(tmpdir) if tmpdir is not None else Path(tempfile.gettempdir())
+        for d in parent.glob(f"{RUN_DIR_PREFIX}*"):
+            try:
+                if int((d / OWNER_FILE).read_text().split()[0]) == self.proc.pid:
+                    return d
+            except (OSError, ValueError, IndexError):
+                continue
+        return None
 
     def worker_pid(self, instance: str) -> int:
         log = self.run_dir / f"{instance.replace('/', '-')}.log"

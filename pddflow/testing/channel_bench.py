@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from pddflow.channels.kv_checksum import DEFAULT_CHECKSUM
+
 # a Llama-3-8B-like block: 32 layers, K/V, 16 tokens, 8 KV heads, head dim 128
 BLOCK_SHAPE = (32, 2, 16, 8, 128)
 BLOCK_BYTES = int(np.prod(BLOCK_SHAPE)) * 2  # fp16: 2 MiB
@@ -226,7 +228,7 @@ def run_all(
             reps,
         )
     res["raw_tcp"] = pair["raw_tcp"]
-    res["wan_flight"] = {**pair["wan_flight"], "streams": streams, "checksum": "xsum64"}
+    res["wan_flight"] = {**pair["wan_flight"], "streams": streams, "checksum": DEFAULT_CHECKSUM}
     progress(
         f"rdma_tensor (direct landing, and a {ring_slots} x {slot_mb} MiB ring) "
         "vs in-process memcpy"

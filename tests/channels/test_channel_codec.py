@@ -17,7 +17,7 @@ BLOCK_BYTES = 4 * 2 * 16 * 2 * 32 * 2
 
 
 @pytest.mark.parametrize(
-    "torch_dtype, checksum", [("bfloat16", "xsum64"), ("float16", "crc32"), (None, "xsum64")]
+    "torch_dtype, checksum", [("bfloat16", "xxh3_64"), ("float16", "crc32"), (None, "xxh3_64")]
 )
 def test_kv_ipc_round_trip_is_bit_exact(kv_factory, torch_dtype, checksum, no_pickle):
     kv = kv_factory(num_blocks=7, torch_dtype=torch_dtype)
@@ -88,7 +88,7 @@ def test_checksum_mismatch_is_rejected_not_decoded(kv_factory):
     good = list(src.batches(max_batch_bytes=1))  # one block per batch
     # corrupt block 3's bytes (a copy, so the source stays intact)
     b = good[3]
-    assert codec_kv.schema_meta(b.schema)["checksum"] == "xsum64"
+    assert codec_kv.schema_meta(b.schema)["checksum"] == "xxh3_64"
     bad_bytes = bytearray(b.column("kv").buffers()[1].to_pybytes())
     bad_bytes[100] ^= 0x01
     bad_col = pa.Array.from_buffers(
@@ -112,7 +112,7 @@ def test_checksum_covers_metadata(kv_factory):
     moved = pa.RecordBatch.from_arrays(
         [pa.array([1], pa.uint32())] + [b.column(i) for i in range(1, 6)], schema=b.schema
     )
-    assert not codec_kv.BatchBlocks.of(moved, BLOCK_BYTES).verify("xsum64").any()
+    assert not codec_kv.BatchBlocks.of(moved, BLOCK_BYTES).verify("xxh3_64").any()
 
 
 @pytest.mark.parametrize("alg", sorted(kv_checksum.CHECKSUMS))
@@ -125,7 +125,7 @@ def test_checksum_catches_every_bit_flip_and_short_burst(alg):
         d = data.copy()
         d[bit // 8] ^= 1 << (bit % 8)
         assert kv_checksum.CHECKSUMS[alg](meta, d) != base
-    width = 64 if alg == "xsum64" else 32
+    width = 64 if alg == "xxh3_64" else 32
     for start in range(0, 4096 * 8 - width, 997):  # bursts that straddle word boundaries
         d = np.unpackbits(data, bitorder="little")
         d[start : start + width] ^= (
@@ -133,6 +133,28 @@ def test_checksum_catches_every_bit_flip_and_short_burst(alg):
         )
         assert kv_checksum.CHECKSUMS[alg](meta, np.packbits(d, bitorder="little")) != base
     assert kv_checksum.CHECKSUMS[alg]((4, 12345, 0, 16), data) != base  # metadata is covered
+
+
+@pytest.mark.parametrize("alg", sorted(kv_checksum.CHECKSUMS))
+def test_checksum_catches_top_bit_flips_in_two_words(alg):
+    """The old default, xsum64 (sum of (2k + 1) x word_k mod 2^64), missed every such pair: each
+    flip adds 2^63 times an odd weight, so two add a multiple of 2^64."""
+    data = np.random.default_rng(7).integers(0, 256, size=16384, dtype=np.uint8)
+    meta = (3, 12345, 0, 16)
+    base = kv_checksum.CHECKSUMS[alg](meta, data)
+    words = data.size // 8
+    for i, j in [(0, 1), (0, words - 1), (5, 700), (1023, 1024), (17, 1999)]:
+        d = data.copy()
+        d[i * 8 + 7] ^= 0x80  # bit 63 of little-endian word i
+        d[j * 8 + 7] ^= 0x80
+        assert kv_checksum.CHECKSUMS[alg](meta, d) != base, (i, j)
+
+
+def test_checksum_names_are_the_graph_choices():
+    from pddflow.core.channel_kinds import CHECKSUM_ALGORITHMS
+
+    assert tuple(kv_checksum.CHECKSUMS) == CHECKSUM_ALGORITHMS
+    assert kv_checksum.DEFAULT_CHECKSUM == "xxh3_64"
 
 
 def test_non_contiguous_tensor_is_refused(kv_factory):

@@ -91,7 +91,7 @@ def test_corrupt_block_is_detected_and_resent(rx_proc, kv_factory, same_kv):
         return None
 
     with FaultyKVSender(
-        rx_proc.address, params=SharedMemoryKVParams(checksum="xsum64"), fault=fault
+        rx_proc.address, params=SharedMemoryKVParams(checksum="xxh3_64"), fault=fault
     ) as tx:
         report = tx.send(kv, timeout_s=20)
     assert hit and report.resent_blocks == 1

@@ -197,6 +197,13 @@ CASES = [
         "must be int",
     ),
     (
+        "channel_param_choice",  # xsum64 was the default checksum before xxh3_64
+        "channel: wan_flight}",
+        "channel: wan_flight, params: {checksum: xsum64}}",
+        21,
+        "must be one of 'xxh3_64', 'crc32', got 'xsum64'",
+    ),
+    (
         "local_unknown_operator",
         "device_classes:",
         "local: {replicas: {prefil: 1}}\ndevice_classes:",

@@ -138,6 +138,36 @@ def test_models_and_bad_requests(pdd, client):
     assert code == 400 and "unknown variant" in body["error"]["message"]
 
 
+@pytest.mark.parametrize(
+    "path, body, param",
+    [
+        ("completions", {"prompt": "x", "seed": -1}, "seed"),
+        ("completions", {"prompt": "x", "seed": 1 << 64}, "seed"),  # was a uint64 overflow: 500
+        ("completions", {"prompt": "x", "seed": 1 << 63}, "seed"),
+        ("completions", {"prompt": "x", "seed": True}, "seed"),
+        ("completions", {"prompt": "a\ud800"}, "prompt"),  # was a UnicodeEncodeError: 500
+        ("completions", {"prompt": ["\udc00"]}, "prompt.0"),
+        (
+            "chat/completions",
+            {"messages": [{"role": "user", "content": "\ud800"}]},
+            "messages.0.content",
+        ),
+    ],
+    ids=["seed<0", "seed>=2^64", "seed=2^63", "seed-bool", "surrogate", "surrogate-list", "chat"],
+)
+def test_bad_seeds_and_unpaired_surrogates_get_400(pdd, path, body, param):
+    code, out = post_json(f"{pdd.base}/v1/{path}", {"model": "pdd", "max_tokens": 2, **body})
+    assert code == 400, out
+    err = out["error"]
+    assert err["param"] == param and err["message"].startswith(f"{param}: ")
+    assert err["type"] == "invalid_request_error" and err["code"] is None
+
+
+def test_largest_seed_is_served(client):
+    r = client.completions.create(model="pdd", prompt="x", max_tokens=2, seed=(1 << 63) - 1)
+    assert r.usage.completion_tokens >= 1
+
+
 def test_metrics_timeline_and_no_leaks(pdd, client):
     r = client.completions.with_raw_response.create(
         model="pdd",
