@@ -29,7 +29,8 @@ class DrillResult:
     clean_errors: int = 0
     wrong: int = 0
     hung: int = 0
-    recover_s: float | None = None  # fault -> the first request served exactly afterwards
+    # the fault -> a new request sent after it served exactly (probed while the burst runs)
+    recover_s: float | None = None
     errors: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -108,20 +109,23 @@ def drill(
             else:
                 res.hung += 1
 
-    with ThreadPoolExecutor(burst) as pool:
+    probe = f"{tag} after the fault"
+
+    def recover(at: float) -> None:  # new requests, from the fault on, until one is served
+        while time.monotonic() - at < recover_within_s:
+            kind, got = ask(dep, probe, 8, timeout_s)
+            if kind == "ok" and got == reference(probe, 8):
+                res.recover_s = round(time.monotonic() - at, 2)
+                return
+            time.sleep(0.5)
+
+    with ThreadPoolExecutor(burst + 1) as pool:
         futures = [pool.submit(one, k, p) for k, p in enumerate(prompts)]
         time.sleep(fault_after_s)
         fault(dep)
-        at = time.monotonic()
+        futures.append(pool.submit(recover, time.monotonic()))
         for f in futures:
             f.result()
-    probe = f"{tag} after the fault"
-    while time.monotonic() - at < recover_within_s:
-        kind, got = ask(dep, probe, 8, timeout_s)
-        if kind == "ok" and got == reference(probe, 8):
-            res.recover_s = round(time.monotonic() - at, 2)
-            break
-        time.sleep(0.5)
     for k in range(after):
         one(k, prompts[k % len(prompts)])
     return res
