@@ -7,7 +7,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -15,11 +14,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from pddflow.runtime.wiring import free_port
 
 
 def get_json(url: str, timeout: float = 5.0) -> tuple[int, dict]:
