@@ -5,6 +5,8 @@ memory. A mixin of `Frontend` (frontend.py); everything runs on the frontend's e
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Iterable
 
 from pddflow.runtime.api import RequestRejected
 from pddflow.runtime.proto import runtime_pb2 as pb
@@ -13,6 +15,9 @@ from pddflow.scheduler import InstanceLoad, RequestFeatures
 from pddflow.scheduler.decision import Decision
 
 log = logging.getLogger("pddflow.frontend")
+ORPHAN_GRACE_S = 5.0  # a leg whose request ended this long ago, still held, is aborted
+# main's copy of a turn the relay finished still crossing a slow WAN, or queued behind others
+LINGER_MAX_S = 60.0
 RETRY_AFTER_S = 5  # what a 503 tells the client while a lost worker restarts
 # the load a lost instance shows the scheduler: any other replica wins
 LOST_LOAD = InstanceLoad(running=1 << 30, queued=1 << 30, max_batch=1, kv_used=1.0)
@@ -24,6 +29,7 @@ class Fallbacks:
     def _on_failure(self, inst: str, f: pb.Failure) -> None:
         live = self._live(f.seq_id)
         if live is None:
+            self._on_lingering_failure(inst, f)
             return
         st, r = live.state, live.route
         kind = pb.FailureKind.Name(f.kind).removeprefix("FAILURE_").lower()
@@ -46,6 +52,40 @@ class Fallbacks:
             r.main, r.handoff = "", pb.HANDOFF_NONE
             return
         st.fail(f"{inst}: {kind}: {f.error}")  # a leg's own error: running it elsewhere repeats it
+
+    def _on_lingering_failure(self, inst: str, f: pb.Failure) -> None:
+        """The request has ended but main still waits to extend over it: the relay's IDs or
+        prefill's KV will not come, so main's leg ends now (its cache misses this turn)."""
+        route = self.lingering.get(f.seq_id)
+        if route is None or f.kind not in (pb.FAILURE_HANDOFF, pb.FAILURE_KV_TRANSFER):
+            return
+        del self.lingering[f.seq_id]
+        self._call(route.main, "Abort", pb.Cancel(seq_id=f.seq_id, reason=f"{inst}: {f.error}"))
+
+    # ---- orphaned legs -------------------------------------------------------------------------
+    def _reap_orphans(self, inst: str, legs: Iterable[str]) -> None:
+        """Abort `inst`'s legs whose request has ended once they outlive a grace period (an abort
+        on its way, a leg that lands after its request closed): an abort that was lost must not
+        hold KV blocks until the leg's deadline."""
+        now = time.monotonic()
+        seen = self.orphans.setdefault(inst, {})
+        orphans = {s for s in legs if self._live(s) is None and not self._lingers(s, now)}
+        for seq_id in [s for s in seen if s not in orphans]:
+            del seen[seq_id]
+        for seq_id in orphans:
+            if now - seen.setdefault(seq_id, now) > ORPHAN_GRACE_S:
+                del seen[seq_id]  # if this abort is lost too, the next sweep sends another
+                self.metrics.orphans_aborted.labels(inst).inc()
+                log.warning("%s holds %s, whose request has ended: aborting it", inst, seq_id)
+                self._call(inst, "Abort", pb.Cancel(seq_id=seq_id, reason="its request ended"))
+
+    def _lingers(self, seq_id: str, now: float) -> bool:
+        """Main may still extend over the ended request `seq_id` (for at most LINGER_MAX_S)."""
+        route = self.lingering.get(seq_id)
+        if route is None or now - route.ended > LINGER_MAX_S:
+            self.lingering.pop(seq_id, None)
+            return False
+        return True
 
     # ---- workers lost and back -----------------------------------------------------------------
     def _on_worker_lost(self, inst: str) -> None:

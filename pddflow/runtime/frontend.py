@@ -68,6 +68,7 @@ class Frontend(Fallbacks):
         self.done: OrderedDict[str, RequestState] = OrderedDict()
         # ended requests whose main still extends over the relay's IDs (its cache keeps the turn)
         self.lingering: OrderedDict[str, Route] = OrderedDict()
+        self.orphans: dict[str, dict[str, float]] = {}  # instance -> {seq_id: first seen ended}
         self.restarts: dict[str, int] = {}  # instance -> restarts by the deployer
         self.exits: dict[str, str] = {}  # instance -> why it last died
         self.loop: asyncio.AbstractEventLoop | None = None
@@ -102,7 +103,10 @@ class Frontend(Fallbacks):
         out: dict[str, Any] = {"ready": state == "up", "state": state}
         if state == "up":
             out.update(
-                kv_blocks_used=s.kv_blocks_used, cached_blocks=s.cached_blocks, running=s.running
+                kv_blocks_used=s.kv_blocks_used,
+                cached_blocks=s.cached_blocks,
+                running=s.running,
+                legs=len(s.legs),
             )
         if inst in self.restarts or inst in self.exits:
             out.update(restarts=self.restarts.get(inst, 0), last_exit=self.exits.get(inst))
@@ -270,6 +274,7 @@ class Frontend(Fallbacks):
 
     def _on_status(self, inst: str, s: pb.WorkerStatus) -> None:
         self.status[inst] = s
+        self._reap_orphans(inst, s.legs)
         if inst in self.lost and s.ready:
             self._on_worker_back(inst)
         elif s.ready:
@@ -392,6 +397,7 @@ class Frontend(Fallbacks):
         for inst in list(r.legs):
             # main still extends over the relay's IDs to keep its cache; it ends the leg itself
             if ok and inst == r.main and r.relay and not r.decision.singular:
+                r.ended = time.monotonic()
                 self.lingering[st.request_id] = r
                 continue
             self._abort_leg(live, inst, reason)

@@ -125,6 +125,19 @@ class Deployment:
     def health(self) -> dict:
         return get_json(f"{self.base}/health")[1]
 
+    def metric(self, name: str, **labels: str) -> float:
+        """The sum of the samples of `name` (with these labels) that /metrics shows now."""
+        from prometheus_client.parser import text_string_to_metric_families
+
+        with urllib.request.urlopen(f"{self.base}/metrics", timeout=5) as r:
+            text = r.read().decode()
+        return sum(
+            s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+            if s.name == name and labels.items() <= s.labels.items()
+        )
+
     def wait_idle(self, timeout_s: float = 20.0) -> dict:
         """Health once no request is live and every worker's status is fresh."""
         deadline = time.monotonic() + timeout_s

@@ -87,6 +87,12 @@ class Metrics:
         self.worker_restarts = Counter(
             "pddflow_worker_restarts", "workers restarted by the deployer", ["instance"], registry=r
         )
+        self.orphans_aborted = Counter(
+            "pddflow_orphan_legs_aborted",
+            "legs a worker still held after their request ended, aborted by the frontend",
+            ["instance"],
+            registry=r,
+        )
         self.fallbacks = Counter(
             "pddflow_fallbacks", "requests finished by a declared fallback", ["kind"], registry=r
         )

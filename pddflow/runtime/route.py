@@ -33,6 +33,7 @@ class Route:
     landed: set[str] = field(default_factory=set)  # decoders holding the prompt's KV
     resumed_seq: str = ""  # the sequence id of its legs after it was resumed on another decoder
     resumed_on: set[str] = field(default_factory=set)
+    ended: float = 0.0  # when the request ended (main may still extend over the relay's IDs)
 
     @staticmethod
     def of(plan: Plan, decision: Decision, handoff: str | None = None) -> Route:

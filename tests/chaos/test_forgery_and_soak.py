@@ -14,6 +14,7 @@ import pytest
 from pddflow.runtime.launcher import post_json
 from pddflow.runtime.proto import runtime_pb2 as pb
 from pddflow.runtime.rpc import Credentials, WorkerClient, open_reports
+from pddflow.runtime.wiring import Wiring
 
 pytestmark = pytest.mark.slow
 
@@ -56,6 +57,33 @@ def test_forged_reports_and_aborts_are_refused(pdd, reference):
     assert refused == 20 * (len(wiring["workers"]) + 1)
     code, out = got["answer"]
     assert code == 200 and out["choices"][0]["token_ids"] == reference(prompt, n)
+
+
+def test_orphaned_leg_is_aborted(pdd, wait_until):
+    """A leg whose request the frontend does not know (its abort was lost) is aborted within
+    seconds, not held to its deadline."""
+
+    def legs() -> int:
+        return pdd.health()["workers"]["main/0"]["legs"]
+
+    wiring = Wiring.load(pdd.run_dir / "wiring.json")
+    client = WorkerClient(wiring.workers["main/0"].rpc, wiring.credentials())
+    job = pb.Job(
+        seq_id="orphan-1",
+        prompt_ids=list(range(3, 67)),
+        sampling=pb.Sampling(max_tokens=8),
+        timeout_s=300,  # waits for KV that no prefill sends
+        variant="p_md",
+        prefill="prefill/0",
+        main="main/0",
+    )
+    try:
+        client.call("Submit", job, timeout_s=5)
+        wait_until("main/0 holds the leg", lambda: legs() == 1, 5)
+        wait_until("the orphan is aborted", lambda: legs() == 0, 20)
+    finally:
+        client.close()
+    assert pdd.metric("pddflow_orphan_legs_aborted_total", instance="main/0") == 1
 
 
 def _rss_kb(pid: int) -> int:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import threading
 import time
-import urllib.request
 
 import pytest
 
@@ -17,12 +16,7 @@ LONG = "The link drops while the KV is on it. " * 10  # ~380 tokens
 
 
 def wan_bytes(dep) -> float:
-    body = urllib.request.urlopen(f"{dep.base}/metrics", timeout=5).read().decode()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in body.splitlines()
-        if line.startswith("pddflow_wan_bytes_sent_total{")
-    )
+    return dep.metric("pddflow_wan_bytes_sent_total")
 
 
 def ask(dep, prompt: str, n: int, out: dict, **extra) -> None:

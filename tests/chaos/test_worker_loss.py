@@ -8,7 +8,6 @@ import os
 import signal
 import threading
 import time
-import urllib.request
 
 import pytest
 
@@ -31,12 +30,7 @@ def tokens(out: dict) -> list[int]:
 
 
 def wan_bytes(dep) -> float:
-    body = urllib.request.urlopen(f"{dep.base}/metrics", timeout=5).read().decode()
-    return sum(
-        float(line.rsplit(" ", 1)[1])
-        for line in body.splitlines()
-        if line.startswith("pddflow_wan_bytes_sent_total{")
-    )
+    return dep.metric("pddflow_wan_bytes_sent_total")
 
 
 def back_up(dep, inst: str, wait_until, timeout_s: float = 90) -> dict:

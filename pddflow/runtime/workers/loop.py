@@ -232,6 +232,7 @@ class Worker:
             kv_blocks_total=alloc.num_blocks,
             cached_blocks=len(cached),
             cache_digest=digest,
+            legs=list(self.legs),
         )
 
     def running(self) -> int:
