@@ -9,18 +9,30 @@ from typing import NoReturn
 
 import typer
 
+GRAPH_HELP = "a graph file, or a shipped graph's name (pdd, cross_dc_pd, sim/pdd_88)"
+
 
 def fail(message: str, code: int = 1) -> NoReturn:
     print(f"error: {message}", file=sys.stderr)
     raise typer.Exit(code)
 
 
+def resolve_or_exit(graph: Path) -> Path:
+    """`graph`'s file: a path, or the name of a shipped graph (`pdd`, `sim/pdd_88`); else exit 2."""
+    from pddflow.graph.shipped import resolve_graph
+
+    try:
+        return resolve_graph(graph)
+    except FileNotFoundError as exc:
+        fail(str(exc), code=2)
+
+
 def load_or_exit(graph: Path):
-    """The compiled Plan of `graph`; on any problem print every diagnostic and exit 1."""
+    """The compiled Plan of `graph` (a path or a shipped graph's name); on any problem print every
+    diagnostic and exit 1."""
     from pddflow.graph import check_file
 
-    if not graph.exists():
-        fail(f"{graph}: no such file", code=2)
+    graph = resolve_or_exit(graph)
     checked = check_file(str(graph))
     for d in checked.diagnostics:
         print(d, file=sys.stderr)

@@ -9,11 +9,13 @@ from pathlib import Path
 
 import typer
 
-from pddflow.commands.common import fail, load_or_exit
+from pddflow.commands.common import GRAPH_HELP, fail, load_or_exit, resolve_or_exit
 
 
 def validate(
-    graphs: list[Path] = typer.Argument(..., help="graph files to check", show_default=False),
+    graphs: list[Path] = typer.Argument(
+        ..., help=f"{GRAPH_HELP}; several to check", show_default=False
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="print only problems"),
 ) -> None:
     """Check graph files: YAML, then the schema, then the semantics (ports, payload types, channel
@@ -23,8 +25,7 @@ def validate(
 
     bad = False
     for g in graphs:
-        if not g.exists():
-            fail(f"{g}: no such file", code=2)
+        g = resolve_or_exit(g)
         if g.is_dir():
             fail(f"{g}: is a directory; pass graph files (e.g. {g}/*.yaml)", code=2)
         checked = check_file(str(g))
@@ -100,7 +101,7 @@ def _print_params(params: dict, width: int) -> None:
 
 
 def viz(
-    graph: Path = typer.Argument(..., help="graph file", show_default=False),
+    graph: Path = typer.Argument(..., help=GRAPH_HELP, show_default=False),
     fmt: str = typer.Option(
         "ascii", "--format", "-f", help="ascii (terminal), dot, mermaid or svg (needs Graphviz)"
     ),
@@ -140,7 +141,7 @@ def viz(
 
 
 def plan(
-    graph: Path = typer.Argument(..., help="graph file", show_default=False),
+    graph: Path = typer.Argument(..., help=GRAPH_HELP, show_default=False),
     rps: float = typer.Option(
         5.0, "--rps", min=0.0, help="requests per second offered to the deployment"
     ),

@@ -11,12 +11,19 @@ from pathlib import Path
 
 import typer
 
-from pddflow.commands.common import check_cpu_pinning, fail, load_or_exit
+from pddflow.commands.common import (
+    GRAPH_HELP,
+    check_cpu_pinning,
+    fail,
+    load_or_exit,
+    resolve_or_exit,
+)
 from pddflow.core.device import LOCAL_KV_CACHE_MIB
+from pddflow.data import MOONCAKE_TRACE
 
 
 def deploy(
-    graph: Path = typer.Argument(..., help="graph file (e.g. graphs/pdd.yaml)", show_default=False),
+    graph: Path = typer.Argument(..., help=GRAPH_HELP, show_default=False),
     host: str = typer.Option("127.0.0.1", help="address the HTTP API listens on"),
     port: int = typer.Option(8000, min=0, max=65535, help="port of the HTTP API"),
     backend: str = typer.Option(
@@ -170,11 +177,13 @@ def bench_serve(
     graphs: list[Path] | None = typer.Argument(
         None,
         help="graphs to compare, the first is the baseline "
-        "(default: graphs/cross_dc_pd.yaml graphs/pdd.yaml)",
+        "(files or shipped graphs' names; default: cross_dc_pd pdd)",
     ),
     trace: Path = typer.Option(
-        Path("../shared/traces/mooncake_conversation_trace.jsonl"),
-        help="Mooncake-format trace the sessions are derived from",
+        MOONCAKE_TRACE,
+        help="Mooncake-format trace the sessions are derived from (default: the Mooncake "
+        "conversation trace shipped in pddflow/data/)",
+        show_default=False,
     ),
     sessions: int = typer.Option(12, min=1, help="concurrent multi-turn sessions"),
     turns: int = typer.Option(
@@ -221,7 +230,7 @@ def bench_serve(
     from pddflow.runtime.launcher import LaunchError
 
     check_cpu_pinning(cpu_pinning)
-    graphs = graphs or [Path("graphs/cross_dc_pd.yaml"), Path("graphs/pdd.yaml")]
+    graphs = [resolve_or_exit(g) for g in graphs or [Path("cross_dc_pd"), Path("pdd")]]
     plans = [load_or_exit(g) for g in graphs]
     try:
         from pddflow.runtime.model_info import model_info

@@ -13,16 +13,22 @@ from pathlib import Path
 
 import typer
 
-from pddflow.commands.common import check_cpu_pinning, fail, load_or_exit
+from pddflow.commands.common import GRAPH_HELP, check_cpu_pinning, fail, load_or_exit
 from pddflow.commands.sim_output import json_default, print_sweep, print_table, ratios
+from pddflow.data import MOONCAKE_TRACE
 
 
 def simulate(
     graphs: list[Path] = typer.Argument(
-        ..., help="graph files to compare (same workload, one after the other)", show_default=False
+        ...,
+        help=f"{GRAPH_HELP}; several to compare (same workload, one after the other)",
+        show_default=False,
     ),
     trace: Path | None = typer.Option(
-        None, "--trace", help="Mooncake-format JSONL trace to replay"
+        None,
+        "--trace",
+        help="Mooncake-format JSONL trace to replay (--workload trace without it: the Mooncake "
+        "conversation trace shipped in pddflow/data/)",
     ),
     workload: str = typer.Option(
         "auto", "--workload", help="trace | agentic | serve (auto: trace when --trace is given)"
@@ -196,7 +202,7 @@ def simulate(
     if kind == "serve" and sweep:
         fail("--sweep hit-rate generates agentic workloads; drop --serve-workload", code=2)
     if kind == "trace" and trace is None:
-        fail("--workload trace needs --trace FILE", code=2)
+        trace = MOONCAKE_TRACE  # the shipped Mooncake conversation trace
     if kind == "agentic" and trace is not None:
         fail("--workload agentic generates its own requests; drop --trace", code=2)
     if sweep and trace:

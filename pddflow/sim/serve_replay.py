@@ -7,9 +7,10 @@ from pathlib import Path
 
 from pddflow.core.block_hash import chain_block_hashes
 from pddflow.core.serve_sessions import WorkloadSpec, build
+from pddflow.data import MOONCAKE_TRACE
 from pddflow.sim.workload import SimRequest, Workload
 
-DEFAULT_TRACE = Path("../shared/traces/mooncake_conversation_trace.jsonl")
+DEFAULT_TRACE = MOONCAKE_TRACE
 
 
 def _placeholder(session: int, turn: int, i: int) -> int:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from pddflow.data import MOONCAKE_TRACE
 from pddflow.graph import load_plan
 from pddflow.scheduler import make_policy
 from pddflow.sim.agentic import AgenticConfig, generate
@@ -19,9 +20,6 @@ from pddflow.sim.simulator import Simulation
 from pddflow.sim.trace import load_trace
 
 ROOT = Path(__file__).resolve().parents[2]
-TRACE = (
-    ROOT.parent / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
-)  # shared/ beside the repo
 REQUIRED = {
     "requests",
     "wall_s",
@@ -69,7 +67,6 @@ def test_every_plan_shape_runs_to_completion(graph):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not TRACE.exists(), reason="shared trace not present")
 def test_trace_slice_with_tight_caches_never_drifts():
     """A small MD memory forces evictions; every insert and eviction reaches the mirror and a full
     comparison after each event finds no drift."""
@@ -81,7 +78,10 @@ def test_trace_slice_with_tight_caches_never_drifts():
         ),
     }
     sim = Simulation(
-        replace(p, operators=ops), load_trace(TRACE, limit=400), seed=3, strict_mirrors=True
+        replace(p, operators=ops),
+        load_trace(MOONCAKE_TRACE, limit=400),
+        seed=3,
+        strict_mirrors=True,
     )
     sim.run()
     assert sum(st.evicted_blocks for st in sim.stores.values() if st.mirror is not None) > 0
@@ -153,7 +153,6 @@ def test_pdd_direction_on_a_shaped_workload():
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not TRACE.exists(), reason="shared trace not present")
 def test_cli_json_and_plots(tmp_path):
     out = subprocess.run(
         [
@@ -161,10 +160,10 @@ def test_cli_json_and_plots(tmp_path):
             "-m",
             "pddflow.cli",
             "simulate",
-            str(ROOT / "graphs" / "pdd.yaml"),
-            str(ROOT / "graphs" / "cross_dc_pd.yaml"),
-            "--trace",
-            str(TRACE),
+            "pdd",  # shipped graphs by name, and the shipped trace, from another directory
+            "graphs/cross_dc_pd.yaml",
+            "--workload",
+            "trace",
             "-n",
             "300",
             "--json",
@@ -175,6 +174,7 @@ def test_cli_json_and_plots(tmp_path):
         capture_output=True,
         text=True,
         timeout=120,
+        cwd=tmp_path,
     )
     assert out.returncode == 0, out.stderr
     d = json.loads(out.stdout)

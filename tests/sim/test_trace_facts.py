@@ -1,24 +1,18 @@
-"""Before anything else is trusted: replaying the shared trace with an unbounded cache reproduces
-its documented cache facts (traces/README.md)."""
+"""Before anything else is trusted: replaying the shipped Mooncake trace with an unbounded cache
+reproduces its documented cache facts (pddflow/data/README.md)."""
 
 from __future__ import annotations
 
 import statistics
-from pathlib import Path
 
 import pytest
 
+from pddflow.data import MOONCAKE_TRACE
 from pddflow.sim.trace import load_trace
 
-# shared/ lies beside the repository (CI copies it there too)
-TRACE = (
-    Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_conversation_trace.jsonl"
-)
 
-
-@pytest.mark.skipif(not TRACE.exists(), reason="shared trace not present")
-def test_shared_trace_cache_facts():
-    wl = load_trace(TRACE)
+def test_mooncake_trace_cache_facts():
+    wl = load_trace(MOONCAKE_TRACE)
     assert len(wl.requests) == 12031
     assert wl.duration_s == pytest.approx(3537, abs=1)
     assert all(r.hashes[0] == 0 for r in wl.requests)
@@ -29,10 +23,11 @@ def test_shared_trace_cache_facts():
     assert sum(h >= 0.90 for h in hits) / len(hits) == pytest.approx(0.13, abs=0.005)
 
 
-@pytest.mark.skipif(not TRACE.exists(), reason="shared trace not present")
 def test_scaling_keeps_the_cache_structure():
-    base = load_trace(TRACE, limit=500)
-    scaled = load_trace(TRACE, limit=500, rate_scale=2.0, input_scale=0.5, output_scale=2.0)
+    base = load_trace(MOONCAKE_TRACE, limit=500)
+    scaled = load_trace(
+        MOONCAKE_TRACE, limit=500, rate_scale=2.0, input_scale=0.5, output_scale=2.0
+    )
     assert scaled.duration_s == pytest.approx(base.duration_s / 2)
     assert scaled.block_tokens == 256
     assert [r.hashes for r in scaled.requests] == [r.hashes for r in base.requests]
