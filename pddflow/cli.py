@@ -21,6 +21,24 @@ bench_app = typer.Typer(
 )
 app.add_typer(bench_app, name="bench")
 
+
+def _version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        print(f"pddflow {version('pddflow')}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    _: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="print the version and exit"
+    ),
+) -> None:
+    pass
+
+
 # Each module defines register(app, bench_app). Order is the order of `pddflow --help`.
 COMMAND_MODULES = ["graph_cmds", "runtime_cmds", "engine_cmds", "channel_cmds", "sim_cmds"]
 

@@ -33,10 +33,12 @@ def bench_channels(
     Receivers run in their own processes; everything stays on 127.0.0.1."""
     from rich.console import Console
 
+    from pddflow.commands.progress import progress_bar
     from pddflow.testing.channel_bench import run_all
 
     err = Console(stderr=True)
-    with err.status("starting") as status:
+    with progress_bar(err) as bar:
+        task = bar.add_task("starting")
         res = run_all(
             size_mb=size_mb,
             reps=reps,
@@ -46,7 +48,7 @@ def bench_channels(
             ring_slots=ring_slots,
             slot_mb=slot_mb,
             rtt_samples=rtt_samples,
-            progress=lambda s: (status.update(s), err.log(s)),
+            progress=lambda s: bar.update(task, description=s),
         )
     if as_json:
         print(json.dumps(res, indent=2))
@@ -55,8 +57,9 @@ def bench_channels(
 
 
 def _table(res: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from pddflow.commands.progress import console
 
     t = Table(
         title=f"pddflow channels on 127.0.0.1 ({res['size_mb']} MiB KV set, "
@@ -105,7 +108,7 @@ def _table(res: dict) -> None:
         f"link {s['target_gbps']} Gbps",
         f"{s['error_pct']:+.1f}%",
     )
-    out = Console()
+    out = console()
     out.print(t)
     for name, ok in res["targets"].items():
         out.print(f"  {'[green]met[/]' if ok else '[red]missed[/]'}  {name}")

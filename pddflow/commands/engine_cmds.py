@@ -7,6 +7,7 @@ torch and transformers are imported inside the command functions, so importing t
 from __future__ import annotations
 
 import json
+import time
 
 import typer
 
@@ -74,6 +75,8 @@ def generate(
     from pddflow.operators.engine import Engine, EngineConfig
     from pddflow.operators.weights import load_model_source
 
+    # stderr lines, not a live bar: the loading and the generation are single calls
+    typer.echo(f"loading {model}", err=True)
     try:
         source = load_model_source(model)
     except ModelSpecError as exc:
@@ -102,10 +105,14 @@ def generate(
             seed=seed,
             stop_token_ids=stop,
         )
+        typer.echo(f"generating up to {max_tokens} tokens after {len(ids)} prompt tokens", err=True)
+        started = time.monotonic()
         seq = engine.generate([ids], params)[0]
     except (KVCacheFull, ValueError) as exc:
         raise _fail(str(exc)) from None
     out_ids = seq.output_ids
+    took = time.monotonic() - started
+    typer.echo(f"{len(out_ids)} tokens in {took:.1f} s", err=True)
     text = tok.decode(out_ids) if tok is not None else None
     if json_out:
         typer.echo(json.dumps({"token_ids": out_ids, "text": text}))
@@ -142,19 +149,13 @@ def bench_engine(
     import dataclasses
 
     from rich.console import Console
-    from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
+    from pddflow.commands.progress import progress_bar
     from pddflow.operators.config import ModelSpecError
     from pddflow.operators.engine_bench import QUICK, BenchSizes, run_bench
 
     err = Console(stderr=True)
-    with Progress(
-        SpinnerColumn(),
-        TextColumn("{task.description}"),
-        TimeElapsedColumn(),
-        console=err,
-        transient=True,
-    ) as bar:
+    with progress_bar(err) as bar:
         task = bar.add_task("starting", total=None)
         try:
             sizes = dataclasses.replace(
@@ -177,8 +178,9 @@ def bench_engine(
 
 
 def _print_table(res: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
+
+    from pddflow.commands.progress import console
 
     t = Table(title=f"pddflow engine vs HF transformers ({res['model']}, {res['threads']} threads)")
     for col in ("measurement", "engine", "HF", "engine / HF"):
@@ -225,7 +227,7 @@ def _print_table(res: dict) -> None:
         f"{m['hf_cpu_s']:.1f}",
         f"{m['cpu_ratio']:.2f}x",
     )
-    Console().print(t)
+    console().print(t)
 
 
 def register(app: typer.Typer, bench_app: typer.Typer) -> None:

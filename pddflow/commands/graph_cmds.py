@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -159,10 +158,13 @@ def plan(
         help="average prefix-cache hit rate (agentic traffic: about 0.9)",
     ),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+    check: bool = typer.Option(
+        False, "--check", help="exit 1 when the verdict is NOT FEASIBLE (a gate for CI)"
+    ),
 ) -> None:
     """Placement table and feasibility report: WAN bandwidth needed against each link (with and
     without a decode-side radix cache), KV transfer time P50/P99 per request class, and a
-    verdict."""
+    verdict (exit 0; with --check, exit 1 on NOT FEASIBLE)."""
     from pddflow.graph.feasibility import Load, analyze
 
     p = load_or_exit(graph)
@@ -213,15 +215,17 @@ def plan(
                 indent=2,
             )
         )
-        raise typer.Exit(0)
-    _print_plan(p, placement, report)
+    else:
+        _print_plan(p, placement, report)
+    raise typer.Exit(1 if check and not report.feasible else 0)
 
 
 def _print_plan(p, placement, report) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console(width=max(100, os.get_terminal_size(1).columns if sys.stdout.isatty() else 120))
+    from pddflow.commands.progress import console
+
+    con = console()
     arch = p.model.arch
     t = Table(
         title=f"placement: {p.name} (model {arch.name}, "

@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import logging
 import signal
+import socket
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -18,6 +19,7 @@ from pddflow.commands.common import (
     load_or_exit,
     resolve_or_exit,
 )
+from pddflow.commands.progress import console, progress_bar
 from pddflow.core.device import LOCAL_KV_CACHE_MIB
 from pddflow.data import MOONCAKE_TRACE
 
@@ -103,6 +105,8 @@ def deploy(
         fail(f"{graph}: model.weights: {exc}")
     err = Console(stderr=True)
     cpus = plan_layout(plan, host_cores(), check_cpu_pinning(cpu_pinning))
+    api_socket = _listen(host, port)  # before any worker starts: a taken port fails now
+    port = api_socket.getsockname()[1]
     wiring = wire(
         plan, seed=seed, kv_cache_bytes=kv_cache_mb << 20, leg_timeout_s=leg_timeout, cpus=cpus
     )
@@ -122,10 +126,11 @@ def deploy(
         be.start(plan, wiring, rd)  # before any gRPC thread exists here: the children fork cleanly
         frontend = Frontend(plan, wiring, info)
         total = len(plan.instances)
-        with err.status(f"starting {total} workers of {plan.name} ...") as status:
+        with progress_bar(err) as bar:
+            task = bar.add_task(f"starting {total} workers of {plan.name}")
 
             def progress(msg: str, ready: int, n: int) -> None:
-                status.update(f"{msg}: {ready}/{n} ready")
+                bar.update(task, description=f"{msg}: {ready}/{n} ready")
 
             wait_ready(
                 lambda: (
@@ -158,7 +163,7 @@ def deploy(
             access_log=False,
             timeout_graceful_shutdown=5,  # the drain has ended every request by then
         )
-        DrainingServer(config, admission, drain_timeout, err.print).run()
+        DrainingServer(config, admission, drain_timeout, err.print).run(sockets=[api_socket])
         err.print("stopping workers")
     except DeployError as exc:
         fail(f"deployment failed: {exc}")
@@ -171,6 +176,18 @@ def deploy(
         if frontend is not None:
             frontend.close()
         remove_run_dir(rd, kept=run_dir is not None)
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: TIME_WAIT is no owner
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        fail(f"cannot listen on {host}:{port}: {exc.strerror}; choose another --port", code=2)
+    return sock
 
 
 def bench_serve(
@@ -223,7 +240,6 @@ def bench_serve(
     import json as _json
 
     from rich.console import Console
-    from rich.progress import Progress
 
     from pddflow.core.serve_sessions import TraceError, build
     from pddflow.runtime.bench_serve import ratios, run_graph, summarize
@@ -243,7 +259,7 @@ def bench_serve(
         fail(str(exc))
     err = Console(stderr=True)
     results = []
-    with Progress(console=err, transient=True) as bar:
+    with progress_bar(err, counted=True) as bar:
         for g in graphs:
             task = bar.add_task(f"serving {g.name}", total=workload.requests)
             try:
@@ -287,11 +303,9 @@ def bench_serve(
 
 
 def _print_serve(out: dict) -> None:
-    from rich.console import Console
-
     from pddflow.commands.tables import metric_table, percentile_rows
 
-    con = Console()
+    con = console()
     t = metric_table(
         f"bench serve: {out['workload']['requests']} requests, "
         f"WAN {out['workload']['wan_gbps']:g} Gbps",

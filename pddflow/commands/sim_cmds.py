@@ -14,6 +14,7 @@ from pathlib import Path
 import typer
 
 from pddflow.commands.common import GRAPH_HELP, check_cpu_pinning, fail, load_or_exit
+from pddflow.commands.progress import progress_bar
 from pddflow.commands.sim_output import json_default, print_sweep, print_table, ratios
 from pddflow.data import MOONCAKE_TRACE
 
@@ -268,7 +269,7 @@ def simulate(
     results, sims = [], []
     with _progress(quiet) as prog:
         for p, c in zip(plans, cals):
-            task = prog.add_task(f"{p.name}", total=len(wl.requests)) if prog else None
+            task = prog.add_task(f"simulating {p.name}", total=len(wl.requests)) if prog else None
             tick = (lambda done, total, t=task: prog.update(t, completed=done)) if prog else None
             try:
                 result, sim = simulate_plan(p, wl, c, options, progress=tick)
@@ -372,16 +373,8 @@ def _progress(quiet: bool):
     if quiet:
         return _NoProgress()
     from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-    return Progress(
-        TextColumn("simulating {task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        console=Console(stderr=True),
-        transient=False,
-    )
+    return progress_bar(Console(stderr=True), counted=True, transient=False)
 
 
 def _plots(directory: Path, sims) -> None:
@@ -415,7 +408,11 @@ def _sweep(plans, cals, base, points, cached_price, seed, sim_kwargs, quiet, loa
     out = []
     with _progress(quiet) as prog:
         for p, cal in zip(plans, cals):
-            task = prog.add_task(f"{p.name} hit-rate sweep", total=len(hits)) if prog else None
+            task = (
+                prog.add_task(f"simulating {p.name} hit-rate sweep", total=len(hits))
+                if prog
+                else None
+            )
             rows = hit_rate_sweep(
                 p,
                 base,

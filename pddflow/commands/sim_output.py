@@ -8,6 +8,8 @@ import math
 import sys
 from pathlib import Path
 
+from pddflow.commands.progress import console
+
 
 def print_sweep(out: list[dict], as_json: bool, plot: Path | None) -> None:
     if plot is not None:
@@ -20,10 +22,9 @@ def print_sweep(out: list[dict], as_json: bool, plot: Path | None) -> None:
     if as_json:
         print(json.dumps({"sweep": "hit-rate", "graphs": out}, indent=2, default=json_default))
         return
-    from rich.console import Console
     from rich.table import Table
 
-    con = Console()
+    con = console()
     for g in out:
         keys = sorted({k for r in g["points"] for k in r if k.startswith("usd_per_gpu_hour@")})
         t = Table(
@@ -89,11 +90,10 @@ def json_default(o):
 
 
 def print_table(results: list[dict], wl) -> None:
-    from rich.console import Console
 
     from pddflow.commands.tables import metric_table, percentile_rows
 
-    con = Console()
+    con = console()
     t = metric_table(
         f"simulate: {wl.name}, {len(wl.requests)} requests",
         [r["graph"] for r in results],

@@ -80,6 +80,29 @@ def test_plan_cli_json():
     assert r.exit_code == 0 and "verdict" in r.output
 
 
+def test_plan_check_gates_on_the_verdict():
+    ok = ["plan", PDD, "--rps", "1", "--check"]
+    overloaded = ["plan", PDD, "--rps", "500", "--check"]
+    assert runner.invoke(app, ok).exit_code == 0
+    r = runner.invoke(app, overloaded)
+    assert r.exit_code == 1 and "NOT FEASIBLE" in r.output
+    assert runner.invoke(app, [*overloaded, "--json"]).exit_code == 1
+    assert runner.invoke(app, overloaded[:-1]).exit_code == 0  # a report, not a gate
+
+
+def test_piped_tables_are_not_cut_at_80_columns():
+    r = runner.invoke(app, ["plan", PDD])  # CliRunner's output is not a terminal
+    assert max(len(line) for line in r.output.splitlines()) > 100
+    assert "KV tokens/replica" in r.output  # the widest column's header, whole
+
+
+def test_version():
+    from importlib.metadata import version
+
+    r = runner.invoke(app, ["--version"])
+    assert r.exit_code == 0 and r.output.strip() == f"pddflow {version('pddflow')}"
+
+
 def test_schema_cli():
     import json
 
