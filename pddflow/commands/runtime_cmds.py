@@ -251,9 +251,10 @@ def bench_serve(
     graphs = [resolve_or_exit(g) for g in graphs or [Path("cross_dc_pd"), Path("pdd")]]
     plans = [load_or_exit(g) for g in graphs]
     try:
+        from pddflow.operators.hub import resolve_model
         from pddflow.runtime.model_info import model_info
 
-        vocab = model_info(plans[0].model.weights).vocab_size
+        vocab = model_info(resolve_model(plans[0].model.weights)).vocab_size
         workload = build(
             trace, sessions, turns, scale, vocab=min(vocab, 256), seed=seed, max_output=max_output
         )
