@@ -44,7 +44,15 @@ class ModelInfo:
     def chat_prompt_ids(self, messages: list[ChatMessage]) -> list[int]:
         if self.chat_template is None:
             return self.tokenizer.encode(render_chat(messages))
-        turns = [{**(m.model_extra or {}), "role": m.role, "content": m.text()} for m in messages]
+        # content as the client sent it when absent (a tool-call turn): templates test for None
+        turns = [
+            {
+                **(m.model_extra or {}),
+                "role": m.role,
+                "content": None if m.content is None else m.text(),
+            }
+            for m in messages
+        ]
         # the template writes BOS and turn markers itself, as transformers' apply_chat_template
         return self.tokenizer.encode(self.chat_template(turns), add_special_tokens=False)
 
