@@ -39,7 +39,8 @@ def generate(
         DEFAULT_MODEL,
         "--model",
         "-m",
-        help="builtin:tiny-llama or a local HF checkpoint directory (config.json + *.safetensors)",
+        help="builtin:tiny-llama, a local HF checkpoint directory (config.json + *.safetensors) "
+        "or a Hugging Face Hub id owner/name (its cache honoured; HF_HUB_OFFLINE=1: cache only)",
     ),
     prompt: str | None = typer.Option(
         None, "--prompt", "-p", help="prompt text (needs a tokenizer)"

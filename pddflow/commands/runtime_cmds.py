@@ -59,6 +59,18 @@ def deploy(
         "seconds to finish before they are aborted; a second Ctrl-C stops at once",
     ),
     log_level: str = typer.Option("warning", help="uvicorn and runtime log level"),
+    model: str | None = typer.Option(
+        None,
+        "--model",
+        help="serve this model instead of the graph's model.weights: a local Hugging Face "
+        "checkpoint directory or a Hub id (owner/name, fetched into the Hub cache unless cached; "
+        "HF_HUB_OFFLINE=1 uses the cache only) or builtin:<name>",
+    ),
+    chat_template: Path | None = typer.Option(
+        None,
+        "--chat-template",
+        help="jinja chat template for /v1/chat/completions, instead of the checkpoint's own",
+    ),
     cpu_pinning: str = typer.Option(
         "auto",
         help="auto: give each emulated cluster (and, with enough cores, each "
@@ -75,6 +87,7 @@ def deploy(
 
     from pddflow.core.cpu_layout import host_cores, plan_layout
     from pddflow.operators.config import ModelSpecError
+    from pddflow.operators.hub import resolve_model
     from pddflow.runtime.api import Admission, make_app
     from pddflow.runtime.deployment import (
         BACKENDS,
@@ -99,10 +112,15 @@ def deploy(
         plan = replace(
             plan, links={n: replace(link, gbps=wan_gbps) for n, link in plan.links.items()}
         )
+    if model is not None:
+        plan = replace(plan, model=replace(plan.model, weights=model))
     try:
-        info = model_info(plan.model.weights)
+        # resolved here, once: every worker and the frontend read the same local directory
+        weights = resolve_model(plan.model.weights)
+        info = model_info(weights, chat_template)
     except ModelSpecError as exc:
-        fail(f"{graph}: model.weights: {exc}")
+        fail(f"--model: {exc}" if model is not None else f"{graph}: model.weights: {exc}")
+    plan = replace(plan, model=replace(plan.model, weights=weights))
     err = Console(stderr=True)
     cpus = plan_layout(plan, host_cores(), check_cpu_pinning(cpu_pinning))
     api_socket = _listen(host, port)  # before any worker starts: a taken port fails now
@@ -249,9 +267,10 @@ def bench_serve(
     graphs = [resolve_or_exit(g) for g in graphs or [Path("cross_dc_pd"), Path("pdd")]]
     plans = [load_or_exit(g) for g in graphs]
     try:
+        from pddflow.operators.hub import resolve_model
         from pddflow.runtime.model_info import model_info
 
-        vocab = model_info(plans[0].model.weights).vocab_size
+        vocab = model_info(resolve_model(plans[0].model.weights)).vocab_size
         workload = build(
             trace, sessions, turns, scale, vocab=min(vocab, 256), seed=seed, max_output=max_output
         )

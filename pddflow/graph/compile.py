@@ -13,6 +13,7 @@ from typing import Any
 from pddflow.core.arch import ARCHS, ModelArch
 from pddflow.core.device import GIB, DeviceClass
 from pddflow.core.link import Jitter, LinkModel
+from pddflow.core.model_ref import is_hub_id
 from pddflow.core.operator_types import OPERATOR_TYPES, OperatorType
 from pddflow.core.policies import POLICIES
 from pddflow.core.registry import did_you_mean
@@ -108,7 +109,9 @@ class Compiler:
             resolved = (
                 weights if os.path.isabs(weights) else os.path.normpath(os.path.join(base, weights))
             )
-            if not os.path.isfile(os.path.join(resolved, "config.json")):
+            if not os.path.exists(resolved) and is_hub_id(weights):
+                resolved = weights  # a Hub id: `deploy` resolves it through the Hub's cache
+            elif not os.path.isfile(os.path.join(resolved, "config.json")):
                 self.err(
                     ("model", "weights"),
                     f"no checkpoint at {resolved} (expected config.json and *.safetensors); "

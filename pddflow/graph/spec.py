@@ -30,7 +30,8 @@ class ArchNumbers(_Strict):
 
 class ModelSpec(_Strict):
     weights: str = Field(
-        description="what `deploy` loads: `builtin:tiny-llama` or a local HF checkpoint directory"
+        description="what `deploy` loads: `builtin:tiny-llama`, a local HF checkpoint directory "
+        "(relative to the graph file) or a Hugging Face Hub id `owner/name`"
     )
     arch: str | ArchNumbers = Field(
         description="what `plan` and `simulate` assume: a preset name "

@@ -1,5 +1,5 @@
-"""Model configuration from an HF `config.json` (Llama or Qwen2) or builtin, pure Python; what the
-engine does not implement is refused, never silently computed wrong."""
+"""Model configuration from an HF `config.json` (Llama, Mistral, Qwen2, Qwen3) or builtin, pure
+Python; what the engine does not implement is refused, never silently computed wrong."""
 
 from __future__ import annotations
 
@@ -9,6 +9,11 @@ from typing import Any
 
 class ModelSpecError(ValueError):
     pass
+
+
+# HF `model_type` -> the architecture the engine runs it as; all four are the Llama decoder with
+# per-architecture switches (biases, q/k norms), see `ModelConfig.from_hf`.
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 
 
 @dataclass(frozen=True)
@@ -22,7 +27,7 @@ class RopeScaling:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    arch: str  # "llama" or "qwen2"
+    arch: str  # one of SUPPORTED_MODEL_TYPES
     vocab_size: int
     hidden_size: int
     intermediate_size: int
@@ -37,6 +42,7 @@ class ModelConfig:
     qkv_bias: bool = False  # Qwen2 always; Llama when attention_bias
     o_bias: bool = False  # Llama attention_bias covers o_proj too; Qwen2 never
     mlp_bias: bool = False
+    qk_norm: bool = False  # Qwen3: RMSNorm over each head's q and k before RoPE
     tie_word_embeddings: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
@@ -59,23 +65,29 @@ class ModelConfig:
         h, kv = self.hidden_size, self.num_kv_heads * self.head_dim
         q = self.num_heads * self.head_dim
         per_layer = h * (q + 2 * kv) + q * h + 3 * h * self.intermediate_size + 2 * h
+        per_layer += 2 * self.head_dim if self.qk_norm else 0
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * per_layer + emb + h
 
     @classmethod
     def from_hf(cls, d: dict[str, Any]) -> ModelConfig:
         model_type = d.get("model_type")
-        if model_type not in ("llama", "qwen2"):
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            archs = d.get("architectures")
+            named = f" ({', '.join(map(str, archs))})" if isinstance(archs, list) and archs else ""
             raise ModelSpecError(
-                f"model_type {model_type!r} is not supported; supported: 'llama', 'qwen2'"
+                f"model_type {model_type!r}{named} is not supported; supported: "
+                + ", ".join(repr(t) for t in SUPPORTED_MODEL_TYPES)
             )
         act = d.get("hidden_act", "silu")
         if act != "silu":
             raise ModelSpecError(f"hidden_act {act!r} is not supported (only 'silu')")
-        if model_type == "qwen2" and d.get("use_sliding_window"):
+        if model_type in ("qwen2", "qwen3") and d.get("use_sliding_window"):
             raise ModelSpecError(
-                "Qwen2 sliding-window attention (use_sliding_window: true) is not supported"
+                f"{model_type} sliding-window attention (use_sliding_window: true) is not supported"
             )
+        if model_type == "mistral":
+            _check_mistral_window(d)
         try:
             heads = int(d["num_attention_heads"])
             hidden = int(d["hidden_size"])
@@ -83,6 +95,7 @@ class ModelConfig:
             eos = d.get("eos_token_id")
             eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
             attention_bias = bool(d.get("attention_bias", False))
+            qwen2 = model_type == "qwen2"
             return cls(
                 arch=model_type,
                 vocab_size=int(d["vocab_size"]),
@@ -96,10 +109,12 @@ class ModelConfig:
                 rope_theta=theta,
                 rope_scaling=scaling,
                 max_position_embeddings=int(d.get("max_position_embeddings", 4096)),
-                qkv_bias=True if model_type == "qwen2" else attention_bias,
-                o_bias=False if model_type == "qwen2" else attention_bias,
+                # Qwen2 always biases q/k/v, never o; the others follow `attention_bias` (all four)
+                qkv_bias=True if qwen2 else attention_bias,
+                o_bias=False if qwen2 else attention_bias,
                 mlp_bias=bool(d.get("mlp_bias", False)),
-                tie_word_embeddings=bool(d.get("tie_word_embeddings", model_type == "qwen2")),
+                qk_norm=model_type == "qwen3",
+                tie_word_embeddings=bool(d.get("tie_word_embeddings", qwen2)),
                 bos_token_id=d.get("bos_token_id"),
                 eos_token_ids=eos_ids,
             )
@@ -109,6 +124,20 @@ class ModelConfig:
             if isinstance(exc, ModelSpecError):
                 raise
             raise ModelSpecError(f"config.json has a malformed value: {exc}") from None
+
+
+def _check_mistral_window(d: dict[str, Any]) -> None:
+    """Attention here is full causal: a window is harmless only when no sequence can exceed it."""
+    window = d.get("sliding_window")
+    if window is None:
+        return
+    max_pos = int(d.get("max_position_embeddings", 4096))
+    if int(window) < max_pos:
+        raise ModelSpecError(
+            f"Mistral sliding_window {window} is smaller than max_position_embeddings {max_pos}: "
+            "sliding-window attention is not supported (set sliding_window to null, or "
+            f"max_position_embeddings to at most {window}, in config.json)"
+        )
 
 
 def _rope_from_hf(d: dict[str, Any]) -> tuple[float, RopeScaling]:

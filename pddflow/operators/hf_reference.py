@@ -12,7 +12,7 @@ from pddflow.operators.weights import ModelSource
 
 
 def hf_model_from_source(source: ModelSource):
-    from transformers import LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    import transformers
 
     c = source.config
     rope: dict[str, Any] = {"rope_type": c.rope_scaling.rope_type, "rope_theta": c.rope_theta}
@@ -39,13 +39,18 @@ def hf_model_from_source(source: ModelSource):
         tie_word_embeddings=c.tie_word_embeddings,
     )
     if c.arch == "qwen2":
-        cfg = Qwen2Config(**common)
-        model = Qwen2ForCausalLM(cfg)
+        model = transformers.Qwen2ForCausalLM(transformers.Qwen2Config(**common))
+    elif c.arch == "qwen3":
+        cfg = transformers.Qwen3Config(**common, head_dim=c.head_dim, attention_bias=c.qkv_bias)
+        model = transformers.Qwen3ForCausalLM(cfg)
+    elif c.arch == "mistral":
+        cfg = transformers.MistralConfig(**common, head_dim=c.head_dim, sliding_window=None)
+        model = transformers.MistralForCausalLM(cfg)
     else:
-        cfg = LlamaConfig(
+        cfg = transformers.LlamaConfig(
             **common, head_dim=c.head_dim, attention_bias=c.qkv_bias, mlp_bias=c.mlp_bias
         )
-        model = LlamaForCausalLM(cfg)
+        model = transformers.LlamaForCausalLM(cfg)
     missing, unexpected = model.load_state_dict(source.weights, strict=False)
     if unexpected or any(not k.endswith("lm_head.weight") for k in missing):
         raise RuntimeError(

@@ -1,5 +1,6 @@
-"""The Llama-architecture decoder (Llama, Qwen2) over the paged KV pool; every op is row-wise or
-batch-invariant, so any mix of prefill, extend and decode rows can share a forward."""
+"""The Llama-architecture decoder (Llama, Mistral, Qwen2, Qwen3) over the paged KV pool; every op
+is row-wise or batch-invariant, so any mix of prefill, extend and decode rows can share a
+forward."""
 
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ class _Layer:
     o: Linear
     gate_up: Linear
     down: Linear
+    q_norm: torch.Tensor | None = None  # Qwen3: per-head RMSNorm weights [head_dim]
+    k_norm: torch.Tensor | None = None
 
 
 class LlamaModel:
@@ -81,6 +84,8 @@ class LlamaModel:
                         max_rows,
                     ),
                     down=Linear(w(m + "down_proj.weight"), opt(m + "down_proj.bias"), max_rows),
+                    q_norm=opt(a + "q_norm.weight") if config.qk_norm else None,
+                    k_norm=opt(a + "k_norm.weight") if config.qk_norm else None,
                 )
             )
         self.norm = w("model.norm.weight")
@@ -108,8 +113,13 @@ class LlamaModel:
         for i, layer in enumerate(self.layers):
             x = rms_norm(h, layer.ln1, c.rms_norm_eps)
             qkv = layer.qkv(x)
-            q = self.rope(qkv[:, :qd].view(T, H, D), positions)
-            k = self.rope(qkv[:, qd : qd + kvd].view(T, Hkv, D), positions)
+            q = qkv[:, :qd].view(T, H, D)
+            k = qkv[:, qd : qd + kvd].view(T, Hkv, D)
+            if layer.q_norm is not None and layer.k_norm is not None:  # Qwen3, before RoPE
+                q = rms_norm(q, layer.q_norm, c.rms_norm_eps)
+                k = rms_norm(k, layer.k_norm, c.rms_norm_eps)
+            q = self.rope(q, positions)
+            k = self.rope(k, positions)
             v = qkv[:, qd + kvd :].view(T, Hkv, D)
             pool.write(i, k, v, slot_blocks, slot_offsets)
             attn = paged_attention(q, pool.tensor, i, plan, self.scale)

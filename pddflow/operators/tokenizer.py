@@ -9,7 +9,7 @@ from typing import Protocol
 class Tokenizer(Protocol):
     eos_token_ids: tuple[int, ...]
 
-    def encode(self, text: str) -> list[int]: ...
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
     def decode(self, ids: list[int]) -> str: ...
 
@@ -21,7 +21,8 @@ class ByteTokenizer:
     vocab_size = 259
     eos_token_ids = (EOS,)
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        # <bos> has no text form a template could write, so it is always added
         return [self.BOS, *text.encode("utf-8")]
 
     def decode(self, ids: list[int]) -> str:
@@ -37,8 +38,8 @@ class HFTokenizer:
         self._tok = _Tok.from_file(str(path))
         self.eos_token_ids = eos_token_ids
 
-    def encode(self, text: str) -> list[int]:
-        return self._tok.encode(text).ids
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int]) -> str:
         return self._tok.decode(ids, skip_special_tokens=True)

@@ -1,10 +1,11 @@
-"""Model sources: `builtin:<name>` (seeded weights) or a local HF checkpoint, nothing fetched;
-weights under their HF names in fp32, so the same dict loads into `transformers`."""
+"""Model sources: `builtin:<name>` (seeded weights), a local HF checkpoint or a Hub id (resolved to
+its cached snapshot by `hub.resolve_model`); weights under their HF names in fp32, so the same dict
+loads into `transformers`."""
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -39,7 +40,9 @@ def load_model_source(spec: str, seed: int = BUILTIN_SEED) -> ModelSource:
             )
         config = BUILTIN_MODELS[name]
         return ModelSource(spec, config, builtin_weights(config, seed), ByteTokenizer())
-    return _load_checkpoint(Path(spec).expanduser())
+    from pddflow.operators.hub import resolve_model
+
+    return _load_checkpoint(Path(resolve_model(spec)))
 
 
 def hf_weight_names(config: ModelConfig) -> list[str]:
@@ -51,6 +54,8 @@ def hf_weight_names(config: ModelConfig) -> list[str]:
             names.append(p + f"self_attn.{proj}_proj.weight")
             if (config.qkv_bias and proj != "o") or (config.o_bias and proj == "o"):
                 names.append(p + f"self_attn.{proj}_proj.bias")
+        if config.qk_norm:
+            names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
         for proj in ("gate", "up", "down"):
             names.append(p + f"mlp.{proj}_proj.weight")
             if config.mlp_bias:
@@ -70,6 +75,8 @@ def _shape(config: ModelConfig, name: str) -> tuple[int, ...]:
         return (config.vocab_size, h)
     if module in ("input_layernorm", "post_attention_layernorm", "norm"):
         return (h,)
+    if module in ("q_norm", "k_norm"):
+        return (d,)
     out_in = {
         "q_proj": (q, h),
         "k_proj": (kv, h),
@@ -100,6 +107,32 @@ def builtin_weights(config: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
     return out
 
 
+def _read_json(file: Path) -> dict:
+    try:
+        raw = json.loads(file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelSpecError(f"{file}: cannot parse: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ModelSpecError(f"{file}: expected a JSON object")
+    return raw
+
+
+def read_config(path: Path) -> ModelConfig:
+    """A checkpoint directory's config.json; EOS IDs also from generation_config.json, which is
+    where instruct checkpoints list their end-of-turn token (and what transformers stops at)."""
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise ModelSpecError(f"{path}: no config.json")
+    config = ModelConfig.from_hf(_read_json(cfg_file))
+    gen_file = path / "generation_config.json"
+    if gen_file.is_file():
+        eos = _read_json(gen_file).get("eos_token_id")
+        extra = eos if isinstance(eos, list) else ([] if eos is None else [eos])
+        merged = tuple(dict.fromkeys([*config.eos_token_ids, *(int(e) for e in extra)]))
+        config = replace(config, eos_token_ids=merged)
+    return config
+
+
 def _load_checkpoint(path: Path) -> ModelSource:
     if not path.exists():
         raise ModelSpecError(
@@ -111,16 +144,7 @@ def _load_checkpoint(path: Path) -> ModelSource:
         raise ModelSpecError(
             f"model path {str(path)!r} is not a directory (expected config.json + *.safetensors)"
         )
-    cfg_file = path / "config.json"
-    if not cfg_file.is_file():
-        raise ModelSpecError(f"{path}: no config.json")
-    try:
-        raw = json.loads(cfg_file.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ModelSpecError(f"{cfg_file}: cannot parse: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ModelSpecError(f"{cfg_file}: expected a JSON object")
-    config = ModelConfig.from_hf(raw)
+    config = read_config(path)
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise ModelSpecError(

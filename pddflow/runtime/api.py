@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 
 from pddflow.core.payloads import SamplingParams
-from pddflow.runtime.openai_schema import ChatBody, CompletionBody, FieldError, _Body, render_chat
+from pddflow.runtime.openai_schema import ChatBody, ChatMessage, CompletionBody, FieldError, _Body
 
 DEFAULT_TIMEOUT_S = 300.0
 CLIENT_CLOSED = 499  # no one reads it: the client has gone (nginx's code for that)
@@ -107,6 +107,7 @@ class Frontend(Protocol):
     max_context: int
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None: ...
+    def chat_prompt_ids(self, messages: list[ChatMessage]) -> list[int]: ...
     def health(self) -> tuple[bool, dict[str, Any]]: ...
     def metrics_text(self) -> tuple[bytes, str]: ...
     def timeline(self, request_id: str) -> dict[str, Any] | None: ...
@@ -253,7 +254,7 @@ def make_app(
         if not admission.open:
             return _error(503, admission.refusal or "", kind="server_error")
         try:
-            ids = frontend.tokenizer.encode(render_chat(body.messages))
+            ids = frontend.chat_prompt_ids(body.messages)
         except ValueError as exc:
             return _error(400, str(exc), param="messages")
         except RequestRejected as exc:

@@ -1,16 +1,18 @@
 """What the frontend needs of the model without loading its weights: tokenizer, vocabulary,
-context length, end-of-sequence IDs."""
+context length, end-of-sequence IDs, and how a chat becomes a prompt."""
 
 from __future__ import annotations
 
-import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pddflow.operators.config import ModelConfig, ModelSpecError
+from pddflow.operators.config import ModelSpecError
 from pddflow.operators.tokenizer import ByteTokenizer, HFTokenizer
-from pddflow.operators.weights import BUILTIN_MODELS
+from pddflow.operators.weights import BUILTIN_MODELS, read_config
+from pddflow.runtime.chat_template import load_chat_renderer
+from pddflow.runtime.openai_schema import ChatMessage, render_chat
 
 
 class _NoTokenizer:
@@ -19,7 +21,7 @@ class _NoTokenizer:
     def __init__(self, eos: tuple[int, ...]):
         self.eos_token_ids = eos
 
-    def encode(self, text: str) -> list[int]:
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         from pddflow.runtime.api import RequestRejected
 
         raise RequestRejected(
@@ -36,25 +38,44 @@ class ModelInfo:
     vocab_size: int
     max_context: int
     eos_token_ids: tuple[int, ...]
+    # the checkpoint's (or --chat-template's) template; None: `render_chat`'s plain rendering
+    chat_template: Callable[[list[dict[str, Any]]], str] | None = None
+
+    def chat_prompt_ids(self, messages: list[ChatMessage]) -> list[int]:
+        if self.chat_template is None:
+            return self.tokenizer.encode(render_chat(messages))
+        # content as the client sent it when absent (a tool-call turn): templates test for None
+        turns = [
+            {
+                **(m.model_extra or {}),
+                "role": m.role,
+                "content": None if m.content is None else m.text(),
+            }
+            for m in messages
+        ]
+        # the template writes BOS and turn markers itself, as transformers' apply_chat_template
+        return self.tokenizer.encode(self.chat_template(turns), add_special_tokens=False)
 
 
-def model_info(spec: str) -> ModelInfo:
+def model_info(spec: str, chat_template: Path | None = None) -> ModelInfo:
+    """`spec` is `builtin:<name>` or a local checkpoint directory (`hub.resolve_model` first)."""
     if spec.startswith("builtin:"):
         name = spec.split(":", 1)[1]
         if name not in BUILTIN_MODELS:
             raise ModelSpecError(f"unknown builtin model {name!r}")
         cfg = BUILTIN_MODELS[name]
         tok: Any = ByteTokenizer()
+        renderer = load_chat_renderer(None, chat_template)
     else:
         path = Path(spec)
-        try:
-            cfg = ModelConfig.from_hf(json.loads((path / "config.json").read_text()))
-        except (OSError, json.JSONDecodeError) as exc:
-            raise ModelSpecError(f"{path}: cannot read config.json: {exc}") from None
+        cfg = read_config(path)
         tok_file = path / "tokenizer.json"
         tok = (
             HFTokenizer(tok_file, cfg.eos_token_ids)
             if tok_file.is_file()
             else _NoTokenizer(cfg.eos_token_ids)
         )
-    return ModelInfo(tok, cfg.vocab_size, cfg.max_position_embeddings, tuple(tok.eos_token_ids))
+        renderer = load_chat_renderer(path, chat_template)
+    return ModelInfo(
+        tok, cfg.vocab_size, cfg.max_position_embeddings, tuple(tok.eos_token_ids), renderer
+    )

@@ -133,6 +133,22 @@ def tiny_qwen2_dir(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_qwen3_dir(tmp_path_factory) -> Path:
+    pytest.importorskip("transformers")
+    from pddflow.testing.tiny_checkpoints import tiny_qwen3
+
+    return tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3"), seed=2)
+
+
+@pytest.fixture(scope="session")
+def tiny_mistral_dir(tmp_path_factory) -> Path:
+    pytest.importorskip("transformers")
+    from pddflow.testing.tiny_checkpoints import tiny_mistral
+
+    return tiny_mistral(tmp_path_factory.mktemp("tiny-mistral"), seed=3)
+
+
+@pytest.fixture(scope="session")
 def tiny_llama_with_tokenizer(tiny_llama_dir, tmp_path_factory) -> Path:
     """The tiny Llama checkpoint plus a word-level tokenizer.json."""
     from tokenizers import Tokenizer, models, pre_tokenizers

@@ -1,6 +1,6 @@
 """The engine against transformers on the same weights: logits within 1e-4 (fp32) and identical
-greedy continuations, for Llama (GQA, llama3 RoPE scaling) and Qwen2 (q/k/v bias, tied
-embeddings)."""
+greedy continuations, for Llama (GQA, llama3 RoPE scaling), Qwen2 (q/k/v bias, tied embeddings),
+Qwen3 (per-head q/k RMSNorm, head_dim apart from hidden / heads) and Mistral."""
 
 import pytest
 import torch
@@ -18,13 +18,16 @@ PROMPT = [
 ]
 
 
+ARCH_FIXTURES = ["tiny_llama_dir", "tiny_qwen2_dir", "tiny_qwen3_dir", "tiny_mistral_dir"]
+
+
 def _hf(path):
     transformers = pytest.importorskip("transformers")
     return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fixture", ["tiny_llama_dir", "tiny_qwen2_dir"])
+@pytest.mark.parametrize("fixture", ARCH_FIXTURES)
 def test_logits_match_hf(fixture, request):
     path = request.getfixturevalue(fixture)
     engine = Engine.from_spec(str(path), EngineConfig(kv_cache_bytes=2**22, chunk_size=16))
@@ -37,7 +40,7 @@ def test_logits_match_hf(fixture, request):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fixture", ["tiny_llama_dir", "tiny_qwen2_dir"])
+@pytest.mark.parametrize("fixture", ARCH_FIXTURES)
 def test_greedy_continuation_matches_hf(fixture, request):
     path = request.getfixturevalue(fixture)
     n = 40
@@ -84,7 +87,7 @@ def test_builtin_weights_are_deterministic():
 @pytest.mark.parametrize(
     "changes, message",
     [
-        ({"model_type": "gpt2"}, "model_type 'gpt2' is not supported"),
+        ({"model_type": "gpt2"}, "model_type 'gpt2' (LlamaForCausalLM) is not supported"),
         ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
         (
             {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}},
@@ -129,3 +132,56 @@ def test_legacy_rope_scaling_keys_are_read():
     }
     c = ModelConfig.from_hf(d)
     assert c.rope_theta == 5e5 and c.rope_scaling.rope_type == "llama3" and c.head_dim == 4
+
+
+def _hf_config(**extra):
+    d = {
+        "vocab_size": 10,
+        "hidden_size": 8,
+        "intermediate_size": 16,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "max_position_embeddings": 4096,
+    }
+    return {**d, **extra}
+
+
+def test_unsupported_architecture_names_it_and_the_supported_ones():
+    from pddflow.operators.config import ModelConfig
+
+    with pytest.raises(ModelSpecError) as err:
+        ModelConfig.from_hf(_hf_config(model_type="gemma2", architectures=["Gemma2ForCausalLM"]))
+    msg = str(err.value)
+    assert "\n" not in msg and "'gemma2' (Gemma2ForCausalLM) is not supported" in msg
+    for arch in ("'llama'", "'mistral'", "'qwen2'", "'qwen3'"):
+        assert arch in msg
+
+
+def test_mistral_sliding_window():
+    from pddflow.operators.config import ModelConfig
+
+    cfg = ModelConfig.from_hf(_hf_config(model_type="mistral", sliding_window=None))
+    assert cfg.arch == "mistral" and not cfg.qk_norm
+    # a window at least the context long never cuts anything
+    ModelConfig.from_hf(_hf_config(model_type="mistral", sliding_window=4096))
+    with pytest.raises(ModelSpecError, match="sliding_window 1024 is smaller than"):
+        ModelConfig.from_hf(_hf_config(model_type="mistral", sliding_window=1024))
+
+
+def test_qwen3_config():
+    from pddflow.operators.config import ModelConfig
+
+    cfg = ModelConfig.from_hf(_hf_config(model_type="qwen3", head_dim=16))
+    assert cfg.qk_norm and not cfg.qkv_bias and cfg.head_dim == 16 and not cfg.tie_word_embeddings
+    with pytest.raises(ModelSpecError, match="sliding-window"):
+        ModelConfig.from_hf(_hf_config(model_type="qwen3", use_sliding_window=True))
+
+
+@pytest.mark.slow  # builds the checkpoint
+def test_generation_config_eos_is_honoured(tiny_mistral_dir, tmp_path):
+    import json
+
+    path = with_config(tiny_mistral_dir, tmp_path)
+    (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 7]}))
+    source = load_model_source(str(path))
+    assert source.config.eos_token_ids == (2, 7) and source.tokenizer.eos_token_ids == (2, 7)

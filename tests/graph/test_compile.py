@@ -31,6 +31,20 @@ def test_shipped_graph_compiles_and_round_trips(path: Path):
         assert plan.model.weights == "builtin:tiny-llama"
 
 
+@pytest.mark.parametrize(
+    "weights, expected",
+    [("acme/tiny-model", "acme/tiny-model"), ("ckpt/tiny", "{dir}/ckpt/tiny")],
+)
+def test_model_weights_hub_id_or_relative_path(tmp_path, weights, expected):
+    """A Hub id stays an id (deploy resolves it through the Hub cache); a path that exists next
+    to the graph is that path."""
+    (tmp_path / "ckpt" / "tiny").mkdir(parents=True)
+    text = (ROOT / "graphs" / "pdd.yaml").read_text().replace("builtin:tiny-llama", weights)
+    graph = tmp_path / "g.yaml"
+    graph.write_text(text)
+    assert load_plan(str(graph)).model.weights == expected.format(dir=tmp_path)
+
+
 def test_pdd_plan_contents():
     plan = load_plan(str(ROOT / "graphs" / "pdd.yaml"))
     assert plan.operators["relay"].instances == ("relay/0", "relay/1")

@@ -1,0 +1,125 @@
+"""A checkpoint's chat template (`chat_template.jinja` or `tokenizer_config.json`'s
+`chat_template`, or `deploy --chat-template FILE`) rendered as transformers' `apply_chat_template`
+renders it: a sandboxed jinja2 environment with the same globals and filters, so a prompt here is
+token for token the prompt transformers builds."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from pddflow.operators.config import ModelSpecError
+
+
+class ChatTemplateError(ValueError):
+    """A template that refused the conversation (`raise_exception`) or failed rendering: a 400."""
+
+
+def _special(value: Any) -> str | None:
+    # tokenizer_config.json writes special tokens as strings or as serialised AddedTokens
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else None
+
+
+def find_template(path: Path) -> tuple[str | None, dict[str, str]]:
+    """The checkpoint directory's template (None if it has none) and its special-token strings."""
+    specials: dict[str, str] = {}
+    template: str | None = None
+    cfg_file = path / "tokenizer_config.json"
+    if cfg_file.is_file():
+        try:
+            cfg = json.loads(cfg_file.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ModelSpecError(f"{cfg_file}: cannot parse: {exc}") from None
+        for key in ("bos_token", "eos_token", "unk_token", "pad_token"):
+            if (tok := _special(cfg.get(key))) is not None:
+                specials[key] = tok
+        raw = cfg.get("chat_template")
+        if isinstance(raw, list):  # named templates: transformers uses "default"
+            named = {t.get("name"): t.get("template") for t in raw if isinstance(t, dict)}
+            raw = named.get("default")
+        if isinstance(raw, str):
+            template = raw
+    jinja_file = path / "chat_template.jinja"  # where transformers >= 4.50 saves it; it wins
+    if jinja_file.is_file():
+        template = jinja_file.read_text()
+    return template, specials
+
+
+class ChatTemplate:
+    def __init__(self, source: str, specials: dict[str, str], origin: str):
+        import jinja2
+        from jinja2 import nodes
+        from jinja2.ext import Extension
+        from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+        class _Generation(Extension):
+            # `{% generation %}` marks assistant text for training masks; rendering keeps the body
+            tags = {"generation"}
+
+            def parse(self, parser: Any) -> list[nodes.Node]:
+                next(parser.stream)
+                return parser.parse_statements(("name:endgeneration",), drop_needle=True)
+
+        def raise_exception(message: str) -> None:
+            raise jinja2.exceptions.TemplateError(message)
+
+        def tojson(x: Any, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+            # jinja's own tojson escapes HTML characters, which would change the prompt
+            return json.dumps(
+                x,
+                ensure_ascii=ensure_ascii,
+                indent=indent,
+                separators=separators,
+                sort_keys=sort_keys,
+            )
+
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True,
+            lstrip_blocks=True,
+            extensions=[_Generation, "jinja2.ext.loopcontrols"],
+        )
+        env.filters["tojson"] = tojson
+        env.globals["raise_exception"] = raise_exception
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        try:
+            self._template = env.from_string(source)
+        except jinja2.TemplateSyntaxError as exc:
+            raise ModelSpecError(
+                f"chat template from {origin}: line {exc.lineno}: {exc.message}"
+            ) from None
+        self._errors = (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError)
+        self.specials = specials
+        self.origin = origin
+
+    def render(self, messages: list[dict[str, Any]]) -> str:
+        try:
+            return self._template.render(
+                messages=messages,
+                add_generation_prompt=True,
+                tools=None,
+                documents=None,
+                **self.specials,
+            )
+        except self._errors as exc:
+            raise ChatTemplateError(f"chat template: {exc}") from None
+
+
+def load_chat_renderer(
+    path: Path | None, override: Path | None
+) -> Callable[[list[dict[str, Any]]], str] | None:
+    """`override` (a jinja file) or the checkpoint's own template; None when there is neither."""
+    source, specials = find_template(path) if path is not None else (None, {})
+    origin = str(path) if path is not None else ""
+    if override is not None:
+        try:
+            source, origin = Path(override).read_text(), str(override)
+        except OSError as exc:
+            raise ModelSpecError(f"--chat-template {override}: {exc.strerror}") from None
+    if source is None:
+        return None
+    return ChatTemplate(source, specials, origin).render

@@ -1,0 +1,150 @@
+"""Tiny random Hugging Face checkpoints with a real (byte-level BPE) tokenizer and a chat template,
+written by transformers' own `save_pretrained`: what the parity and deployment tests load. Needs
+the dev extra (transformers); nothing is downloaded."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+CHATML_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+# Qwen's ChatML, trimmed of tool calls and thinking
+CHATML_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
+)
+MISTRAL_SPECIALS = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]"]
+# Mistral's instruct template: BOS from the tokenizer config, user/assistant alternation enforced
+# with raise_exception as the original does
+MISTRAL_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}"
+    "{% endif %}"
+    "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token }}"
+    "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}"
+    "{% endif %}{% endfor %}"
+)
+_CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Prefill computes the prompt; decode generates one token at a time.",
+    "Hello there! How are you today? I am fine, thank you.",
+    "user assistant system: answer briefly and kindly.",
+] * 8
+
+
+def write_tokenizer(path: Path, specials: list[str], vocab_size: int, **config) -> int:
+    """A byte-level BPE trained on a fixed corpus (deterministic), `specials` first; saved as
+    tokenizer.json + tokenizer_config.json (`config`: bos/eos tokens, chat_template). Returns the
+    vocabulary size."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(_CORPUS, trainer)
+    path.mkdir(parents=True, exist_ok=True)
+    tok.save(str(path / "tokenizer.json"))
+    cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 4096, **config}
+    (path / "tokenizer_config.json").write_text(json.dumps(cfg, indent=1))
+    return tok.get_vocab_size()
+
+
+def _randomize(model, seed: int) -> None:
+    """HF's N(0, 0.02) init makes greedy decoding repeat one token: unit-scale embeddings, stronger
+    projections and non-trivial norm weights make every layer (and the q/k norms) matter."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name == "model.embed_tokens.weight":
+                p.copy_(torch.randn(p.shape, generator=gen))
+            elif name.endswith("proj.weight"):
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+            elif name.endswith("norm.weight"):
+                p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=gen))
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
+
+
+def tiny_qwen3(path: Path, seed: int = 0, layers: int = 2) -> Path:
+    """Qwen3: q/k norms, head_dim 32 != hidden 64 / 4 heads, GQA, ChatML. Untied head: with tied
+    embeddings a model this small echoes one token, and the test would compare nothing."""
+    import transformers
+
+    vocab = write_tokenizer(
+        path,
+        CHATML_SPECIALS,
+        320,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=CHATML_TEMPLATE,
+    )
+    ids = json.loads((path / "tokenizer.json").read_text())["added_tokens"]
+    special = {t["content"]: t["id"] for t in ids}
+    cfg = transformers.Qwen3Config(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        tie_word_embeddings=False,
+        bos_token_id=special["<|endoftext|>"],
+        eos_token_id=special["<|im_end|>"],
+    )
+    model = transformers.Qwen3ForCausalLM(cfg)
+    _randomize(model, seed)
+    model.save_pretrained(path)
+    return path
+
+
+def tiny_mistral(path: Path, seed: int = 0, layers: int = 2) -> Path:
+    """Mistral: Llama-like, GQA, no sliding window (null), untied head, BOS-led [INST] template."""
+    import transformers
+
+    vocab = write_tokenizer(
+        path,
+        MISTRAL_SPECIALS,
+        320,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        chat_template=MISTRAL_TEMPLATE,
+    )
+    ids = json.loads((path / "tokenizer.json").read_text())["added_tokens"]
+    special = {t["content"]: t["id"] for t in ids}
+    cfg = transformers.MistralConfig(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=2048,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+        sliding_window=None,
+        tie_word_embeddings=False,
+        bos_token_id=special["<s>"],
+        eos_token_id=special["</s>"],
+    )
+    model = transformers.MistralForCausalLM(cfg)
+    _randomize(model, seed)
+    model.save_pretrained(path)
+    return path

@@ -1,0 +1,102 @@
+"""Acceptance for real checkpoints: tiny random Qwen3 and Mistral checkpoints (with a trained BPE
+tokenizer and a chat template, made here by transformers) served by `pddflow deploy graphs/pdd.yaml
+--model DIR`: the official openai client's greedy chat output is exactly transformers' greedy
+output on the chat-templated prompt."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pddflow.runtime.launcher import Deployment
+
+pytestmark = pytest.mark.slow  # starts deployments: worker processes
+
+ROOT = Path(__file__).resolve().parents[2]
+MAX_TOKENS = 16
+
+openai = pytest.importorskip("openai")
+transformers = pytest.importorskip("transformers")
+
+CHATS = [
+    [{"role": "user", "content": "Hello there! How are you today?"}],
+    [
+        {"role": "user", "content": "The quick brown fox."},
+        {"role": "assistant", "content": "jumps over the lazy dog."},
+        {"role": "user", "content": "Prefill computes the prompt; decode generates."},
+    ],
+]
+# a template of the operator's own (--chat-template): a preamble the checkpoint's lacks, and a
+# refusal through raise_exception
+OVERRIDE = (
+    "{{ bos_token }}[INST] Answer briefly. [/INST]"
+    "{% for message in messages %}"
+    "{% if message['role'] == 'system' %}{{ raise_exception('no system turns here') }}{% endif %}"
+    "{{ message['role'] + ': ' + message['content'] + '\\n' }}"
+    "{% endfor %}{% if add_generation_prompt %}{{ 'assistant:' }}{% endif %}"
+)
+
+
+def _reference(path: Path, chat: list[dict], template: str | None) -> list[int]:
+    """transformers end to end: its tokenizer's apply_chat_template, its greedy generate."""
+    import torch
+
+    tok = transformers.AutoTokenizer.from_pretrained(path)
+    text = tok.apply_chat_template(
+        chat, add_generation_prompt=True, tokenize=False, chat_template=template
+    )
+    ids = tok.encode(text, add_special_tokens=False)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    with torch.inference_mode():
+        out = model.generate(
+            torch.tensor([ids]), max_new_tokens=MAX_TOKENS, do_sample=False, pad_token_id=0
+        )
+    return out[0, len(ids) :].tolist()
+
+
+def _strip_eos(ids: list[int], eos: int) -> list[int]:
+    return ids[: ids.index(eos)] if eos in ids else ids
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "mistral"])
+def test_deploy_serves_a_real_checkpoint_exactly(arch, tmp_path):
+    import torch
+
+    from pddflow.testing.tiny_checkpoints import tiny_mistral, tiny_qwen3
+
+    torch.set_num_threads(1)
+    path = (tiny_qwen3 if arch == "qwen3" else tiny_mistral)(tmp_path / arch, seed=5)
+    eos = transformers.AutoConfig.from_pretrained(path).eos_token_id
+    extra: list[str] = []
+    template = None
+    if arch == "mistral":  # Qwen3 keeps its checkpoint's template, Mistral gets an override
+        (tmp_path / "chat.jinja").write_text(OVERRIDE)
+        extra, template = ["--chat-template", str(tmp_path / "chat.jinja")], OVERRIDE
+    refs = [_reference(path, chat, template) for chat in CHATS]
+    assert any(len(set(r)) > 3 for r in refs), "degenerate test model"
+
+    dep = Deployment(ROOT / "graphs" / "pdd.yaml", tmp_path / "run", "--model", str(path), *extra)
+    try:
+        client = openai.OpenAI(
+            base_url=f"{dep.base}/v1", api_key="unused", timeout=60, max_retries=0
+        )
+        for chat, ref in zip(CHATS, refs):
+            r = client.chat.completions.create(
+                model="pdd",
+                messages=chat,
+                max_tokens=MAX_TOKENS,
+                temperature=0,
+                extra_body={"return_token_ids": True},
+            )
+            ids = r.choices[0].model_extra["token_ids"]
+            assert _strip_eos(ids, eos) == _strip_eos(ref, eos)
+            assert r.choices[0].message.content  # decoded by the checkpoint's tokenizer
+        if arch == "mistral":  # the template's raise_exception is the client's 400
+            with pytest.raises(openai.BadRequestError, match="no system turns"):
+                client.chat.completions.create(
+                    model="pdd", messages=[{"role": "system", "content": "Hi"}], max_tokens=4
+                )
+    finally:
+        dep.stop()
+    assert dep.leftover_children() == []
