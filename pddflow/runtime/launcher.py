@@ -139,12 +139,13 @@ class Deployment:
         )
 
     def wait_idle(self, timeout_s: float = 20.0) -> dict:
-        """Health once no request is live and every worker's status is fresh."""
+        """Health once no request is live and no worker holds a leg or a block outside its cache
+        (or when `timeout_s` has passed)."""
         deadline = time.monotonic() + timeout_s
         while True:
             h = self.health()
             if h.get("live_requests") == 0 and all(
-                w["kv_blocks_used"] == w["cached_blocks"]
+                w["kv_blocks_used"] == w["cached_blocks"] and w["legs"] == 0
                 for w in h["workers"].values()
                 if w["ready"]
             ):
