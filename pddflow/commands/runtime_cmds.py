@@ -56,6 +56,20 @@ def deploy(
         help="on Ctrl-C or SIGTERM, new requests get 503 and running ones have this many "
         "seconds to finish before they are aborted; a second Ctrl-C stops at once",
     ),
+    api_key: str | None = typer.Option(
+        None,
+        envvar="PDDFLOW_API_KEY",
+        help="require 'Authorization: Bearer KEY' on /v1/* (default: open); /health and "
+        "/metrics stay open",
+        show_default=False,
+    ),
+    admin_key: str | None = typer.Option(
+        None,
+        envvar="PDDFLOW_ADMIN_KEY",
+        help="enable the admin endpoints (/admin/links/NAME/cut), guarded by this Bearer key; "
+        "without it they do not exist (404)",
+        show_default=False,
+    ),
     log_level: str = typer.Option("warning", help="uvicorn and runtime log level"),
     cpu_pinning: str = typer.Option(
         "auto",
@@ -151,7 +165,7 @@ def deploy(
         sys.stderr.flush()
         admission = Admission()
         config = uvicorn.Config(
-            make_app(frontend, be, admission),
+            make_app(frontend, be, admission, api_key=api_key, admin_key=admin_key),
             host=host,
             port=port,
             log_level=log_level,
