@@ -248,6 +248,13 @@ class ChatBody(_Body):
     )
     safety_identifier: str | None = Field(None, description="accepted and ignored")
 
+    @model_validator(mode="after")
+    def _contents(self) -> ChatBody:
+        for i, m in enumerate(self.messages):
+            if m.content is None and m.role != "assistant":
+                raise FieldError(f"messages.{i}.content", f"a {m.role} message needs content")
+        return self
+
     def token_budget(self, room: int) -> int:
         # OpenAI's chat default: as many as the context has room for
         return self.max_completion_tokens or self.max_tokens or max(room, 1)

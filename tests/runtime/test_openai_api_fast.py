@@ -154,6 +154,7 @@ def test_completion_fields_refused_with_400_naming_them(api, extra, param):
         ({"messages": [{"role": "user", "content": "x", "extra": 1}]}, "messages.0.extra"),
         ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
         ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
+        ({"messages": [{"role": "user"}]}, "messages.0.content"),
         (
             {"messages": [{"role": "assistant", "content": "x", "tool_calls": [{"id": "1"}]}]},
             "messages.0.tool_calls",
