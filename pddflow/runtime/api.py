@@ -161,6 +161,14 @@ def _short(value: str, limit: int = 100) -> str:
 _TYPE_TAG = re.compile(r"^(str|int|float|bool|none|[\w-]+\[.*\])$")
 
 
+# what a field that takes several forms takes, for an error that matched none of them
+_UNION_FORMS = {
+    "prompt": "a string, a list of token IDs, or a list of one string",
+    "stop": "a string or a list of up to 4 strings",
+    "messages.N.content": "a string, a list of content parts, or null (assistant only)",
+}
+
+
 def _validation_error(exc: RequestValidationError) -> JSONResponse:
     first = exc.errors()[0]
     named = (first.get("ctx") or {}).get("error")
@@ -171,9 +179,15 @@ def _validation_error(exc: RequestValidationError) -> JSONResponse:
         why = (first.get("ctx") or {}).get("error", "")
         return _error(400, f"the body is not valid JSON ({why}, at character {pos})")
     loc = [p for p in first["loc"] if p != "body"]
-    where = ".".join(str(p) for p in loc if not (isinstance(p, str) and _TYPE_TAG.match(p)))
+    kept = [p for p in loc if not (isinstance(p, str) and _TYPE_TAG.match(p))]
+    where = ".".join(str(p) for p in kept)
+    form = _UNION_FORMS.get(".".join("N" if isinstance(p, int) else str(p) for p in kept))
     if first["type"] == "extra_forbidden":
         msg = "unknown field: not an OpenAI request field this server takes (docs/openai-api.md)"
+    elif form is not None and len(kept) < len(loc):  # no member of a union matched
+        msg = f"must be {form}"
+    elif not where and first["type"] == "model_attributes_type":
+        msg = "the body must be a JSON object (sent as Content-Type: application/json)"
     else:
         msg = first["msg"]
     return _error(400, f"{where}: {msg}" if where else msg, param=where or None)

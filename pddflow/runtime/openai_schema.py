@@ -253,6 +253,15 @@ class ChatBody(_Body):
         for i, m in enumerate(self.messages):
             if m.content is None and m.role != "assistant":
                 raise FieldError(f"messages.{i}.content", f"a {m.role} message needs content")
+            for j, part in enumerate(m.content if isinstance(m.content, list) else []):
+                where = f"messages.{i}.content.{j}"
+                if part.get("type") != "text":
+                    kind = str(part.get("type"))[:40]
+                    raise FieldError(
+                        f"{where}.type", f"only text content parts are supported, not {kind!r}"
+                    )
+                if not isinstance(part.get("text"), str) or set(part) - {"type", "text"}:
+                    raise FieldError(where, 'a text part is {"type": "text", "text": STRING}')
         return self
 
     def token_budget(self, room: int) -> int:

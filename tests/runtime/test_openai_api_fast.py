@@ -156,6 +156,14 @@ def test_completion_fields_refused_with_400_naming_them(api, extra, param):
         ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
         ({"messages": [{"role": "user"}]}, "messages.0.content"),
         (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            "messages.0.content.0.type",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+            "messages.0.content.0",
+        ),
+        (
             {"messages": [{"role": "assistant", "content": "x", "tool_calls": [{"id": "1"}]}]},
             "messages.0.tool_calls",
         ),
@@ -164,6 +172,26 @@ def test_completion_fields_refused_with_400_naming_them(api, extra, param):
 def test_chat_fields_refused_with_400_naming_them(api, extra, param):
     err = _assert_openai_error(api.post("/v1/chat/completions", json={**CHAT, **extra}), 400)
     assert err["param"] == param and err["message"].startswith(f"{param}: ")
+
+
+@pytest.mark.parametrize(
+    "path, body, words",
+    [
+        ("completions", {"prompt": {"a": 1}}, "prompt: must be a string, a list of token IDs"),
+        ("completions", {"prompt": [1, "a"]}, "prompt: must be a string, a list of token IDs"),
+        ("completions", {"prompt": "x", "stop": 5}, "stop: must be a string or a list"),
+        ("chat/completions", {"messages": [{"role": "user", "content": 5}]}, "must be a string"),
+    ],
+)
+def test_type_errors_say_what_the_field_takes(api, path, body, words):
+    r = api.post(f"/v1/{path}", json={"model": "fake", **body})
+    assert words in _assert_openai_error(r, 400)["message"]
+
+
+def test_a_body_that_is_no_json_object(api):
+    for data, ctype in ((b'{"model": "fake"}', "text/plain"), (b"[1]", "application/json")):
+        r = api.post("/v1/completions", content=data, headers={"content-type": ctype})
+        assert "must be a JSON object" in _assert_openai_error(r, 400)["message"]
 
 
 def test_neutral_values_of_unsupported_fields_pass(api, fe):
