@@ -425,6 +425,7 @@ async def _serve(
             f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) exceeds the model's "
             f"context of {frontend.max_context} tokens",
             param="max_tokens",
+            code="context_length_exceeded",
         )
     stops = body.stops
     sampling = SamplingParams(

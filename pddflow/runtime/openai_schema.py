@@ -66,8 +66,9 @@ UNSUPPORTED_COMMON = {
 }
 UNSUPPORTED_COMPLETION = {
     **UNSUPPORTED_COMMON,
+    # 0 is no neutral value here: it asks for the sampled tokens' log probabilities
     "logprobs": Unsupported(
-        "log probabilities are not returned (the workers do not report them)", None, 0
+        "log probabilities are not returned (the workers do not report them)", None
     ),
     "echo": Unsupported("echo is not implemented", None, False),
     "suffix": Unsupported("insertion (suffix) is not implemented", None, ""),

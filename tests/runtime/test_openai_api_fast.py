@@ -110,6 +110,7 @@ def _assert_openai_error(r, status: int, param: str | None = None) -> dict:
         ({"echo": True}, "echo"),
         ({"suffix": "tail"}, "suffix"),
         ({"logprobs": 1}, "logprobs"),
+        ({"logprobs": 0}, "logprobs"),
         ({"logprobs": True}, "logprobs"),  # 1 would be refused: no coercion either
         ({"frequency_penalty": 0.5}, "frequency_penalty"),
         ({"presence_penalty": -1}, "presence_penalty"),
@@ -253,6 +254,12 @@ def test_max_tokens_defaults(api, fe):
     r = api.post("/v1/chat/completions", json=body)
     prompt = r.json()["usage"]["prompt_tokens"]
     assert fe.sampling[-1].max_tokens == FakeFrontend.max_context - prompt  # the rest
+
+
+def test_context_length_exceeded(api):
+    r = api.post("/v1/completions", json={**COMPLETION, "max_tokens": 510})
+    err = _assert_openai_error(r, 400, "max_tokens")
+    assert err["code"] == "context_length_exceeded" and "context of 512" in err["message"]
 
 
 def test_usage_with_cached_tokens(api):
