@@ -160,6 +160,10 @@ def deploy(
             f"(model {frontend.model_id!r}); logs in {rd}"
         )
         err.print(f"cpus: {cpus.describe()}")
+        err.print(
+            f"/v1: {'API key required' if api_key else 'open (no --api-key)'}; /admin: "
+            f"{'admin key required' if admin_key else 'off (no --admin-key)'}"
+        )
         # a worker that dies is restarted; until it is back, requests go around it
         supervisor = Supervisor(be, frontend.worker_exited, frontend.worker_restarted).start()
         sys.stderr.flush()

@@ -50,10 +50,13 @@ def _raw(dep, path: str, data: bytes | None, method: str = "POST", key: str | No
 def test_models_and_honoured_completion_fields(client):
     assert [m.id for m in client.models.list()] == ["pdd"]
     kw = dict(model="pdd", prompt="Seeds repeat:", max_tokens=6, temperature=0.9, top_p=0.9)
-    a = client.completions.create(**kw, seed=11, user="someone", n=1)
-    b = client.completions.create(**kw, seed=11)
-    assert a.choices[0].text == b.choices[0].text  # the seed is honoured
-    assert a.usage.completion_tokens == len(a.choices[0].model_extra.get("token_ids") or [0] * 6)
+    ids = {"return_token_ids": True}
+    a = client.completions.create(**kw, seed=11, user="someone", n=1, extra_body=ids)
+    b = client.completions.create(**kw, seed=11, extra_body=ids)
+    # the seed is honoured
+    assert a.choices[0].model_extra["token_ids"] == b.choices[0].model_extra["token_ids"]
+    assert a.choices[0].text == b.choices[0].text
+    assert a.usage.completion_tokens == len(a.choices[0].model_extra["token_ids"])
     assert a.usage.total_tokens == a.usage.prompt_tokens + a.usage.completion_tokens
     assert a.usage.prompt_tokens_details.cached_tokens >= 0
     # a stop string ends the text before it
