@@ -335,20 +335,30 @@ def make_app(
                 {"link": name, "down_s": body.seconds, "after_bytes": body.after_bytes}
             )
 
+    def served_model() -> dict[str, Any]:
+        return {
+            "id": frontend.model_id,
+            "object": "model",
+            "created": 0,
+            "owned_by": "pddflow",
+            "max_model_len": frontend.max_context,
+        }
+
     @app.get("/v1/models")
     async def models() -> dict:
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": frontend.model_id,
-                    "object": "model",
-                    "created": 0,
-                    "owned_by": "pddflow",
-                    "max_model_len": frontend.max_context,
-                }
-            ],
-        }
+        return {"object": "list", "data": [served_model()]}
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str) -> JSONResponse:
+        if model != frontend.model_id:
+            return _error(
+                404,
+                f"model {_short(model)} is not served here; it serves {frontend.model_id!r}",
+                kind="not_found_error",
+                param="model",
+                code="model_not_found",
+            )
+        return JSONResponse(served_model())
 
     @app.get("/v1/requests/{request_id}/timeline")
     async def timeline(request_id: str) -> JSONResponse:

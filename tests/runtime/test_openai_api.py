@@ -49,6 +49,9 @@ def _raw(dep, path: str, data: bytes | None, method: str = "POST", key: str | No
 
 def test_models_and_honoured_completion_fields(client):
     assert [m.id for m in client.models.list()] == ["pdd"]
+    assert client.models.retrieve("pdd").id == "pdd"
+    with pytest.raises(openai.NotFoundError):
+        client.models.retrieve("other")
     kw = dict(model="pdd", prompt="Seeds repeat:", max_tokens=6, temperature=0.9, top_p=0.9)
     ids = {"return_token_ids": True}
     a = client.completions.create(**kw, seed=11, user="someone", n=1, extra_body=ids)

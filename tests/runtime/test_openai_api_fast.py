@@ -318,6 +318,8 @@ def test_every_error_in_the_openai_shape_and_bounded(api):
     err = _assert_openai_error(api.get("/v1/completions"), 405)
     assert "GET" in err["message"]
     _assert_openai_error(api.get("/v1/requests/nope/timeline"), 404)
+    assert api.get("/v1/models/fake").json()["id"] == "fake"
+    _assert_openai_error(api.get("/v1/models/other/x"), 404, "model")
     # the admin endpoints do not exist without an admin key
     _assert_openai_error(api.post("/admin/links/A-B/cut", json={"seconds": 1}), 404)
 
