@@ -58,6 +58,20 @@ def deploy(
         help="on Ctrl-C or SIGTERM, new requests get 503 and running ones have this many "
         "seconds to finish before they are aborted; a second Ctrl-C stops at once",
     ),
+    api_key: str | None = typer.Option(
+        None,
+        envvar="PDDFLOW_API_KEY",
+        help="require 'Authorization: Bearer KEY' on /v1/* (default: open); /health and "
+        "/metrics stay open",
+        show_default=False,
+    ),
+    admin_key: str | None = typer.Option(
+        None,
+        envvar="PDDFLOW_ADMIN_KEY",
+        help="enable the admin endpoints (/admin/links/NAME/cut), guarded by this Bearer key; "
+        "without it they do not exist (404)",
+        show_default=False,
+    ),
     log_level: str = typer.Option("warning", help="uvicorn and runtime log level"),
     model: str | None = typer.Option(
         None,
@@ -169,12 +183,16 @@ def deploy(
             f"(model {frontend.model_id!r}); logs in {rd}"
         )
         err.print(f"cpus: {cpus.describe()}")
+        err.print(
+            f"/v1: {'API key required' if api_key else 'open (no --api-key)'}; /admin: "
+            f"{'admin key required' if admin_key else 'off (no --admin-key)'}"
+        )
         # a worker that dies is restarted; until it is back, requests go around it
         supervisor = Supervisor(be, frontend.worker_exited, frontend.worker_restarted).start()
         sys.stderr.flush()
         admission = Admission()
         config = uvicorn.Config(
-            make_app(frontend, be, admission),
+            make_app(frontend, be, admission, api_key=api_key, admin_key=admin_key),
             host=host,
             port=port,
             log_level=log_level,

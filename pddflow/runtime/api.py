@@ -4,10 +4,12 @@ protocol below, so any backend can serve it."""
 from __future__ import annotations
 
 import asyncio
+import hmac
 import json
+import re
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
@@ -15,11 +17,13 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pddflow.core.payloads import SamplingParams
 from pddflow.runtime.openai_schema import ChatBody, ChatMessage, CompletionBody, FieldError, _Body
 
 DEFAULT_TIMEOUT_S = 300.0
+MESSAGE_LIMIT = 1000  # characters of an error message: echoed input is cut, never sent back whole
 CLIENT_CLOSED = 499  # no one reads it: the client has gone (nginx's code for that)
 
 
@@ -123,12 +127,116 @@ class Frontend(Protocol):
 
 
 def _error(
-    status: int, message: str, kind: str = "invalid_request_error", param: str | None = None
+    status: int,
+    message: str,
+    kind: str = "invalid_request_error",
+    param: str | None = None,
+    code: str | int | None = None,
+    headers: dict[str, str] | None = None,
 ) -> JSONResponse:
+    """The OpenAI error shape, of bounded size whatever the request held."""
     return JSONResponse(
-        {"error": {"message": message, "type": kind, "param": param, "code": None}},
+        {
+            "error": {
+                "message": _cut(message, MESSAGE_LIMIT),
+                "type": kind,
+                "param": None if param is None else _cut(param, 200),
+                "code": code,
+            }
+        },
         status_code=status,
+        headers=headers,
     )
+
+
+def _cut(text: str, limit: int) -> str:
+    return text if len(text) <= limit else f"{text[: limit - 40]}... ({len(text)} characters)"
+
+
+def _short(value: str, limit: int = 100) -> str:
+    """repr of a client's string, cut to `limit` characters."""
+    return repr(_cut(value, limit))
+
+
+# pydantic's union members in an error's location ("str", "list[int]", "function-after[...]")
+_TYPE_TAG = re.compile(r"^(str|int|float|bool|none|[\w-]+\[.*\])$")
+
+
+# what a field that takes several forms takes, for an error that matched none of them
+_UNION_FORMS = {
+    "prompt": "a string, a list of token IDs, or a list of one string",
+    "stop": "a string or a list of up to 4 strings",
+    "messages.N.content": "a string, a list of content parts, or null (assistant only)",
+}
+
+
+def _validation_error(exc: RequestValidationError) -> JSONResponse:
+    first = exc.errors()[0]
+    named = (first.get("ctx") or {}).get("error")
+    if isinstance(named, FieldError):
+        return _error(400, str(named), param=named.field)
+    if first["type"] == "json_invalid":
+        pos = first["loc"][-1]
+        why = (first.get("ctx") or {}).get("error", "")
+        return _error(400, f"the body is not valid JSON ({why}, at character {pos})")
+    loc = [p for p in first["loc"] if p != "body"]
+    kept = [p for p in loc if not (isinstance(p, str) and _TYPE_TAG.match(p))]
+    where = ".".join(str(p) for p in kept)
+    form = _UNION_FORMS.get(".".join("N" if isinstance(p, int) else str(p) for p in kept))
+    if first["type"] == "extra_forbidden":
+        msg = "unknown field: not an OpenAI request field this server takes (docs/openai-api.md)"
+    elif form is not None and len(kept) < len(loc):  # no member of a union matched
+        msg = f"must be {form}"
+    elif not where and first["type"] == "model_attributes_type":
+        msg = "the body must be a JSON object (sent as Content-Type: application/json)"
+    else:
+        msg = first["msg"]
+    return _error(400, f"{where}: {msg}" if where else msg, param=where or None)
+
+
+class _Auth:
+    """Bearer keys (compared in constant time): `api_key` guards /v1/*, `admin_key` /admin/*;
+    /health and /metrics stay open. A pure ASGI layer: it leaves the body and the disconnect
+    watch to the endpoints."""
+
+    def __init__(self, app: Any, api_key: str | None, admin_key: str | None):
+        self.app, self.api_key, self.admin_key = app, api_key, admin_key
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            path = scope["path"]
+            key = (
+                self.api_key
+                if path.startswith("/v1/") or path == "/v1"
+                else self.admin_key
+                if path.startswith("/admin/")
+                else None
+            )
+            if key is not None and not _bearer_matches(scope, key):
+                given = any(k == b"authorization" for k, _ in scope["headers"])
+                out = _error(
+                    401,
+                    "invalid API key"
+                    if given
+                    else "missing API key: send 'Authorization: Bearer "
+                    "<key>' (pddflow deploy --api-key; --admin-key for /admin)",
+                    code="invalid_api_key",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+                await out(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def _bearer_matches(scope: Any, key: str) -> bool:
+    got = b""
+    for k, v in scope["headers"]:
+        if k == b"authorization":
+            got = v
+    scheme, _, token = got.partition(b" ")
+    if scheme.lower() != b"bearer":
+        token = b""
+    return hmac.compare_digest(token.strip(), key.encode())
 
 
 class _Utf8Stream:
@@ -159,10 +267,15 @@ class LinkCut(BaseModel):
 
 
 def make_app(
-    frontend: Frontend, backend: Any = None, admission: Admission | None = None
+    frontend: Frontend,
+    backend: Any = None,
+    admission: Admission | None = None,
+    api_key: str | None = None,
+    admin_key: str | None = None,
 ) -> FastAPI:
-    """`backend`, when it can (the local backend), adds /admin/links/{name}/cut: failure drills on
-    the emulated WAN. `admission` (app.state.admission) is what a shutdown drains."""
+    """`backend`, when it can (the local backend), and given an `admin_key`, adds
+    /admin/links/{name}/cut: failure drills on the emulated WAN. `admission`
+    (app.state.admission) is what a shutdown drains. `api_key` guards /v1/* (docs/openai-api.md)."""
     admission = admission or Admission()
 
     @asynccontextmanager
@@ -177,17 +290,27 @@ def make_app(
         lifespan=lifespan,
     )
     app.state.admission = admission
+    app.add_middleware(_Auth, api_key=api_key or None, admin_key=admin_key or None)
 
     @app.exception_handler(RequestValidationError)
     async def _bad_body(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0]
-        named = (first.get("ctx") or {}).get("error")
-        if isinstance(named, FieldError):
-            return _error(400, str(named), param=named.field)
-        where = ".".join(str(p) for p in first["loc"] if p != "body")
-        return _error(
-            400, f"{where}: {first['msg']}" if where else first["msg"], param=where or None
-        )
+        return _validation_error(exc)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            msg, kind = f"no such endpoint: {_short(request.url.path)}", "not_found_error"
+        elif exc.status_code == 405:
+            msg = f"method {request.method} is not allowed on {_short(request.url.path)}"
+            kind = "invalid_request_error"
+        else:
+            msg, kind = str(exc.detail), "invalid_request_error"
+        kind = kind if exc.status_code < 500 else "server_error"
+        return _error(exc.status_code, msg, kind=kind, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _crash(_: Request, exc: Exception) -> JSONResponse:
+        return _error(500, f"internal error: {type(exc).__name__}", kind="server_error")
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -201,32 +324,42 @@ def make_app(
         body, ctype = frontend.metrics_text()
         return Response(body, media_type=ctype)
 
-    if backend is not None and hasattr(backend, "cut_link"):
+    if admin_key and backend is not None and hasattr(backend, "cut_link"):
 
         @app.post("/admin/links/{name}/cut")
         async def cut_link(name: str, body: LinkCut) -> JSONResponse:
             try:
                 backend.cut_link(name, body.seconds, body.after_bytes)
             except KeyError as exc:
-                return _error(404, str(exc.args[0]), kind="not_found_error")
+                return _error(404, str(exc.args[0]), kind="not_found_error", param="name")
             return JSONResponse(
                 {"link": name, "down_s": body.seconds, "after_bytes": body.after_bytes}
             )
 
+    def served_model() -> dict[str, Any]:
+        return {
+            "id": frontend.model_id,
+            "object": "model",
+            "created": 0,
+            "owned_by": "pddflow",
+            "max_model_len": frontend.max_context,
+        }
+
     @app.get("/v1/models")
     async def models() -> dict:
-        return {
-            "object": "list",
-            "data": [
-                {
-                    "id": frontend.model_id,
-                    "object": "model",
-                    "created": 0,
-                    "owned_by": "pddflow",
-                    "max_model_len": frontend.max_context,
-                }
-            ],
-        }
+        return {"object": "list", "data": [served_model()]}
+
+    @app.get("/v1/models/{model:path}")
+    async def model(model: str) -> JSONResponse:
+        if model != frontend.model_id:
+            return _error(
+                404,
+                f"model {_short(model)} is not served here; it serves {frontend.model_id!r}",
+                kind="not_found_error",
+                param="model",
+                code="model_not_found",
+            )
+        return JSONResponse(served_model())
 
     @app.get("/v1/requests/{request_id}/timeline")
     async def timeline(request_id: str) -> JSONResponse:
@@ -234,7 +367,7 @@ def make_app(
         if t is None:
             return _error(
                 404,
-                f"no request {request_id!r} (timelines of the most recent requests are kept)",
+                f"no request {_short(request_id)} (timelines of the most recent requests are kept)",
                 kind="not_found_error",
             )
         return JSONResponse(t)
@@ -286,23 +419,30 @@ async def _serve(
     if body.model != frontend.model_id:
         return _error(
             404,
-            f"model {body.model!r} is not served here; it serves {frontend.model_id!r}",
+            f"model {_short(body.model)} is not served here; it serves {frontend.model_id!r}",
             kind="not_found_error",
             param="model",
+            code="model_not_found",
         )
-    max_tokens = body.token_budget()
+    # the context, or what the smallest decoder's KV memory holds if less (admission's limit)
+    room = frontend.max_context
+    kv_room = getattr(frontend, "max_serving_tokens", lambda: None)()
+    if kv_room is not None:
+        room = min(room, kv_room)
+    max_tokens = body.token_budget(room - len(prompt_ids))
     if len(prompt_ids) + max_tokens > frontend.max_context:
         return _error(
             400,
             f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) exceeds the model's "
             f"context of {frontend.max_context} tokens",
             param="max_tokens",
+            code="context_length_exceeded",
         )
-    stops = [body.stop] if isinstance(body.stop, str) else list(body.stop or [])
+    stops = body.stops
     sampling = SamplingParams(
         max_tokens=max_tokens,
-        temperature=body.temperature,
-        top_p=body.top_p,
+        temperature=1.0 if body.temperature is None else body.temperature,
+        top_p=1.0 if body.top_p is None else body.top_p,
         seed=body.seed,
         stop_token_ids=tuple(frontend.tokenizer.eos_token_ids),
     )
@@ -330,7 +470,7 @@ async def _serve(
             streaming = True
             return _RunResponse(
                 run,
-                _sse(run, rid, created, body, chat),
+                _sse(run, rid, created, body, chat, lambda: _usage(frontend, rid, prompt_ids, run)),
                 media_type="text/event-stream",
                 headers={"X-Request-Id": rid},
             )
@@ -365,14 +505,33 @@ async def _serve(
             "created": created,
             "model": frontend.model_id,
             "choices": [choice],
-            "usage": {
-                "prompt_tokens": len(prompt_ids),
-                "completion_tokens": len(run.ids),
-                "total_tokens": len(prompt_ids) + len(run.ids),
-            },
+            "usage": _usage(frontend, rid, prompt_ids, run),
         },
         headers={"X-Request-Id": rid},
     )
+
+
+def _usage(frontend: Frontend, rid: str, prompt_ids: list[int], run: _Run) -> dict[str, Any]:
+    return {
+        "prompt_tokens": len(prompt_ids),
+        "completion_tokens": len(run.ids),
+        "total_tokens": len(prompt_ids) + len(run.ids),
+        "prompt_tokens_details": {"cached_tokens": cached_tokens(frontend.timeline(rid))},
+    }
+
+
+def cached_tokens(timeline: dict[str, Any] | None) -> int:
+    """Prompt tokens whose KV came from a prefix cache: what prefill measured (its kv_send
+    events), else, when none reached the frontend (the first token ended the request, or no
+    prefill ran apart from the decoder), the scheduler's prediction at arrival."""
+    events = (timeline or {}).get("events", [])
+    measured = [
+        e["cached_tokens"] for e in events if e["event"] == "kv_send" and "cached_tokens" in e
+    ]
+    if measured:
+        return int(max(measured))
+    predicted = [e.get("predicted_hit_tokens", 0) for e in events if e["event"] == "arrival"]
+    return int(predicted[0]) if predicted else 0
 
 
 async def _on_disconnect(request: Request, run: _Run) -> None:
@@ -483,7 +642,14 @@ class _Run:
         return None if cut < 0 else text[len(self.text) : cut]
 
 
-async def _sse(run: _Run, rid: str, created: int, body: _Body, chat: bool) -> AsyncIterator[bytes]:
+async def _sse(
+    run: _Run,
+    rid: str,
+    created: int,
+    body: _Body,
+    chat: bool,
+    usage: Callable[[], dict[str, Any]],
+) -> AsyncIterator[bytes]:
     def frame(
         delta_text: str | None, ids: list[int], finish: str | None, role: bool = False
     ) -> bytes:
@@ -513,6 +679,8 @@ async def _sse(run: _Run, rid: str, created: int, body: _Body, chat: bool) -> As
             "model": body.model,
             "choices": [choice],
         }
+        if body.include_usage:
+            obj["usage"] = None
         return f"data: {json.dumps(obj)}\n\n".encode()
 
     if chat:
@@ -532,6 +700,16 @@ async def _sse(run: _Run, rid: str, created: int, body: _Body, chat: bool) -> As
         yield f"data: {json.dumps(err)}\n\n".encode()
         return
     yield frame(None if chat else "", [], run.finish_reason)
+    if body.include_usage:  # OpenAI's last chunk: no choices, the whole request's usage
+        last = {
+            "id": rid,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": created,
+            "model": body.model,
+            "choices": [],
+            "usage": usage(),
+        }
+        yield f"data: {json.dumps(last)}\n\n".encode()
     yield b"data: [DONE]\n\n"
 
 

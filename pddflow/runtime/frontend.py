@@ -147,6 +147,7 @@ class Frontend(Fallbacks):
             variant=route.decision.variant,
             reason=route.decision.reason,
             predicted_hit=round(route.decision.predicted_hit, 4),
+            predicted_hit_tokens=route.decision.predicted_hit_tokens,
         )
         try:
             await self._submit(live)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
 import signal
 import subprocess
 import sys
@@ -25,10 +26,14 @@ def get_json(url: str, timeout: float = 5.0) -> tuple[int, dict]:
         return e.code, json.loads(e.read() or b"{}")
 
 
-def post_json(url: str, body: dict, timeout: float = 5.0) -> tuple[int, dict]:
-    req = urllib.request.Request(
-        url, json.dumps(body).encode(), {"content-type": "application/json"}
-    )
+def post_json(
+    url: str, body: dict, timeout: float = 5.0, key: str | None = None
+) -> tuple[int, dict]:
+    """key: sent as the Bearer token (pddflow deploy --api-key / --admin-key)."""
+    headers = {"content-type": "application/json"}
+    if key is not None:
+        headers["authorization"] = f"Bearer {key}"
+    req = urllib.request.Request(url, json.dumps(body).encode(), headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
             return r.status, json.loads(r.read())
@@ -54,7 +59,9 @@ class LaunchError(RuntimeError):
 
 
 class Deployment:
-    """run_dir None: the deployer makes its own (under tmpdir, when given: its TMPDIR)."""
+    """run_dir None: the deployer makes its own (under tmpdir, when given: its TMPDIR). The
+    deployment always gets a fresh admin key (`cut_link` sends it); api_key, when given, guards
+    its /v1 API (default: open, whatever PDDFLOW_API_KEY says here)."""
 
     def __init__(
         self,
@@ -63,11 +70,17 @@ class Deployment:
         *extra: str,
         startup_s: float = 180.0,
         tmpdir: Path | None = None,
+        api_key: str | None = None,
     ):
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.run_dir = run_dir
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        self.api_key = api_key
+        self.admin_key = secrets.token_urlsafe(24)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "PDDFLOW_ADMIN_KEY": self.admin_key}
+        env.pop("PDDFLOW_API_KEY", None)
+        if api_key is not None:
+            env["PDDFLOW_API_KEY"] = api_key
         if tmpdir is not None:
             env["TMPDIR"] = str(tmpdir)
         self.proc = subprocess.Popen(
@@ -115,6 +128,14 @@ class Deployment:
             except (OSError, ValueError, IndexError):
                 continue
         return None
+
+    def cut_link(self, link: str, seconds: float, after_bytes: int = 0) -> tuple[int, dict]:
+        """POST /admin/links/LINK/cut with the deployment's admin key."""
+        return post_json(
+            f"{self.base}/admin/links/{link}/cut",
+            {"seconds": seconds, "after_bytes": after_bytes},
+            key=self.admin_key,
+        )
 
     def worker_pid(self, instance: str) -> int:
         log = self.run_dir / f"{instance.replace('/', '-')}.log"

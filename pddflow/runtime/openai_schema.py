@@ -3,7 +3,7 @@ naming the field, and loose enough that the official `openai` client's defaults 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -49,9 +49,75 @@ def unpaired_surrogate(value: Any, path: str = "") -> FieldError | None:
     return None
 
 
+class Unsupported:
+    """An OpenAI field pddflow does not implement: its neutral values (what a client sends when it
+    does not use the feature) pass, anything else is a 400 naming the field."""
+
+    def __init__(self, why: str, *neutral: Any):
+        self.why, self.neutral = why, neutral
+
+
+# field -> why it is refused unless neutral (docs/openai-api.md lists every field)
+UNSUPPORTED_COMMON = {
+    "frequency_penalty": Unsupported("penalties are not implemented", None, 0, 0.0),
+    "presence_penalty": Unsupported("penalties are not implemented", None, 0, 0.0),
+    "logit_bias": Unsupported("logit bias is not implemented", None, {}),
+    "best_of": Unsupported("only one sequence is generated per request", None, 1),
+}
+UNSUPPORTED_COMPLETION = {
+    **UNSUPPORTED_COMMON,
+    # 0 is no neutral value here: it asks for the sampled tokens' log probabilities
+    "logprobs": Unsupported(
+        "log probabilities are not returned (the workers do not report them)", None
+    ),
+    "echo": Unsupported("echo is not implemented", None, False),
+    "suffix": Unsupported("insertion (suffix) is not implemented", None, ""),
+}
+UNSUPPORTED_CHAT = {
+    **{k: v for k, v in UNSUPPORTED_COMMON.items() if k != "best_of"},
+    "logprobs": Unsupported(
+        "log probabilities are not returned (the workers do not report them)", None, False
+    ),
+    "top_logprobs": Unsupported(
+        "log probabilities are not returned (the workers do not report them)", None, 0
+    ),
+    "tools": Unsupported("tool calling is not implemented", None, []),
+    "tool_choice": Unsupported("tool calling is not implemented", None, "none"),
+    "functions": Unsupported("function calling is not implemented", None, []),
+    "function_call": Unsupported("function calling is not implemented", None, "none"),
+    "response_format": Unsupported(
+        "structured output is not implemented; only plain text", None, {"type": "text"}
+    ),
+    "audio": Unsupported("audio output is not implemented", None),
+    "modalities": Unsupported("only text output", None, ["text"]),
+    "prediction": Unsupported("predicted outputs are not implemented", None),
+    "reasoning_effort": Unsupported("the model does not reason", None),
+    "verbosity": Unsupported("verbosity is not implemented", None),
+    "web_search_options": Unsupported("web search is not implemented", None),
+    "store": Unsupported("completions are not stored", None, False),
+    "service_tier": Unsupported("there is one service tier", None, "auto", "default"),
+}
+
+
+def _neutral(value: Any, rule: Unsupported) -> bool:
+    # type-exact: True == 1 and 0 == False in Python, not in this API
+    return any(type(value) is type(n) and value == n for n in rule.neutral)
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    include_usage: bool = Field(
+        False, description="end the stream with a chunk holding the request's usage"
+    )
+    include_obfuscation: bool = Field(
+        False, description="accepted and ignored: pddflow never pads its chunks"
+    )
+
+
 class _Body(BaseModel):
-    # The openai client sends fields we do not use (user, logit_bias, ...): accept, ignore.
-    model_config = ConfigDict(extra="allow")
+    # strict: no coercion ("5" is no integer, true no seed); an unknown field is a 400 as well
+    model_config = ConfigDict(extra="forbid", strict=True)
+    unsupported: ClassVar[dict[str, Unsupported]] = {}
 
     @model_validator(mode="before")
     @classmethod
@@ -59,41 +125,76 @@ class _Body(BaseModel):
         bad = unpaired_surrogate(data)
         if bad is not None:
             raise bad
+        if isinstance(data, dict):
+            data = dict(data)
+            for name, rule in cls.unsupported.items():
+                if name in data:
+                    value = data.pop(name)
+                    if not _neutral(value, rule):
+                        raise FieldError(name, f"not supported: {rule.why}")
         return data
 
     model: str = Field(description="the served model's id (see /v1/models)")
-    max_tokens: int | None = Field(None, ge=1, description="tokens to generate (default 16)")
-    max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    max_tokens: int | None = Field(None, ge=1, description="tokens to generate")
+    temperature: float | None = Field(None, ge=0.0, le=2.0, description="default 1")
+    top_p: float | None = Field(None, gt=0.0, le=1.0, description="default 1")
     seed: int | None = Field(
         None,
         ge=0,
         lt=SEED_LIMIT,
-        strict=True,  # an integer in [0, 2^63): not a bool, a float or a string
         description="sampling seed: the same seed, prompt and parameters give the same tokens",
     )
-    stream: bool = False
-    stop: str | list[str] | None = None
-    n: int = Field(1, ge=1, le=1, description="only one choice per request")
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    stop: str | list[str] | None = Field(None, description="up to 4 strings, none empty")
+    n: int | None = Field(None, ge=1, le=1, description="only one choice per request")
+    user: str | None = Field(None, description="accepted and ignored")
     # pddflow extensions (send with the openai client's extra_body=...)
     timeout_s: float | None = Field(
         None, gt=0, description="deadline for the whole request, seconds"
     )
     return_token_ids: bool = Field(False, description="include each choice's generated token IDs")
     variant: str | None = Field(
-        None, description="force a pipeline variant (testing); default: the scheduler picks"
+        None,
+        max_length=200,
+        description="force a pipeline variant (testing); default: the scheduler picks",
     )
     handoff: Literal["one_shot", "catch_up"] | None = Field(
         None, description="force the handoff mode (testing)"
     )
 
-    def token_budget(self, default: int = 16) -> int:
-        return self.max_completion_tokens or self.max_tokens or default
+    @model_validator(mode="after")
+    def _checks(self) -> _Body:
+        if isinstance(self.stop, list):
+            if len(self.stop) > 4:
+                raise FieldError("stop", f"at most 4 stop strings, got {len(self.stop)}")
+            for i, s in enumerate(self.stop):
+                if not s:
+                    raise FieldError(f"stop.{i}", "a stop string must not be empty")
+        elif self.stop == "":
+            raise FieldError("stop", "a stop string must not be empty")
+        if self.stream_options is not None and not self.stream:
+            raise FieldError("stream_options", "only allowed with stream: true")
+        return self
+
+    @property
+    def stops(self) -> list[str]:
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    def token_budget(self, room: int) -> int:
+        """The tokens to generate; room: what the context has left after the prompt."""
+        return self.max_tokens or 16
 
 
 class CompletionBody(_Body):
-    prompt: str | list[int] | list[str] = Field(description="text, or a list of token IDs")
+    unsupported: ClassVar[dict[str, Unsupported]] = UNSUPPORTED_COMPLETION
+    prompt: str | list[int] | list[str] = Field(
+        description="text, a list of token IDs, or a list of one text"
+    )
 
     @model_validator(mode="after")
     def _one_prompt(self) -> CompletionBody:
@@ -113,9 +214,14 @@ class CompletionBody(_Body):
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="forbid", strict=True)
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None
+    name: str | None = Field(None, description="accepted and ignored")
+    tool_call_id: str | None = Field(None, description="accepted and ignored (no tool calling)")
+    tool_calls: list[Any] | None = Field(None, max_length=0, description="tool calling: none")
+    function_call: None = None
+    refusal: str | None = Field(None, description="accepted and ignored")
 
     def text(self) -> str:
         if self.content is None:
@@ -131,7 +237,37 @@ class ChatMessage(BaseModel):
 
 
 class ChatBody(_Body):
+    unsupported: ClassVar[dict[str, Unsupported]] = UNSUPPORTED_CHAT
     messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(
+        None, ge=1, description="tokens to generate (takes precedence over max_tokens)"
+    )
+    metadata: dict[str, str] | None = Field(None, description="accepted and ignored")
+    parallel_tool_calls: bool | None = Field(None, description="accepted and ignored (no tools)")
+    prompt_cache_key: str | None = Field(
+        None, description="accepted and ignored: requests are routed by their prefix anyway"
+    )
+    safety_identifier: str | None = Field(None, description="accepted and ignored")
+
+    @model_validator(mode="after")
+    def _contents(self) -> ChatBody:
+        for i, m in enumerate(self.messages):
+            if m.content is None and m.role != "assistant":
+                raise FieldError(f"messages.{i}.content", f"a {m.role} message needs content")
+            for j, part in enumerate(m.content if isinstance(m.content, list) else []):
+                where = f"messages.{i}.content.{j}"
+                if part.get("type") != "text":
+                    kind = str(part.get("type"))[:40]
+                    raise FieldError(
+                        f"{where}.type", f"only text content parts are supported, not {kind!r}"
+                    )
+                if not isinstance(part.get("text"), str) or set(part) - {"type", "text"}:
+                    raise FieldError(where, 'a text part is {"type": "text", "text": STRING}')
+        return self
+
+    def token_budget(self, room: int) -> int:
+        # OpenAI's chat default: as many as the context has room for
+        return self.max_completion_tokens or self.max_tokens or max(room, 1)
 
 
 def render_chat(messages: list[ChatMessage]) -> str:

@@ -62,9 +62,7 @@ def kill(instance: str) -> Callable[[Deployment], None]:
 
 def cut_link(link: str, seconds: float, after_bytes: int = 0) -> Callable[[Deployment], None]:
     def fault(dep: Deployment) -> None:
-        code, out = post_json(
-            f"{dep.base}/admin/links/{link}/cut", {"seconds": seconds, "after_bytes": after_bytes}
-        )
+        code, out = dep.cut_link(link, seconds, after_bytes)
         assert code == 200, out
 
     return fault

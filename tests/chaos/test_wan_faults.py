@@ -34,7 +34,7 @@ def test_link_cut_mid_transfer(pdd, reference, wait_until):
     t = threading.Thread(target=ask, args=(pdd, LONG, 8, got), kwargs={"variant": "p_md"})
     t.start()
     wait_until("the KV transfer started", lambda: wan_bytes(pdd) > before, 30)
-    code, _ = post_json(f"{pdd.base}/admin/links/A-B/cut", {"seconds": 2})
+    code, _ = pdd.cut_link("A-B", 2)
     assert code == 200
     t.join(60)
     code, out = got["answer"]
@@ -43,7 +43,7 @@ def test_link_cut_mid_transfer(pdd, reference, wait_until):
 
 
 def test_black_hole_after_bytes_then_recovery(pdd, reference):
-    code, _ = post_json(f"{pdd.base}/admin/links/A-B/cut", {"seconds": 4, "after_bytes": 1_000_000})
+    code, _ = pdd.cut_link("A-B", 4, after_bytes=1_000_000)
     assert code == 200
     prompt = "Black-holed a megabyte in. " * 14
     got: dict = {}

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pddflow.runtime.launcher import Deployment, post_json
+from pddflow.runtime.launcher import Deployment
 
 pytestmark = pytest.mark.slow  # starts a deployment: worker processes
 
@@ -52,9 +52,7 @@ def _timeline(dep: Deployment, rid: str) -> dict:
 
 def test_wan_drop_mid_transfer_resumes(pdd):
     client = openai.OpenAI(base_url=f"{pdd.base}/v1", api_key="unused", timeout=120, max_retries=0)
-    code, _ = post_json(
-        f"{pdd.base}/admin/links/A-B/cut", {"seconds": 1.5, "after_bytes": 256 * 1024}
-    )
+    code, _ = pdd.cut_link("A-B", 1.5, after_bytes=256 * 1024)
     assert code == 200
     r = client.completions.with_raw_response.create(
         model="pdd",

@@ -50,7 +50,7 @@ def _requests_total(dep: Deployment, outcome: str, variant: str) -> float:
 
 
 def _cut_link(dep: Deployment) -> None:
-    code, out = post_json(f"{dep.base}/admin/links/A-B/cut", {"seconds": 600})
+    code, out = dep.cut_link("A-B", 600)
     assert code == 200, out
 
 

@@ -1,0 +1,356 @@
+"""The OpenAI API's surface without a deployment: the strict schema (every request field honoured
+or refused with a 400 naming it), the error shape of every failure, usage, the chat default of
+max_tokens and the API keys; make_app over a fake frontend. test_openai_api.py covers the same
+paths on a real deployment with the official client."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from fastapi.testclient import TestClient
+
+from pddflow.core.payloads import SamplingParams
+from pddflow.runtime.api import cached_tokens, make_app
+
+
+class ByteTokenizer:
+    eos_token_ids = (0,)
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode())
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(ids).decode(errors="replace")
+
+
+class FakeFrontend:
+    model_id = "fake"
+    tokenizer = ByteTokenizer()
+    vocab_size = 256
+    max_context = 512
+
+    def __init__(self) -> None:
+        self.sampling: list[SamplingParams] = []
+        self.timelines: dict[str, dict] = {}
+
+    def attach(self, loop: Any) -> None:
+        pass
+
+    def health(self) -> tuple[bool, dict]:
+        return True, {"status": "ok"}
+
+    def metrics_text(self) -> tuple[bytes, str]:
+        return b"# metrics\n", "text/plain"
+
+    def timeline(self, request_id: str) -> dict | None:
+        return self.timelines.get(request_id)
+
+    async def generate(self, request_id, prompt_ids, sampling, deadline, variant, handoff):
+        self.sampling.append(sampling)
+        self.timelines[request_id] = {
+            "events": [
+                {"event": "arrival", "predicted_hit_tokens": 16},
+                {"event": "kv_send", "cached_tokens": 32},
+            ]
+        }
+        for i in range(sampling.max_tokens):
+            yield [ord("a") + i % 26]
+
+
+class Backend:
+    def __init__(self) -> None:
+        self.cuts: list[tuple] = []
+
+    def cut_link(self, name: str, seconds: float, after_bytes: int) -> None:
+        if name != "A-B":
+            raise KeyError(f"no link {name!r}")
+        self.cuts.append((name, seconds, after_bytes))
+
+
+@pytest.fixture
+def fe() -> FakeFrontend:
+    return FakeFrontend()
+
+
+@pytest.fixture
+def api(fe) -> TestClient:
+    with TestClient(make_app(fe)) as c:
+        yield c
+
+
+COMPLETION = {"model": "fake", "prompt": "hello", "max_tokens": 3}
+CHAT = {"model": "fake", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 3}
+
+
+def _assert_openai_error(r, status: int, param: str | None = None) -> dict:
+    assert r.status_code == status, r.text
+    err = r.json()["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert isinstance(err["message"], str) and err["message"]
+    if param is not None:
+        assert err["param"] == param, err
+    return err
+
+
+@pytest.mark.parametrize(
+    "extra, param",
+    [
+        ({"seed": True}, "seed"),
+        ({"stream": "yes"}, "stream"),
+        ({"max_tokens": "5"}, "max_tokens"),
+        ({"max_tokens": 5.0}, "max_tokens"),
+        ({"temperature": "0"}, "temperature"),
+        ({"stop": ""}, "stop"),
+        ({"stop": ["ok", ""]}, "stop.1"),
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
+        ({"n": 2}, "n"),
+        ({"best_of": 2}, "best_of"),
+        ({"echo": True}, "echo"),
+        ({"suffix": "tail"}, "suffix"),
+        ({"logprobs": 1}, "logprobs"),
+        ({"logprobs": 0}, "logprobs"),
+        ({"logprobs": True}, "logprobs"),  # 1 would be refused: no coercion either
+        ({"frequency_penalty": 0.5}, "frequency_penalty"),
+        ({"presence_penalty": -1}, "presence_penalty"),
+        ({"logit_bias": {"50256": -100}}, "logit_bias"),
+        ({"stream_options": {"include_usage": True}}, "stream_options"),  # without stream
+        (
+            {"stream": True, "stream_options": {"include_usage": "yes"}},
+            "stream_options.include_usage",
+        ),
+        ({"top_k": 5}, "top_k"),  # not an OpenAI field
+        ({"user": 5}, "user"),
+        ({"tools": [{"type": "function"}]}, "tools"),  # a chat field
+    ],
+)
+def test_completion_fields_refused_with_400_naming_them(api, extra, param):
+    err = _assert_openai_error(api.post("/v1/completions", json={**COMPLETION, **extra}), 400)
+    assert err["param"] == param and err["type"] == "invalid_request_error"
+    assert err["message"].startswith(f"{param}: ")
+
+
+@pytest.mark.parametrize(
+    "extra, param",
+    [
+        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+        ({"tool_choice": "auto"}, "tool_choice"),
+        ({"functions": [{"name": "f"}]}, "functions"),
+        ({"function_call": "auto"}, "function_call"),
+        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"logprobs": True}, "logprobs"),
+        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"n": 3}, "n"),
+        ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+        ({"modalities": ["text", "audio"]}, "modalities"),
+        ({"prediction": {"type": "content", "content": "x"}}, "prediction"),
+        ({"reasoning_effort": "low"}, "reasoning_effort"),
+        ({"store": True}, "store"),
+        ({"service_tier": "flex"}, "service_tier"),
+        ({"web_search_options": {}}, "web_search_options"),
+        ({"max_completion_tokens": "4"}, "max_completion_tokens"),
+        ({"best_of": 1}, "best_of"),  # a completions field
+        ({"echo": False}, "echo"),
+        ({"messages": [{"role": "user", "content": "x", "extra": 1}]}, "messages.0.extra"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
+        ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content"),
+        ({"messages": [{"role": "user"}]}, "messages.0.content"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+            "messages.0.content.0.type",
+        ),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text", "text": 5}]}]},
+            "messages.0.content.0",
+        ),
+        (
+            {"messages": [{"role": "assistant", "content": "x", "tool_calls": [{"id": "1"}]}]},
+            "messages.0.tool_calls",
+        ),
+    ],
+)
+def test_chat_fields_refused_with_400_naming_them(api, extra, param):
+    err = _assert_openai_error(api.post("/v1/chat/completions", json={**CHAT, **extra}), 400)
+    assert err["param"] == param and err["message"].startswith(f"{param}: ")
+
+
+@pytest.mark.parametrize(
+    "path, body, words",
+    [
+        ("completions", {"prompt": {"a": 1}}, "prompt: must be a string, a list of token IDs"),
+        ("completions", {"prompt": [1, "a"]}, "prompt: must be a string, a list of token IDs"),
+        ("completions", {"prompt": "x", "stop": 5}, "stop: must be a string or a list"),
+        ("chat/completions", {"messages": [{"role": "user", "content": 5}]}, "must be a string"),
+    ],
+)
+def test_type_errors_say_what_the_field_takes(api, path, body, words):
+    r = api.post(f"/v1/{path}", json={"model": "fake", **body})
+    assert words in _assert_openai_error(r, 400)["message"]
+
+
+def test_a_body_that_is_no_json_object(api):
+    for data, ctype in ((b'{"model": "fake"}', "text/plain"), (b"[1]", "application/json")):
+        r = api.post("/v1/completions", content=data, headers={"content-type": ctype})
+        assert "must be a JSON object" in _assert_openai_error(r, 400)["message"]
+
+
+def test_neutral_values_of_unsupported_fields_pass(api, fe):
+    neutral = {
+        "n": 1,
+        "best_of": 1,
+        "echo": False,
+        "suffix": None,
+        "logprobs": None,
+        "frequency_penalty": 0,
+        "presence_penalty": 0.0,
+        "logit_bias": {},
+        "user": "someone",
+    }
+    r = api.post("/v1/completions", json={**COMPLETION, **neutral})
+    assert r.status_code == 200, r.text
+    chat_neutral = {
+        "n": 1,
+        "logprobs": False,
+        "tools": [],
+        "tool_choice": "none",
+        "response_format": {"type": "text"},
+        "store": False,
+        "service_tier": "auto",
+        "parallel_tool_calls": True,
+        "metadata": {"k": "v"},
+        "prompt_cache_key": "session-1",
+        "safety_identifier": "u1",
+        "user": "someone",
+        "modalities": ["text"],
+    }
+    r = api.post("/v1/chat/completions", json={**CHAT, **chat_neutral})
+    assert r.status_code == 200, r.text
+
+
+def test_honoured_fields(api, fe):
+    r = api.post(
+        "/v1/completions",
+        json={**COMPLETION, "temperature": 0, "top_p": 0.5, "seed": 7, "max_tokens": 5},
+    )
+    assert r.status_code == 200
+    s = fe.sampling[-1]
+    assert (s.temperature, s.top_p, s.seed, s.max_tokens) == (0.0, 0.5, 7, 5)
+    assert r.json()["choices"][0]["text"] == "abcde"
+    r = api.post("/v1/completions", json={**COMPLETION, "max_tokens": 6, "stop": ["d"]})
+    body = r.json()
+    assert body["choices"][0]["text"] == "abc" and body["choices"][0]["finish_reason"] == "stop"
+    # chat: max_completion_tokens over max_tokens
+    r = api.post("/v1/chat/completions", json={**CHAT, "max_completion_tokens": 2})
+    assert fe.sampling[-1].max_tokens == 2
+    assert r.json()["choices"][0]["message"] == {"role": "assistant", "content": "ab"}
+
+
+def test_max_tokens_defaults(api, fe):
+    body = {k: v for k, v in COMPLETION.items() if k != "max_tokens"}
+    assert api.post("/v1/completions", json=body).status_code == 200
+    assert fe.sampling[-1].max_tokens == 16  # OpenAI's completions default
+    body = {k: v for k, v in CHAT.items() if k != "max_tokens"}
+    r = api.post("/v1/chat/completions", json=body)
+    prompt = r.json()["usage"]["prompt_tokens"]
+    assert fe.sampling[-1].max_tokens == FakeFrontend.max_context - prompt  # the rest
+
+
+def test_context_length_exceeded(api):
+    r = api.post("/v1/completions", json={**COMPLETION, "max_tokens": 510})
+    err = _assert_openai_error(r, 400, "max_tokens")
+    assert err["code"] == "context_length_exceeded" and "context of 512" in err["message"]
+
+
+def test_usage_with_cached_tokens(api):
+    u = api.post("/v1/completions", json=COMPLETION).json()["usage"]
+    assert u == {
+        "prompt_tokens": 5,
+        "completion_tokens": 3,
+        "total_tokens": 8,
+        "prompt_tokens_details": {"cached_tokens": 32},  # prefill's measured count
+    }
+    assert cached_tokens({"events": [{"event": "arrival", "predicted_hit_tokens": 16}]}) == 16
+    assert cached_tokens(None) == 0
+
+
+def _sse(r) -> list[Any]:
+    out = []
+    for line in r.text.splitlines():
+        if line.startswith("data: "):
+            data = line.removeprefix("data: ")
+            out.append(data if data == "[DONE]" else json.loads(data))
+    return out
+
+
+@pytest.mark.parametrize("path, body", [("completions", COMPLETION), ("chat/completions", CHAT)])
+def test_stream_include_usage(api, path, body):
+    r = api.post(
+        f"/v1/{path}",
+        json={**body, "stream": True, "stream_options": {"include_usage": True}},
+    )
+    events = _sse(r)
+    assert events[-1] == "[DONE]"
+    last = events[-2]
+    assert last["choices"] == [] and last["usage"]["completion_tokens"] == 3
+    assert last["usage"]["prompt_tokens_details"] == {"cached_tokens": 32}
+    assert all(e["usage"] is None for e in events[:-2])
+    plain = _sse(api.post(f"/v1/{path}", json={**body, "stream": True}))
+    assert all("usage" not in e for e in plain[:-1])
+
+
+def test_every_error_in_the_openai_shape_and_bounded(api):
+    big = "m" * 1_000_000
+    r = api.post("/v1/completions", json={**COMPLETION, "model": big})
+    err = _assert_openai_error(r, 404, "model")
+    assert len(r.content) < 2000 and err["code"] == "model_not_found"
+    r = api.post("/v1/completions", json={**COMPLETION, big: 1})
+    assert len(r.content) < 2000
+    _assert_openai_error(r, 400)
+    r = api.post(
+        "/v1/completions", content=b"{not json", headers={"content-type": "application/json"}
+    )
+    assert "not valid JSON" in _assert_openai_error(r, 400)["message"]
+    _assert_openai_error(api.post("/v1/completions", json=[1, 2]), 400)
+    _assert_openai_error(api.post("/v1/nowhere", json={}), 404)
+    _assert_openai_error(api.get("/" + "x" * 30_000), 404)
+    assert len(api.get("/" + "x" * 30_000).content) < 2000
+    err = _assert_openai_error(api.get("/v1/completions"), 405)
+    assert "GET" in err["message"]
+    _assert_openai_error(api.get("/v1/requests/nope/timeline"), 404)
+    assert api.get("/v1/models/fake").json()["id"] == "fake"
+    _assert_openai_error(api.get("/v1/models/other/x"), 404, "model")
+    # the admin endpoints do not exist without an admin key
+    _assert_openai_error(api.post("/admin/links/A-B/cut", json={"seconds": 1}), 404)
+
+
+def test_api_key(fe):
+    with TestClient(make_app(fe, api_key="sesame")) as c:
+        for path, body in (("/v1/completions", COMPLETION), ("/v1/chat/completions", CHAT)):
+            err = _assert_openai_error(c.post(path, json=body), 401)
+            assert err["code"] == "invalid_api_key" and "missing" in err["message"]
+            r = c.post(path, json=body, headers={"Authorization": "Bearer wrong"})
+            assert _assert_openai_error(r, 401)["message"] == "invalid API key"
+            r = c.post(path, json=body, headers={"Authorization": "Bearer sesame"})
+            assert r.status_code == 200
+        _assert_openai_error(c.get("/v1/models"), 401)
+        _assert_openai_error(c.post("/v1/completions", content=b"{bad"), 401)  # before parsing
+        assert c.get("/v1/models", headers={"Authorization": "Bearer sesame"}).status_code == 200
+        assert c.get("/health").status_code == 200 and c.get("/metrics").status_code == 200
+
+
+def test_admin_key(fe):
+    be = Backend()
+    with TestClient(make_app(fe, be, api_key="sesame", admin_key="root")) as c:
+        cut = {"seconds": 2}
+        _assert_openai_error(c.post("/admin/links/A-B/cut", json=cut), 401)
+        # the API key is not the admin key
+        r = c.post("/admin/links/A-B/cut", json=cut, headers={"Authorization": "Bearer sesame"})
+        _assert_openai_error(r, 401)
+        r = c.post("/admin/links/A-B/cut", json=cut, headers={"Authorization": "Bearer root"})
+        assert r.status_code == 200 and be.cuts == [("A-B", 2, 0)]
+        r = c.post("/admin/links/X/cut", json=cut, headers={"Authorization": "Bearer root"})
+        _assert_openai_error(r, 404, "name")
+        # and the admin key is not the API key
+        r = c.post("/v1/completions", json=COMPLETION, headers={"Authorization": "Bearer root"})
+        _assert_openai_error(r, 401)
