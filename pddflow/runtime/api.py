@@ -485,6 +485,9 @@ class _StopStrings:
     def __init__(self, stops: list[str]):
         self.stops = stops
         self.held = ""
+        # every proper prefix of a stop string, longest first, and the characters they end with
+        self._starts = sorted({s[:k] for s in stops for k in range(1, len(s))}, key=len)[::-1]
+        self._last_chars = {p[-1] for p in self._starts}
 
     def feed(self, piece: str, final: bool = False) -> tuple[str, bool]:
         """(text to emit, whether a stop string ended the output); `final`: no more text comes."""
@@ -501,9 +504,9 @@ class _StopStrings:
 
     def _partial(self, text: str) -> int:
         """The longest end of `text` that begins some stop string."""
-        return max(
-            (k for s in self.stops for k in range(1, len(s)) if text.endswith(s[:k])), default=0
-        )
+        if not text or text[-1] not in self._last_chars:
+            return 0
+        return next((len(p) for p in self._starts if text.endswith(p)), 0)
 
 
 async def _sse(run: _Run, rid: str, created: int, body: _Body, chat: bool) -> AsyncIterator[bytes]:
