@@ -96,8 +96,10 @@ class WindowDetokenizer:
         which no later id can change."""
         ids, p = self._ids, self._prefix
         for j in range(len(ids) - 1, self._read, -1):
-            head = self._decode(ids[p:j])
-            if head + self._decode(ids[j:]) == text:
+            head, tail = self._decode(ids[p:j]), self._decode(ids[j:])
+            # a character cut at j shows only once text follows it: with nothing after it (ids
+            # that decode to nothing), head's last U+FFFD may be a character still coming
+            if (tail or not head.endswith(REPLACEMENT)) and head + tail == text:
                 new = head[len(self._prefix_text) :]
                 self._advance(j)
                 return new
