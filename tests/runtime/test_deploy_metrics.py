@@ -42,6 +42,7 @@ def _wait_for(pdd, name: str, at_least: float, timeout_s: float = 30.0, **labels
 
 
 def test_vllm_families_after_requests(pdd, client):
+    """First in this module: the counters start from a deployment that has served nothing."""
     n, max_tokens = 3, 12
     outs = [
         client.completions.create(
