@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pddflow.core.payloads import SamplingParams
+from pddflow.operators.detokenize import detokenizer
 from pddflow.runtime.openai_schema import ChatBody, ChatMessage, CompletionBody, FieldError, _Body
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -115,6 +116,11 @@ class Frontend(Protocol):
     def health(self) -> tuple[bool, dict[str, Any]]: ...
     def metrics_text(self) -> tuple[bytes, str]: ...
     def timeline(self, request_id: str) -> dict[str, Any] | None: ...
+    def stopped(self, request_id: str) -> None:
+        """The request's output hit a stop string: it finished (`stop`), and the API is about to
+        end its stream, cancelling what still runs."""
+        ...
+
     def generate(
         self,
         request_id: str,
@@ -237,26 +243,6 @@ def _bearer_matches(scope: Any, key: str) -> bool:
     if scheme.lower() != b"bearer":
         token = b""
     return hmac.compare_digest(token.strip(), key.encode())
-
-
-class _Utf8Stream:
-    """Never splits a multi-byte character."""
-
-    def __init__(self, tok: Tokenizer):
-        self.tok, self.ids, self.sent = tok, [], ""
-
-    def push(self, ids: list[int]) -> str:
-        self.ids.extend(ids)
-        text = self.tok.decode(self.ids)
-        if text.endswith("\ufffd"):  # an incomplete character: wait for its next bytes
-            return ""
-        new, self.sent = text[len(self.sent) :], text
-        return new
-
-    def flush(self) -> str:
-        text = self.tok.decode(self.ids)
-        new, self.sent = text[len(self.sent) :], text
-        return new
 
 
 class LinkCut(BaseModel):
@@ -448,7 +434,7 @@ async def _serve(
     )
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     deadline = time.monotonic() + (body.timeout_s or DEFAULT_TIMEOUT_S)
-    run = _Run(frontend, stops, max_tokens, admission)
+    run = _Run(frontend, rid, stops, max_tokens, admission)
     try:
         admission.admit(run)
     except RequestRejected as exc:
@@ -559,14 +545,23 @@ class _Run:
     """One generation request, from admission to its end: reads the frontend's token stream so
     that a disconnect or a shutdown can abort it at any await (`abort`)."""
 
-    def __init__(self, frontend: Frontend, stops: list[str], max_tokens: int, admission: Admission):
-        self.stops, self.max_tokens, self.admission = stops, max_tokens, admission
+    def __init__(
+        self,
+        frontend: Frontend,
+        rid: str,
+        stops: list[str],
+        max_tokens: int,
+        admission: Admission,
+    ):
+        self.frontend, self.rid = frontend, rid
+        self.max_tokens, self.admission = max_tokens, admission
         self.stream: AsyncIterator[list[int]] | None = None
         self.first: list[int] | None = None
-        self.decoder = _Utf8Stream(frontend.tokenizer)
+        self.decoder = detokenizer(frontend.tokenizer)
+        self.stops = _StopStrings(stops)
         self.eos = set(frontend.tokenizer.eos_token_ids)
         self.ids: list[int] = []
-        self.text = ""
+        self._text: list[str] = []
         self.finish_reason = "length"
         self._stop: asyncio.Future[Exception] = asyncio.get_running_loop().create_future()
         self._step: asyncio.Task | None = None
@@ -610,36 +605,68 @@ class _Run:
             # a step still running was cancelled (next_chunk): it ends the generator itself
             await self.stream.aclose()  # a stop string, or never finished: cancel everywhere
 
+    @property
+    def text(self) -> str:
+        return "".join(self._text)
+
     async def text_pieces(self) -> AsyncIterator[tuple[str, list[int]]]:
+        """(text, ids) per chunk of ids; text held back while it may begin a stop string, and
+        nothing past a stop string."""
         try:
             chunk = self.first
             while chunk is not None:
-                piece = self.decoder.push(chunk)
                 self.ids.extend(chunk)
                 if self.eos.intersection(chunk):
                     self.finish_reason = "stop"
-                hit = self._stop_hit(piece)
-                if hit is not None:
-                    self.text += hit
+                piece, hit = self.stops.feed(self.decoder.push(chunk))
+                self._text.append(piece)
+                if hit:
                     self.finish_reason = "stop"
-                    yield hit, chunk
+                    self.frontend.stopped(self.rid)
+                    yield piece, chunk
                     return
-                self.text += piece
                 yield piece, chunk
                 chunk = await self.next_chunk()
-            tail = self.decoder.flush()
+            tail, hit = self.stops.feed(self.decoder.flush(), final=True)
+            if hit:
+                self.finish_reason = "stop"
+                self.frontend.stopped(self.rid)
             if tail:
-                self.text += tail
+                self._text.append(tail)
                 yield tail, []
         finally:
             await self.close()
 
-    def _stop_hit(self, piece: str) -> str | None:
+
+class _StopStrings:
+    """Stop strings over streamed text, at a cost per piece set by the stop strings, not by the
+    text so far: text that could be the start of a stop string is held back until it is not."""
+
+    def __init__(self, stops: list[str]):
+        self.stops = stops
+        self.held = ""
+        # every proper prefix of a stop string, longest first, and the characters they end with
+        self._starts = sorted({s[:k] for s in stops for k in range(1, len(s))}, key=len)[::-1]
+        self._last_chars = {p[-1] for p in self._starts}
+
+    def feed(self, piece: str, final: bool = False) -> tuple[str, bool]:
+        """(text to emit, whether a stop string ended the output); `final`: no more text comes."""
         if not self.stops:
-            return None
-        text = self.text + piece
-        cut = min((text.find(s) for s in self.stops if s in text), default=-1)
-        return None if cut < 0 else text[len(self.text) : cut]
+            return piece, False
+        text = self.held + piece
+        cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self.held = ""
+            return text[:cut], True
+        keep = 0 if final else self._partial(text)
+        self.held = text[len(text) - keep :] if keep else ""
+        return text[: len(text) - keep], False
+
+    def _partial(self, text: str) -> int:
+        """The longest end of `text` that begins some stop string."""
+        if not text or text[-1] not in self._last_chars:
+            return 0
+        return next((len(p) for p in self._starts if text.endswith(p)), 0)
 
 
 async def _sse(

@@ -60,6 +60,7 @@ class Frontend(Fallbacks):
         }
         self.status: dict[str, pb.WorkerStatus] = {}
         self.metrics.watch_workers(self.status)
+        self.metrics.watch_deployment(self.model_id, self._vllm_gauges)
         self.lost: set[str] = set()
         self.drift: list[str] = []
         self.live: dict[str, Live] = {}
@@ -115,6 +116,27 @@ class Frontend(Fallbacks):
 
     def metrics_text(self) -> tuple[bytes, str]:
         return self.metrics.render()
+
+    def _vllm_gauges(self) -> dict[str, float]:
+        """Deployment-wide: requests queued at prefill (its legs not yet computed), the other
+        live requests running, and KV blocks held over all instances' blocks."""
+        up = {i: s for i, s in self.status.items() if i not in self.lost}
+        waiting = sum(
+            s.waiting
+            for i, s in up.items()
+            if self.plan.operator_of(i).op_type in ("prefill", "colocated")
+        )
+        total = sum(s.kv_blocks_total for s in up.values())
+        return {
+            "running": max(len(self.live) - waiting, 0),
+            "waiting": min(waiting, len(self.live)),
+            "kv_usage": sum(s.kv_blocks_used for s in up.values()) / total if total else 0.0,
+        }
+
+    def stopped(self, request_id: str) -> None:
+        live = self.live.get(request_id)
+        if live is not None:
+            live.state.finish_reason = "stop"
 
     def timeline(self, request_id: str) -> dict[str, Any] | None:
         live = self.live.get(request_id)
@@ -314,33 +336,37 @@ class Frontend(Fallbacks):
             return
         st, r = live.state, live.route
         op = self.plan.instance(inst).operator
+        before = len(st.tokens)
         if self.plan.operators[op].op_type == "prefill":
             # prefill's first token reaches the client via the decoder that continues from it
             r.legs.discard(inst)
             r.first_fed = True
-            if t.final:
-                st.add(TokenRun(int(t.start), list(t.ids), op, final=True))
-            else:
+            if not t.final:
                 self._feed_first(live, int(t.ids[0]))
-            return
-        before = len(st.tokens)
-        try:
-            st.add(TokenRun(int(t.start), list(t.ids), op, final=t.final))
-        except StreamConflict as exc:
-            st.fail(str(exc))
-            return
+                return
+            st.add(TokenRun(int(t.start), list(t.ids), op, final=True))
+        else:
+            try:
+                st.add(TokenRun(int(t.start), list(t.ids), op, final=t.final))
+            except StreamConflict as exc:
+                st.fail(str(exc))
+                return
+            if t.final:
+                r.legs.discard(inst)
         new = len(st.tokens) - before
         if new:
             is_relay = self.plan.operators[op].op_type == "relay_decode"
             self.metrics.count_tokens(op, new, is_relay)
-            now = time.monotonic()
+            gap = None
             if before == 0:
-                self.metrics.ttft.observe(now - st.arrival)
+                ttft = st.token_times[0] - st.arrival
+                self.metrics.ttft.observe(ttft)
+                self.metrics.vllm.first_token(ttft, st.prompt_len)
                 st.event("first_token", instance=inst)
-            elif st.token_times and len(st.token_times) > new:
-                self.metrics.itl.observe(st.token_times[-1] - st.token_times[-new - 1])
-        if t.final:
-            r.legs.discard(inst)
+            elif len(st.token_times) > new:
+                gap = st.token_times[-1] - st.token_times[-new - 1]
+                self.metrics.itl.observe(gap)
+            self.metrics.vllm.tokens(new, gap)
 
     def _feed_first(self, live: Live, first: int) -> None:
         r = live.route
@@ -354,8 +380,16 @@ class Frontend(Fallbacks):
         live = self._live(e.seq_id)
         if e.kind in (pb.EVENT_KV_SEND, pb.EVENT_KV_SENT):
             self._count_transfer(inst, e)
+            if e.kind == pb.EVENT_KV_SEND and live is not None:
+                self._count_prefill(live, e)
         elif e.kind == pb.EVENT_EXTEND_DONE and e.values.get("final"):
-            self.lingering.pop(e.seq_id, None)  # main has the turn: its leg is over
+            # main has the turn: its leg is over (the request may have ended: main lingered)
+            route = live.route if live is not None else self.lingering.get(e.seq_id)
+            self.lingering.pop(e.seq_id, None)
+            if route is not None and route.handoff_asked and inst == route.main:
+                seconds = time.monotonic() - route.handoff_asked
+                self.metrics.handoff.labels(mode_name(route.handoff) or "none").observe(seconds)
+                route.handoff_asked = 0.0
         # an ended request's timeline still takes its legs' late events
         request_id = self.resumed.get(e.seq_id, e.seq_id)
         st = live.state if live is not None else self.done.get(request_id)
@@ -370,9 +404,25 @@ class Frontend(Fallbacks):
         main_landed = e.kind == pb.EVENT_KV_LANDED and inst == r.main
         if main_landed and r.relay and r.handoff and not live.state.finished:
             live.state.event("handoff_start", mode=mode_name(r.handoff))
+            r.handoff_asked = time.monotonic()
             self._call(r.relay, "Handoff", pb.StartHandoff(seq_id=e.seq_id, mode=r.handoff))
         elif e.kind == pb.EVENT_HANDOFF_SENT and inst == r.relay:
             r.handed_off = True
+
+    def _count_prefill(self, live: Live, e: pb.Event) -> None:
+        """Prefill's queue and run time and its prefix cache's hit, once per request (its KV_SEND
+        to each decoder carries them)."""
+        r = live.route
+        if r.prefill_counted:
+            return
+        r.prefill_counted = True
+        v = e.values
+        self.metrics.vllm.prefilled(
+            live.state.prompt_len,
+            int(v.get("cached_tokens", 0)),
+            v.get("queued_ms", 0.0) / 1e3,
+            v.get("prefill_ms", 0.0) / 1e3,
+        )
 
     def _count_transfer(self, inst: str, e: pb.Event) -> None:
         src, dst = self.plan.instance(inst).operator, self.plan.instance(e.peer).operator
@@ -396,6 +446,8 @@ class Frontend(Fallbacks):
         st, r = live.state, live.route
         ok = st.finished and not st.error
         reason = "finished" if ok else (st.error or "client went away")
+        if st.finish_reason == "stop" and not ok:
+            reason = "its output hit a stop string"
         for inst in list(r.legs):
             # main still extends over the relay's IDs to keep its cache; it ends the leg itself
             if ok and inst == r.main and r.relay and not r.decision.singular:
@@ -403,16 +455,37 @@ class Frontend(Fallbacks):
                 self.lingering[st.request_id] = r
                 continue
             self._abort_leg(live, inst, reason)
-        outcome = "ok" if st.finished and not st.error else ("error" if st.error else "cancelled")
+        finish = self._finish_reason(live)
+        outcome = {"error": "error", "abort": "cancelled"}.get(finish, "ok")
         handoff = mode_name(r.handoff) or "none"
         self.metrics.requests.labels(r.decision.variant, handoff, outcome).inc()
-        self.metrics.e2e.observe(time.monotonic() - st.arrival)
+        e2e = time.monotonic() - st.arrival
+        self.metrics.e2e.observe(e2e)
+        times = st.token_times
+        decode = times[-1] - times[0] if times else None
+        self.metrics.vllm.finished(finish, e2e, decode, st.prompt_len, len(st.tokens))
         self.live.pop(st.request_id, None)
         self.done[st.request_id] = st
         while len(self.done) > TIMELINES_KEPT:
             request_id, _ = self.done.popitem(last=False)
             self.resumed.pop(f"{request_id}{RESUMED}", None)
             self.lingering.pop(request_id, None)
+
+    @staticmethod
+    def _finish_reason(live: Live) -> str:
+        """vLLM's: `stop` (a stop token, or a stop string the API found), `length` (max_tokens),
+        `abort` (the client went away, a drain), `error`."""
+        st = live.state
+        if st.error:
+            return "error"
+        if st.finish_reason:
+            return st.finish_reason
+        if not st.finished:
+            return "abort"
+        stops = live.sampling.stop_token_ids
+        if len(st.tokens) < st.max_tokens or (st.tokens and st.tokens[-1] in stops):
+            return "stop"
+        return "length"
 
     def _call(self, inst: str, method: str, msg: Any) -> None:
         if inst in self.lost:

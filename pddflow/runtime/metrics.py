@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     CollectorRegistry,
@@ -10,12 +12,14 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from pddflow.runtime.proto import runtime_pb2 as pb
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60, 120)
 _ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5)
+_TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000)
+FINISH_REASONS = ("stop", "length", "abort", "error")
 
 
 class Metrics:
@@ -96,6 +100,14 @@ class Metrics:
         self.fallbacks = Counter(
             "pddflow_fallbacks", "requests finished by a declared fallback", ["kind"], registry=r
         )
+        self.handoff = Histogram(
+            "pddflow_handoff_seconds",
+            "the frontend asking the relay to hand off -> main has extended over the final batch",
+            ["mode"],
+            registry=r,
+            buckets=_LATENCY_BUCKETS,
+        )
+        self.vllm = VllmMetrics(r)
         self._relay_tokens = 0
         self._all_tokens = 0
 
@@ -109,6 +121,12 @@ class Metrics:
     def watch_workers(self, statuses: dict[str, pb.WorkerStatus]) -> None:
         """Export the workers' own cumulative counters from their latest status reports."""
         self.registry.register(_WorkerCounters(statuses))
+
+    def watch_deployment(self, model_name: str, gauges: Callable[[], dict[str, float]]) -> None:
+        """The vLLM families are labelled `model_name`; `gauges()` gives the keys of
+        VLLM_GAUGES at each scrape (called where /metrics is rendered: the frontend's loop)."""
+        self.vllm.model_name = model_name
+        self.registry.register(_VllmGauges(model_name, gauges))
 
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
@@ -142,4 +160,130 @@ class _WorkerCounters:
             family = CounterMetricFamily(name, doc, labels=["instance"])
             for instance, status in sorted(self.statuses.items()):
                 family.add_metric([instance], getattr(status, field))
+            yield family
+
+
+class VllmMetrics:
+    """The families vLLM exports, under vLLM's names and label (`model_name`), so that dashboards
+    built for vLLM chart a deployment as they are (docs/runtime.md, Metrics)."""
+
+    def __init__(self, r: CollectorRegistry):
+        self.model_name = ""
+        m = ["model_name"]
+
+        def hist(name: str, doc: str, buckets: tuple) -> Histogram:
+            return Histogram(name, doc, m, registry=r, buckets=buckets)
+
+        self.prompt_tokens = Counter(
+            "vllm:prompt_tokens", "prefill tokens processed", m, registry=r
+        )
+        self.generation_tokens = Counter(
+            "vllm:generation_tokens", "generation tokens processed", m, registry=r
+        )
+        self.prefix_queries = Counter(
+            "vllm:prefix_cache_queries",
+            "prompt tokens looked up in prefill's prefix cache",
+            m,
+            registry=r,
+        )
+        self.prefix_hits = Counter(
+            "vllm:prefix_cache_hits",
+            "prompt tokens prefill's prefix cache gave",
+            m,
+            registry=r,
+        )
+        self.success = Counter(
+            "vllm:request_success",
+            "finished requests by finish reason",
+            ["model_name", "finished_reason"],
+            registry=r,
+        )
+        self.ttft = hist(
+            "vllm:time_to_first_token_seconds", "time to first token", _LATENCY_BUCKETS
+        )
+        self.itl = hist("vllm:inter_token_latency_seconds", "inter-token latency", _ITL_BUCKETS)
+        self.tpot = hist(
+            "vllm:time_per_output_token_seconds",
+            "inter-token latency (vLLM's older name)",
+            _ITL_BUCKETS,
+        )
+        self.e2e = hist(
+            "vllm:e2e_request_latency_seconds", "end to end request latency", _LATENCY_BUCKETS
+        )
+        self.queue = hist(
+            "vllm:request_queue_time_seconds",
+            "time waiting for prefill (job received -> prefill started)",
+            _LATENCY_BUCKETS,
+        )
+        self.prefill = hist(
+            "vllm:request_prefill_time_seconds", "time computing the prefill", _LATENCY_BUCKETS
+        )
+        self.decode = hist(
+            "vllm:request_decode_time_seconds", "first token -> last token", _LATENCY_BUCKETS
+        )
+        self.request_prompt_tokens = hist(
+            "vllm:request_prompt_tokens", "prompt tokens per request", _TOKEN_BUCKETS
+        )
+        self.request_generation_tokens = hist(
+            "vllm:request_generation_tokens", "generated tokens per request", _TOKEN_BUCKETS
+        )
+
+    def first_token(self, ttft_s: float, prompt_tokens: int) -> None:
+        self.ttft.labels(self.model_name).observe(ttft_s)
+        self.prompt_tokens.labels(self.model_name).inc(prompt_tokens)
+
+    def tokens(self, n: int, gap_s: float | None) -> None:
+        self.generation_tokens.labels(self.model_name).inc(n)
+        if gap_s is not None:
+            self.itl.labels(self.model_name).observe(gap_s)
+            self.tpot.labels(self.model_name).observe(gap_s)
+
+    def prefilled(self, prompt_tokens: int, cached_tokens: int, queue_s: float, run_s: float):
+        self.prefix_queries.labels(self.model_name).inc(prompt_tokens)
+        self.prefix_hits.labels(self.model_name).inc(cached_tokens)
+        self.queue.labels(self.model_name).observe(queue_s)
+        self.prefill.labels(self.model_name).observe(run_s)
+
+    def finished(
+        self,
+        reason: str,
+        e2e_s: float,
+        decode_s: float | None,
+        prompt_tokens: int,
+        output_tokens: int,
+    ) -> None:
+        self.success.labels(self.model_name, reason).inc()
+        self.e2e.labels(self.model_name).observe(e2e_s)
+        if decode_s is not None:
+            self.decode.labels(self.model_name).observe(decode_s)
+        self.request_prompt_tokens.labels(self.model_name).observe(prompt_tokens)
+        self.request_generation_tokens.labels(self.model_name).observe(output_tokens)
+
+
+# key of the frontend's gauges() -> (vLLM gauge, help)
+VLLM_GAUGES = {
+    "running": ("vllm:num_requests_running", "requests in flight past prefill's queue"),
+    "waiting": ("vllm:num_requests_waiting", "requests queued for prefill"),
+    "kv_usage": (
+        "vllm:kv_cache_usage_perc",
+        "KV blocks held over all instances' blocks, prefix caches included (1 = 100%)",
+    ),
+}
+# vLLM's older name of a gauge, still charted by older dashboards
+VLLM_GAUGE_ALIASES = {"kv_usage": ("vllm:gpu_cache_usage_perc", "vllm:kv_cache_usage_perc")}
+
+
+class _VllmGauges:
+    def __init__(self, model_name: str, gauges: Callable[[], dict[str, float]]):
+        self.model_name, self.gauges = model_name, gauges
+
+    def collect(self):
+        values = self.gauges()
+        for key, (name, doc) in VLLM_GAUGES.items():
+            family = GaugeMetricFamily(name, doc, labels=["model_name"])
+            family.add_metric([self.model_name], values[key])
+            yield family
+        for key, (name, same_as) in VLLM_GAUGE_ALIASES.items():
+            family = GaugeMetricFamily(name, f"the same as {same_as}", labels=["model_name"])
+            family.add_metric([self.model_name], values[key])
             yield family

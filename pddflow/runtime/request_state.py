@@ -46,6 +46,7 @@ class RequestState:
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     emitted: int = 0
     token_times: list[float] = field(default_factory=list)
+    finish_reason: str | None = None  # "stop": the API found a stop string and ended it
 
     def __post_init__(self) -> None:
         self.end = self.max_tokens

@@ -34,6 +34,8 @@ class Route:
     resumed_seq: str = ""  # the sequence id of its legs after it was resumed on another decoder
     resumed_on: set[str] = field(default_factory=set)
     ended: float = 0.0  # when the request ended (main may still extend over the relay's IDs)
+    handoff_asked: float = 0.0  # the frontend asked the relay to hand off (0: main has extended)
+    prefill_counted: bool = False  # prefill's times and cache hit are in the metrics
 
     @staticmethod
     def of(plan: Plan, decision: Decision, handoff: str | None = None) -> Route:

@@ -1,0 +1,54 @@
+"""Stop strings over streamed pieces (api.py's _StopStrings): wherever the pieces split the text,
+what is emitted is the text up to the first stop string, and nothing past it."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from pddflow.runtime.api import _StopStrings
+
+ALPHABET = "ab€😀\n"
+
+
+def _run(stops: list[str], pieces: list[str]) -> tuple[list[str], bool]:
+    s, out = _StopStrings(stops), []
+    for p in pieces:
+        text, hit = s.feed(p)
+        out.append(text)
+        if hit:
+            return out, True
+    text, hit = s.feed("", final=True)
+    return [*out, text], hit
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    pieces=st.lists(st.text(ALPHABET, max_size=4), max_size=12),
+    stops=st.lists(st.text(ALPHABET, min_size=1, max_size=4), max_size=3),
+)
+def test_emits_the_text_up_to_the_first_stop(pieces, stops):
+    text = "".join(pieces)
+    cuts = [text.find(s) for s in stops if s in text]
+    out, hit = _run(stops, pieces)
+    assert hit == bool(cuts)
+    assert "".join(out) == (text[: min(cuts)] if cuts else text)
+
+
+def test_a_stop_split_across_pieces_is_held_back():
+    s = _StopStrings(["STOP"])
+    assert s.feed("abc S") == ("abc ", False)  # "S" may begin the stop string
+    assert s.feed("T") == ("", False)
+    assert s.feed("OP and more") == ("", True)
+
+
+def test_held_text_that_is_no_stop_comes_out():
+    s = _StopStrings(["STOP"])
+    assert s.feed("ST") == ("", False)
+    assert s.feed("ART") == ("START", False)
+    assert s.feed("S") == ("", False)
+    assert s.feed("", final=True) == ("S", False)
+
+
+def test_no_stops_pass_through():
+    assert _StopStrings([]).feed("anything") == ("anything", False)
