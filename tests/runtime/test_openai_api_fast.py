@@ -13,6 +13,7 @@ from fastapi.testclient import TestClient
 
 from pddflow.core.payloads import SamplingParams
 from pddflow.runtime.api import cached_tokens, make_app
+from pddflow.runtime.openai_schema import render_chat
 
 
 class ByteTokenizer:
@@ -46,6 +47,12 @@ class FakeFrontend:
 
     def timeline(self, request_id: str) -> dict | None:
         return self.timelines.get(request_id)
+
+    def chat_prompt_ids(self, messages: list) -> list[int]:
+        return self.tokenizer.encode(render_chat(messages))
+
+    def stopped(self, request_id: str) -> None:
+        pass
 
     async def generate(self, request_id, prompt_ids, sampling, deadline, variant, handoff):
         self.sampling.append(sampling)
