@@ -208,6 +208,7 @@ def plan(
                     "placement": placement,
                     "links": links,
                     "cost_per_hour": round(p.cost_per_hour(), 2),
+                    "pools": [vars(pool) for pool in report.pools],
                     "feasible": report.feasible,
                     "problems": report.problems,
                     "notes": report.notes,
@@ -264,6 +265,12 @@ def _print_plan(p, placement, report) -> None:
         f"\nload: {ld.rps:g} req/s, {ld.prompt_tokens:,} prompt tokens, "
         f"{ld.output_tokens:,} output tokens, {ld.hit_rate:.0%} average prefix hit"
     )
+    st = Table(title="load split between decode pools")
+    for col in ("pool", "cluster", "share of requests", "from"):
+        st.add_column(col, justify="right" if col.startswith("share") else "left")
+    for pool in report.pools:
+        st.add_row(pool.pool, p.operators[pool.pool].cluster, f"{pool.share:.1%}", pool.why)
+    con.print(st)
     for link in report.links:
         lt = Table(
             title=f"link {link.name}: {link.available_gbps:g} Gbps, {link.utilization:.0%} used"

@@ -127,6 +127,12 @@ def print_table(results: list[dict], wl) -> None:
                 ),
             ),
             ("variants", lambda r: ", ".join(f"{k} {v}" for k, v in r["variants"].items())),
+            (
+                "pools: served (plan's rule)",
+                lambda r: ", ".join(
+                    f"{k} {p['share']:.0%} ({p['plan_share']:.0%})" for k, p in r["pools"].items()
+                ),
+            ),
             ("handoffs", lambda r: ", ".join(f"{k} {v}" for k, v in r["handoffs"].items()) or "-"),
             ("singular", lambda r: str(r["singular"])),
             ("failed", lambda r: str(r["failed"])),

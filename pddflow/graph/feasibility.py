@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from pddflow.core.payloads import Payload
+from pddflow.graph.load_split import PoolShare, channel_share, pool_shares
 from pddflow.graph.plan import Plan
 
 HANDOFF_BYTES_PER_TOKEN = 15  # token IDs on the wire: PDD measures 1.5 KB per 100 tokens
@@ -53,29 +54,14 @@ class Feasibility:
     feasible: bool
     problems: list[str]
     notes: list[str]
+    pools: list[PoolShare] = field(default_factory=list)  # how the load splits (load_split.py)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
-def variant_shares(plan: Plan) -> dict[str, float]:
-    """Declared `expected_share`s, the rest split evenly; with none declared every variant counts
-    in full, since the policy may send any request to it (worst case for bandwidth)."""
-    declared = {
-        n: v.expected_share for n, v in plan.variants.items() if v.expected_share is not None
-    }
-    rest = [n for n in plan.variants if n not in declared]
-    left = max(0.0, 1.0 - sum(declared.values()))
-    return {**declared, **{n: (1.0 if not declared else left / len(rest)) for n in rest}}
-
-
-def channel_share(plan: Plan, channel_id: str, shares: dict[str, float]) -> float:
-    return min(1.0, sum(shares[n] for n, v in plan.variants.items() if channel_id in v.channels))
-
-
 def analyze(plan: Plan, load: Load) -> Feasibility:
     kv = plan.model.arch.kv_bytes_per_token
-    shares = variant_shares(plan)
     has_relay = any(v.handoff for v in plan.variants.values())
     problems: list[str] = []
     notes: list[str] = []
@@ -85,7 +71,7 @@ def analyze(plan: Plan, load: Load) -> Feasibility:
         full = drc = 0.0
         kv_drc = False
         for c in crossing:
-            share = channel_share(plan, c.id, shares)
+            share = channel_share(plan, c.id)
             if c.payload == str(Payload.KV_BLOCKS):
                 per_req = load.prompt_tokens * kv
                 uses_drc = plan.operators[c.dst].caches_prefixes
@@ -143,7 +129,9 @@ def analyze(plan: Plan, load: Load) -> Feasibility:
                 notes.append(msg + "; the relay variant hides it (eager tokens from the relay)")
             else:
                 problems.append(msg + "; add a relay variant (p_rld_md) or more bandwidth")
-    return Feasibility(load, reports, not problems, problems, notes)
+    return Feasibility(
+        load, reports, not problems, problems, notes, list(pool_shares(plan).values())
+    )
 
 
 def _classes(link, load: Load, kv: int, util: float, drc: bool) -> list[RequestClass]:

@@ -7,6 +7,7 @@ from collections import Counter
 from typing import TYPE_CHECKING
 
 from pddflow.core.stats import percentile
+from pddflow.graph.load_split import pool_of, pool_shares
 from pddflow.sim.run import LegState, Run
 
 if TYPE_CHECKING:
@@ -100,6 +101,7 @@ def summarize(sim: Simulation, pricing: dict | None = None) -> dict:
         ),
         "relay_token_share": round(relay_tokens / out_tokens, 4) if out_tokens else 0.0,
         "variants": dict(sorted(variants.items())),
+        "pools": _pools(plan, variants),
         "handoffs": dict(sorted(handoffs.items())),
         "singular": sum(1 for r in runs if r.decision.singular),
         "hit_rate": {
@@ -207,4 +209,20 @@ def revenue(sim: Simulation, ok: list[Run], span_s: float, pricing: dict) -> dic
         "usd_per_gpu_hour": round(total / gpu_h, 4),
         "usd_per_cost_usd": round(total / (sim.plan.cost_per_hour() * span_h), 4),
         **pricing,
+    }
+
+
+def _pools(plan, variants: Counter) -> dict[str, dict]:
+    """Requests per decode pool as the scheduler sent them, beside `plan`'s rule (load_split.py)."""
+    total = max(sum(variants.values()), 1)
+    served = Counter()
+    for v, n in variants.items():
+        served[pool_of(plan, v)] += n
+    return {
+        pool: {
+            "requests": served[pool],
+            "share": round(served[pool] / total, 4),
+            "plan_share": round(rule.share, 4),
+        }
+        for pool, rule in pool_shares(plan).items()
     }
