@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pddflow.operators.detokenize import detokenizer
 from pddflow.operators.tokenizer import ByteTokenizer, HFTokenizer
-from pddflow.runtime.api import _StopStrings
+from pddflow.runtime.stop_strings import StopStrings
 
 CORPUS = [
     "The relay decodes while the KV crosses the WAN; main extends over the handed-off ids.",
@@ -80,7 +80,7 @@ def run(make, ids: list[int], stop: bool, new: bool) -> tuple[float, str]:
     """Seconds per token (the whole stream over its tokens), and the text."""
     d = make()
     pieces = []
-    s = (_StopStrings([STOP]) if new else OldStop([STOP])) if stop else None
+    s = (StopStrings([STOP]) if new else OldStop([STOP])) if stop else None
     t = time.perf_counter()
     for i in ids:
         p = d.push([i])

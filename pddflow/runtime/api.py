@@ -4,9 +4,7 @@ protocol below, so any backend can serve it."""
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
-import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -21,81 +19,23 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pddflow.core.payloads import SamplingParams
 from pddflow.operators.detokenize import detokenizer
-from pddflow.runtime.openai_schema import ChatBody, ChatMessage, CompletionBody, FieldError, _Body
+from pddflow.runtime.admission import Admission
+from pddflow.runtime.api_auth import KeyGuard
+from pddflow.runtime.api_errors import (
+    RequestRejected,
+    error_response,
+    short_repr,
+    validation_error,
+)
+from pddflow.runtime.openai_schema import ChatBody, ChatMessage, CompletionBody, _Body
+from pddflow.runtime.stop_strings import StopStrings
 
 DEFAULT_TIMEOUT_S = 300.0
-MESSAGE_LIMIT = 1000  # characters of an error message: echoed input is cut, never sent back whole
 CLIENT_CLOSED = 499  # no one reads it: the client has gone (nginx's code for that)
-
-
-class RequestRejected(Exception):
-    """A request the deployment will not run; `status` is the HTTP status to answer with."""
-
-    def __init__(self, status: int, message: str, retry_after_s: int | None = None):
-        super().__init__(message)
-        self.status = status
-        self.retry_after_s = retry_after_s
 
 
 class _ClientGone(Exception):
     """The client of a request hung up."""
-
-
-class Admission:
-    """The generation requests being served, so that a shutdown can drain them (docs/runtime.md,
-    Stopping): once `drain` starts, new requests get 503; those running may finish until the
-    drain's timeout, then the rest are aborted, each client told why."""
-
-    def __init__(self) -> None:
-        self.refusal: str | None = None  # why new requests are refused; None while open
-        self.runs: set[_Run] = set()
-        self._changed = asyncio.Event()
-
-    @property
-    def open(self) -> bool:
-        return self.refusal is None
-
-    def admit(self, run: _Run) -> None:
-        if self.refusal is not None:
-            raise RequestRejected(503, self.refusal)
-        self.runs.add(run)
-
-    def leave(self, run: _Run) -> None:
-        self.runs.discard(run)
-        self._changed.set()
-
-    async def drain(self, timeout_s: float) -> int:
-        """Refuse new requests, wait up to timeout_s for the running ones, abort the rest; returns
-        how many were aborted."""
-        self.refusal = "the server is shutting down; it takes no new requests"
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout_s
-        while self.runs and loop.time() < deadline:
-            await self._changes(deadline - loop.time())
-        return await self.abort_all(
-            f"the server is shutting down and this request did not finish within its drain "
-            f"timeout ({timeout_s:g} s, pddflow deploy --drain-timeout); it was aborted"
-        )
-
-    async def abort_all(self, message: str, answer_s: float = 5.0) -> int:
-        """Abort every running request with a 503 saying `message`; wait up to answer_s for each
-        to have told its client."""
-        self.refusal = self.refusal or "the server is shutting down; it takes no new requests"
-        left = list(self.runs)
-        for run in left:
-            run.abort(RequestRejected(503, message))
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + answer_s
-        while self.runs and loop.time() < deadline:
-            await self._changes(deadline - loop.time())
-        return len(left)
-
-    async def _changes(self, timeout_s: float) -> None:
-        self._changed.clear()
-        try:
-            await asyncio.wait_for(self._changed.wait(), timeout=max(timeout_s, 0.0))
-        except TimeoutError:
-            pass
 
 
 class Tokenizer(Protocol):
@@ -132,119 +72,6 @@ class Frontend(Protocol):
     ) -> AsyncIterator[list[int]]: ...
 
 
-def _error(
-    status: int,
-    message: str,
-    kind: str = "invalid_request_error",
-    param: str | None = None,
-    code: str | int | None = None,
-    headers: dict[str, str] | None = None,
-) -> JSONResponse:
-    """The OpenAI error shape, of bounded size whatever the request held."""
-    return JSONResponse(
-        {
-            "error": {
-                "message": _cut(message, MESSAGE_LIMIT),
-                "type": kind,
-                "param": None if param is None else _cut(param, 200),
-                "code": code,
-            }
-        },
-        status_code=status,
-        headers=headers,
-    )
-
-
-def _cut(text: str, limit: int) -> str:
-    return text if len(text) <= limit else f"{text[: limit - 40]}... ({len(text)} characters)"
-
-
-def _short(value: str, limit: int = 100) -> str:
-    """repr of a client's string, cut to `limit` characters."""
-    return repr(_cut(value, limit))
-
-
-# pydantic's union members in an error's location ("str", "list[int]", "function-after[...]")
-_TYPE_TAG = re.compile(r"^(str|int|float|bool|none|[\w-]+\[.*\])$")
-
-
-# what a field that takes several forms takes, for an error that matched none of them
-_UNION_FORMS = {
-    "prompt": "a string, a list of token IDs, or a list of one string",
-    "stop": "a string or a list of up to 4 strings",
-    "messages.N.content": "a string, a list of content parts, or null (assistant only)",
-}
-
-
-def _validation_error(exc: RequestValidationError) -> JSONResponse:
-    first = exc.errors()[0]
-    named = (first.get("ctx") or {}).get("error")
-    if isinstance(named, FieldError):
-        return _error(400, str(named), param=named.field)
-    if first["type"] == "json_invalid":
-        pos = first["loc"][-1]
-        why = (first.get("ctx") or {}).get("error", "")
-        return _error(400, f"the body is not valid JSON ({why}, at character {pos})")
-    loc = [p for p in first["loc"] if p != "body"]
-    kept = [p for p in loc if not (isinstance(p, str) and _TYPE_TAG.match(p))]
-    where = ".".join(str(p) for p in kept)
-    form = _UNION_FORMS.get(".".join("N" if isinstance(p, int) else str(p) for p in kept))
-    if first["type"] == "extra_forbidden":
-        msg = "unknown field: not an OpenAI request field this server takes (docs/openai-api.md)"
-    elif form is not None and len(kept) < len(loc):  # no member of a union matched
-        msg = f"must be {form}"
-    elif not where and first["type"] == "model_attributes_type":
-        msg = "the body must be a JSON object (sent as Content-Type: application/json)"
-    else:
-        msg = first["msg"]
-    return _error(400, f"{where}: {msg}" if where else msg, param=where or None)
-
-
-class _Auth:
-    """Bearer keys (compared in constant time): `api_key` guards /v1/*, `admin_key` /admin/*;
-    /health and /metrics stay open. A pure ASGI layer: it leaves the body and the disconnect
-    watch to the endpoints."""
-
-    def __init__(self, app: Any, api_key: str | None, admin_key: str | None):
-        self.app, self.api_key, self.admin_key = app, api_key, admin_key
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            path = scope["path"]
-            key = (
-                self.api_key
-                if path.startswith("/v1/") or path == "/v1"
-                else self.admin_key
-                if path.startswith("/admin/")
-                else None
-            )
-            if key is not None and not _bearer_matches(scope, key):
-                given = any(k == b"authorization" for k, _ in scope["headers"])
-                out = _error(
-                    401,
-                    "invalid API key"
-                    if given
-                    else "missing API key: send 'Authorization: Bearer "
-                    "<key>' (pddflow deploy --api-key; --admin-key for /admin)",
-                    code="invalid_api_key",
-                    headers={"WWW-Authenticate": "Bearer"},
-                )
-                await out(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-def _bearer_matches(scope: Any, key: str) -> bool:
-    got = b""
-    for k, v in scope["headers"]:
-        if k == b"authorization":
-            got = v
-    scheme, _, token = got.partition(b" ")
-    if scheme.lower() != b"bearer":
-        token = b""
-    return hmac.compare_digest(token.strip(), key.encode())
-
-
 class LinkCut(BaseModel):
     seconds: float = Field(gt=0, le=3600, description="how long the link stays down")
     after_bytes: int = Field(
@@ -276,27 +103,27 @@ def make_app(
         lifespan=lifespan,
     )
     app.state.admission = admission
-    app.add_middleware(_Auth, api_key=api_key or None, admin_key=admin_key or None)
+    app.add_middleware(KeyGuard, api_key=api_key or None, admin_key=admin_key or None)
 
     @app.exception_handler(RequestValidationError)
     async def _bad_body(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return _validation_error(exc)
+        return validation_error(exc)
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http_error(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _httperror_response(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 404:
-            msg, kind = f"no such endpoint: {_short(request.url.path)}", "not_found_error"
+            msg, kind = f"no such endpoint: {short_repr(request.url.path)}", "not_found_error"
         elif exc.status_code == 405:
-            msg = f"method {request.method} is not allowed on {_short(request.url.path)}"
+            msg = f"method {request.method} is not allowed on {short_repr(request.url.path)}"
             kind = "invalid_request_error"
         else:
             msg, kind = str(exc.detail), "invalid_request_error"
         kind = kind if exc.status_code < 500 else "server_error"
-        return _error(exc.status_code, msg, kind=kind, headers=exc.headers)
+        return error_response(exc.status_code, msg, kind=kind, headers=exc.headers)
 
     @app.exception_handler(Exception)
     async def _crash(_: Request, exc: Exception) -> JSONResponse:
-        return _error(500, f"internal error: {type(exc).__name__}", kind="server_error")
+        return error_response(500, f"internal error: {type(exc).__name__}", kind="server_error")
 
     @app.get("/health")
     async def health() -> JSONResponse:
@@ -317,7 +144,7 @@ def make_app(
             try:
                 backend.cut_link(name, body.seconds, body.after_bytes)
             except KeyError as exc:
-                return _error(404, str(exc.args[0]), kind="not_found_error", param="name")
+                return error_response(404, str(exc.args[0]), kind="not_found_error", param="name")
             return JSONResponse(
                 {"link": name, "down_s": body.seconds, "after_bytes": body.after_bytes}
             )
@@ -338,9 +165,9 @@ def make_app(
     @app.get("/v1/models/{model:path}")
     async def model(model: str) -> JSONResponse:
         if model != frontend.model_id:
-            return _error(
+            return error_response(
                 404,
-                f"model {_short(model)} is not served here; it serves {frontend.model_id!r}",
+                f"model {short_repr(model)} is not served here; it serves {frontend.model_id!r}",
                 kind="not_found_error",
                 param="model",
                 code="model_not_found",
@@ -351,9 +178,10 @@ def make_app(
     async def timeline(request_id: str) -> JSONResponse:
         t = frontend.timeline(request_id)
         if t is None:
-            return _error(
+            return error_response(
                 404,
-                f"no request {_short(request_id)} (timelines of the most recent requests are kept)",
+                f"no request {short_repr(request_id)} (timelines of the most recent requests "
+                "are kept)",
                 kind="not_found_error",
             )
         return JSONResponse(t)
@@ -361,23 +189,23 @@ def make_app(
     @app.post("/v1/completions")
     async def completions(body: CompletionBody, request: Request) -> Response:
         if not admission.open:
-            return _error(503, admission.refusal or "", kind="server_error")
+            return error_response(503, admission.refusal or "", kind="server_error")
         try:
             prompt_ids = _prompt_ids(frontend, body.prompt)
         except RequestRejected as exc:
-            return _error(exc.status, str(exc), param="prompt")
+            return error_response(exc.status, str(exc), param="prompt")
         return await _serve(frontend, admission, request, body, prompt_ids, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatBody, request: Request) -> Response:
         if not admission.open:
-            return _error(503, admission.refusal or "", kind="server_error")
+            return error_response(503, admission.refusal or "", kind="server_error")
         try:
             ids = frontend.chat_prompt_ids(body.messages)
         except ValueError as exc:
-            return _error(400, str(exc), param="messages")
+            return error_response(400, str(exc), param="messages")
         except RequestRejected as exc:
-            return _error(exc.status, str(exc), param="messages")
+            return error_response(exc.status, str(exc), param="messages")
         return await _serve(frontend, admission, request, body, ids, chat=True)
 
     return app
@@ -403,9 +231,9 @@ async def _serve(
     chat: bool,
 ) -> Response:
     if body.model != frontend.model_id:
-        return _error(
+        return error_response(
             404,
-            f"model {_short(body.model)} is not served here; it serves {frontend.model_id!r}",
+            f"model {short_repr(body.model)} is not served here; it serves {frontend.model_id!r}",
             kind="not_found_error",
             param="model",
             code="model_not_found",
@@ -417,7 +245,7 @@ async def _serve(
         room = min(room, kv_room)
     max_tokens = body.token_budget(room - len(prompt_ids))
     if len(prompt_ids) + max_tokens > frontend.max_context:
-        return _error(
+        return error_response(
             400,
             f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) exceeds the model's "
             f"context of {frontend.max_context} tokens",
@@ -438,7 +266,7 @@ async def _serve(
     try:
         admission.admit(run)
     except RequestRejected as exc:
-        return _error(exc.status, str(exc), kind="server_error")
+        return error_response(exc.status, str(exc), kind="server_error")
     # A client that hangs up cancels the request (every leg aborted, its KV freed). Starlette
     # watches for that while it streams; until then, and for a whole non-streamed answer, this
     # watches the same way (the next ASGI receive after the body is the disconnect).
@@ -463,7 +291,7 @@ async def _serve(
         async for _ in run.text_pieces():
             pass
     except RequestRejected as exc:
-        out = _error(
+        out = error_response(
             exc.status,
             str(exc),
             kind="invalid_request_error" if exc.status < 500 else "server_error",
@@ -558,7 +386,7 @@ class _Run:
         self.stream: AsyncIterator[list[int]] | None = None
         self.first: list[int] | None = None
         self.decoder = detokenizer(frontend.tokenizer)
-        self.stops = _StopStrings(stops)
+        self.stops = StopStrings(stops)
         self.eos = set(frontend.tokenizer.eos_token_ids)
         self.ids: list[int] = []
         self._text: list[str] = []
@@ -636,37 +464,6 @@ class _Run:
                 yield tail, []
         finally:
             await self.close()
-
-
-class _StopStrings:
-    """Stop strings over streamed text, at a cost per piece set by the stop strings, not by the
-    text so far: text that could be the start of a stop string is held back until it is not."""
-
-    def __init__(self, stops: list[str]):
-        self.stops = stops
-        self.held = ""
-        # every proper prefix of a stop string, longest first, and the characters they end with
-        self._starts = sorted({s[:k] for s in stops for k in range(1, len(s))}, key=len)[::-1]
-        self._last_chars = {p[-1] for p in self._starts}
-
-    def feed(self, piece: str, final: bool = False) -> tuple[str, bool]:
-        """(text to emit, whether a stop string ended the output); `final`: no more text comes."""
-        if not self.stops:
-            return piece, False
-        text = self.held + piece
-        cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
-            self.held = ""
-            return text[:cut], True
-        keep = 0 if final else self._partial(text)
-        self.held = text[len(text) - keep :] if keep else ""
-        return text[: len(text) - keep], False
-
-    def _partial(self, text: str) -> int:
-        """The longest end of `text` that begins some stop string."""
-        if not text or text[-1] not in self._last_chars:
-            return 0
-        return next((len(p) for p in self._starts if text.endswith(p)), 0)
 
 
 async def _sse(

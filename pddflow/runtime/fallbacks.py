@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import Iterable
 
-from pddflow.runtime.api import RequestRejected
+from pddflow.runtime.api_errors import RequestRejected
 from pddflow.runtime.proto import runtime_pb2 as pb
 from pddflow.runtime.route import RESUMED, Live, Route
 from pddflow.scheduler import InstanceLoad, RequestFeatures

@@ -16,7 +16,7 @@ from typing import Any
 from pddflow.core.block_hash import chain_block_hashes
 from pddflow.core.payloads import SamplingParams
 from pddflow.graph.plan import Plan
-from pddflow.runtime.api import RequestRejected
+from pddflow.runtime.api_errors import RequestRejected
 from pddflow.runtime.fallbacks import Fallbacks
 from pddflow.runtime.metrics import Metrics
 from pddflow.runtime.model_info import ModelInfo

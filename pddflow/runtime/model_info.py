@@ -22,7 +22,7 @@ class _NoTokenizer:
         self.eos_token_ids = eos
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        from pddflow.runtime.api import RequestRejected
+        from pddflow.runtime.api_errors import RequestRejected
 
         raise RequestRejected(
             400, "this model has no tokenizer.json: send `prompt` as a list of token IDs"

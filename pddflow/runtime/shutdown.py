@@ -9,7 +9,7 @@ from types import FrameType
 
 import uvicorn
 
-from pddflow.runtime.api import Admission
+from pddflow.runtime.admission import Admission
 
 
 class DrainingServer(uvicorn.Server):

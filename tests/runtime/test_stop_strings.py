@@ -1,4 +1,4 @@
-"""Stop strings over streamed pieces (api.py's _StopStrings): wherever the pieces split the text,
+"""Stop strings over streamed pieces (api.py's StopStrings): wherever the pieces split the text,
 what is emitted is the text up to the first stop string, and nothing past it."""
 
 from __future__ import annotations
@@ -6,13 +6,13 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pddflow.runtime.api import _StopStrings
+from pddflow.runtime.stop_strings import StopStrings
 
 ALPHABET = "ab€😀\n"
 
 
 def _run(stops: list[str], pieces: list[str]) -> tuple[list[str], bool]:
-    s, out = _StopStrings(stops), []
+    s, out = StopStrings(stops), []
     for p in pieces:
         text, hit = s.feed(p)
         out.append(text)
@@ -46,14 +46,14 @@ def _reference(stops: list[str], pieces: list[str]) -> tuple[str, bool]:
 
 
 def test_a_stop_split_across_pieces_is_held_back():
-    s = _StopStrings(["STOP"])
+    s = StopStrings(["STOP"])
     assert s.feed("abc S") == ("abc ", False)  # "S" may begin the stop string
     assert s.feed("T") == ("", False)
     assert s.feed("OP and more") == ("", True)
 
 
 def test_held_text_that_is_no_stop_comes_out():
-    s = _StopStrings(["STOP"])
+    s = StopStrings(["STOP"])
     assert s.feed("ST") == ("", False)
     assert s.feed("ART") == ("START", False)
     assert s.feed("S") == ("", False)
@@ -61,4 +61,4 @@ def test_held_text_that_is_no_stop_comes_out():
 
 
 def test_no_stops_pass_through():
-    assert _StopStrings([]).feed("anything") == ("anything", False)
+    assert StopStrings([]).feed("anything") == ("anything", False)

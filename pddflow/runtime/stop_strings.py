@@ -1,0 +1,34 @@
+"""Stop strings over streamed text."""
+
+from __future__ import annotations
+
+
+class StopStrings:
+    """Stop strings over streamed text, at a cost per piece set by the stop strings, not by the
+    text so far: text that could be the start of a stop string is held back until it is not."""
+
+    def __init__(self, stops: list[str]):
+        self.stops = stops
+        self.held = ""
+        # every proper prefix of a stop string, longest first, and the characters they end with
+        self._starts = sorted({s[:k] for s in stops for k in range(1, len(s))}, key=len)[::-1]
+        self._last_chars = {p[-1] for p in self._starts}
+
+    def feed(self, piece: str, final: bool = False) -> tuple[str, bool]:
+        """(text to emit, whether a stop string ended the output); `final`: no more text comes."""
+        if not self.stops:
+            return piece, False
+        text = self.held + piece
+        cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
+        if cut >= 0:
+            self.held = ""
+            return text[:cut], True
+        keep = 0 if final else self._partial(text)
+        self.held = text[len(text) - keep :] if keep else ""
+        return text[: len(text) - keep], False
+
+    def _partial(self, text: str) -> int:
+        """The longest end of `text` that begins some stop string."""
+        if not text or text[-1] not in self._last_chars:
+            return 0
+        return next((len(p) for p in self._starts if text.endswith(p)), 0)
