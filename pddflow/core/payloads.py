@@ -22,6 +22,17 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    # None: no log probabilities (nothing computed); k >= 0: each sampled token's logprob and the
+    # k most likely tokens' (log-softmax of the raw logits, at temperature 1)
+    logprobs: int | None = None
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """A sampled token's log probability and the k most likely tokens' (most likely first)."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass

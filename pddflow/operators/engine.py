@@ -28,7 +28,7 @@ from pddflow.operators.config import ModelConfig
 from pddflow.operators.kv_cache import KVPool, block_bytes, blocks_for_budget
 from pddflow.operators.model import LlamaModel
 from pddflow.operators.radix_cache import RadixCache
-from pddflow.operators.sampling import sample_batch
+from pddflow.operators.sampling import sample_batch, token_logprobs
 from pddflow.operators.sequence import Sequence
 from pddflow.operators.weights import ModelSource, load_model_source
 
@@ -460,6 +460,15 @@ class Engine:
             [s.seed for s in seqs],
             [len(s.token_ids) for s in seqs],
         )
+        # only rows that asked pay for the log-softmax (one batched call for them)
+        want = [i for i, s in enumerate(seqs) if s.sampling.logprobs is not None]
+        if want:
+            rows = logits[want] if len(want) < len(seqs) else logits
+            got = token_logprobs(
+                rows, [toks[i] for i in want], [seqs[i].sampling.logprobs or 0 for i in want]
+            )
+            for i, lp in zip(want, got):
+                seqs[i].logprobs.append(lp)
         for s, t in zip(seqs, toks):
             s.token_ids.append(t)
             if t in s.sampling.stop_token_ids:

@@ -7,7 +7,7 @@ import hashlib
 
 import torch
 
-from pddflow.core.payloads import SamplingParams
+from pddflow.core.payloads import SamplingParams, TokenLogprob
 
 
 def uniform(seed: int, position: int) -> float:
@@ -32,6 +32,22 @@ def sample_token(logits: torch.Tensor, params: SamplingParams, seed: int, positi
     u = uniform(seed, position) * float(cum[keep - 1])
     idx = int(torch.searchsorted(cum[:keep], torch.tensor([u], dtype=cum.dtype), right=True)[0])
     return int(order[min(idx, keep - 1)])
+
+
+def token_logprobs(logits: torch.Tensor, tokens: list[int], ks: list[int]) -> list[TokenLogprob]:
+    """logits [S, V]: log-softmax of each row at temperature 1 over the raw logits (the model's
+    distribution before temperature and top-p, what vLLM reports by default), the sampled token's
+    entry and the row's top ks[i]."""
+    lp = torch.log_softmax(logits.float(), dim=-1)
+    k = min(max(ks, default=0), lp.shape[-1])  # the API caps k far below any vocabulary
+    top_v, top_i = torch.topk(lp, k, dim=-1) if k else (None, None)
+    picked = lp.gather(1, torch.tensor(tokens, device=lp.device).view(-1, 1)).view(-1).tolist()
+    tops_v = top_v.tolist() if top_v is not None else [[] for _ in tokens]
+    tops_i = top_i.tolist() if top_i is not None else [[] for _ in tokens]
+    return [
+        TokenLogprob(picked[r], tuple(zip(tops_i[r][: ks[r]], tops_v[r][: ks[r]])))
+        for r in range(len(tokens))
+    ]
 
 
 def sample_batch(

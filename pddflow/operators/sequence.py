@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from pddflow.core.block_hash import chain_block_hashes
-from pddflow.core.payloads import SamplingParams
+from pddflow.core.payloads import SamplingParams, TokenLogprob
 
 
 @dataclass(eq=False)
@@ -20,6 +20,9 @@ class Sequence:
     num_computed: int = 0
     finished: bool = False
     finish_reason: str | None = None  # "length" | "stop"
+    # (logprob, top [(id, logprob)...]) of each token this engine sampled, in order, when
+    # sampling.logprobs asks (tokens handed in by another worker have none here)
+    logprobs: list[TokenLogprob] = field(default_factory=list)
     _hashes: list[int] = field(default_factory=list, repr=False)
 
     @property

@@ -28,6 +28,10 @@ class ByteTokenizer:
     def decode(self, ids: list[int]) -> str:
         return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """One id's raw bytes (a lone id may be part of a UTF-8 character; special ids: none)."""
+        return bytes([token_id]) if 0 <= token_id < 256 else b""
+
 
 class HFTokenizer:
     """A `tokenizer.json` through the `tokenizers` library (no transformers import at run time)."""

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pddflow.core.payloads import SamplingParams
+from pddflow.core.payloads import SamplingParams, TokenLogprob
 from pddflow.operators.detokenize import detokenizer
 from pddflow.runtime.admission import Admission
 from pddflow.runtime.api_auth import KeyGuard
@@ -27,6 +27,7 @@ from pddflow.runtime.api_errors import (
     short_repr,
     validation_error,
 )
+from pddflow.runtime.logprobs import chat_logprobs, completion_logprobs
 from pddflow.runtime.openai_schema import ChatBody, ChatMessage, CompletionBody, _Body
 from pddflow.runtime.stop_strings import StopStrings
 
@@ -69,7 +70,10 @@ class Frontend(Protocol):
         deadline: float,
         variant: str | None,
         handoff: str | None,
-    ) -> AsyncIterator[list[int]]: ...
+    ) -> AsyncIterator[list[int]]:
+        """Chunks of generated IDs; when `sampling.logprobs` asks, a chunk may carry them as
+        `.logprobs` (a `TokenChunk`): a plain list reports none (`null` in the response)."""
+        ...
 
 
 class LinkCut(BaseModel):
@@ -259,6 +263,7 @@ async def _serve(
         top_p=1.0 if body.top_p is None else body.top_p,
         seed=body.seed,
         stop_token_ids=tuple(frontend.tokenizer.eos_token_ids),
+        logprobs=body.logprob_count,
     )
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     deadline = time.monotonic() + (body.timeout_s or DEFAULT_TIMEOUT_S)
@@ -306,6 +311,13 @@ async def _serve(
         if not streaming:
             await run.close()
     choice: dict[str, Any] = {"index": 0, "finish_reason": run.finish_reason, "logprobs": None}
+    if body.logprob_count is not None:
+        tok = frontend.tokenizer
+        choice["logprobs"] = (
+            chat_logprobs(tok, run.ids, run.lps)
+            if chat
+            else completion_logprobs(tok, run.ids, run.lps, 0)[0]
+        )
     if chat:
         choice["message"] = {"role": "assistant", "content": run.text}
     else:
@@ -389,6 +401,7 @@ class _Run:
         self.stops = StopStrings(stops)
         self.eos = set(frontend.tokenizer.eos_token_ids)
         self.ids: list[int] = []
+        self.lps: list[TokenLogprob | None] = []  # parallel to ids (None: not reported)
         self._text: list[str] = []
         self.finish_reason = "length"
         self._stop: asyncio.Future[Exception] = asyncio.get_running_loop().create_future()
@@ -437,13 +450,17 @@ class _Run:
     def text(self) -> str:
         return "".join(self._text)
 
-    async def text_pieces(self) -> AsyncIterator[tuple[str, list[int]]]:
-        """(text, ids) per chunk of ids; text held back while it may begin a stop string, and
-        nothing past a stop string."""
+    async def text_pieces(
+        self,
+    ) -> AsyncIterator[tuple[str, list[int], list[TokenLogprob | None]]]:
+        """(text, ids, their logprobs) per chunk of ids; text held back while it may begin a stop
+        string, and nothing past a stop string."""
         try:
             chunk = self.first
             while chunk is not None:
+                lps = getattr(chunk, "logprobs", None) or [None] * len(chunk)
                 self.ids.extend(chunk)
+                self.lps.extend(lps)
                 if self.eos.intersection(chunk):
                     self.finish_reason = "stop"
                 piece, hit = self.stops.feed(self.decoder.push(chunk))
@@ -451,9 +468,9 @@ class _Run:
                 if hit:
                     self.finish_reason = "stop"
                     self.frontend.stopped(self.rid)
-                    yield piece, chunk
+                    yield piece, chunk, lps
                     return
-                yield piece, chunk
+                yield piece, chunk, lps
                 chunk = await self.next_chunk()
             tail, hit = self.stops.feed(self.decoder.flush(), final=True)
             if hit:
@@ -461,7 +478,7 @@ class _Run:
                 self.frontend.stopped(self.rid)
             if tail:
                 self._text.append(tail)
-                yield tail, []
+                yield tail, [], []
         finally:
             await self.close()
 
@@ -474,9 +491,24 @@ async def _sse(
     chat: bool,
     usage: Callable[[], dict[str, Any]],
 ) -> AsyncIterator[bytes]:
+    tokenizer = run.frontend.tokenizer
+    offset = 0  # completions' text_offset: where the next token's text starts in the output
+
     def frame(
-        delta_text: str | None, ids: list[int], finish: str | None, role: bool = False
+        delta_text: str | None,
+        ids: list[int],
+        finish: str | None,
+        role: bool = False,
+        lps: list[TokenLogprob | None] | None = None,
     ) -> bytes:
+        nonlocal offset
+        # each chunk carries the logprobs of the tokens it carries (none: null)
+        logprobs = None
+        if lps is not None and body.logprob_count is not None:
+            if chat:
+                logprobs = chat_logprobs(tokenizer, ids, lps)
+            else:
+                logprobs, offset = completion_logprobs(tokenizer, ids, lps, offset)
         if chat:
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if delta_text is not None:
@@ -485,14 +517,14 @@ async def _sse(
                 "index": 0,
                 "delta": delta,
                 "finish_reason": finish,
-                "logprobs": None,
+                "logprobs": logprobs,
             }
         else:
             choice = {
                 "index": 0,
                 "text": delta_text or "",
                 "finish_reason": finish,
-                "logprobs": None,
+                "logprobs": logprobs,
             }
         if body.return_token_ids:
             choice["token_ids"] = ids
@@ -510,8 +542,8 @@ async def _sse(
     if chat:
         yield frame("", [], None, role=True)
     try:
-        async for piece, ids in run.text_pieces():
-            yield frame(piece, ids, None)
+        async for piece, ids, lps in run.text_pieces():
+            yield frame(piece, ids, None, lps=lps if ids else None)
     except RequestRejected as exc:
         err = {
             "error": {

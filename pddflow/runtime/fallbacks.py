@@ -10,7 +10,7 @@ from collections.abc import Iterable
 
 from pddflow.runtime.api_errors import RequestRejected
 from pddflow.runtime.proto import runtime_pb2 as pb
-from pddflow.runtime.route import RESUMED, Live, Route
+from pddflow.runtime.route import RESUMED, Live, Route, sampling_pb
 from pddflow.scheduler import InstanceLoad, RequestFeatures
 from pddflow.scheduler.decision import Decision
 
@@ -176,13 +176,7 @@ class Fallbacks:
             handoff=pb.HANDOFF_NONE,
             main_cached_blocks=0,
             singular=False,
-            sampling=pb.Sampling(
-                max_tokens=s.max_tokens - len(done),
-                temperature=s.temperature,
-                top_p=s.top_p,
-                seed=s.seed,
-                stop_token_ids=list(s.stop_token_ids),
-            ),
+            sampling=sampling_pb(s, s.max_tokens - len(done)),
         )
         r.legs.add(target)
         r.resumed_on.add(target)

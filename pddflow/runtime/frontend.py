@@ -18,6 +18,7 @@ from pddflow.core.payloads import SamplingParams
 from pddflow.graph.plan import Plan
 from pddflow.runtime.api_errors import RequestRejected
 from pddflow.runtime.fallbacks import Fallbacks
+from pddflow.runtime.logprobs import from_tokens
 from pddflow.runtime.metrics import Metrics
 from pddflow.runtime.model_info import ModelInfo
 from pddflow.runtime.proto import runtime_pb2 as pb
@@ -342,12 +343,12 @@ class Frontend(Fallbacks):
             r.legs.discard(inst)
             r.first_fed = True
             if not t.final:
-                self._feed_first(live, int(t.ids[0]))
+                self._feed_first(live, t)
                 return
-            st.add(TokenRun(int(t.start), list(t.ids), op, final=True))
+            st.add(TokenRun(int(t.start), list(t.ids), op, final=True, logprobs=from_tokens(t)))
         else:
             try:
-                st.add(TokenRun(int(t.start), list(t.ids), op, final=t.final))
+                st.add(TokenRun(int(t.start), list(t.ids), op, t.final, from_tokens(t)))
             except StreamConflict as exc:
                 st.fail(str(exc))
                 return
@@ -368,13 +369,15 @@ class Frontend(Fallbacks):
                 self.metrics.itl.observe(gap)
             self.metrics.vllm.tokens(new, gap)
 
-    def _feed_first(self, live: Live, first: int) -> None:
+    def _feed_first(self, live: Live, t: pb.Tokens) -> None:
+        """Prefill's first token, with its log probabilities (the decoder reports them on)."""
         r = live.route
         target = r.relay if r.relay else r.main
         if target:
-            self._call(
-                target, "Feed", pb.Tokens(seq_id=live.state.request_id, start=0, ids=[first])
-            )
+            first = pb.Tokens(seq_id=live.state.request_id, start=0, ids=t.ids[:1])
+            first.logprobs.extend(t.logprobs[:1])
+            first.top.extend(t.top[:1])
+            self._call(target, "Feed", first)
 
     def _on_event(self, inst: str, e: pb.Event) -> None:
         live = self._live(e.seq_id)

@@ -66,21 +66,11 @@ UNSUPPORTED_COMMON = {
 }
 UNSUPPORTED_COMPLETION = {
     **UNSUPPORTED_COMMON,
-    # 0 is no neutral value here: it asks for the sampled tokens' log probabilities
-    "logprobs": Unsupported(
-        "log probabilities are not returned (the workers do not report them)", None
-    ),
     "echo": Unsupported("echo is not implemented", None, False),
     "suffix": Unsupported("insertion (suffix) is not implemented", None, ""),
 }
 UNSUPPORTED_CHAT = {
     **{k: v for k, v in UNSUPPORTED_COMMON.items() if k != "best_of"},
-    "logprobs": Unsupported(
-        "log probabilities are not returned (the workers do not report them)", None, False
-    ),
-    "top_logprobs": Unsupported(
-        "log probabilities are not returned (the workers do not report them)", None, 0
-    ),
     "tools": Unsupported("tool calling is not implemented", None, []),
     "tool_choice": Unsupported("tool calling is not implemented", None, "none"),
     "functions": Unsupported("function calling is not implemented", None, []),
@@ -189,12 +179,25 @@ class _Body(BaseModel):
         """The tokens to generate; room: what the context has left after the prompt."""
         return self.max_tokens or 16
 
+    @property
+    def logprob_count(self) -> int | None:
+        """None: no log probabilities; k: each token's and its k most likely alternatives'."""
+        return None
+
 
 class CompletionBody(_Body):
     unsupported: ClassVar[dict[str, Unsupported]] = UNSUPPORTED_COMPLETION
     prompt: str | list[int] | list[str] = Field(
         description="text, a list of token IDs, or a list of one text"
     )
+    # 0 is no neutral value: it asks for the sampled tokens' log probabilities alone
+    logprobs: int | None = Field(
+        None, ge=0, le=5, description="each token's log probability and this many alternatives'"
+    )
+
+    @property
+    def logprob_count(self) -> int | None:
+        return self.logprobs
 
     @model_validator(mode="after")
     def _one_prompt(self) -> CompletionBody:
@@ -248,9 +251,19 @@ class ChatBody(_Body):
         None, description="accepted and ignored: requests are routed by their prefix anyway"
     )
     safety_identifier: str | None = Field(None, description="accepted and ignored")
+    logprobs: bool | None = Field(None, description="return each output token's log probability")
+    top_logprobs: int | None = Field(
+        None, ge=0, le=20, description="with logprobs: this many most likely tokens per position"
+    )
+
+    @property
+    def logprob_count(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     @model_validator(mode="after")
     def _contents(self) -> ChatBody:
+        if self.top_logprobs and not self.logprobs:
+            raise FieldError("top_logprobs", "only with logprobs: true")
         for i, m in enumerate(self.messages):
             if m.content is None and m.role != "assistant":
                 raise FieldError(f"messages.{i}.content", f"a {m.role} message needs content")

@@ -8,6 +8,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from pddflow.core.payloads import TokenLogprob
+from pddflow.runtime.logprobs import TokenChunk
+
 
 @dataclass
 class TokenRun:
@@ -15,6 +18,7 @@ class TokenRun:
     ids: list[int]
     source: str  # operator name
     final: bool = False  # the source produced the sequence's last token
+    logprobs: list[TokenLogprob] | None = None  # parallel to ids, when the request asked
 
 
 @dataclass(frozen=True)
@@ -38,7 +42,9 @@ class RequestState:
     arrival: float = field(default_factory=time.monotonic)
     tokens: list[int] = field(default_factory=list)
     sources: list[str] = field(default_factory=list)
-    ahead: dict[int, tuple[int, str]] = field(default_factory=dict)  # positions beyond a gap
+    logprobs: list[TokenLogprob | None] = field(default_factory=list)  # parallel to tokens
+    # positions beyond a gap: (token, source, its logprob)
+    ahead: dict[int, tuple[int, str, TokenLogprob | None]] = field(default_factory=dict)
     end: int = 0  # output length: max_tokens, or less once a source says final
     finished: bool = False
     error: str | None = None
@@ -61,7 +67,9 @@ class RequestState:
         for i, tok in enumerate(run.ids):
             pos = run.start + i
             seen = (
-                self.tokens[pos] if pos < len(self.tokens) else self.ahead.get(pos, (None, ""))[0]
+                self.tokens[pos]
+                if pos < len(self.tokens)
+                else self.ahead.get(pos, (None, "", None))[0]
             )
             if seen is not None and seen != tok:
                 where = self.sources[pos] if pos < len(self.sources) else self.ahead[pos][1]
@@ -69,15 +77,17 @@ class RequestState:
                     f"{self.request_id}: output position {pos} is {seen} from {where} "
                     f"but {tok} from {run.source}"
                 )
-            if pos >= len(self.tokens):
-                self.ahead.setdefault(pos, (tok, run.source))
+            if pos >= len(self.tokens):  # the first writer's token and logprob win
+                lp = run.logprobs[i] if run.logprobs and i < len(run.logprobs) else None
+                self.ahead.setdefault(pos, (tok, run.source, lp))
         if run.final:
             self.end = min(self.end, run.start + len(run.ids))
         now = time.monotonic()
         while len(self.tokens) in self.ahead and len(self.tokens) < self.end:
-            tok, source = self.ahead.pop(len(self.tokens))
+            tok, source, lp = self.ahead.pop(len(self.tokens))
             self.tokens.append(tok)
             self.sources.append(source)
+            self.logprobs.append(lp)
             self.token_times.append(now)
         if len(self.tokens) >= self.end:
             self.finished = True
@@ -92,8 +102,8 @@ class RequestState:
             self.event("failed", error=message)
             self.wakeup.set()
 
-    def take_new(self) -> list[int]:
-        out = self.tokens[self.emitted :]
+    def take_new(self) -> TokenChunk:
+        out = TokenChunk(self.tokens[self.emitted :], self.logprobs[self.emitted :])
         self.emitted = len(self.tokens)
         return out
 

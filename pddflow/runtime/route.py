@@ -20,6 +20,18 @@ def mode_name(mode: pb.HandoffMode.ValueType) -> str | None:
     return pb.HandoffMode.Name(mode).removeprefix("HANDOFF_").lower() if mode else None
 
 
+def sampling_pb(s: SamplingParams, max_tokens: int) -> pb.Sampling:
+    return pb.Sampling(
+        max_tokens=max_tokens,
+        temperature=s.temperature,
+        top_p=s.top_p,
+        seed=s.seed,
+        stop_token_ids=list(s.stop_token_ids),
+        logprobs=s.logprobs is not None,
+        top_logprobs=s.logprobs or 0,
+    )
+
+
 @dataclass(eq=False)
 class Route:
     decision: Decision
@@ -68,13 +80,7 @@ class Live:
         fields = dict(
             seq_id=self.state.request_id,
             prompt_ids=self.prompt_ids,
-            sampling=pb.Sampling(
-                max_tokens=s.max_tokens,
-                temperature=s.temperature,
-                top_p=s.top_p,
-                seed=s.seed,
-                stop_token_ids=list(s.stop_token_ids),
-            ),
+            sampling=sampling_pb(s, s.max_tokens),
             timeout_s=max(0.1, self.deadline - time.monotonic()),
             variant=r.decision.variant,
             prefill=r.prefill,

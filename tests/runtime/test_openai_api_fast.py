@@ -11,8 +11,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from pddflow.core.payloads import SamplingParams
+from pddflow.core.payloads import SamplingParams, TokenLogprob
 from pddflow.runtime.api import cached_tokens, make_app
+from pddflow.runtime.logprobs import TokenChunk
 from pddflow.runtime.openai_schema import render_chat
 
 
@@ -63,7 +64,13 @@ class FakeFrontend:
             ]
         }
         for i in range(sampling.max_tokens):
-            yield [ord("a") + i % 26]
+            tok = ord("a") + i % 26
+            if sampling.logprobs is None:
+                yield [tok]
+                continue
+            # the sampled token first, then the next ids: logprob -(rank + 1) / 10
+            top = tuple((tok + r, -(r + 1) / 10) for r in range(sampling.logprobs))
+            yield TokenChunk([tok], [TokenLogprob(-0.1, top)])
 
 
 class Backend:
@@ -116,9 +123,9 @@ def _assert_openai_error(r, status: int, param: str | None = None) -> dict:
         ({"best_of": 2}, "best_of"),
         ({"echo": True}, "echo"),
         ({"suffix": "tail"}, "suffix"),
-        ({"logprobs": 1}, "logprobs"),
-        ({"logprobs": 0}, "logprobs"),
-        ({"logprobs": True}, "logprobs"),  # 1 would be refused: no coercion either
+        ({"logprobs": 6}, "logprobs"),  # at most 5 alternatives (OpenAI's limit)
+        ({"logprobs": -1}, "logprobs"),
+        ({"logprobs": True}, "logprobs"),  # no coercion: true is no count
         ({"frequency_penalty": 0.5}, "frequency_penalty"),
         ({"presence_penalty": -1}, "presence_penalty"),
         ({"logit_bias": {"50256": -100}}, "logit_bias"),
@@ -146,8 +153,9 @@ def test_completion_fields_refused_with_400_naming_them(api, extra, param):
         ({"functions": [{"name": "f"}]}, "functions"),
         ({"function_call": "auto"}, "function_call"),
         ({"response_format": {"type": "json_object"}}, "response_format"),
-        ({"logprobs": True}, "logprobs"),
-        ({"top_logprobs": 2}, "top_logprobs"),
+        ({"logprobs": 1}, "logprobs"),  # a boolean here, no coercion
+        ({"top_logprobs": 2}, "top_logprobs"),  # only with logprobs: true
+        ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),  # at most 20
         ({"n": 3}, "n"),
         ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
         ({"modalities": ["text", "audio"]}, "modalities"),
@@ -361,3 +369,70 @@ def test_admin_key(fe):
         # and the admin key is not the API key
         r = c.post("/v1/completions", json=COMPLETION, headers={"Authorization": "Bearer root"})
         _assert_openai_error(r, 401)
+
+
+def test_completion_logprobs_shape(api, fe):
+    r = api.post("/v1/completions", json={**COMPLETION, "logprobs": 2})
+    assert r.status_code == 200, r.text
+    assert fe.sampling[-1].logprobs == 2
+    lp = r.json()["choices"][0]["logprobs"]
+    assert lp["tokens"] == ["a", "b", "c"]
+    assert lp["token_logprobs"] == [-0.1, -0.1, -0.1]
+    assert lp["top_logprobs"] == [
+        {"a": -0.1, "b": -0.2},
+        {"b": -0.1, "c": -0.2},
+        {"c": -0.1, "d": -0.2},
+    ]
+    assert lp["text_offset"] == [0, 1, 2]
+    # 0: the sampled token's alone (it is in top_logprobs, as vLLM gives it)
+    lp = api.post("/v1/completions", json={**COMPLETION, "logprobs": 0}).json()["choices"][0]
+    assert lp["logprobs"]["top_logprobs"] == [{"a": -0.1}, {"b": -0.1}, {"c": -0.1}]
+    # not asked: nothing computed, null
+    assert api.post("/v1/completions", json=COMPLETION).json()["choices"][0]["logprobs"] is None
+    assert fe.sampling[-1].logprobs is None
+
+
+def test_chat_logprobs_shape(api, fe):
+    r = api.post("/v1/chat/completions", json={**CHAT, "logprobs": True, "top_logprobs": 2})
+    assert r.status_code == 200, r.text
+    assert fe.sampling[-1].logprobs == 2
+    content = r.json()["choices"][0]["logprobs"]["content"]
+    assert [c["token"] for c in content] == ["a", "b", "c"]
+    assert content[0] == {
+        "token": "a",
+        "logprob": -0.1,
+        "bytes": [97],
+        "top_logprobs": [
+            {"token": "a", "logprob": -0.1, "bytes": [97]},
+            {"token": "b", "logprob": -0.2, "bytes": [98]},
+        ],
+    }
+    r = api.post("/v1/chat/completions", json={**CHAT, "logprobs": True})
+    assert fe.sampling[-1].logprobs == 0
+    assert [c["top_logprobs"] for c in r.json()["choices"][0]["logprobs"]["content"]] == [[]] * 3
+    r = api.post("/v1/chat/completions", json={**CHAT, "logprobs": False, "top_logprobs": 0})
+    assert r.json()["choices"][0]["logprobs"] is None and fe.sampling[-1].logprobs is None
+
+
+def test_streamed_chunks_carry_their_tokens_logprobs(api):
+    r = api.post("/v1/completions", json={**COMPLETION, "logprobs": 1, "stream": True})
+    chunks = [e["choices"][0] for e in _sse(r)[:-1] if e["choices"][0]["text"]]
+    assert [c["logprobs"]["tokens"] for c in chunks] == [["a"], ["b"], ["c"]]
+    assert [c["logprobs"]["text_offset"] for c in chunks] == [[0], [1], [2]]  # whole-output offsets
+    r = api.post(
+        "/v1/chat/completions",
+        json={**CHAT, "logprobs": True, "top_logprobs": 1, "stream": True},
+    )
+    deltas = [e["choices"][0] for e in _sse(r)[:-1] if e["choices"][0]["delta"].get("content")]
+    assert [d["logprobs"]["content"][0]["token"] for d in deltas] == ["a", "b", "c"]
+    assert all(len(d["logprobs"]["content"][0]["top_logprobs"]) == 1 for d in deltas)
+
+
+def test_token_text_of_a_partial_utf8_byte():
+    from pddflow.operators.tokenizer import ByteTokenizer as Bytes
+    from pddflow.runtime.logprobs import chat_logprobs, token_text
+
+    assert token_text(Bytes(), 0xE2) == ("\ufffd", [0xE2])  # the raw byte; text: a replacement
+    assert token_text(Bytes(), Bytes.EOS) == ("", [])
+    out = chat_logprobs(Bytes(), [0xE2], [TokenLogprob(-1.0, ((0xE2, -1.0),))])
+    assert out["content"][0]["bytes"] == [0xE2] and out["content"][0]["token"] == "\ufffd"

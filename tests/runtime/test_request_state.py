@@ -41,3 +41,21 @@ def test_max_tokens_and_final_end_the_stream():
     t = _state()
     t.add(TokenRun(0, [1, 2], "main", final=True))
     assert t.finished and t.timeline()["tokens_by_operator"] == {"main": 2}
+
+
+def test_logprobs_merge_by_position_first_writer_wins():
+    from pddflow.core.payloads import TokenLogprob
+
+    def lp(v: float) -> TokenLogprob:
+        return TokenLogprob(v, ((1, v),))
+
+    s = _state(4)
+    s.add(TokenRun(2, [3], "main", logprobs=[lp(-3.0)]))  # beyond the gap: kept with its logprob
+    s.add(TokenRun(0, [1, 2], "relay", logprobs=[lp(-1.0), lp(-2.0)]))
+    s.add(TokenRun(2, [3, 4], "relay", logprobs=[lp(-9.0), lp(-4.0)]))  # position 2 seen: main's
+    chunk = s.take_new()
+    assert chunk == [1, 2, 3, 4]
+    assert [x.logprob for x in chunk.logprobs] == [-1.0, -2.0, -3.0, -4.0]
+    t = _state(2)
+    t.add(TokenRun(0, [1, 2], "main"))  # a request that did not ask: None per token
+    assert t.take_new().logprobs == [None, None]

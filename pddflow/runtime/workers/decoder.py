@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from pddflow.core.payloads import KVBlocks
+from pddflow.core.payloads import KVBlocks, TokenLogprob
 from pddflow.operators.block_allocator import KVCacheFull
 from pddflow.runtime.proto import runtime_pb2 as pb
 from pddflow.runtime.workers.inbox import FirstToken, InboxItem, KVArrived, KVLost
@@ -19,6 +19,7 @@ class DecodeLeg(Leg):
     kv_arrived: float = 0.0  # when that KV reached this process
     kv_ready: bool = False  # the prompt's KV is in this worker's cache
     first: int | None = None  # the first generated token (prefill's, via the frontend)
+    first_logprob: TokenLogprob | None = None  # prefill's log probability of it, when asked
     decoding: bool = False
     kv_lost: str = ""  # why the KV will not come: recompute it once memory has room
 
@@ -52,7 +53,7 @@ class DecoderWorker(Worker):
         elif isinstance(item, KVLost):
             self.recompute_kv(leg, item.reason)
         elif isinstance(item, FirstToken):
-            leg.first = item.token
+            leg.first, leg.first_logprob = item.token, item.logprob
             self.maybe_start(leg)
 
     def idle(self) -> bool:
@@ -204,7 +205,9 @@ class DecoderWorker(Worker):
         if not leg.kv_ready or leg.decoding or leg.first is None or not self.starts_alone(leg):
             return
         self.engine.append_tokens(leg.seq, [leg.first])
-        self.emit(leg, [leg.first], start=0)  # the client sees it once a decoder holds the KV
+        # the client sees it once a decoder holds the KV, with prefill's log probability
+        lps = [leg.first_logprob] if leg.first_logprob is not None else None
+        self.emit(leg, [leg.first], start=0, lps=lps)
         leg.decoding = True
         self.started(leg)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pddflow.core.payloads import KVBlocks, TokenIds
+from pddflow.core.payloads import KVBlocks, TokenIds, TokenLogprob
 from pddflow.runtime.proto import runtime_pb2 as pb
 
 
@@ -24,6 +24,7 @@ class FirstToken:
 
     seq_id: str
     token: int
+    logprob: TokenLogprob | None = None  # prefill's, when the job asked: the decoder reports it
 
 
 @dataclass(frozen=True)

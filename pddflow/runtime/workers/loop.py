@@ -10,8 +10,9 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from pddflow.core.payloads import SamplingParams
+from pddflow.core.payloads import SamplingParams, TokenLogprob
 from pddflow.graph.plan import OperatorPlan
+from pddflow.runtime.logprobs import from_tokens, to_tokens
 from pddflow.runtime.proto import runtime_pb2 as pb
 from pddflow.runtime.rpc import WORKER, serve
 from pddflow.runtime.wiring import Wiring
@@ -31,6 +32,12 @@ from pddflow.runtime.workers.inbox import (
 STATUS_EVERY_S = 0.5
 EARLY_KEEP_S = 60.0  # inputs that arrive before their job are kept this long
 AFTER_START = (CaughtUp, HandoffDelivered, HandoffUndeliverable)  # only a running leg makes these
+
+
+def first_token(m: pb.Tokens) -> FirstToken:
+    """Feed: prefill's first token, with its log probability when the job asked."""
+    lps = from_tokens(m)
+    return FirstToken(m.seq_id, m.ids[0], lps[0] if lps else None)
 
 
 @dataclass(eq=False)
@@ -81,7 +88,7 @@ class Worker:
             wiring.credentials(),
             {
                 "Submit": (pb.Job, pb.Reply, lambda m: put(JobArrived(m, time.monotonic()))),
-                "Feed": (pb.Tokens, pb.Reply, lambda m: put(FirstToken(m.seq_id, m.ids[0]))),
+                "Feed": (pb.Tokens, pb.Reply, lambda m: put(first_token(m))),
                 "Handoff": (
                     pb.StartHandoff,
                     pb.Reply,
@@ -158,6 +165,7 @@ class Worker:
             top_p=s.top_p,
             seed=s.seed,
             stop_token_ids=tuple(s.stop_token_ids),
+            logprobs=s.top_logprobs if s.logprobs else None,
         )
         timeout = job.timeout_s or self.wiring.leg_timeout_s
         leg = self.leg_type(job, arrived.received + timeout, arrived.received)
@@ -180,7 +188,9 @@ class Worker:
     def compute(self, leg: Leg) -> None:
         raise NotImplementedError
 
-    def emit(self, leg: Leg, ids: list[int], start: int) -> None:
+    def emit(
+        self, leg: Leg, ids: list[int], start: int, lps: list[TokenLogprob] | None = None
+    ) -> None:
         seq = leg.seq
         tokens = pb.Tokens(
             seq_id=leg.seq_id,
@@ -189,12 +199,14 @@ class Worker:
             final=seq.finished,
             finish_reason=seq.finish_reason or "",
         )
-        self.io.report(tokens=tokens)
+        self.io.report(tokens=to_tokens(tokens, lps))
 
     def emit_last(self, leg: Leg) -> None:
-        """The sequence's newest token, at its position in the client's output."""
+        """The sequence's newest token (just sampled here), at its position in the client's
+        output, with its log probability when the job asked."""
         seq = leg.seq
-        self.emit(leg, [seq.output_ids[-1]], len(seq.output_ids) - 1 + leg.job.output_offset)
+        lps = [seq.logprobs[-1]] if seq.sampling.logprobs is not None and seq.logprobs else None
+        self.emit(leg, [seq.output_ids[-1]], len(seq.output_ids) - 1 + leg.job.output_offset, lps)
 
     def finish(self, leg: Leg, reason: str = "") -> None:
         self.legs.pop(leg.seq_id, None)
