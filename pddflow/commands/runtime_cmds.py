@@ -97,7 +97,6 @@ def deploy(
     OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/models), /health and
     /metrics until Ctrl-C or SIGTERM; then drain (--drain-timeout) and stop every worker."""
     import uvicorn
-    from rich.console import Console
 
     from pddflow.core.cpu_layout import host_cores, plan_layout
     from pddflow.operators.config import ModelSpecError
@@ -135,7 +134,7 @@ def deploy(
     except ModelSpecError as exc:
         fail(f"--model: {exc}" if model is not None else f"{graph}: model.weights: {exc}")
     plan = replace(plan, model=replace(plan.model, weights=weights))
-    err = Console(stderr=True)
+    err = console(stderr=True)  # a log line is not wrapped at 80 columns when piped
     cpus = plan_layout(plan, host_cores(), check_cpu_pinning(cpu_pinning))
     api_socket = _listen(host, port)  # before any worker starts: a taken port fails now
     port = api_socket.getsockname()[1]

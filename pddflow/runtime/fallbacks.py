@@ -27,6 +27,9 @@ DECODER_TYPES = ("relay_decode", "main_decode", "decode", "colocated")
 class Fallbacks:
     # ---- failures of one leg -------------------------------------------------------------------
     def _on_failure(self, inst: str, f: pb.Failure) -> None:
+        if f.kind == pb.FAILURE_KV_TRANSFER and (ch := self._channel(inst, f.peer, f.channel)):
+            if ch.link:  # the transfer's slot on its link is free again
+                self.link_watch.ended(ch.link, (f.seq_id, inst, f.peer), None, None)
         live = self._live(f.seq_id)
         if live is None:
             self._on_lingering_failure(inst, f)

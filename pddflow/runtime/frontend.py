@@ -15,9 +15,10 @@ from typing import Any
 
 from pddflow.core.block_hash import chain_block_hashes
 from pddflow.core.payloads import SamplingParams
-from pddflow.graph.plan import Plan
+from pddflow.graph.plan import ChannelPlan, Plan
 from pddflow.runtime.api_errors import RequestRejected
 from pddflow.runtime.fallbacks import Fallbacks
+from pddflow.runtime.link_watch import LinkWatch
 from pddflow.runtime.logprobs import from_tokens
 from pddflow.runtime.metrics import Metrics
 from pddflow.runtime.model_info import ModelInfo
@@ -55,6 +56,7 @@ class Frontend(Fallbacks):
         self.metrics = metrics or Metrics()
         self.policy = make_policy(plan)
         self.sched = SchedulerState.for_plan(plan)
+        self.link_watch = LinkWatch(plan, self.sched, self.metrics)
         self.credentials = wiring.credentials()
         self.clients = {
             i: WorkerClient(ep.rpc, self.credentials) for i, ep in wiring.workers.items()
@@ -98,6 +100,7 @@ class Frontend(Fallbacks):
             "live_requests": len(self.live),
             "max_tokens_in_flight": self.max_serving_tokens(),
             "mirror_drift": self.drift,
+            "links": self.link_watch.report(),
         }
 
     def _worker_health(self, inst: str) -> dict[str, Any]:
@@ -116,6 +119,7 @@ class Frontend(Fallbacks):
         return out
 
     def metrics_text(self) -> tuple[bytes, str]:
+        self.link_watch.refresh()
         return self.metrics.render()
 
     def _vllm_gauges(self) -> dict[str, float]:
@@ -222,6 +226,7 @@ class Frontend(Fallbacks):
                 reason="variant forced by the request",
             )
         else:
+            self.link_watch.refresh()  # the links as measured now
             decision = self.policy.decide(feats, self.sched)
         route = Route.of(self.plan, self._around_lost(decision, feats), handoff)
         self._admit(route, len(prompt_ids), sampling.max_tokens)
@@ -427,16 +432,24 @@ class Frontend(Fallbacks):
             v.get("prefill_ms", 0.0) / 1e3,
         )
 
+    def _channel(self, inst: str, peer: str, kind: str) -> ChannelPlan | None:
+        src, dst = self.plan.instance(inst).operator, self.plan.instance(peer).operator
+        return next((c for c in self.plan.channels_between(src, dst) if c.kind == kind), None)
+
     def _count_transfer(self, inst: str, e: pb.Event) -> None:
-        src, dst = self.plan.instance(inst).operator, self.plan.instance(e.peer).operator
-        ch = next((c for c in self.plan.channels_between(src, dst) if c.kind == e.channel), None)
+        ch = self._channel(inst, e.peer, e.channel)
         if ch is None:
             return
+        transfer = (e.seq_id, inst, e.peer)
         if e.kind == pb.EVENT_KV_SENT:
-            self.metrics.kv_transfer.labels(ch.id).observe(e.values.get("seconds", 0.0))
+            seconds = e.values.get("seconds", 0.0)
+            self.metrics.kv_transfer.labels(ch.id).observe(seconds)
+            if ch.link:
+                self.link_watch.ended(ch.link, transfer, e.values.get("bytes", 0.0), seconds)
         elif ch.link:  # counted when the transfer starts, even if later cancelled
             self.metrics.wan_bytes.labels(ch.link).inc(e.values.get("bytes", 0.0))
             self.metrics.wan_saved.labels(ch.link).inc(e.values.get("saved_bytes", 0.0))
+            self.link_watch.started(ch.link, transfer)
 
     def _abort_leg(self, live: Live, inst: str, reason: str) -> None:
         live.route.legs.discard(inst)

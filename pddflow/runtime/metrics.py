@@ -73,6 +73,22 @@ class Metrics:
             registry=r,
             buckets=_LATENCY_BUCKETS,
         )
+        self.link_gbps = Gauge(
+            "pddflow_link_estimated_gbps",
+            "the rate a link carries, measured from its recent KV transfers (decaying to the "
+            "graph's link model)",
+            ["link"],
+            registry=r,
+        )
+        self.link_p90 = Gauge(
+            "pddflow_link_transfer_p90_seconds",
+            "P90 of the link's KV transfer times over the last minute",
+            ["link"],
+            registry=r,
+        )
+        self.link_active = Gauge(
+            "pddflow_link_active_transfers", "KV transfers crossing the link", ["link"], registry=r
+        )
         self.queue_depth = Gauge(
             "pddflow_queue_depth",
             "requests waiting or running per instance",

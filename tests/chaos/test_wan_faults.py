@@ -28,6 +28,19 @@ def ask(dep, prompt: str, n: int, out: dict, **extra) -> None:
     out["seconds"] = time.monotonic() - t0
 
 
+def test_the_link_is_measured(pdd, reference):
+    """Before any fault: a cold prompt's KV over the 0.05 Gbps link measures about that rate."""
+    got, prompt = {}, "Measure the link. " + LONG
+    ask(pdd, prompt, 4, got, variant="p_md")
+    code, out = got["answer"]
+    assert code == 200 and out["choices"][0]["token_ids"] == reference(prompt, 4)
+    link = pdd.health()["links"]["A-B"]  # the model is the emulated link (--wan-gbps)
+    assert link["measurements"] >= 1
+    assert 0.3 * link["model_gbps"] < link["estimated_gbps"] < 2 * link["model_gbps"], link
+    assert link["transfer_p90_s"] > 0
+    assert pdd.metric("pddflow_link_estimated_gbps", link="A-B") == link["estimated_gbps"]
+
+
 def test_link_cut_mid_transfer(pdd, reference, wait_until):
     want, got = reference(LONG, 8), {}
     before = wan_bytes(pdd)

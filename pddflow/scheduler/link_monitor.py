@@ -1,0 +1,79 @@
+"""A WAN link's state measured from the transfers that cross it (the runtime's frontend feeds it):
+the rate a new flow would get and the transfer time P90, both decaying so that a link that
+degrades or recovers is seen within seconds. Until it has measured anything, and again after a long
+silence, the graph's link model is the estimate."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass, replace
+
+from pddflow.core.link import LinkModel
+from pddflow.core.stats import percentile
+from pddflow.scheduler.features import LinkEstimate
+
+HALF_LIFE_S = 10.0  # a measurement's weight halves every this many seconds
+PRIOR_WEIGHT = 0.05  # the link model's weight beside the measurements (one fresh one outweighs it)
+MIN_RATE_BYTES = 256 * 1024  # a smaller transfer measures the link's latency, not its rate
+P90_WINDOW_S = 60.0  # transfer times older than this leave the P90
+
+
+@dataclass(frozen=True)
+class _Measured:
+    at: float
+    link_bytes_per_s: float  # the whole link's rate: the flow's rate times the flows sharing it
+
+
+class LinkMonitor:
+    def __init__(self, model: LinkModel, clock: Callable[[], float] = time.monotonic):
+        self.model, self.clock = model, clock
+        self.rates: deque[_Measured] = deque(maxlen=256)
+        self.durations: deque[tuple[float, float]] = deque(maxlen=256)  # (ended at, seconds)
+        self.active: dict[Hashable, int] = {}  # transfer -> flows already crossing at its start
+
+    def started(self, transfer: Hashable) -> None:
+        self.active[transfer] = len(self.active)
+
+    def ended(self, transfer: Hashable, nbytes: float | None, seconds: float | None) -> None:
+        """`nbytes`/`seconds` None: the transfer failed (it only frees its slot)."""
+        others = self.active.pop(transfer, None)
+        if others is None or nbytes is None or seconds is None:
+            return
+        now = self.clock()
+        self.durations.append((now, seconds))
+        moving = seconds - self.model.rtt_ms / 1e3
+        if nbytes >= MIN_RATE_BYTES and moving > 0:
+            sharing = max(others, len(self.active)) + 1
+            self.rates.append(_Measured(now, nbytes / moving * sharing))
+
+    def link_bytes_per_s(self) -> float:
+        now = self.clock()
+        total, weight = self.model.bytes_per_s * PRIOR_WEIGHT, PRIOR_WEIGHT
+        for m in self.rates:
+            w = 0.5 ** ((now - m.at) / HALF_LIFE_S)
+            total, weight = total + w * m.link_bytes_per_s, weight + w
+        return total / weight
+
+    def transfer_p90_s(self) -> float | None:
+        """Of the transfers that ended in the last P90_WINDOW_S; None when there were none."""
+        now = self.clock()
+        recent = [s for at, s in self.durations if now - at <= P90_WINDOW_S]
+        return percentile(sorted(recent), 90) if recent else None
+
+    def estimate(self) -> LinkEstimate:
+        """The model's latency quantiles, the measured rate shared with the flows in flight."""
+        flows = len(self.active)
+        base = LinkEstimate.from_model(self.model, flows)
+        return replace(base, bytes_per_s=self.link_bytes_per_s() / (flows + 1))
+
+    def report(self) -> dict[str, float | int | None]:
+        p90 = self.transfer_p90_s()
+        return {
+            "model_gbps": self.model.gbps,
+            "estimated_gbps": round(self.link_bytes_per_s() * 8 / 1e9, 6),
+            "active_transfers": len(self.active),
+            "transfer_p90_s": None if p90 is None else round(p90, 4),
+            "measurements": len(self.rates),
+        }
