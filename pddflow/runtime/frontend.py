@@ -101,6 +101,7 @@ class Frontend(Fallbacks):
             "max_tokens_in_flight": self.max_serving_tokens(),
             "mirror_drift": self.drift,
             "links": self.link_watch.report(),
+            "kv_bytes_per_token": self.policy.kv_bytes_per_token,  # what transfers are sized by
         }
 
     def _worker_health(self, inst: str) -> dict[str, Any]:
@@ -304,6 +305,8 @@ class Frontend(Fallbacks):
 
     def _on_status(self, inst: str, s: pb.WorkerStatus) -> None:
         self.status[inst] = s
+        if s.kv_bytes_per_token:  # transfers are sized by the KV the served model moves
+            self.policy.kv_bytes_per_token = s.kv_bytes_per_token
         self._reap_orphans(inst, s.legs)
         if inst in self.lost and s.ready:
             self._on_worker_back(inst)

@@ -27,6 +27,8 @@ class Policy:
         if plan.scheduler.policy == self.name:
             self.params.update(plan.scheduler.params)
         self.params.update(params or {})
+        # transfers are sized by the KV that moves: the plan's production architecture (plan,
+        # simulate); the runtime's frontend sets the served model's, which its workers report
         self.kv_bytes_per_token = plan.model.arch.kv_bytes_per_token
         self.decided = 0
         self.singular_count = 0

@@ -59,6 +59,18 @@ def client(pdd):
     return openai.OpenAI(base_url=f"{pdd.base}/v1", api_key="unused", timeout=60, max_retries=0)
 
 
+def test_transfers_are_sized_by_the_served_model(pdd):
+    """The scheduler predicts a transfer from the KV the served model moves (its workers report
+    it), not from the graph's production architecture."""
+    from pddflow.graph import load_plan
+    from pddflow.operators.engine import Engine
+
+    eng = Engine.from_spec("builtin:tiny-llama")
+    served = pdd.health()["kv_bytes_per_token"]
+    assert served == eng.block_bytes // eng.block_size
+    assert served != load_plan(str(ROOT / "graphs" / "pdd.yaml")).model.arch.kv_bytes_per_token
+
+
 def test_workers_run_on_their_clusters_cores(pdd):
     """Emulated clusters do not share cores: each worker runs where the wiring says."""
     import json

@@ -245,6 +245,7 @@ class Worker:
             cached_blocks=len(cached),
             cache_digest=digest,
             legs=list(self.legs),
+            kv_bytes_per_token=self.engine.block_bytes // self.engine.block_size,
         )
 
     def running(self) -> int:
