@@ -77,6 +77,31 @@ def _randomize(model, seed: int) -> None:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
 
 
+def _tiny_dims(vocab: int, layers: int) -> dict:
+    """What both tiny checkpoints share: GQA 4/2 at hidden 64, an untied head."""
+    return dict(
+        vocab_size=vocab,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=2048,
+        tie_word_embeddings=False,
+    )
+
+
+def _special_ids(path: Path) -> dict[str, int]:
+    added = json.loads((path / "tokenizer.json").read_text())["added_tokens"]
+    return {t["content"]: t["id"] for t in added}
+
+
+def _save(model, path: Path, seed: int) -> Path:
+    _randomize(model, seed)
+    model.save_pretrained(path)
+    return path
+
+
 def tiny_qwen3(path: Path, seed: int = 0, layers: int = 2) -> Path:
     """Qwen3: q/k norms, head_dim 32 != hidden 64 / 4 heads, GQA, ChatML. Untied head: with tied
     embeddings a model this small echoes one token, and the test would compare nothing."""
@@ -90,27 +115,16 @@ def tiny_qwen3(path: Path, seed: int = 0, layers: int = 2) -> Path:
         pad_token="<|endoftext|>",
         chat_template=CHATML_TEMPLATE,
     )
-    ids = json.loads((path / "tokenizer.json").read_text())["added_tokens"]
-    special = {t["content"]: t["id"] for t in ids}
+    special = _special_ids(path)
     cfg = transformers.Qwen3Config(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **_tiny_dims(vocab, layers),
         head_dim=32,
-        max_position_embeddings=2048,
         rms_norm_eps=1e-6,
         rope_parameters={"rope_type": "default", "rope_theta": 1e6},
-        tie_word_embeddings=False,
         bos_token_id=special["<|endoftext|>"],
         eos_token_id=special["<|im_end|>"],
     )
-    model = transformers.Qwen3ForCausalLM(cfg)
-    _randomize(model, seed)
-    model.save_pretrained(path)
-    return path
+    return _save(transformers.Qwen3ForCausalLM(cfg), path, seed)
 
 
 def tiny_mistral(path: Path, seed: int = 0, layers: int = 2) -> Path:
@@ -126,25 +140,14 @@ def tiny_mistral(path: Path, seed: int = 0, layers: int = 2) -> Path:
         unk_token="<unk>",
         chat_template=MISTRAL_TEMPLATE,
     )
-    ids = json.loads((path / "tokenizer.json").read_text())["added_tokens"]
-    special = {t["content"]: t["id"] for t in ids}
+    special = _special_ids(path)
     cfg = transformers.MistralConfig(
-        vocab_size=vocab,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        **_tiny_dims(vocab, layers),
         head_dim=16,
-        max_position_embeddings=2048,
         rms_norm_eps=1e-5,
         rope_parameters={"rope_type": "default", "rope_theta": 1e4},
         sliding_window=None,
-        tie_word_embeddings=False,
         bos_token_id=special["<s>"],
         eos_token_id=special["</s>"],
     )
-    model = transformers.MistralForCausalLM(cfg)
-    _randomize(model, seed)
-    model.save_pretrained(path)
-    return path
+    return _save(transformers.MistralForCausalLM(cfg), path, seed)
