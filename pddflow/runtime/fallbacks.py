@@ -96,6 +96,7 @@ class Fallbacks:
             return
         self.lost.add(inst)
         self.sched.set_load(inst, LOST_LOAD)
+        self.link_watch.forget(inst)
         self.metrics.worker_up.labels(inst).set(0)
         log.error("worker %s is gone", inst)
         for live in list(self.live.values()):

@@ -29,6 +29,12 @@ class LinkWatch:
         self.monitors[link].ended(transfer, nbytes, seconds)
         self.refresh()
 
+    def forget(self, instance: str) -> None:
+        """`instance` is lost: the transfers it sent or was receiving will not end."""
+        for monitor in self.monitors.values():
+            monitor.forget(lambda t: instance in (t[1], t[2]))
+        self.refresh()
+
     def refresh(self) -> None:
         """Estimates decay with time: refreshed before each decision and each scrape, too."""
         for name, monitor in self.monitors.items():

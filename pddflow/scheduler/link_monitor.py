@@ -18,6 +18,9 @@ HALF_LIFE_S = 10.0  # a measurement's weight halves every this many seconds
 PRIOR_WEIGHT = 0.05  # the link model's weight beside the measurements (one fresh one outweighs it)
 MIN_RATE_BYTES = 256 * 1024  # a smaller transfer measures the link's latency, not its rate
 P90_WINDOW_S = 60.0  # transfer times older than this leave the P90
+# a transfer neither ended nor failed by then was lost with its sender (channel deadlines are
+# tens of seconds): it stops counting as a flow in flight
+IN_FLIGHT_MAX_S = 300.0
 
 
 @dataclass(frozen=True)
@@ -31,16 +34,29 @@ class LinkMonitor:
         self.model, self.clock = model, clock
         self.rates: deque[_Measured] = deque(maxlen=256)
         self.durations: deque[tuple[float, float]] = deque(maxlen=256)  # (ended at, seconds)
-        self.active: dict[Hashable, int] = {}  # transfer -> flows already crossing at its start
+        # transfer -> (flows already crossing at its start, when it started)
+        self.active: dict[Hashable, tuple[int, float]] = {}
 
     def started(self, transfer: Hashable) -> None:
-        self.active[transfer] = len(self.active)
+        self._expire()
+        self.active[transfer] = (len(self.active), self.clock())
+
+    def forget(self, lost: Callable[[Hashable], bool]) -> None:
+        """Transfers whose sender or receiver is gone will not end: they stop counting."""
+        for transfer in [t for t in self.active if lost(t)]:
+            del self.active[transfer]
+
+    def _expire(self) -> None:
+        now = self.clock()
+        for transfer in [t for t, (_, t0) in self.active.items() if now - t0 > IN_FLIGHT_MAX_S]:
+            del self.active[transfer]
 
     def ended(self, transfer: Hashable, nbytes: float | None, seconds: float | None) -> None:
         """`nbytes`/`seconds` None: the transfer failed (it only frees its slot)."""
-        others = self.active.pop(transfer, None)
-        if others is None or nbytes is None or seconds is None:
+        started = self.active.pop(transfer, None)
+        if started is None or nbytes is None or seconds is None:
             return
+        others = started[0]
         now = self.clock()
         self.durations.append((now, seconds))
         moving = seconds - self.model.rtt_ms / 1e3
@@ -64,6 +80,7 @@ class LinkMonitor:
 
     def estimate(self) -> LinkEstimate:
         """The model's latency quantiles, the measured rate shared with the flows in flight."""
+        self._expire()
         flows = len(self.active)
         base = LinkEstimate.from_model(self.model, flows)
         return replace(base, bytes_per_s=self.link_bytes_per_s() / (flows + 1))

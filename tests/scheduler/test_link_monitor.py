@@ -6,7 +6,12 @@ from __future__ import annotations
 import pytest
 
 from pddflow.core.link import LinkModel
-from pddflow.scheduler.link_monitor import HALF_LIFE_S, MIN_RATE_BYTES, LinkMonitor
+from pddflow.scheduler.link_monitor import (
+    HALF_LIFE_S,
+    IN_FLIGHT_MAX_S,
+    MIN_RATE_BYTES,
+    LinkMonitor,
+)
 
 MODEL = LinkModel("A-B", "A", "B", gbps=0.8, rtt_ms=20)  # 100 MB/s
 
@@ -60,3 +65,14 @@ def test_small_transfers_time_the_link_but_do_not_rate_it():
         _transfer(m, i, MIN_RATE_BYTES / 4, 0.02 + 0.01 * i)
     assert len(m.rates) == 0 and m.link_bytes_per_s() == pytest.approx(100e6)
     assert m.transfer_p90_s() == pytest.approx(0.02 + 0.081, rel=1e-6)
+
+
+def test_transfers_of_a_lost_sender_stop_counting():
+    clock = Clock()
+    m = LinkMonitor(MODEL, clock)
+    m.started(("r1", "prefill/0", "main/0"))
+    m.started(("r2", "prefill/1", "main/0"))
+    m.forget(lambda t: "prefill/0" in t[1:])
+    assert m.estimate().active_flows == 1
+    clock.t = IN_FLIGHT_MAX_S + 1  # nor does one that never ended, after the longest deadline
+    assert m.estimate().active_flows == 0
