@@ -16,7 +16,7 @@ class Admission:
 
     def __init__(self) -> None:
         self.refusal: str | None = None  # why new requests are refused; None while open
-        self.runs: set[Any] = set()  # api._Run
+        self.runs: set[Any] = set()  # api_run.Run
         self._changed = asyncio.Event()
 
     @property

@@ -4,21 +4,19 @@ protocol below, so any backend can serve it."""
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any, Protocol
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from pddflow.core.payloads import SamplingParams, TokenLogprob
-from pddflow.operators.detokenize import detokenizer
+from pddflow.core.payloads import SamplingParams
 from pddflow.runtime.admission import Admission
 from pddflow.runtime.api_auth import KeyGuard
 from pddflow.runtime.api_errors import (
@@ -27,16 +25,12 @@ from pddflow.runtime.api_errors import (
     short_repr,
     validation_error,
 )
+from pddflow.runtime.api_run import ClientGone, Run, RunResponse, on_disconnect, sse
 from pddflow.runtime.logprobs import chat_logprobs, completion_logprobs
 from pddflow.runtime.openai_schema import ChatBody, ChatMessage, CompletionBody, _Body
-from pddflow.runtime.stop_strings import StopStrings
 
 DEFAULT_TIMEOUT_S = 300.0
 CLIENT_CLOSED = 499  # no one reads it: the client has gone (nginx's code for that)
-
-
-class _ClientGone(Exception):
-    """The client of a request hung up."""
 
 
 class Tokenizer(Protocol):
@@ -267,7 +261,7 @@ async def _serve(
     )
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     deadline = time.monotonic() + (body.timeout_s or DEFAULT_TIMEOUT_S)
-    run = _Run(frontend, rid, stops, max_tokens, admission)
+    run = Run(frontend, rid, stops, max_tokens, admission)
     try:
         admission.admit(run)
     except RequestRejected as exc:
@@ -275,7 +269,7 @@ async def _serve(
     # A client that hangs up cancels the request (every leg aborted, its KV freed). Starlette
     # watches for that while it streams; until then, and for a whole non-streamed answer, this
     # watches the same way (the next ASGI receive after the body is the disconnect).
-    watch = asyncio.create_task(_on_disconnect(request, run))
+    watch = asyncio.create_task(on_disconnect(request, run))
     streaming = False
     try:
         run.stream = frontend.generate(
@@ -287,9 +281,9 @@ async def _serve(
         if body.stream:
             watch.cancel()
             streaming = True
-            return _RunResponse(
+            return RunResponse(
                 run,
-                _sse(run, rid, created, body, chat, lambda: _usage(frontend, rid, prompt_ids, run)),
+                sse(run, rid, created, body, chat, lambda: _usage(frontend, rid, prompt_ids, run)),
                 media_type="text/event-stream",
                 headers={"X-Request-Id": rid},
             )
@@ -304,7 +298,7 @@ async def _serve(
         if exc.retry_after_s is not None:
             out.headers["Retry-After"] = str(exc.retry_after_s)
         return out
-    except _ClientGone:
+    except ClientGone:
         return Response(status_code=CLIENT_CLOSED)
     finally:
         watch.cancel()
@@ -337,7 +331,7 @@ async def _serve(
     )
 
 
-def _usage(frontend: Frontend, rid: str, prompt_ids: list[int], run: _Run) -> dict[str, Any]:
+def _usage(frontend: Frontend, rid: str, prompt_ids: list[int], run: Run) -> dict[str, Any]:
     return {
         "prompt_tokens": len(prompt_ids),
         "completion_tokens": len(run.ids),
@@ -358,221 +352,3 @@ def cached_tokens(timeline: dict[str, Any] | None) -> int:
         return int(max(measured))
     predicted = [e.get("predicted_hit_tokens", 0) for e in events if e["event"] == "arrival"]
     return int(predicted[0]) if predicted else 0
-
-
-async def _on_disconnect(request: Request, run: _Run) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-    run.abort(_ClientGone())
-
-
-class _RunResponse(StreamingResponse):
-    """An SSE answer that ends its run however the stream ends (finished, failed, cancelled by
-    a disconnect, or never started)."""
-
-    def __init__(self, run: _Run, content: AsyncIterator[bytes], **kw: Any):
-        super().__init__(content, **kw)
-        self.run = run
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            await self.run.close()
-
-
-class _Run:
-    """One generation request, from admission to its end: reads the frontend's token stream so
-    that a disconnect or a shutdown can abort it at any await (`abort`)."""
-
-    def __init__(
-        self,
-        frontend: Frontend,
-        rid: str,
-        stops: list[str],
-        max_tokens: int,
-        admission: Admission,
-    ):
-        self.frontend, self.rid = frontend, rid
-        self.max_tokens, self.admission = max_tokens, admission
-        self.stream: AsyncIterator[list[int]] | None = None
-        self.first: list[int] | None = None
-        self.decoder = detokenizer(frontend.tokenizer)
-        self.stops = StopStrings(stops)
-        self.eos = set(frontend.tokenizer.eos_token_ids)
-        self.ids: list[int] = []
-        self.lps: list[TokenLogprob | None] = []  # parallel to ids (None: not reported)
-        self._text: list[str] = []
-        self.finish_reason = "length"
-        self._stop: asyncio.Future[Exception] = asyncio.get_running_loop().create_future()
-        self._step: asyncio.Task | None = None
-        self._closing: asyncio.Task | None = None  # held: the loop keeps only weak references
-        self._closed = False
-
-    def abort(self, exc: Exception) -> None:
-        """End the request with exc: the frontend's stream is cancelled (every leg aborted) and the
-        reader gets exc."""
-        if self._stop.done() or self._closed:
-            return
-        self._stop.set_result(exc)
-        if self._step is None:  # nothing reads the stream now (between two pieces): end it here
-            self._closing = asyncio.get_running_loop().create_task(self.close())
-
-    async def next_chunk(self) -> list[int] | None:
-        if self._stop.done():
-            raise self._stop.result()
-        assert self.stream is not None
-        step = self._step = asyncio.ensure_future(_anext(self.stream))
-        step.add_done_callback(_retrieved)
-        interrupted = False
-        try:
-            await asyncio.wait((step, self._stop), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            if not step.done():  # aborted, or this task was cancelled: cancel the request
-                interrupted = True
-                step.cancel()  # the frontend's generator ends: it aborts every leg
-                await asyncio.wait((step,))
-            self._step = None
-        if interrupted:
-            raise self._stop.result()
-        return step.result()
-
-    async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        self.admission.leave(self)
-        if self.stream is not None and (self._step is None or self._step.done()):
-            # a step still running was cancelled (next_chunk): it ends the generator itself
-            await self.stream.aclose()  # a stop string, or never finished: cancel everywhere
-
-    @property
-    def text(self) -> str:
-        return "".join(self._text)
-
-    async def text_pieces(
-        self,
-    ) -> AsyncIterator[tuple[str, list[int], list[TokenLogprob | None]]]:
-        """(text, ids, their logprobs) per chunk of ids; text held back while it may begin a stop
-        string, and nothing past a stop string."""
-        try:
-            chunk = self.first
-            while chunk is not None:
-                lps = getattr(chunk, "logprobs", None) or [None] * len(chunk)
-                self.ids.extend(chunk)
-                self.lps.extend(lps)
-                if self.eos.intersection(chunk):
-                    self.finish_reason = "stop"
-                piece, hit = self.stops.feed(self.decoder.push(chunk))
-                self._text.append(piece)
-                if hit:
-                    self.finish_reason = "stop"
-                    self.frontend.stopped(self.rid)
-                    yield piece, chunk, lps
-                    return
-                yield piece, chunk, lps
-                chunk = await self.next_chunk()
-            tail, hit = self.stops.feed(self.decoder.flush(), final=True)
-            if hit:
-                self.finish_reason = "stop"
-                self.frontend.stopped(self.rid)
-            if tail:
-                self._text.append(tail)
-                yield tail, [], []
-        finally:
-            await self.close()
-
-
-async def _sse(
-    run: _Run,
-    rid: str,
-    created: int,
-    body: _Body,
-    chat: bool,
-    usage: Callable[[], dict[str, Any]],
-) -> AsyncIterator[bytes]:
-    tokenizer = run.frontend.tokenizer
-    offset = 0  # completions' text_offset: where the next token's text starts in the output
-
-    def frame(
-        delta_text: str | None,
-        ids: list[int],
-        finish: str | None,
-        role: bool = False,
-        lps: list[TokenLogprob | None] | None = None,
-    ) -> bytes:
-        nonlocal offset
-        # each chunk carries the logprobs of the tokens it carries (none: null)
-        logprobs = None
-        if lps is not None and body.logprob_count is not None:
-            if chat:
-                logprobs = chat_logprobs(tokenizer, ids, lps)
-            else:
-                logprobs, offset = completion_logprobs(tokenizer, ids, lps, offset)
-        if chat:
-            delta: dict[str, Any] = {"role": "assistant"} if role else {}
-            if delta_text is not None:
-                delta["content"] = delta_text
-            choice: dict[str, Any] = {
-                "index": 0,
-                "delta": delta,
-                "finish_reason": finish,
-                "logprobs": logprobs,
-            }
-        else:
-            choice = {
-                "index": 0,
-                "text": delta_text or "",
-                "finish_reason": finish,
-                "logprobs": logprobs,
-            }
-        if body.return_token_ids:
-            choice["token_ids"] = ids
-        obj = {
-            "id": rid,
-            "object": "chat.completion.chunk" if chat else "text_completion",
-            "created": created,
-            "model": body.model,
-            "choices": [choice],
-        }
-        if body.include_usage:
-            obj["usage"] = None
-        return f"data: {json.dumps(obj)}\n\n".encode()
-
-    if chat:
-        yield frame("", [], None, role=True)
-    try:
-        async for piece, ids, lps in run.text_pieces():
-            yield frame(piece, ids, None, lps=lps if ids else None)
-    except RequestRejected as exc:
-        err = {
-            "error": {
-                "message": str(exc),
-                "type": "server_error",
-                "param": None,
-                "code": exc.status,
-            }
-        }
-        yield f"data: {json.dumps(err)}\n\n".encode()
-        return
-    yield frame(None if chat else "", [], run.finish_reason)
-    if body.include_usage:  # OpenAI's last chunk: no choices, the whole request's usage
-        last = {
-            "id": rid,
-            "object": "chat.completion.chunk" if chat else "text_completion",
-            "created": created,
-            "model": body.model,
-            "choices": [],
-            "usage": usage(),
-        }
-        yield f"data: {json.dumps(last)}\n\n".encode()
-    yield b"data: [DONE]\n\n"
-
-
-async def _anext(stream: AsyncIterator[list[int]]) -> list[int] | None:
-    return await anext(stream, None)
-
-
-def _retrieved(task: asyncio.Task) -> None:
-    if not task.cancelled():
-        task.exception()  # read by next_chunk, unless it was interrupted: never logged as lost

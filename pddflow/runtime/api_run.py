@@ -1,0 +1,246 @@
+"""One generation request as the API serves it: admission to end, the frontend's token stream
+read so that a disconnect or a shutdown can abort it at any await, text pieces held back for stop
+strings, and the SSE framing of a streamed answer."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING, Any
+
+from fastapi import Request
+from fastapi.responses import StreamingResponse
+
+from pddflow.core.payloads import TokenLogprob
+from pddflow.operators.detokenize import detokenizer
+from pddflow.runtime.admission import Admission
+from pddflow.runtime.api_errors import RequestRejected
+from pddflow.runtime.logprobs import chat_logprobs, completion_logprobs
+from pddflow.runtime.openai_schema import _Body
+from pddflow.runtime.stop_strings import StopStrings
+
+if TYPE_CHECKING:
+    from pddflow.runtime.api import Frontend
+
+
+class ClientGone(Exception):
+    """The client of a request hung up."""
+
+
+async def on_disconnect(request: Request, run: Run) -> None:
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+    run.abort(ClientGone())
+
+
+class RunResponse(StreamingResponse):
+    """An SSE answer that ends its run however the stream ends (finished, failed, cancelled by
+    a disconnect, or never started)."""
+
+    def __init__(self, run: Run, content: AsyncIterator[bytes], **kw: Any):
+        super().__init__(content, **kw)
+        self.run = run
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.run.close()
+
+
+class Run:
+    """One generation request, from admission to its end: reads the frontend's token stream so
+    that a disconnect or a shutdown can abort it at any await (`abort`)."""
+
+    def __init__(
+        self,
+        frontend: Frontend,
+        rid: str,
+        stops: list[str],
+        max_tokens: int,
+        admission: Admission,
+    ):
+        self.frontend, self.rid = frontend, rid
+        self.max_tokens, self.admission = max_tokens, admission
+        self.stream: AsyncIterator[list[int]] | None = None
+        self.first: list[int] | None = None
+        self.decoder = detokenizer(frontend.tokenizer)
+        self.stops = StopStrings(stops)
+        self.eos = set(frontend.tokenizer.eos_token_ids)
+        self.ids: list[int] = []
+        self.lps: list[TokenLogprob | None] = []  # parallel to ids (None: not reported)
+        self._text: list[str] = []
+        self.finish_reason = "length"
+        self._stop: asyncio.Future[Exception] = asyncio.get_running_loop().create_future()
+        self._step: asyncio.Task | None = None
+        self._closing: asyncio.Task | None = None  # held: the loop keeps only weak references
+        self._closed = False
+
+    def abort(self, exc: Exception) -> None:
+        """End the request with exc: the frontend's stream is cancelled (every leg aborted) and the
+        reader gets exc."""
+        if self._stop.done() or self._closed:
+            return
+        self._stop.set_result(exc)
+        if self._step is None:  # nothing reads the stream now (between two pieces): end it here
+            self._closing = asyncio.get_running_loop().create_task(self.close())
+
+    async def next_chunk(self) -> list[int] | None:
+        if self._stop.done():
+            raise self._stop.result()
+        assert self.stream is not None
+        step = self._step = asyncio.ensure_future(_anext(self.stream))
+        step.add_done_callback(_retrieved)
+        interrupted = False
+        try:
+            await asyncio.wait((step, self._stop), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            if not step.done():  # aborted, or this task was cancelled: cancel the request
+                interrupted = True
+                step.cancel()  # the frontend's generator ends: it aborts every leg
+                await asyncio.wait((step,))
+            self._step = None
+        if interrupted:
+            raise self._stop.result()
+        return step.result()
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.admission.leave(self)
+        if self.stream is not None and (self._step is None or self._step.done()):
+            # a step still running was cancelled (next_chunk): it ends the generator itself
+            await self.stream.aclose()  # a stop string, or never finished: cancel everywhere
+
+    @property
+    def text(self) -> str:
+        return "".join(self._text)
+
+    async def text_pieces(
+        self,
+    ) -> AsyncIterator[tuple[str, list[int], list[TokenLogprob | None]]]:
+        """(text, ids, their logprobs) per chunk of ids; text held back while it may begin a stop
+        string, and nothing past a stop string."""
+        try:
+            chunk = self.first
+            while chunk is not None:
+                lps = getattr(chunk, "logprobs", None) or [None] * len(chunk)
+                self.ids.extend(chunk)
+                self.lps.extend(lps)
+                if self.eos.intersection(chunk):
+                    self.finish_reason = "stop"
+                piece, hit = self.stops.feed(self.decoder.push(chunk))
+                self._text.append(piece)
+                if hit:
+                    self.finish_reason = "stop"
+                    self.frontend.stopped(self.rid)
+                    yield piece, chunk, lps
+                    return
+                yield piece, chunk, lps
+                chunk = await self.next_chunk()
+            tail, hit = self.stops.feed(self.decoder.flush(), final=True)
+            if hit:
+                self.finish_reason = "stop"
+                self.frontend.stopped(self.rid)
+            if tail:
+                self._text.append(tail)
+                yield tail, [], []
+        finally:
+            await self.close()
+
+
+async def sse(
+    run: Run,
+    rid: str,
+    created: int,
+    body: _Body,
+    chat: bool,
+    usage: Callable[[], dict[str, Any]],
+) -> AsyncIterator[bytes]:
+    tokenizer = run.frontend.tokenizer
+    offset = 0  # completions' text_offset: where the next token's text starts in the output
+
+    def frame(
+        delta_text: str | None,
+        ids: list[int],
+        finish: str | None,
+        role: bool = False,
+        lps: list[TokenLogprob | None] | None = None,
+    ) -> bytes:
+        nonlocal offset
+        # each chunk carries the logprobs of the tokens it carries (none: null)
+        logprobs = None
+        if lps is not None and body.logprob_count is not None:
+            if chat:
+                logprobs = chat_logprobs(tokenizer, ids, lps)
+            else:
+                logprobs, offset = completion_logprobs(tokenizer, ids, lps, offset)
+        if chat:
+            delta: dict[str, Any] = {"role": "assistant"} if role else {}
+            if delta_text is not None:
+                delta["content"] = delta_text
+            choice: dict[str, Any] = {
+                "index": 0,
+                "delta": delta,
+                "finish_reason": finish,
+                "logprobs": logprobs,
+            }
+        else:
+            choice = {
+                "index": 0,
+                "text": delta_text or "",
+                "finish_reason": finish,
+                "logprobs": logprobs,
+            }
+        if body.return_token_ids:
+            choice["token_ids"] = ids
+        obj = {
+            "id": rid,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": created,
+            "model": body.model,
+            "choices": [choice],
+        }
+        if body.include_usage:
+            obj["usage"] = None
+        return f"data: {json.dumps(obj)}\n\n".encode()
+
+    if chat:
+        yield frame("", [], None, role=True)
+    try:
+        async for piece, ids, lps in run.text_pieces():
+            yield frame(piece, ids, None, lps=lps if ids else None)
+    except RequestRejected as exc:
+        err = {
+            "error": {
+                "message": str(exc),
+                "type": "server_error",
+                "param": None,
+                "code": exc.status,
+            }
+        }
+        yield f"data: {json.dumps(err)}\n\n".encode()
+        return
+    yield frame(None if chat else "", [], run.finish_reason)
+    if body.include_usage:  # OpenAI's last chunk: no choices, the whole request's usage
+        last = {
+            "id": rid,
+            "object": "chat.completion.chunk" if chat else "text_completion",
+            "created": created,
+            "model": body.model,
+            "choices": [],
+            "usage": usage(),
+        }
+        yield f"data: {json.dumps(last)}\n\n".encode()
+    yield b"data: [DONE]\n\n"
+
+
+async def _anext(stream: AsyncIterator[list[int]]) -> list[int] | None:
+    return await anext(stream, None)
+
+
+def _retrieved(task: asyncio.Task) -> None:
+    if not task.cancelled():
+        task.exception()  # read by next_chunk, unless it was interrupted: never logged as lost
