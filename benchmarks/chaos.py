@@ -14,30 +14,9 @@ import tempfile
 from pathlib import Path
 
 from pddflow.runtime.launcher import Deployment
-from pddflow.testing.chaos import cut_link, drill, kill
+from pddflow.testing.chaos import FAULTS, drill, greedy_reference
 
 ROOT = Path(__file__).resolve().parents[1]
-FAULTS = {
-    "kill -9 prefill": kill("prefill/0"),
-    "kill -9 relay": kill("relay/0"),
-    "kill -9 main": kill("main/0"),
-    "WAN cut for 3 s": cut_link("A-B", 3.0),
-    "WAN black hole after 1 MB, 5 s": cut_link("A-B", 5.0, after_bytes=1_000_000),
-}
-
-
-def reference_engine():
-    from pddflow.core.payloads import SamplingParams
-    from pddflow.operators.engine import Engine
-
-    eng = Engine.from_spec("builtin:tiny-llama")
-    stops = tuple(eng.tokenizer.eos_token_ids)
-
-    def greedy(prompt: str, n: int) -> list[int]:
-        ids = eng.tokenizer.encode(prompt)
-        return eng.generate([ids], SamplingParams(max_tokens=n, stop_token_ids=stops))[0].output_ids
-
-    return greedy
 
 
 def main() -> None:
@@ -47,7 +26,7 @@ def main() -> None:
     ap.add_argument("--wan-gbps", type=float, default=0.05)
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    reference = reference_engine()
+    reference = greedy_reference()
     rows = []
     with tempfile.TemporaryDirectory(prefix="pddflow-chaos-") as tmp:
         dep = Deployment(ROOT / "graphs" / "pdd.yaml", Path(tmp), "--wan-gbps", str(a.wan_gbps))

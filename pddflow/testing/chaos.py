@@ -68,6 +68,31 @@ def cut_link(link: str, seconds: float, after_bytes: int = 0) -> Callable[[Deplo
     return fault
 
 
+# the single faults the drills inject (tests/chaos/test_drills.py, benchmarks/chaos.py)
+FAULTS = {
+    "kill -9 prefill": kill("prefill/0"),
+    "kill -9 relay": kill("relay/0"),
+    "kill -9 main": kill("main/0"),
+    "WAN cut for 3 s": cut_link("A-B", 3.0),
+    "WAN black hole after 1 MB, 5 s": cut_link("A-B", 5.0, after_bytes=1_000_000),
+}
+
+
+def greedy_reference(spec: str = "builtin:tiny-llama") -> Reference:
+    """The colocated engine's greedy tokens for a prompt: what every drilled request must get."""
+    from pddflow.core.payloads import SamplingParams
+    from pddflow.operators.engine import Engine
+
+    eng = Engine.from_spec(spec)
+    stops = tuple(eng.tokenizer.eos_token_ids)
+
+    def greedy(prompt: str, n: int) -> list[int]:
+        ids = eng.tokenizer.encode(prompt)
+        return eng.generate([ids], SamplingParams(max_tokens=n, stop_token_ids=stops))[0].output_ids
+
+    return greedy
+
+
 def drill(
     dep: Deployment,
     name: str,

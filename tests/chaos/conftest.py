@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from pddflow.runtime.launcher import Deployment
+from pddflow.testing.chaos import greedy_reference
 
 ROOT = Path(__file__).resolve().parents[2]
 WAN_GBPS = "0.05"  # a 360-token prompt's KV (11 MB) takes about 2 s to cross
@@ -26,17 +27,7 @@ def pdd(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference():
-    from pddflow.core.payloads import SamplingParams
-    from pddflow.operators.engine import Engine
-
-    eng = Engine.from_spec("builtin:tiny-llama")
-
-    def greedy(prompt: str, n: int) -> list[int]:
-        ids = eng.tokenizer.encode(prompt)
-        params = SamplingParams(max_tokens=n, stop_token_ids=tuple(eng.tokenizer.eos_token_ids))
-        return eng.generate([ids], params)[0].output_ids
-
-    return greedy
+    return greedy_reference()
 
 
 @pytest.fixture

@@ -6,17 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from pddflow.testing.chaos import cut_link, drill, kill
+from pddflow.testing.chaos import FAULTS, drill
 
 pytestmark = pytest.mark.slow
-
-FAULTS = {
-    "kill prefill": kill("prefill/0"),
-    "kill relay": kill("relay/0"),
-    "kill main": kill("main/0"),
-    "link cut 3 s": cut_link("A-B", 3.0),
-    "black hole after 1 MB, 5 s": cut_link("A-B", 5.0, after_bytes=1_000_000),
-}
 
 
 @pytest.mark.parametrize("name", list(FAULTS))
