@@ -208,7 +208,9 @@ def plan(
                     "placement": placement,
                     "links": links,
                     "cost_per_hour": round(p.cost_per_hour(), 2),
-                    "pools": [vars(pool) for pool in report.pools],
+                    "pools": [
+                        {"pool": q.pool, "share": q.share, "why": q.why} for q in report.pools
+                    ],
                     "feasible": report.feasible,
                     "problems": report.problems,
                     "notes": report.notes,

@@ -20,6 +20,7 @@ class PoolShare:
     pool: str  # the operator its variants end at
     share: float  # of all requests
     why: str
+    undeclared: float = 0.0  # the part no expected_share declares: any open variant may carry it
 
 
 def pool_of(plan: Plan, variant: str) -> str:
@@ -51,22 +52,17 @@ def pool_shares(plan: Plan) -> dict[str, PoolShare]:
             why = f"decode capacity {open_pools[pool]:g} of {capacity:g} TB/s"
         if pool in open_pools and fixed:
             why = f"declared {fixed:.0%} + {why}"
-        out[pool] = PoolShare(pool, fixed + part, why)
+        out[pool] = PoolShare(pool, fixed + part, why, part)
     return out
 
 
-def variant_shares(plan: Plan) -> dict[str, float]:
+def variant_shares(plan: Plan, pools: dict[str, PoolShare] | None = None) -> dict[str, float]:
     """Each variant's most: its declared share, else all of its pool's undeclared part."""
-    pools = pool_shares(plan)
-    fixed = {p: 0.0 for p in pools}
-    for name, v in plan.variants.items():
-        fixed[pool_of(plan, name)] += v.expected_share or 0.0
+    pools = pools if pools is not None else pool_shares(plan)
     return {
-        name: (
-            v.expected_share
-            if v.expected_share is not None
-            else pools[pool_of(plan, name)].share - fixed[pool_of(plan, name)]
-        )
+        name: v.expected_share
+        if v.expected_share is not None
+        else pools[pool_of(plan, name)].undeclared
         for name, v in plan.variants.items()
     }
 
@@ -74,7 +70,8 @@ def variant_shares(plan: Plan) -> dict[str, float]:
 def channel_share(plan: Plan, channel_id: str) -> float:
     """The most of all requests that may cross `channel_id`: per pool, its variants that use the
     channel, capped at the pool's share."""
-    shares, pools = variant_shares(plan), pool_shares(plan)
+    pools = pool_shares(plan)
+    shares = variant_shares(plan, pools)
     used: dict[str, float] = {}
     for name, v in plan.variants.items():
         if channel_id in v.channels:
