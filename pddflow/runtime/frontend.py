@@ -198,6 +198,7 @@ class Frontend(Fallbacks, Accounting):
         feats = RequestFeatures(
             rid, len(prompt_ids), tuple(chain_block_hashes(prompt_ids, bs)), sampling.max_tokens, bs
         )
+        self.link_watch.refresh()  # the links as measured now
         if variant is not None:
             if variant not in self.plan.variants:
                 raise RequestRejected(
@@ -212,7 +213,6 @@ class Frontend(Fallbacks, Accounting):
                 reason="variant forced by the request",
             )
         else:
-            self.link_watch.refresh()  # the links as measured now
             decision = self.policy.decide(feats, self.sched)
         route = Route.of(self.plan, self._around_lost(decision, feats), handoff)
         self._admit(route, len(prompt_ids), sampling.max_tokens)
