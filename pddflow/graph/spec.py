@@ -48,6 +48,11 @@ class LocalProfile(_Strict):
         default_factory=dict,
         description="operator name -> processes on one machine (default 1 each)",
     )
+    scheduler: dict[str, Any] = Field(
+        default_factory=dict,
+        description="policy parameters on one machine, over scheduler.params (thresholds in "
+        "tokens scaled to the built-in model's context, e.g. singular_min_prompt_tokens)",
+    )
 
 
 class DeviceClassSpec(_Strict):

@@ -456,6 +456,8 @@ class Frontend(Fallbacks, Accounting):
             self._abort_leg(live, inst, reason)
         finish = self._finish_reason(live)
         outcome = {"error": "error", "abort": "cancelled"}.get(finish, "ok")
+        if outcome == "ok":  # how long outputs of this prompt size run (singular traffic)
+            self.policy.finished(st.prompt_len, len(st.tokens))
         handoff = mode_name(r.handoff) or "none"
         self.metrics.requests.labels(r.decision.variant, handoff, outcome).inc()
         e2e = time.monotonic() - st.arrival
