@@ -27,11 +27,19 @@ DEADLINE_S = 120.0
 class Measured:
     """One handoff: from the relay handing it to the channel until main can decode the next one."""
 
-    seconds: float
+    seconds: float  # wall clock, all of it
     wire_bytes: int  # relay -> main bytes that crossed the link's TCP relay (headers, framing)
     ack_bytes: int  # main -> relay
     payload_bytes: int  # the protobuf message, or the KV blocks' bytes
     compute_s: float  # main's share of `seconds`: the extend, or landing the KV
+    # the same work in main's thread CPU time: what it takes on a core of its own, which the
+    # wall clock of a shared machine does not show (one torch thread computes on the caller's)
+    compute_cpu_s: float
+
+    @property
+    def link_s(self) -> float:
+        """Until main had the message or the KV: the channel through the emulated link."""
+        return self.seconds - self.compute_s
 
 
 def _host_port(address: str) -> tuple[str, int]:
@@ -62,9 +70,9 @@ class TokenIdsPath:
         got = self.server.recv(timeout_s=DEADLINE_S).payload
         if not isinstance(got, TokenIds) or got.seq_id != seq.seq_id:
             raise RuntimeError(f"token_ids delivered {got!r}, expected the handoff of {seq.seq_id}")
-        c0 = time.perf_counter()
+        c0, cpu0 = time.perf_counter(), time.thread_time()
         engine.sample(seq, engine.extend(seq, got.ids))
-        t1 = time.perf_counter()
+        t1, cpu1 = time.perf_counter(), time.thread_time()
         ack.result(timeout=DEADLINE_S)  # the ack has crossed back: every byte up is counted
         return Measured(
             t1 - t0,
@@ -72,6 +80,7 @@ class TokenIdsPath:
             self.relay.stats.down_bytes - down0,
             envelope(msg, 0).ByteSize(),
             t1 - c0,
+            cpu1 - cpu0,
         )
 
     def close(self) -> None:
@@ -104,10 +113,10 @@ class KVPath:
         t0 = time.perf_counter()
         sent = self.sender.send_async(kv, timeout_s=DEADLINE_S)
         got = self.receiver.recv(kv.seq_id, timeout_s=DEADLINE_S)
-        c0 = time.perf_counter()
+        c0, cpu0 = time.perf_counter(), time.thread_time()
         engine.append_tokens(seq, ids)
         engine.import_kv(seq, got)
-        t1 = time.perf_counter()
+        t1, cpu1 = time.perf_counter(), time.thread_time()
         report = sent.result(timeout=DEADLINE_S)  # after the final ack: every byte up is counted
         return Measured(
             t1 - t0,
@@ -115,6 +124,7 @@ class KVPath:
             self.relay.stats.down_bytes - down0,
             report.bytes,
             t1 - c0,
+            cpu1 - cpu0,
         )
 
     def close(self) -> None:
