@@ -105,7 +105,8 @@ def summarize(measured: list[Measured], main_clock: str) -> dict:
     happened, the neighbours' load included); then the parts, and the all-wall figures."""
     main = [(m.compute_cpu_s if main_clock == "cpu" else m.compute_s) * 1e3 for m in measured]
     link = [m.link_s * 1e3 for m in measured]
-    ms = sorted(a + b for a, b in zip(link, main))
+    rounds = [a + b for a, b in zip(link, main)]
+    ms = sorted(rounds)
     wall = [m.seconds * 1e3 for m in measured]
     return {
         "bytes": round(statistics.mean(m.wire_bytes for m in measured)),
@@ -123,6 +124,9 @@ def summarize(measured: list[Measured], main_clock: str) -> dict:
         "wall_std_ms": _std(wall),
         "payload_bytes": round(statistics.mean(m.payload_bytes for m in measured)),
         "ack_bytes": round(statistics.mean(m.ack_bytes for m in measured)),
+        # round by round, in order: where the tail came from (a jitter draw, a slow extend)
+        "samples_ms": [round(x, 1) for x in rounds],
+        "main_samples_ms": [round(x, 1) for x in main],
     }
 
 
