@@ -138,7 +138,10 @@ def _table(res: dict) -> None:
         f"{kv['mean_ms']:g} ms mean, {kv['max_ms']:g} ms max"
     )
     ratios = res["ratios"]
-    out.print(f"  token_ids / kv: bytes {ratios['bytes']:.5f}, std {ratios['std']:.3f}")
+    out.print(
+        f"  token_ids / kv: bytes {ratios['bytes']:.2e} (1/{1 / ratios['bytes']:,.0f}), "
+        f"std {ratios['std']:.3f}"
+    )
     for name, ok in res["targets"].items():
         out.print(f"  {'[green]met[/]' if ok else '[red]missed[/]'}  {name}")
 

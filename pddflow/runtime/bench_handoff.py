@@ -239,7 +239,7 @@ def _run(plan: Plan, opts: HandoffOptions, progress: Callable[[str, int, int], N
                 "arch": plan.model.arch.name,
                 "kv_bytes": plan.model.arch.kv_bytes_per_token * opts.tokens,
             },
-            "ratios": {"bytes": round(bytes_ratio, 5), "std": round(std_ratio, 4)},
+            "ratios": {"bytes": round(bytes_ratio, 7), "std": round(std_ratio, 4)},
             "targets": {
                 "token_ids bytes <= 1/100 of kv": bytes_ratio <= MAX_BYTES_RATIO,
                 "token_ids std <= 1/5 of kv": std_ratio <= MAX_STD_RATIO,
