@@ -45,8 +45,8 @@ class HandoffOptions:
     context: int = 1024  # prompt tokens main holds before the handoff
     model: str | None = None  # default: the graph's model.weights
     jitter_token_ids: bool = False  # the graph's jitter on token IDs too (the runtime has none)
-    # main's torch threads: with more threads than free cores OpenMP stalls behind the channels'
-    # own threads, and an extend here took 1.0-4.3 s instead of 0.18-0.32 s at one thread
+    # main's torch threads: with more threads than free cores OpenMP stalls; on this shared 2-core
+    # machine (load 6) an extend took 1.0-4.3 s at two threads, 0.18-0.32 s at one
     threads: int = 1
     main_clock: str = "cpu"  # how main's compute is timed: cpu (a core of its own) or wall
 
