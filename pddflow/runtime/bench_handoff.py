@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import statistics
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -178,16 +179,18 @@ def _run(plan: Plan, opts: HandoffOptions, progress: Callable[[str, int, int], N
 
     deadline = float(edges.token_ids.params.get("deadline_s") or 30.0)
     kv_params = edges.kv.params if edges.kv is not None else {}
-    tok_path = TokenIdsPath(edges.link, opts.seed, deadline, opts.jitter_token_ids)
-    kv_path = KVPath(
-        edges.link,
-        opts.seed,
-        float(kv_params.get("deadline_s") or 30.0),
-        int(kv_params.get("streams") or 4),
-        str(kv_params.get("checksum") or "xxh3_64"),
-    )
     got: dict[str, list[Measured]] = {"token_ids": [], "kv": []}
-    try:
+    with ExitStack() as stack:  # whichever channel started is closed, however the run ends
+        tok_path = TokenIdsPath(edges.link, opts.seed, deadline, opts.jitter_token_ids)
+        stack.callback(tok_path.close)
+        kv_path = KVPath(
+            edges.link,
+            opts.seed,
+            float(kv_params.get("deadline_s") or 30.0),
+            int(kv_params.get("streams") or 4),
+            str(kv_params.get("checksum") or "xxh3_64"),
+        )
+        stack.callback(kv_path.close)
         total = WARMUP_ROUNDS + opts.rounds
         for i in range(total):
             ids = [rng.randrange(vocab) for _ in range(opts.tokens)]
@@ -205,9 +208,6 @@ def _run(plan: Plan, opts: HandoffOptions, progress: Callable[[str, int, int], N
                 got["token_ids"].append(tok)
                 got["kv"].append(kvm)
             progress("warming up" if i < WARMUP_ROUNDS else "measuring", i + 1, total)
-    finally:
-        tok_path.close()
-        kv_path.close()
     res: dict = {name: summarize(ms, opts.main_clock) for name, ms in got.items()}
     tok_s, kv_s = res["token_ids"], res["kv"]
     bytes_ratio = tok_s["bytes"] / kv_s["bytes"]

@@ -59,7 +59,11 @@ class TokenIdsPath:
         self.server = TokenIdsServer("127.0.0.1", 0, params=params, name="main")
         self.relay = LinkRelay(_host_port(self.server.address))
         self.client = TokenIdsClient(self.relay.address, params=params, name="relay")
-        self.client.connect(timeout_s=deadline_s)
+        try:
+            self.client.connect(timeout_s=deadline_s)
+        except BaseException:
+            self.close()  # the server and the relay already listen
+            raise
 
     def run(self, engine: Engine, seq: Sequence, ids: list[int]) -> Measured:
         """`seq` is main's: the prompt computed, nothing pending."""
@@ -104,7 +108,11 @@ class KVPath:
         self.receiver = WanFlightReceiver("127.0.0.1", 0, params=params, tensor_lib="torch")
         self.relay = LinkRelay(_host_port(self.receiver.location))
         self.sender = WanFlightSender(f"grpc://{self.relay.address}", params=params)
-        self.sender.connect(timeout_s=deadline_s)
+        try:
+            self.sender.connect(timeout_s=deadline_s)
+        except BaseException:
+            self.close()  # the receiver and the relay already listen
+            raise
 
     def run(self, engine: Engine, seq: Sequence, kv: KVBlocks, ids: list[int]) -> Measured:
         """`seq` is main's: the prompt computed, nothing pending. `ids`: the handed-off tokens and
