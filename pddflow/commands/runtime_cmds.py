@@ -208,7 +208,16 @@ def deploy(
             f"({', '.join(i.id for i in plan.instances)}); serving http://{host}:{port}/v1 "
             f"(model {frontend.model_id!r}); logs in {rd}"
         )
-        err.print(f"cpus: {cpus.describe()}")
+        if backend == "ray":
+            err.print(
+                "placement: "
+                + "; ".join(
+                    f"{i} on {p['node_ip']} (node {p['node'][:12]})"
+                    for i, p in be.placement().items()
+                )
+            )
+        else:
+            err.print(f"cpus: {cpus.describe()}")
         err.print(
             f"/v1: {'API key required' if api_key else 'open (no --api-key)'}; /admin: "
             f"{'admin key required' if admin_key else 'off (no --admin-key)'}"

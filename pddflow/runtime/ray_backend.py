@@ -152,6 +152,7 @@ class RayBackend:
         self.accelerators = dict(accelerators or {})
         self.hosts: dict[str, Hosted] = {}
         self.transports: dict[str, str] = {}
+        self.endpoints: dict[str, dict[str, str]] = {}  # instance -> its published addresses
         self.pgs: list[Any] = []
         self.groups: list[Group] = []
         self.wiring_json = ""
@@ -275,6 +276,7 @@ class RayBackend:
                 ep.kv_flight = f"grpc://{ip}:{ports.pop(0)}"
             if ep.handoff:
                 ep.handoff = f"{ip}:{ports.pop(0)}"
+            self.endpoints[inst] = {k: v for k, v in asdict(ep).items() if v}
         wiring.frontend = f"{self.driver_ip}:{free_port(bind or self.driver_ip)}"
         wiring.bind_all = self.bind_all
         wiring.cpus, wiring.nice, wiring.via, wiring.links = {}, {}, {}, {}
@@ -398,6 +400,8 @@ class RayBackend:
                 "backend": "ray",
                 "node": h.where.get("node_id", ""),
                 "node_ip": h.where.get("ip", ""),
+                "address": self.endpoints.get(i, {}).get("rpc", ""),
+                "endpoints": self.endpoints.get(i, {}),
                 "hostname": h.where.get("hostname", ""),
                 "actor": f"{self.namespace}/{self.deployment}:{i}",
                 "actor_pid": h.where.get("actor_pid", 0),
