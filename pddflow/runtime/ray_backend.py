@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from pddflow.graph.plan import Plan
-from pddflow.runtime.deployment import DeployError
+from pddflow.runtime.deployment import WIRING_FILE, DeployError, private_file
 from pddflow.runtime.processes import WorkerProcess
 from pddflow.runtime.ray_placement import (
     Group,
@@ -215,9 +215,14 @@ class RayBackend:
         ready = [pg.ready() for pg in self.pgs]
         done, _ = ray.wait(ready, num_returns=len(ready), timeout=PLACEMENT_TIMEOUT_S)
         if len(done) < len(ready):
+            waiting = [
+                f"{', '.join(g.instances)} ({g.need()})"
+                for g, r in zip(self.groups, ready)
+                if r not in done
+            ]
             raise DeployError(
-                f"Ray did not place every instance within {PLACEMENT_TIMEOUT_S:g} s (resources "
-                "held by other jobs?); see `ray status`"
+                f"Ray did not place {'; '.join(waiting)} within {PLACEMENT_TIMEOUT_S:g} s: the "
+                "resources exist but others hold them (see `ray status`)"
             )
         for h in self.hosts.values():
             self._make_actor(h)
@@ -225,6 +230,9 @@ class RayBackend:
         for h, w in zip(self.hosts.values(), wheres):
             h.where = w
         self._wire(plan, wiring, run_dir)
+        # the deployer's copy, as the local backend's (0600: it holds the token)
+        private_file(run_dir / WIRING_FILE)
+        wiring.save(run_dir / WIRING_FILE)
         pids = ray.get(
             [h.actor.start.remote(self.wiring_json, self.files) for h in self.hosts.values()],
             timeout=CALL_TIMEOUT_S,

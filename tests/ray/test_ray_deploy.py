@@ -48,7 +48,7 @@ class Bystander:
 
 a = Bystander.options(name="bystander", namespace="not-pddflow", lifetime="detached").remote()
 ray.get(a.ping.remote())
-pg = placement_group([{"CPU": 0.1}], name="bystander", lifetime="detached")
+pg = placement_group([{"GPU": 0.1}], name="bystander", lifetime="detached")  # on the head
 ray.get(pg.ready())
 out = 1
 """
