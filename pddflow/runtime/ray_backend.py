@@ -31,6 +31,7 @@ from pddflow.runtime.ray_placement import (
     diagnostics,
     groups,
     problems,
+    secure_cross_cluster,  # noqa: F401 - the ray backend's plan defaults, used by deploy
     transports,
 )
 from pddflow.runtime.wiring import Wiring, free_port
@@ -447,17 +448,3 @@ class RayBackend:
                 log.warning("placement group %s not removed", pg.id)
         self.pgs = []
         ray.shutdown()
-
-
-def secure_cross_cluster(plan: Plan, emulate: bool) -> Plan:
-    """The ray backend's defaults: TLS on every cross-cluster edge (the deployment's token is
-    always on them); the WAN emulated only when asked (--wan-gbps), the network being real."""
-    from dataclasses import replace
-
-    chans = tuple(
-        replace(ch, params={**ch.params, "tls": True, "emulate": emulate and ch.params["emulate"]})
-        if ch.cross_cluster
-        else ch
-        for ch in plan.channels
-    )
-    return replace(plan, channels=chans)

@@ -191,3 +191,32 @@ def transports(plan: Plan, node_of: dict[str, str]) -> dict[str, str]:
         else:
             out[ch.id] = ch.kind
     return out
+
+
+def secure_cross_cluster(plan: Plan, emulate: bool) -> Plan:
+    """The ray backend's defaults: TLS on every cross-cluster edge (the deployment's token is
+    always on them); the WAN emulated only when asked (--wan-gbps), the network being real."""
+    from dataclasses import replace
+
+    chans = tuple(
+        replace(ch, params={**ch.params, "tls": True, "emulate": emulate and ch.params["emulate"]})
+        if ch.cross_cluster
+        else ch
+        for ch in plan.channels
+    )
+    return replace(plan, channels=chans)
+
+
+def planned_transports(plan: Plan) -> list[dict[str, str]]:
+    """For `pddflow plan`: how each channel is carried by each backend."""
+    local = transports(plan, {})
+    ray = transports(secure_cross_cluster(plan, emulate=False), {})
+    return [
+        {
+            "channel": ch.id,
+            "kind": ch.kind,
+            "local": local[ch.id] + (" (emulated link)" if ch.params.get("emulate") else ""),
+            "ray": ray[ch.id] + (" (ends placed on one node)" if ch.kind == "rdma_tensor" else ""),
+        }
+        for ch in plan.channels
+    ]

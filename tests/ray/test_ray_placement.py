@@ -109,3 +109,15 @@ def test_deploy_section_is_validated_and_the_cli_wins(tmp_path):
     # --address without the ray backend is refused before anything starts
     r = CliRunner().invoke(app, ["deploy", PDD, "--address", "10.0.0.1:6379", "--port", "0"])
     assert r.exit_code == 2 and "--address is for --backend ray" in r.output, r.output
+
+
+def test_plan_says_how_each_backend_carries_each_edge():
+    from pddflow.cli import app
+
+    r = CliRunner().invoke(app, ["plan", PDD, "--json"])
+    import json
+
+    rows = {t["channel"]: t for t in json.loads(r.output)["transports"]}
+    assert rows["prefill.kv->relay.kv"]["ray"] == "shared memory (ends placed on one node)"
+    assert rows["prefill.kv->main.kv"]["ray"] == "arrow flight over TCP+TLS + token"
+    assert rows["relay.handoff->main.handoff"]["local"].startswith("TCP + token")
