@@ -308,6 +308,14 @@ def bench_serve(
         help="passed to every `pddflow deploy` (auto: each emulated cluster "
         "on cores of its own; none: workers float over all cores)",
     ),
+    backend: str = typer.Option(
+        "local",
+        help="passed to every `pddflow deploy`: local, or ray (every graph deployed on the Ray "
+        "cluster at --address; docs/deploy-ray.md)",
+    ),
+    address: str | None = typer.Option(
+        None, help="with --backend ray: the Ray cluster's address", show_default=False
+    ),
     per_request: bool = typer.Option(
         False,
         "--per-request",
@@ -354,7 +362,13 @@ def bench_serve(
                         timeout,
                         lambda t=task: bar.advance(t),
                         think,
-                        extra=("--cpu-pinning", cpu_pinning),
+                        extra=(
+                            "--cpu-pinning",
+                            cpu_pinning,
+                            "--backend",
+                            backend,
+                            *(("--address", address) if address else ()),
+                        ),
                         per_request=per_request,
                     )
                 )
@@ -374,6 +388,7 @@ def bench_serve(
             "think_s": think,
             "trace": str(trace),
             "cpu_pinning": cpu_pinning,
+            "backend": backend,
         },
         "graphs": rows,
         "ratios_vs_first": {r["graph"]: ratios(rows[0], r) for r in rows[1:]},
