@@ -125,6 +125,8 @@ class Hosted:
     pid: int = 0
     last_answer: float = 0.0
     pending: Any = None  # the poll in flight
+    generation: int = 0  # restarts so far: a poll sent before the last one is not believed
+    restarting: bool = False
 
 
 def _ray():
@@ -318,11 +320,11 @@ class RayBackend:
 
     def _poll(self, ray: Any, h: Hosted) -> None:
         with self._lock:
-            if h.actor is None:
+            if h.actor is None or h.restarting:
                 return
             if h.pending is None:
-                h.pending = h.actor.poll.remote()
-            ref = h.pending
+                h.pending = (h.actor.poll.remote(), h.generation)
+            ref, generation = h.pending
         done, _ = ray.wait([ref], timeout=0.05)
         now = time.monotonic()
         if not done:
@@ -333,21 +335,22 @@ class RayBackend:
                     f"({h.where.get('ip', '?')}) answered nothing for {UNANSWERED_S:g} s"
                 )
             return
-        with self._lock:
-            if h.pending is ref:
-                h.pending = None
         try:
             alive, summary, pid = ray.get(ref)
         except ray.exceptions.RayActorError as exc:
-            h.alive = False
-            h.summary = f"{h.instance}: its Ray actor died ({type(exc).__name__}: {exc})"[:2000]
-            with self._lock:
+            alive, pid = None, 0
+            summary = f"{h.instance}: its Ray actor died ({type(exc).__name__}: {exc})"[:2000]
+        with self._lock:
+            if h.pending is not None and h.pending[0] is ref:
+                h.pending = None
+            if h.restarting or generation != h.generation:
+                return  # sent before a restart: about what ran then
+            if alive is None:  # the actor is gone (its process, or its node)
                 h.actor = None
-            return
-        h.last_answer = now
-        h.alive, h.pid = alive, pid
-        if not alive:
-            h.summary = summary
+            h.last_answer = now
+            h.alive, h.pid = bool(alive), pid
+            if not alive:
+                h.summary = summary
 
     # -- the Backend / Restartable protocol --------------------------------------------------
 
@@ -369,10 +372,20 @@ class RayBackend:
     def restart(self, instance: str) -> None:
         """The worker again, with the same wiring: in its actor when the actor lives, else in a
         new actor in the same placement-group bundle, which must be on the same address."""
-        ray = _ray()
         h = self.hosts[instance]
         with self._lock:
-            actor, h.pending = h.actor, None
+            h.restarting, h.pending = True, None
+            actor = h.actor
+        try:
+            self._restart(h, actor)
+        finally:
+            with self._lock:
+                h.generation += 1
+                h.pending, h.restarting = None, False
+
+    def _restart(self, h: Hosted, actor: Any) -> None:
+        ray = _ray()
+        instance = h.instance
         if actor is None:
             self._make_actor(h)
             try:
