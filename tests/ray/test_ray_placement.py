@@ -121,3 +121,14 @@ def test_plan_says_how_each_backend_carries_each_edge():
     assert rows["prefill.kv->relay.kv"]["ray"] == "shared memory (ends placed on one node)"
     assert rows["prefill.kv->main.kv"]["ray"] == "arrow flight over TCP+TLS + token"
     assert rows["relay.handoff->main.handoff"]["local"].startswith("TCP + token")
+
+
+def test_servers_bind_the_published_address_unless_asked_for_every_interface():
+    from pddflow.runtime.wiring import Wiring
+
+    w = Wiring("d", "{}", "10.1.0.10:2000")
+    assert w.bind_host("grpc://10.2.0.7:3000") == "10.2.0.7"
+    assert w.bind_host("10.2.0.7:3001") == "10.2.0.7"
+    assert w.bind_host("[fd00::7]:3002") == "fd00::7"
+    w.bind_all = True
+    assert w.bind_host("grpc://10.2.0.7:3000") == "0.0.0.0"
