@@ -172,11 +172,11 @@ class RayCluster:
             time.sleep(1)
 
     def actors_and_groups(self) -> dict:
-        """Live actors (namespace, name, state) and placement groups not removed."""
+        """Live actors (name, class, state) and placement groups not removed."""
         return self.query(
             "from ray._private.state import actors\n"
             "from ray.util import placement_group_table\n"
-            "out = {'actors': [{'name': a.get('Name', ''), 'namespace': a.get('RayNamespace', ''),"
+            "out = {'actors': [{'name': a.get('Name', ''), 'class': a['ActorClassName'],"
             " 'state': a['State']} for a in actors().values() if a['State'] != 'DEAD'],"
             " 'groups': [{'name': g.get('name', ''), 'state': g['state']} for g in "
             "placement_group_table().values() if g['state'] != 'REMOVED']}"
