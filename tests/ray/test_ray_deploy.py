@@ -9,9 +9,11 @@ the last one stops the deployment). Every client call has a deadline: nothing ca
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -55,17 +57,20 @@ out = 1
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster():
     reason = unshare_refused()
     if reason is not None:
         pytest.skip(f"needs a private network namespace for its Ray cluster: {reason}")
+    # short: Ray's Unix sockets live under it (a socket path has at most 107 bytes)
+    tmp = Path(tempfile.mkdtemp(prefix="pddflow-ray-", dir="/tmp"))
     ns = NetNamespace()
     try:
-        c = RayCluster(NODES, tmp_path_factory.mktemp("ray"))
+        c = RayCluster(NODES, tmp)
         c.query(BYSTANDER)  # someone else's actor and placement group: stop must leave them
         yield c
     finally:
         ns.close()  # every process in the namespace (the Ray nodes) by PID; never `ray stop`
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
