@@ -91,6 +91,7 @@ class Frontend(Fallbacks, Accounting):
             self.credentials,
             streams_in={"Reports": (pb.Report, pb.Empty, self._reports)},
             port=int(wiring.frontend.rsplit(":", 1)[1]),
+            host=wiring.bind_host(wiring.frontend),
             threads=len(wiring.workers) + 8,
         )
 

@@ -99,6 +99,7 @@ class Worker:
                 "Status": (pb.Empty, pb.WorkerStatus, lambda _: self._status),
             },
             port=int(wiring.workers[instance].rpc.rsplit(":", 1)[1]),
+            host=wiring.bind_host(wiring.workers[instance].rpc),
         )
 
     def _enqueue(self, item: InboxItem) -> pb.Reply:
