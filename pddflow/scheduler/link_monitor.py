@@ -26,7 +26,10 @@ IN_FLIGHT_MAX_S = 300.0
 @dataclass(frozen=True)
 class _Measured:
     at: float
-    link_bytes_per_s: float  # the whole link's rate: the flow's rate times the flows sharing it
+    # the whole link's time per byte: the flow's, over the flows sharing it. Averaged as time per
+    # byte, not as a rate: one slow transfer then weighs as much as it cost (an average of rates
+    # let a few fast samples and the model hide a link slowed 40-fold: it read 0.024 Gbps for 0.01)
+    link_s_per_byte: float
 
 
 class LinkMonitor:
@@ -62,15 +65,15 @@ class LinkMonitor:
         moving = seconds - self.model.rtt_ms / 1e3
         if nbytes >= MIN_RATE_BYTES and moving > 0:
             sharing = max(others, len(self.active)) + 1
-            self.rates.append(_Measured(now, nbytes / moving * sharing))
+            self.rates.append(_Measured(now, moving / (nbytes * sharing)))
 
     def link_bytes_per_s(self) -> float:
         now = self.clock()
-        total, weight = self.model.bytes_per_s * PRIOR_WEIGHT, PRIOR_WEIGHT
+        total, weight = PRIOR_WEIGHT / self.model.bytes_per_s, PRIOR_WEIGHT
         for m in self.rates:
             w = 0.5 ** ((now - m.at) / HALF_LIFE_S)
-            total, weight = total + w * m.link_bytes_per_s, weight + w
-        return total / weight
+            total, weight = total + w * m.link_s_per_byte, weight + w
+        return weight / total
 
     def transfer_p90_s(self) -> float | None:
         """Of the transfers that ended in the last P90_WINDOW_S; None when there were none."""
