@@ -411,7 +411,7 @@ def _degrade_rows() -> list:
     return [
         ("after degrade: TTFT P50 (s)", lambda r: ttft_after(r, "p50")),
         ("after degrade: TTFT P99 (s)", lambda r: ttft_after(r, "p99")),
-        ("after degrade: variants", variants),
+        ("finished after degrade: variants", variants),
     ]
 
 

@@ -62,10 +62,11 @@ def test_admin_degrade_is_guarded_and_checked(pdd):
         code, out = post_json(url, bad, key=pdd.admin_key)
         assert code == 400, (bad, out)
     # a degrade that changes nothing reaches every worker that shapes the link
-    code, out = pdd.degrade_link("A-B", DECLARED_GBPS)
+    code, out = pdd.degrade_link("A-B", DECLARED_GBPS, jitter_p99_ms=2)
     assert code == 200, out
     assert set(out["workers"]) == {"prefill/0", "relay/0", "main/0"}
-    assert out["emulated"]["rtt_ms"] == out["declared"]["rtt_ms"] == 30
+    assert out["workers"]["main/0"] >= 1  # its handoff server's replies cross the link
+    assert out["emulated"] == out["declared"], out
     code, out = pdd.restore_link("A-B")
     assert code == 200 and out["emulated"] == out["declared"], out
 
