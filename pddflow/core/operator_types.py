@@ -64,6 +64,12 @@ for _t in (
         params={
             "max_batch": _BATCH,
             "catch_up_tokens": Param(int, 32, "tokens per catch-up handoff batch"),
+            "min_extend_tokens": Param(
+                int,
+                8,
+                "no handoff batch smaller than this (a tail chunk costs main a whole step) "
+                "unless it ends a finished relay sequence: the relay decodes a few more first",
+            ),
         },
     ),
     OperatorType(

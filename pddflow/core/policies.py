@@ -23,13 +23,18 @@ POLICIES.register(
     "predicted_hit_rate",
     PolicySpec(
         "predicted_hit_rate",
-        "per request: predicted MD hit rate from the radix-cache mirror and predicted WAN "
-        "transfer time from live link estimates pick p_md or p_rld_md, the handoff mode and "
+        "per request: the direct path's predicted TTFT (prefill queue and rate, the KV the "
+        "finisher's radix cache lacks, the live link estimate's P90) against the SLA picks "
+        "p_md or p_rld_md; the relay's live load picks the handoff mode at handoff time; "
         "singular traffic",
         "pddflow.scheduler.predicted_hit_rate:PredictedHitRatePolicy",
         {
             "relay_if_transfer_over_s": Param(
-                float, 0.5, "use the relay when the predicted P90 KV transfer exceeds this"
+                float,
+                0.0,
+                "fallback rule: when > 0, use the relay when the predicted P90 KV transfer "
+                "exceeds this many seconds, instead of when the direct path's predicted TTFT "
+                "breaks scheduler.sla.ttft_s",
             ),
             "singular_min_prompt_tokens": Param(
                 int, 16384, "singular traffic: prompts at least this long ..."

@@ -91,6 +91,7 @@ class VariantPlan:
     channels: tuple[str, ...]  # every edge between operators of the path, in path order
     handoff: str | None  # one_shot | catch_up | adaptive, when the path has a relay
     catch_up_tokens: int
+    min_extend_tokens: int  # no smaller extend on main unless the relay's sequence finished
     singular_traffic: bool
     expected_share: float | None
 

@@ -109,13 +109,22 @@ def _variant(
     chans = tuple(
         c for i, a in enumerate(v.path) for b in v.path[i + 1 :] for c in comp.graph.between(a, b)
     )
-    catch_up = ops[relays[0]].params.get("catch_up_tokens", 32) if relays else 32
+    relay_params = ops[relays[0]].params if relays else {}
+    catch_up = relay_params.get("catch_up_tokens", 32)
+    min_extend = relay_params.get("min_extend_tokens", 8)
+    if min_extend > catch_up:
+        comp.err(
+            ("operators", relays[0], "params", "min_extend_tokens"),
+            f"min_extend_tokens ({min_extend}) must be <= catch_up_tokens ({catch_up}): a "
+            "catch-up batch is never smaller than the smallest extend",
+        )
     return VariantPlan(
         name,
         tuple(v.path),
         chans,
         v.handoff,
         catch_up,
+        min_extend,
         v.singular_traffic,
         v.expected_share,
     )

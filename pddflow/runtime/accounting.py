@@ -4,9 +4,12 @@ dashboards read. A mixin of `Frontend` (frontend.py), on the frontend's event lo
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from pddflow.graph.plan import ChannelPlan
 from pddflow.runtime.proto import runtime_pb2 as pb
 from pddflow.runtime.route import Live
+from pddflow.scheduler import InstanceLoad
 
 
 class Accounting:
@@ -26,20 +29,35 @@ class Accounting:
             "kv_usage": sum(s.kv_blocks_used for s in up.values()) / total if total else 0.0,
         }
 
-    def _count_prefill(self, live: Live, e: pb.Event) -> None:
+    def _count_prefill(self, inst: str, live: Live, e: pb.Event) -> None:
         """Prefill's queue and run time and its prefix cache's hit, once per request (its KV_SEND
-        to each decoder carries them)."""
+        to each decoder carries them); the run time feeds the instance's measured rate."""
         r = live.route
         if r.prefill_counted:
             return
         r.prefill_counted = True
         v = e.values
+        cached = int(v.get("cached_tokens", 0))
+        prefill_s = v.get("prefill_ms", 0.0) / 1e3
         self.metrics.vllm.prefilled(
-            live.state.prompt_len,
-            int(v.get("cached_tokens", 0)),
-            v.get("queued_ms", 0.0) / 1e3,
-            v.get("prefill_ms", 0.0) / 1e3,
+            live.state.prompt_len, cached, v.get("queued_ms", 0.0) / 1e3, prefill_s
         )
+        rate = self.prefill_rates.get(inst)
+        if rate is not None:
+            rate.finished(live.state.prompt_len - cached, prefill_s)
+            self.sched.prefill_s_per_token[inst] = rate.s_per_token()
+
+    def _count_entry_queues(self) -> None:
+        """Prompt tokens each entry instance has taken and not yet prefilled, for the SLA rule's
+        queue prediction (exact here, not as of the instance's last status)."""
+        pending = dict.fromkeys(self.prefill_rates, 0)
+        for live in self.live.values():
+            r = live.route
+            if r.prefill in pending and not r.prefill_counted:
+                pending[r.prefill] += live.state.prompt_len
+        for inst, tokens in pending.items():
+            load = self.sched.loads.get(inst) or InstanceLoad()
+            self.sched.set_load(inst, replace(load, queued_tokens=tokens))
 
     def _channel(self, inst: str, peer: str, kind: str) -> ChannelPlan | None:
         src, dst = self.plan.instance(inst).operator, self.plan.instance(peer).operator

@@ -14,6 +14,7 @@ from dataclasses import replace
 from typing import Any
 
 from pddflow.core.block_hash import chain_block_hashes
+from pddflow.core.operator_types import OPERATOR_TYPES
 from pddflow.core.payloads import SamplingParams
 from pddflow.graph.plan import Plan
 from pddflow.runtime.accounting import Accounting
@@ -25,7 +26,7 @@ from pddflow.runtime.metrics import Metrics
 from pddflow.runtime.model_info import ModelInfo
 from pddflow.runtime.proto import runtime_pb2 as pb
 from pddflow.runtime.request_state import RequestState, StreamConflict, TokenRun
-from pddflow.runtime.route import RESUMED, Live, Route, mode_name
+from pddflow.runtime.route import HANDOFF_MODES, RESUMED, Live, Route, mode_name
 from pddflow.runtime.rpc import FRONTEND, WorkerClient, as_concurrent, grpc_text, serve
 from pddflow.runtime.wiring import Wiring
 from pddflow.scheduler import (
@@ -35,6 +36,7 @@ from pddflow.scheduler import (
     SchedulerState,
     make_policy,
 )
+from pddflow.scheduler.prefill_rate import PrefillRate
 
 log = logging.getLogger("pddflow.frontend")
 TIMELINES_KEPT = 1000
@@ -58,6 +60,11 @@ class Frontend(Fallbacks, Accounting):
         self.policy = make_policy(plan)
         self.sched = SchedulerState.for_plan(plan)
         self.link_watch = LinkWatch(plan, self.sched, self.metrics)
+        self.prefill_rates = {
+            i.id: PrefillRate()
+            for i in plan.instances
+            if OPERATOR_TYPES.get(plan.operators[i.operator].op_type).entry
+        }
         self.credentials = wiring.credentials()
         self.clients = {
             i: WorkerClient(ep.rpc, self.credentials) for i, ep in wiring.workers.items()
@@ -103,6 +110,10 @@ class Frontend(Fallbacks, Accounting):
             "mirror_drift": self.drift,
             "links": self.link_watch.report(),
             "kv_bytes_per_token": self.policy.kv_bytes_per_token,  # what transfers are sized by
+            "prefill_ms_per_1k_tokens": {
+                i: round(self.sched.prefill_s_per_token.get(i, 0.0) * 1e6, 3)
+                for i in self.prefill_rates
+            },
         }
 
     def _worker_health(self, inst: str) -> dict[str, Any]:
@@ -199,6 +210,7 @@ class Frontend(Fallbacks, Accounting):
             rid, len(prompt_ids), tuple(chain_block_hashes(prompt_ids, bs)), sampling.max_tokens, bs
         )
         self.link_watch.refresh()  # the links as measured now
+        self._count_entry_queues()
         if variant is not None:
             if variant not in self.plan.variants:
                 raise RequestRejected(
@@ -214,7 +226,12 @@ class Frontend(Fallbacks, Accounting):
             )
         else:
             decision = self.policy.decide(feats, self.sched)
-        route = Route.of(self.plan, self._around_lost(decision, feats), handoff)
+        route = Route.of(
+            self.plan,
+            self._around_lost(decision, feats),
+            handoff,
+            self.policy.params.get("catch_up_load", 0.0),
+        )
         self._admit(route, len(prompt_ids), sampling.max_tokens)
         return route
 
@@ -377,7 +394,7 @@ class Frontend(Fallbacks, Accounting):
         if e.kind in (pb.EVENT_KV_SEND, pb.EVENT_KV_SENT):
             self._count_transfer(inst, e)
             if e.kind == pb.EVENT_KV_SEND and live is not None:
-                self._count_prefill(live, e)
+                self._count_prefill(inst, live, e)
         elif e.kind == pb.EVENT_EXTEND_DONE and e.values.get("final"):
             # main has the turn: its leg is over (the request may have ended: main lingered)
             route = live.route if live is not None else self.lingering.get(e.seq_id)
@@ -399,11 +416,23 @@ class Frontend(Fallbacks, Accounting):
             r.landed.add(inst)
         main_landed = e.kind == pb.EVENT_KV_LANDED and inst == r.main
         if main_landed and r.relay and r.handoff and not live.state.finished:
-            live.state.event("handoff_start", mode=mode_name(r.handoff))
-            r.handoff_asked = time.monotonic()
-            self._call(r.relay, "Handoff", pb.StartHandoff(seq_id=e.seq_id, mode=r.handoff))
+            self._start_handoff(live, e.seq_id)
         elif e.kind == pb.EVENT_HANDOFF_SENT and inst == r.relay:
             r.handed_off = True
+            if e.values.get("switched"):  # busy between catch-up batches: the rest at once
+                r.handoff = pb.HANDOFF_ONE_SHOT
+                self.metrics.handoff_switches.inc()
+
+    def _start_handoff(self, live: Live, seq_id: str) -> None:
+        """Main has the prompt's KV: the relay hands it the IDs. An adaptive handoff's mode is
+        decided now, from the relay's load as it is now (not as it was at arrival)."""
+        r = live.route
+        if r.adaptive:
+            path = self.policy.topo.paths[r.decision.variant]
+            r.handoff = HANDOFF_MODES[self.policy.handoff_mode(path, r.relay, self.sched)]
+        live.state.event("handoff_start", mode=mode_name(r.handoff), adaptive=r.adaptive)
+        r.handoff_asked = time.monotonic()
+        self._call(r.relay, "Handoff", pb.StartHandoff(seq_id=seq_id, mode=r.handoff))
 
     def _abort_leg(self, live: Live, inst: str, reason: str) -> None:
         live.route.legs.discard(inst)

@@ -123,6 +123,11 @@ class Metrics:
             registry=r,
             buckets=_LATENCY_BUCKETS,
         )
+        self.handoff_switches = Counter(
+            "pddflow_handoff_switches",
+            "adaptive catch-up handoffs the relay turned one-shot between batches (it got busy)",
+            registry=r,
+        )
         self.vllm = VllmMetrics(r)
         self._relay_tokens = 0
         self._all_tokens = 0

@@ -39,6 +39,9 @@ class Route:
     relay: str = ""
     main: str = ""
     handoff: pb.HandoffMode.ValueType = pb.HANDOFF_NONE
+    # an adaptive handoff: its mode is decided when main's KV lands, from the live loads, and
+    # the relay re-decides between catch-up batches at this load (0: the mode is fixed)
+    one_shot_above_load: float = 0.0
     legs: set[str] = field(default_factory=set)  # instances holding a live leg
     handed_off: bool = False
     first_fed: bool = False  # prefill's first token reached a decoder (or ended the request)
@@ -50,8 +53,11 @@ class Route:
     prefill_counted: bool = False  # prefill's times and cache hit are in the metrics
 
     @staticmethod
-    def of(plan: Plan, decision: Decision, handoff: str | None = None) -> Route:
-        """Who prefills, relays and finishes; `handoff` forces the mode (else the decision's)."""
+    def of(
+        plan: Plan, decision: Decision, handoff: str | None = None, catch_up_load: float = 0.0
+    ) -> Route:
+        """Who prefills, relays and finishes; `handoff` forces the mode (else the decision's,
+        re-decided at handoff time when the variant's is adaptive, up to `catch_up_load`)."""
         r = Route(decision)
         for op, inst in decision.targets:
             t = plan.operators[op].op_type
@@ -63,7 +69,13 @@ class Route:
                 r.main = inst
         if r.relay and r.main and not decision.singular:
             r.handoff = HANDOFF_MODES[handoff or decision.handoff or "one_shot"]
+            if handoff is None and plan.variants[decision.variant].handoff == "adaptive":
+                r.one_shot_above_load = catch_up_load
         return r
+
+    @property
+    def adaptive(self) -> bool:
+        return self.one_shot_above_load > 0
 
 
 @dataclass(eq=False)
@@ -90,6 +102,8 @@ class Live:
             main_cached_blocks=main_blocks,
             singular=r.decision.singular,
             catch_up_tokens=plan.variants[r.decision.variant].catch_up_tokens,
+            min_extend_tokens=plan.variants[r.decision.variant].min_extend_tokens,
+            one_shot_above_load=r.one_shot_above_load,
         )
         fields.update(over)
         return pb.Job(**fields)

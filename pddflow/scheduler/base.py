@@ -64,20 +64,37 @@ class Policy:
                 best, best_key = inst, key
         return best
 
+    def prefill_wait_s(self, entry: str, req: RequestFeatures, state: SchedulerState) -> float:
+        """Predicted seconds until `entry` has prefilled the request: the tokens queued ahead of it
+        and its own uncached ones, at the instance's measured rate (0 until one was measured)."""
+        rate = state.prefill_s_per_token.get(entry, 0.0)
+        if not rate:
+            return 0.0
+        ld = state.loads.get(entry)
+        m = state.mirrors.get(entry)
+        hit = req.cached_tokens(m.match(req.block_hashes)) if m is not None else 0
+        queued = ld.queued_tokens if ld is not None else 0
+        return (queued + req.prompt_tokens - hit) * rate
+
     def pick_least_loaded(self, operator: str, state: SchedulerState) -> str:
         insts = self.plan.operators[operator].instances
         return min(insts, key=lambda i: (state.load(i), insts.index(i)))
 
     def transfer(
-        self, path: PathInfo, hit_tokens: int, req: RequestFeatures, state: SchedulerState
+        self,
+        path: PathInfo,
+        hit_tokens: int,
+        req: RequestFeatures,
+        state: SchedulerState,
+        quantile: str = "p90",
     ) -> tuple[float, float]:
-        """(bytes, seconds at P90) of the prompt KV the finishing decoder lacks."""
+        """(bytes, seconds at `quantile`) of the prompt KV the finishing decoder lacks."""
         ch = path.kv_to_finisher
         if ch is None:
             return 0.0, 0.0
         nbytes = float(max(req.prompt_tokens - hit_tokens, 0) * self.kv_bytes_per_token)
         if ch.link is not None and ch.link in state.links:
-            return nbytes, state.links[ch.link].transfer_s(nbytes, "p90")
+            return nbytes, state.links[ch.link].transfer_s(nbytes, quantile)
         return nbytes, nbytes / self.topo.rdma_bytes_per_s(path.entry, path.finisher)
 
     def handoff_mode(

@@ -15,6 +15,8 @@ class SchedulerState:
     mirrors: dict[str, CacheMirror] = field(default_factory=dict)
     loads: dict[str, InstanceLoad] = field(default_factory=dict)
     links: dict[str, LinkEstimate] = field(default_factory=dict)  # by link name
+    # entry instance -> measured prefill seconds per uncached token (scheduler/prefill_rate.py)
+    prefill_s_per_token: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def for_plan(cls, plan: Plan) -> SchedulerState:
@@ -27,7 +29,7 @@ class SchedulerState:
             for i in plan.instances
         }
         links = {name: LinkEstimate.from_model(link) for name, link in plan.links.items()}
-        return cls(mirrors, loads, links)
+        return cls(mirrors, loads, links, {})
 
     def mirror(self, instance: str) -> CacheMirror | None:
         return self.mirrors.get(instance)

@@ -114,6 +114,7 @@ class Engine:
         self.waiting: deque[Seq] = deque()
         self.jobs: deque[Job] = deque()
         self.controls: list[Callable[[float], None]] = []
+        self.after_step: list[Callable[[float], None]] = []  # controls once a step has run
         self._finish: list[tuple[int, int]] = []
         self.steps = 0
         self.ctx_sum = 0
@@ -149,6 +150,12 @@ class Engine:
 
     def submit_control(self, fn: Callable[[float], None]) -> None:
         self.controls.append(fn)
+        self._poke()
+
+    def submit_after_step(self, fn: Callable[[float], None]) -> None:
+        """`fn` at the first step boundary after at least one more step (a relay that waits for
+        its next token; a plain control queued from a control runs in the same boundary)."""
+        self.after_step.append(fn)
         self._poke()
 
     def generated(self, seq: Seq) -> int:
@@ -209,6 +216,9 @@ class Engine:
         now = self.loop.now
         self._in_boundary = True
         k = self._k
+        if k and self.after_step:
+            self.controls += self.after_step
+            self.after_step = []
         if k:
             b = 0 if self._job_alone else len(self.running)  # an exclusive job: decoders waited
             if not self._job_alone:

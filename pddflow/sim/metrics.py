@@ -55,6 +55,9 @@ def summarize(sim: Simulation, pricing: dict | None = None) -> dict:
     )
     if relay_only:
         handoffs["relay_finished"] = relay_only
+    switched = sum(1 for r in done if r.switched)
+    if switched:
+        handoffs["switched_to_one_shot"] = switched  # counted under one_shot as well
     hit_pred = [r.decision.predicted_hit for r in runs]
     hit_real = [
         min(r.finisher.hit_blocks * sim.block_tokens, r.req.prompt_tokens) / r.req.prompt_tokens

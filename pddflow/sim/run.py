@@ -88,6 +88,11 @@ class Run:
         "relay_tokens",
         "handoff",
         "rounds",
+        "handing_off",
+        "main_waiting",
+        "extends_pending",
+        "polling",
+        "switched",
         "memory_waits",
         "memory_wait_s",
     )
@@ -108,5 +113,11 @@ class Run:
         self.relay_tokens = 0
         self.handoff: str | None = None  # one_shot | catch_up | takeover, once it happened
         self.rounds = 0
+        # the handoff in progress (sim/handoff.py, cut as the relay worker cuts it)
+        self.handing_off: str | None = None  # one_shot | catch_up, decided when it starts
+        self.main_waiting = False  # the finisher has extended every ID sent
+        self.extends_pending = 0  # batches sent and not yet extended over
+        self.polling = False  # a check at the relay's next step boundary is queued
+        self.switched = False  # an adaptive catch-up the relay's load turned one-shot
         self.memory_waits = 0  # legs whose landed KV waited for decoder memory, and how long
         self.memory_wait_s = 0.0

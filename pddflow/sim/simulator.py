@@ -10,6 +10,7 @@ from dataclasses import replace
 
 from pddflow.core.kv_reuse import reused_blocks
 from pddflow.core.link import jitter_stream, kv_link_seed
+from pddflow.core.operator_types import OPERATOR_TYPES
 from pddflow.graph.plan import Plan
 from pddflow.scheduler import (
     InstanceLoad,
@@ -20,6 +21,7 @@ from pddflow.scheduler import (
     make_policy,
 )
 from pddflow.scheduler.base import Policy
+from pddflow.scheduler.prefill_rate import PrefillRate
 from pddflow.sim.calibration.host import HostCpus
 from pddflow.sim.calibration.terms import Calibration, Draws
 from pddflow.sim.decode_legs import DecodeLegs
@@ -58,6 +60,12 @@ class Simulation(DecodeLegs, Handoffs):
         self.topo = Topology(plan)
         self.policy = policy or make_policy(plan)
         self.state = SchedulerState.for_plan(plan)
+        # the entry instances' prefill rates, measured as the runtime's frontend measures them
+        self.prefill_rates = {
+            i.id: PrefillRate(lambda: self.loop.now)
+            for i in plan.instances
+            if OPERATOR_TYPES.get(plan.operators[i.operator].op_type).entry
+        }
         self.block_tokens = workload.block_tokens
         self.kv_bytes_per_token = plan.model.arch.kv_bytes_per_token
         self.page = plan.model.block_size  # KV travels in whole pages, as the runtime's blocks do
@@ -192,19 +200,21 @@ class Simulation(DecodeLegs, Handoffs):
         self._prefill(run)
 
     def _refresh_state(self) -> None:
-        loads = self.state.loads
-        for iid, eng in self.engines.items():
-            st = self.stores[iid]
-            loads[iid] = InstanceLoad(
-                len(eng.running),
-                eng.queued() + len(st.waiters),
-                eng.max_batch,
-                st.locked_or_reserved() / max(st.capacity, 1),
-                eng.queued_tokens() if eng.jobs else 0,
-            )
+        for iid in self.engines:
+            self.state.loads[iid] = self._instance_load(iid)
         for name, link in self.links.items():
             est = LinkEstimate.from_model(link.model, link.in_flight)
             self.state.links[name] = replace(est, bytes_per_s=link.new_flow_rate())
+
+    def _instance_load(self, iid: str) -> InstanceLoad:
+        eng, st = self.engines[iid], self.stores[iid]
+        return InstanceLoad(
+            len(eng.running),
+            eng.queued() + len(st.waiters),
+            eng.max_batch,
+            st.locked_or_reserved() / max(st.capacity, 1),
+            eng.queued_tokens() if eng.jobs else 0,
+        )
 
     def _acquire(
         self, run: Run, inst: str, extra_tokens: int, then: Callable[[Hold], None]
@@ -268,6 +278,10 @@ class Simulation(DecodeLegs, Handoffs):
         run = job.run
         run.prefill_done_at, run.prefill_started_at = t, job.started
         leg = run.prefill
+        rate = self.prefill_rates.get(leg.instance)
+        if rate is not None and job.started is not None:
+            rate.finished(job.tokens, t - job.started)
+            self.state.prefill_s_per_token[leg.instance] = rate.s_per_token()
         self.stores[leg.instance].commit(leg.hold, run.req.hashes)
         path = run.path
         if path.colocated:

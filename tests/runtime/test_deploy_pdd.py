@@ -251,3 +251,46 @@ def test_metrics_timeline_and_no_leaks(pdd, client):
         e for e in tl["events"] if e["event"] == "kv_landed" and e.get("instance") == "relay/0"
     )
     assert landed["bytes"] == rdma["bytes"]  # the relay imported exactly what prefill sent
+
+
+def test_adaptive_handoff_is_decided_at_handoff_time_without_tail_chunks(pdd, client):
+    """p_rld_md without a forced mode: the frontend decides the adaptive handoff when main's KV
+    lands (the relay idle here: catch-up), and no batch handed to main is smaller than the
+    relay's min_extend_tokens unless it ends the finished sequence."""
+    import json
+    import time
+    import urllib.request
+
+    from pddflow.graph import load_plan
+
+    plan = load_plan(str(ROOT / "graphs" / "pdd.yaml"))
+    min_extend = plan.variants["p_rld_md"].min_extend_tokens
+    cut = 0
+    for prompt in PROMPTS:
+        r = client.completions.with_raw_response.create(
+            model="pdd",
+            prompt=prompt,
+            max_tokens=128,
+            temperature=0,
+            extra_body={"variant": "p_rld_md"},
+        )
+        rid, n = r.headers["x-request-id"], r.parse().usage.completion_tokens
+        deadline = time.monotonic() + 30
+        while True:
+            url = f"{pdd.base}/v1/requests/{rid}/timeline"
+            tl = json.loads(urllib.request.urlopen(url, timeout=5).read())
+            names = [e["event"] for e in tl["events"]]
+            if "extend_done" in names or "handoff_start" not in names:
+                break
+            assert time.monotonic() < deadline, names
+            time.sleep(0.2)
+        starts = [e for e in tl["events"] if e["event"] == "handoff_start"]
+        if not starts:  # the relay finished all 128 before main's KV landed: nothing to cut
+            continue
+        cut += 1
+        assert starts[0]["adaptive"] is True and starts[0]["mode"] in ("catch_up", "one_shot")
+        batches = [e for e in tl["events"] if e["event"] in ("catch_up_sent", "handoff_sent")]
+        for b in batches:
+            ends_it = b["event"] == "handoff_sent" and b["start"] + b["tokens"] >= n
+            assert b["tokens"] >= min_extend or ends_it, batches
+    assert cut, "no handoff happened: main's KV always landed after the relay had finished"

@@ -63,21 +63,68 @@ def test_make_policy_resolves_the_registry_impl():
         make_policy(bad)
 
 
-def test_cold_request_goes_through_the_relay_warm_one_direct():
+def congested(st: SchedulerState, gbps: float = 0.8) -> None:
+    """The A-B link as measured under load: a new flow would get `gbps`."""
+    st.set_link(
+        LinkEstimate(
+            "A-B",
+            bytes_per_s=gbps * 1e9 / 8,
+            rtt_s=0.03,
+            delay_p50_s=0.05,
+            delay_p90_s=0.4,
+            delay_p99_s=2.0,
+            active_flows=30,
+        )
+    )
+
+
+def test_cold_request_goes_direct_while_it_meets_the_sla():
     p = plan("pdd.yaml")
     pol, st = make_policy(p), SchedulerState.for_plan(p)
+    # 32K tokens x 320 KiB over an idle 100 Gbps link: 1.3 s at P90, within TTFT 5 s
     cold = pol.decide(req(rid="cold"), st)
-    assert cold.variant == "p_rld_md" and cold.predicted_hit == 0.0
-    assert cold.predicted_transfer_s > pol.params["relay_if_transfer_over_s"]
-    st.mirrors["main/3"].on_insert(range(64))  # main/3 holds the whole prompt
+    assert cold.variant == "p_md" and cold.predicted_hit == 0.0
+    assert 0.5 < cold.predicted_transfer_s < p.scheduler.ttft_s
+    assert "<= SLA 5s" in cold.reason and "transfer P90" in cold.reason
+
+
+def test_direct_path_breaking_the_ttft_sla_takes_the_relay():
+    p = plan("pdd.yaml")
+    pol, st = make_policy(p), SchedulerState.for_plan(p)
+    congested(st)  # 10.7 GB at 0.1 GB/s: 107 s
+    d = pol.decide(req(rid="slow-link"), st)
+    assert d.variant == "p_rld_md" and "> SLA 5s" in d.reason
+    st.mirrors["main/0"].on_insert(range(64))  # main/0 holds the whole prompt: nothing crosses
     warm = pol.decide(req(rid="warm"), st)
-    assert warm.variant == "p_md" and warm.target("main") == "main/3"
+    assert warm.variant == "p_md" and warm.target("main") == "main/0"
     assert warm.predicted_hit == 1.0 and warm.transfer_bytes == 0
+
+
+def test_prefill_queue_counts_against_the_sla():
+    p = plan("pdd.yaml")
+    pol, st = make_policy(p), SchedulerState.for_plan(p)
+    for inst in p.operators["prefill"].instances:
+        st.prefill_s_per_token[inst] = 20e-6  # 50K tokens/s measured
+        st.set_load(inst, InstanceLoad(queued_tokens=200_000))  # 4 s queued before this prompt
+    d = pol.decide(req(rid="queued"), st)  # 4 s + 0.66 s prefill + 1.27 s transfer > 5 s
+    assert d.variant == "p_rld_md" and "queue+prefill 4.66s" in d.reason
+    for inst in p.operators["prefill"].instances:
+        st.set_load(inst, InstanceLoad(queued_tokens=0))
+    assert pol.decide(req(rid="idle"), st).variant == "p_md"
+
+
+def test_fixed_transfer_threshold_is_the_declared_fallback():
+    p = plan("pdd.yaml")
+    pol, st = make_policy(p, {"relay_if_transfer_over_s": 0.5}), SchedulerState.for_plan(p)
+    d = pol.decide(req(rid="cold"), st)
+    assert d.variant == "p_rld_md" and d.predicted_transfer_s > 0.5
+    assert "> 0.5s" in d.reason and "SLA" not in d.reason
 
 
 def test_saturated_relays_fall_back_to_direct():
     p = plan("pdd.yaml")
     pol, st = make_policy(p), SchedulerState.for_plan(p)
+    congested(st)
     for inst in p.operators["relay"].instances:
         st.set_load(inst, InstanceLoad(running=64, max_batch=64))
     d = pol.decide(req(), st)
@@ -87,6 +134,7 @@ def test_saturated_relays_fall_back_to_direct():
 def test_adaptive_handoff_follows_relay_load():
     p = plan("pdd.yaml")
     pol, st = make_policy(p), SchedulerState.for_plan(p)
+    congested(st)
     assert pol.decide(req(rid="a"), st).handoff == "catch_up"  # idle relay: keep generating
     for inst in p.operators["relay"].instances:
         st.set_load(inst, InstanceLoad(running=50, max_batch=64))  # 0.78 > catch_up_load 0.7
@@ -99,18 +147,7 @@ def test_slow_link_estimate_moves_warmish_requests_to_the_relay():
     pol, st = make_policy(p), SchedulerState.for_plan(p)
     st.mirrors["main/0"].on_insert(range(60))  # 60 of 64 blocks cached
     assert pol.decide(req(rid="a"), st).variant == "p_md"
-    # a congested WAN
-    st.set_link(
-        LinkEstimate(
-            "A-B",
-            bytes_per_s=1e8,
-            rtt_s=0.03,
-            delay_p50_s=0.05,
-            delay_p90_s=0.4,
-            delay_p99_s=2.0,
-            active_flows=30,
-        )
-    )
+    congested(st, gbps=0.05)  # 4 blocks of 320 KiB/token: 2048 x 320 KiB at 6 MB/s
     assert pol.decide(req(rid="b"), st).variant == "p_rld_md"
 
 
@@ -118,6 +155,7 @@ def test_singular_traffic_is_bounded():
     p = plan("pdd.yaml")
     pol, st = make_policy(p), SchedulerState.for_plan(p)
     share = pol.params["singular_max_share"]
+    congested(st)
     long_short = [pol.decide(req(40000, 100, rid=f"s{i}", start=i * 1000), st) for i in range(200)]
     singular = [d for d in long_short if d.singular]
     # relay finishes, WAN leg cancelled

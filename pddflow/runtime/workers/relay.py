@@ -1,6 +1,6 @@
 """RelayDecode: decode as soon as the KV lands (eager tokens), and when the frontend says main's KV
 has landed, hand main the generated token IDs: one-shot (all at once, then stop) or catch-up
-(batches while decoding, stop when main says it has caught up)."""
+(batches while decoding, stop when main has caught up), cut by `core/handoff_cut.py`."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from pddflow.core.handoff_cut import HandoffCut, HandoffStep
 from pddflow.core.payloads import TokenIds
 from pddflow.runtime.proto import runtime_pb2 as pb
 from pddflow.runtime.workers.decoder import DecodeLeg, DecoderWorker
@@ -25,7 +26,7 @@ class RelayLeg(DecodeLeg):
     handing_off: pb.HandoffMode.ValueType = pb.HANDOFF_NONE
     pending_handoff: pb.HandoffMode.ValueType = pb.HANDOFF_NONE  # asked before decoding began
     sent_upto: int = 0  # output tokens already handed to main
-    caught_up: bool = False
+    main_waiting: bool = False  # main has extended every ID sent (so far)
 
 
 class RelayWorker(DecoderWorker):
@@ -35,10 +36,9 @@ class RelayWorker(DecoderWorker):
         if isinstance(item, HandoffRequested):
             self.start_handoff(leg, item.mode)
         elif isinstance(item, CaughtUp):
-            leg.caught_up = True
-            if leg.handing_off == pb.HANDOFF_CATCH_UP and leg.decoding:
-                leg.decoding = False
-                self.send_ids(leg, final=True)
+            leg.main_waiting = True
+            if leg.handing_off and leg.decoding:
+                self.advance(leg)
         elif isinstance(item, HandoffDelivered):
             self.finish(leg, reason="handed off")
         elif isinstance(item, HandoffUndeliverable):
@@ -51,10 +51,8 @@ class RelayWorker(DecoderWorker):
             self.start_handoff(leg, leg.pending_handoff)
 
     def after_token(self, leg: RelayLeg) -> None:
-        unsent = len(leg.seq.output_ids) - leg.sent_upto
-        catching_up = leg.handing_off == pb.HANDOFF_CATCH_UP and not leg.caught_up
-        if catching_up and unsent >= max(1, leg.job.catch_up_tokens):
-            self.send_ids(leg, final=False)
+        if leg.handing_off and leg.decoding and not leg.seq.finished:
+            self.advance(leg)
 
     def on_finished(self, leg: RelayLeg) -> None:
         """Finished before handing off: main still gets every ID, so its radix cache stays aligned
@@ -69,12 +67,30 @@ class RelayWorker(DecoderWorker):
         if not leg.decoding:  # main's KV landed before the relay's: hand over once it decodes
             leg.pending_handoff = mode
             return
-        leg.handing_off = mode
+        leg.handing_off, leg.main_waiting = mode, True
+        self.advance(leg)
+
+    def advance(self, leg: RelayLeg) -> None:
+        """Send what the cut says now; the rest waits for the next token or main's CaughtUp."""
+        job = leg.job
+        cut = HandoffCut(job.catch_up_tokens, job.min_extend_tokens, job.one_shot_above_load)
+        mode = "one_shot" if leg.handing_off == pb.HANDOFF_ONE_SHOT else "catch_up"
+        load = self.running() / max(self.op.max_batch, 1)
+        unsent = len(leg.seq.output_ids) - leg.sent_upto
+        step = cut.step(
+            mode, unsent, finished=False, main_waiting=leg.main_waiting, relay_load=load
+        )
+        if step is HandoffStep.WAIT:
+            return
         try:
-            if mode == pb.HANDOFF_ONE_SHOT:
+            if step is HandoffStep.FINAL:
                 leg.decoding = False
-                self.send_ids(leg, final=True)
+                switched = cut.switched(
+                    mode, unsent, main_waiting=leg.main_waiting, relay_load=load
+                )
+                self.send_ids(leg, final=True, switched=switched)
             else:
+                leg.main_waiting = False
                 self.send_ids(leg, final=False)
         except Exception as exc:  # noqa: BLE001 - main unreachable: the relay keeps decoding
             self.keep_decoding(leg)
@@ -83,7 +99,7 @@ class RelayWorker(DecoderWorker):
     def keep_decoding(self, leg: RelayLeg) -> None:
         leg.handing_off, leg.decoding = pb.HANDOFF_NONE, not leg.seq.finished
 
-    def send_ids(self, leg: RelayLeg, final: bool) -> None:
+    def send_ids(self, leg: RelayLeg, final: bool, switched: bool = False) -> None:
         if leg.seq.finished and not final:
             return
         ids = leg.seq.output_ids[leg.sent_upto :]
@@ -92,7 +108,8 @@ class RelayWorker(DecoderWorker):
         main = self.io.sender("token_ids", leg.job.main)
         fut = main.send_async(msg, timeout_s=max(0.1, leg.deadline - time.monotonic()))
         kind = pb.EVENT_HANDOFF_SENT if final else pb.EVENT_CATCH_UP_SENT
-        self.io.event(leg.seq_id, kind, tokens=len(ids), start=msg.start)
+        extra = {"switched": 1.0} if switched else {}
+        self.io.event(leg.seq_id, kind, tokens=len(ids), start=msg.start, **extra)
         if final:
             fut.add_done_callback(lambda f, seq_id=leg.seq_id: self._delivered(seq_id, f))
 
