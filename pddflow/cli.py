@@ -40,7 +40,14 @@ def _options(
 
 
 # Each module defines register(app, bench_app). Order is the order of `pddflow --help`.
-COMMAND_MODULES = ["graph_cmds", "runtime_cmds", "engine_cmds", "channel_cmds", "sim_cmds"]
+COMMAND_MODULES = [
+    "graph_cmds",
+    "runtime_cmds",
+    "engine_cmds",
+    "channel_cmds",
+    "handoff_cmds",
+    "sim_cmds",
+]
 
 for _name in COMMAND_MODULES:
     importlib.import_module(f"pddflow.commands.{_name}").register(app, bench_app)

@@ -166,6 +166,7 @@ def plan(
     without a decode-side radix cache), KV transfer time P50/P99 per request class, and a
     verdict (exit 0; with --check, exit 1 on NOT FEASIBLE)."""
     from pddflow.graph.feasibility import Load, analyze
+    from pddflow.runtime.ray_placement import planned_transports
 
     p = load_or_exit(graph)
     report = analyze(p, Load(rps, prompt_tokens, output_tokens, hit_rate))
@@ -211,6 +212,7 @@ def plan(
                     "pools": [
                         {"pool": q.pool, "share": q.share, "why": q.why} for q in report.pools
                     ],
+                    "transports": planned_transports(p),
                     "feasible": report.feasible,
                     "problems": report.problems,
                     "notes": report.notes,
@@ -262,6 +264,14 @@ def _print_plan(p, placement, report) -> None:
         )
     con.print(t)
     con.print(f"total hardware cost: ${p.cost_per_hour():.2f}/hour")
+    from pddflow.runtime.ray_placement import planned_transports
+
+    tt = Table(title="channels: how `pddflow deploy` carries each edge")
+    for col in ("channel", "kind", "--backend local", "--backend ray"):
+        tt.add_column(col)
+    for row in planned_transports(p):
+        tt.add_row(row["channel"], row["kind"], row["local"], row["ray"])
+    con.print(tt)
     ld = report.load
     con.print(
         f"\nload: {ld.rps:g} req/s, {ld.prompt_tokens:,} prompt tokens, "

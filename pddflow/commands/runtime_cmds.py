@@ -28,8 +28,18 @@ def deploy(
     graph: Path = typer.Argument(..., help=GRAPH_HELP, show_default=False),
     host: str = typer.Option("127.0.0.1", help="address the HTTP API listens on"),
     port: int = typer.Option(8000, min=0, max=65535, help="port of the HTTP API"),
-    backend: str = typer.Option(
-        "local", help="where instances run: local (every instance a process here)"
+    backend: str | None = typer.Option(
+        None,
+        help="where instances run: local (every instance a process here) or ray (actors on "
+        "the Ray cluster at --address, placed by cluster resources; docs/deploy-ray.md); "
+        "default: the graph's deploy.backend, else local",
+        show_default=False,
+    ),
+    address: str | None = typer.Option(
+        None,
+        help="ray backend: the Ray cluster's address (default: the graph's deploy.address, "
+        "RAY_ADDRESS, else 'auto')",
+        show_default=False,
     ),
     kv_cache_mb: int = typer.Option(
         LOCAL_KV_CACHE_MIB, min=1, help="KV cache per worker, MiB (local profile)"
@@ -117,12 +127,21 @@ def deploy(
     from pddflow.runtime.supervisor import Supervisor
     from pddflow.runtime.wiring import wire
 
-    if backend not in BACKENDS:
-        fail(f"unknown backend {backend!r}; backends: {', '.join(BACKENDS)}", code=2)
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     plan = load_or_exit(graph).scaled_to_local()
+    settings = _deploy_settings(graph)  # the graph's deploy: section; the CLI wins
+    backend = backend or settings.backend
+    if backend not in BACKENDS:
+        fail(f"unknown backend {backend!r}; backends: {', '.join(BACKENDS)}", code=2)
+    if backend == "ray":
+        from pddflow.runtime.ray_backend import secure_cross_cluster
+
+        # TLS and the token on every cross-cluster edge; the WAN is real unless --wan-gbps
+        plan = secure_cross_cluster(plan, emulate=wan_gbps is not None)
+    elif address is not None:
+        fail("--address is for --backend ray", code=2)
     if wan_gbps is not None:
         plan = replace(
             plan, links={n: replace(link, gbps=wan_gbps) for n, link in plan.links.items()}
@@ -147,7 +166,15 @@ def deploy(
     rd = make_run_dir(run_dir)
     # also when an exception or a second signal cuts the cleanup below short
     atexit.register(remove_run_dir, rd, run_dir is not None)
-    be = BACKENDS[backend]()
+    if backend == "ray":
+        be = BACKENDS[backend](
+            address=address or settings.address,
+            namespace=settings.namespace,
+            bind_all=settings.bind == "all",
+            accelerators=settings.accelerators,
+        )
+    else:
+        be = BACKENDS[backend]()
     frontend = supervisor = None
     try:
         if any(c.cross_cluster and c.params.get("tls") for c in plan.channels):
@@ -183,7 +210,16 @@ def deploy(
             f"({', '.join(i.id for i in plan.instances)}); serving http://{host}:{port}/v1 "
             f"(model {frontend.model_id!r}); logs in {rd}"
         )
-        err.print(f"cpus: {cpus.describe()}")
+        if backend == "ray":
+            err.print(
+                "placement: "
+                + "; ".join(
+                    f"{i} on {p['node_ip']} (node {p['node'][:12]})"
+                    for i, p in be.placement().items()
+                )
+            )
+        else:
+            err.print(f"cpus: {cpus.describe()}")
         err.print(
             f"/v1: {'API key required' if api_key else 'open (no --api-key)'}; /admin: "
             f"{'admin key required' if admin_key else 'off (no --admin-key)'}"
@@ -219,6 +255,16 @@ def deploy(
         if frontend is not None:
             frontend.close()
         remove_run_dir(rd, kept=run_dir is not None)
+
+
+def _deploy_settings(graph: Path):
+    """The graph's `deploy:` section (defaults when it has none)."""
+    from pddflow.graph.schema_check import check_schema
+    from pddflow.graph.spec import DeploySpec
+    from pddflow.graph.yaml_source import read_yaml
+
+    spec = check_schema(read_yaml(str(resolve_or_exit(graph))))
+    return spec.deploy if spec is not None else DeploySpec()
 
 
 def _listen(host: str, port: int) -> socket.socket:
@@ -278,6 +324,14 @@ def bench_serve(
         help="passed to every `pddflow deploy` (auto: each emulated cluster "
         "on cores of its own; none: workers float over all cores)",
     ),
+    backend: str = typer.Option(
+        "local",
+        help="passed to every `pddflow deploy`: local, or ray (every graph deployed on the Ray "
+        "cluster at --address; docs/deploy-ray.md)",
+    ),
+    address: str | None = typer.Option(
+        None, help="with --backend ray: the Ray cluster's address", show_default=False
+    ),
     per_request: bool = typer.Option(
         False,
         "--per-request",
@@ -329,7 +383,13 @@ def bench_serve(
                         timeout,
                         lambda t=task: bar.advance(t),
                         think,
-                        extra=("--cpu-pinning", cpu_pinning),
+                        extra=(
+                            "--cpu-pinning",
+                            cpu_pinning,
+                            "--backend",
+                            backend,
+                            *(("--address", address) if address else ()),
+                        ),
                         per_request=per_request,
                         degrade=degrade,
                     )
@@ -351,6 +411,7 @@ def bench_serve(
             "think_s": think,
             "trace": str(trace),
             "cpu_pinning": cpu_pinning,
+            "backend": backend,
         },
         "graphs": rows,
         "ratios_vs_first": {r["graph"]: ratios(rows[0], r) for r in rows[1:]},

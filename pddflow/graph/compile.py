@@ -77,6 +77,7 @@ class Compiler:
             variants=variants,
             scheduler=scheduler,
             local_replicas=local,
+            local_scheduler_params=self._local_scheduler(scheduler),
         )
 
     def _error_count(self) -> int:
@@ -327,6 +328,16 @@ class Compiler:
                 f"policy {s.policy}",
             )
         return SchedulerPlan(s.policy, s.sla.ttft_s, s.sla.tpot_ms, params)
+
+    def _local_scheduler(self, scheduler: SchedulerPlan) -> dict[str, Any]:
+        given = self.spec.local.scheduler
+        if not given or scheduler.policy not in POLICIES:
+            return {}
+        declared = POLICIES.get(scheduler.policy).params
+        checked = check_params(
+            self.src, ("local", "scheduler"), declared, given, f"policy {scheduler.policy}"
+        )
+        return {k: checked[k] for k in given if k in declared}
 
     def _local(self, ops: dict[str, OperatorPlan]) -> dict[str, int]:
         out = {}

@@ -118,6 +118,7 @@ class Plan:
     variants: dict[str, VariantPlan]
     scheduler: SchedulerPlan
     local_replicas: dict[str, int] = field(default_factory=dict)
+    local_scheduler_params: dict[str, Any] = field(default_factory=dict)
     profile: str = "production"  # or "local" after scaled_to_local()
 
     # ---- queries the runtime and simulator use -------------------------------------------------
@@ -151,12 +152,20 @@ class Plan:
         )
 
     def scaled_to_local(self) -> Plan:
-        """The same plan with the `local` profile's replica counts (default 1 per operator)."""
+        """The same plan with the `local` profile's replica counts (default 1 per operator) and
+        scheduler parameters."""
         ops = {}
         for name, op in self.operators.items():
             n = self.local_replicas.get(name, 1)
             ops[name] = replace(op, replicas=n, instances=tuple(f"{name}/{i}" for i in range(n)))
-        return replace(self, operators=ops, instances=_instances(ops), profile="local")
+        params = {**self.scheduler.params, **self.local_scheduler_params}
+        return replace(
+            self,
+            operators=ops,
+            instances=_instances(ops),
+            scheduler=replace(self.scheduler, params=params),
+            profile="local",
+        )
 
     def to_networkx(self) -> Any:
         """The plan as a networkx MultiDiGraph: operators as nodes (with their placement), one
@@ -219,6 +228,7 @@ class Plan:
             },
             scheduler=SchedulerPlan(**d["scheduler"]),
             local_replicas=dict(d.get("local_replicas", {})),
+            local_scheduler_params=dict(d.get("local_scheduler_params", {})),
             profile=d.get("profile", "production"),
         )
 

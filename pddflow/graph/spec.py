@@ -48,6 +48,11 @@ class LocalProfile(_Strict):
         default_factory=dict,
         description="operator name -> processes on one machine (default 1 each)",
     )
+    scheduler: dict[str, Any] = Field(
+        default_factory=dict,
+        description="policy parameters on one machine, over scheduler.params (thresholds in "
+        "tokens scaled to the built-in model's context, e.g. singular_min_prompt_tokens)",
+    )
 
 
 class DeviceClassSpec(_Strict):
@@ -151,6 +156,29 @@ class SchedulerSpec(_Strict):
     params: dict[str, Any] = Field(default_factory=dict, description="policy parameters")
 
 
+class DeploySpec(_Strict):
+    backend: Literal["local", "ray"] = Field(
+        "local",
+        description="where `pddflow deploy` runs the instances: local (processes on this "
+        "machine) or ray (actors on a Ray cluster; docs/deploy-ray.md); --backend wins",
+    )
+    address: str | None = Field(
+        None, description="Ray cluster address (ray backend; default: RAY_ADDRESS or 'auto')"
+    )
+    namespace: str = Field(
+        "pddflow", min_length=1, description="Ray namespace of the deployment's actors"
+    )
+    bind: Literal["node", "all"] = Field(
+        "node",
+        description="ray backend: endpoints listen on the node's address (node) or on every "
+        "interface (all: 0.0.0.0; they are still published with the node's address)",
+    )
+    accelerators: dict[str, str] = Field(
+        default_factory=dict,
+        description="device class -> Ray accelerator type (e.g. H100) its instances require",
+    )
+
+
 class GraphSpec(_Strict):
     pddflow: Literal[1] = Field(description="format version; always 1")
     name: str = Field(min_length=1, description="the deployment's name")
@@ -166,6 +194,9 @@ class GraphSpec(_Strict):
     edges: list[EdgeSpec] = Field(default_factory=list)
     variants: dict[str, VariantSpec] = Field(min_length=1)
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
+    deploy: DeploySpec = Field(
+        default_factory=DeploySpec, description="how `pddflow deploy` runs the graph"
+    )
 
 
 def json_schema() -> dict[str, Any]:

@@ -120,6 +120,11 @@ class Engine:
         return cls(load_model_source(spec), config)
 
     @property
+    def max_step_tokens(self) -> int:
+        """Most tokens one forward takes (its buffers are sized for them)."""
+        return self._max_rows
+
+    @property
     def block_size(self) -> int:
         return self.config.block_size
 
@@ -226,6 +231,32 @@ class Engine:
             logits = self._forward([(s, s.num_computed, len(s.token_ids)) for s in part])
             out += self._sample_rows(part, logits)
         return out
+
+    def extend_and_decode(
+        self, extends: list[tuple[Sequence, Seq[int]]], decodes: Seq[Sequence]
+    ) -> tuple[list[torch.Tensor], list[int]]:
+        """Extends (each within one chunk) and one decode step of other sequences in one forward:
+        main's handoffs ride along with its decode batch. Returns each extend's next-token logits
+        [V] fp32 and the decoded tokens (sampled, as `decode`)."""
+        for seq, ids in extends:
+            if not ids or len(ids) > self.config.chunk_size:
+                raise ValueError(
+                    f"{seq.seq_id}: an extend in a decode step takes 1..{self.config.chunk_size} "
+                    f"tokens, got {len(ids)}"
+                )
+        for s in decodes:
+            if s.finished or s.num_pending != 1:
+                raise ValueError(f"{s.seq_id} cannot decode now (finished or not one pending)")
+        rows = sum(len(ids) for _, ids in extends) + len(decodes)
+        if rows > self.max_step_tokens:
+            raise ValueError(f"{rows} tokens in one step, at most {self.max_step_tokens}")
+        for seq, ids in extends:
+            self.append_tokens(seq, ids)
+        items = [(s, s.num_computed, len(s.token_ids)) for s, _ in extends]
+        items += [(s, s.num_computed, len(s.token_ids)) for s in decodes]
+        logits = self._forward(items)
+        n = len(extends)
+        return [logits[i] for i in range(n)], self._sample_rows(list(decodes), logits[n:])
 
     def sample(self, seq: Sequence, logits: torch.Tensor) -> int:
         """Append the sampled token (KV pending) and update the finish state."""

@@ -26,6 +26,7 @@ from pddflow.runtime.api_errors import (
     validation_error,
 )
 from pddflow.runtime.api_run import ClientGone, Run, RunResponse, on_disconnect, sse
+from pddflow.runtime.deployment import with_placement
 from pddflow.runtime.link_admin import LinkAdmin
 from pddflow.runtime.logprobs import chat_logprobs, completion_logprobs
 from pddflow.runtime.openai_schema import ChatBody, ChatMessage, CompletionBody, _Body
@@ -122,6 +123,7 @@ def make_app(
     @app.get("/health")
     async def health() -> JSONResponse:
         ready, detail = frontend.health()
+        detail = with_placement(detail, backend)  # node and address of each instance
         if not admission.open:
             ready, detail = False, {**detail, "status": "draining"}
         return JSONResponse(detail, status_code=200 if ready else 503)

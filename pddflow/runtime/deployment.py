@@ -10,11 +10,12 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from pddflow.channels.link_relay import Link, LinkRelay
 from pddflow.graph.plan import Plan
 from pddflow.runtime.processes import WorkerProcess, stop_all
+from pddflow.runtime.ray_placement import transports
 from pddflow.runtime.wiring import Wiring
 
 Progress = Callable[[str, int, int], None]  # (message, instances ready, instances total)
@@ -27,9 +28,26 @@ class DeployError(Exception):
 class Backend(Protocol):
     name: str
 
-    def start(self, plan: Plan, wiring: Wiring, run_dir: Path) -> None: ...
+    def start(self, plan: Plan, wiring: Wiring, run_dir: Path) -> None:
+        """Place and start every instance; may rewrite the wiring's addresses (where each one
+        listens) before any worker or the frontend reads them."""
+        ...
+
     def check(self) -> str | None: ...  # None while every instance runs, else what died and why
+    def describe(self) -> dict[str, Any]: ...  # /health: backend, workers' placement, channels
     def stop(self) -> None: ...
+
+    # and the supervisor's (supervisor.Restartable): instances, alive, exit_summary, restart
+
+
+def with_placement(detail: dict[str, Any], backend: Any) -> dict[str, Any]:
+    """/health's body with the backend's word on each instance (node, address) and channel."""
+    if backend is None or not hasattr(backend, "describe"):
+        return detail
+    d = backend.describe()
+    placed = d.get("workers", {})
+    workers = {i: {**w, **placed.get(i, {})} for i, w in detail.get("workers", {}).items()}
+    return {**detail, "backend": d["backend"], "workers": workers, "channels": d["channels"]}
 
 
 class LocalBackend:
@@ -40,8 +58,11 @@ class LocalBackend:
     def __init__(self) -> None:
         self.workers: list[WorkerProcess] = []
         self.relays: dict[str, list[LinkRelay]] = {}  # link name -> relays of its endpoints
+        self.wiring: Wiring | None = None
 
     def start(self, plan: Plan, wiring: Wiring, run_dir: Path) -> None:
+        self.wiring = wiring
+        wiring.transports = transports(plan, {})  # one host: rdma_tensor is shared memory
         # cross-cluster traffic goes through a cuttable relay
         for link, addrs in wiring.links.items():
             whole = Link()  # the link goes down as a whole
@@ -70,6 +91,20 @@ class LocalBackend:
 
     def instances(self) -> list[str]:
         return [w.name for w in self.workers]
+
+    def describe(self) -> dict[str, Any]:
+        import socket
+
+        w = self.wiring
+        host = socket.gethostname()
+        return {
+            "backend": self.name,
+            "workers": {
+                x.name: {"node": host, "address": w.workers[x.name].rpc if w else "", "pid": x.pid}
+                for x in self.workers
+            },
+            "channels": dict(w.transports) if w else {},
+        }
 
     def alive(self, instance: str) -> bool:
         return self._worker(instance).alive()
@@ -106,7 +141,14 @@ class LocalBackend:
                 r.close()
 
 
-BACKENDS: dict[str, Callable[[], Backend]] = {"local": LocalBackend}
+def _ray_backend(**kw: Any) -> Backend:
+    from pddflow.runtime.ray_backend import RayBackend
+
+    return RayBackend(**kw)
+
+
+# name -> factory; the ray backend takes address, namespace, bind_all, accelerators
+BACKENDS: dict[str, Callable[..., Backend]] = {"local": LocalBackend, "ray": _ray_backend}
 
 
 def wait_ready(

@@ -91,6 +91,7 @@ class Frontend(Fallbacks, Accounting):
             self.credentials,
             streams_in={"Reports": (pb.Report, pb.Empty, self._reports)},
             port=int(wiring.frontend.rsplit(":", 1)[1]),
+            host=wiring.bind_host(wiring.frontend),
             threads=len(wiring.workers) + 8,
         )
 
@@ -456,6 +457,8 @@ class Frontend(Fallbacks, Accounting):
             self._abort_leg(live, inst, reason)
         finish = self._finish_reason(live)
         outcome = {"error": "error", "abort": "cancelled"}.get(finish, "ok")
+        if outcome == "ok":  # how long outputs of this prompt size run (singular traffic)
+            self.policy.finished(st.prompt_len, len(st.tokens))
         handoff = mode_name(r.handoff) or "none"
         self.metrics.requests.labels(r.decision.variant, handoff, outcome).inc()
         e2e = time.monotonic() - st.arrival

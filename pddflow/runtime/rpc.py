@@ -91,7 +91,9 @@ def serve(
     streams_in: dict[str, tuple[type, type, Callable]] | None = None,
     port: int = 0,
     threads: int = 8,
+    host: str = "127.0.0.1",
 ) -> tuple[grpc.Server, int]:
+    """host: the address to bind (a deployment's wiring says which: the node's address)."""
     server = grpc.server(
         ThreadPoolExecutor(max_workers=threads, thread_name_prefix=service.rsplit(".", 1)[-1]),
         options=_SERVER_OPTIONS,
@@ -119,10 +121,10 @@ def serve(
         )
     server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, handlers),))
     creds = credentials.server()
-    address = f"127.0.0.1:{port}"
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     bound = server.add_secure_port(address, creds) if creds else server.add_insecure_port(address)
     if not bound:
-        raise OSError(f"cannot bind 127.0.0.1:{port} for {service}")
+        raise OSError(f"cannot bind {address} for {service}")
     server.start()
     return server, bound
 

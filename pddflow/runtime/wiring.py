@@ -44,6 +44,17 @@ class Wiring:
     tls_cert: str = ""  # PEM paths for channels with `tls: true`
     tls_key: str = ""
     links: dict[str, list[str]] = field(default_factory=dict)
+    bind_all: bool = False  # listen on every interface (0.0.0.0), not only the published address
+    # how each channel is carried, once instances are placed (channel id -> e.g. "shared memory")
+    transports: dict[str, str] = field(default_factory=dict)
+
+    def bind_host(self, address: str) -> str:
+        """Where a server publishing `address` ([scheme://]host:port) listens: that host, or every
+        interface when the deployment asked for it."""
+        if self.bind_all:
+            return "0.0.0.0"
+        host = address.rpartition("://")[2].rsplit(":", 1)[0]
+        return host.strip("[]")
 
     def reach(self, address: str) -> str:
         return self.via.get(address, address)

@@ -8,6 +8,7 @@ from pddflow.core.policies import POLICIES
 from pddflow.graph.plan import Plan
 from pddflow.scheduler.decision import Decision
 from pddflow.scheduler.features import RequestFeatures
+from pddflow.scheduler.output_lengths import OutputLengths
 from pddflow.scheduler.state import SchedulerState
 from pddflow.scheduler.topology import PathInfo, Topology
 
@@ -32,6 +33,11 @@ class Policy:
         self.kv_bytes_per_token = plan.model.arch.kv_bytes_per_token
         self.decided = 0
         self.singular_count = 0
+        self.outputs = OutputLengths()  # fed by the runtime's frontend and the simulator
+
+    def finished(self, prompt_tokens: int, output_tokens: int) -> None:
+        """A request ended with this many output tokens (for the next ones' expected length)."""
+        self.outputs.finished(prompt_tokens, output_tokens)
 
     def decide(self, req: RequestFeatures, state: SchedulerState) -> Decision:
         raise NotImplementedError

@@ -12,7 +12,9 @@ class RequestFeatures:
     request_id: str
     prompt_tokens: int
     block_hashes: tuple[int, ...]  # chained, one per `block_tokens` of the prompt
-    expected_output_tokens: int  # max_tokens in the runtime; the trace's output in the simulator
+    # the request's max_tokens (runtime); 0 when it has none (a trace replay): the policy's
+    # output-length estimate (scheduler/output_lengths.py) says what to expect
+    max_output_tokens: int
     block_tokens: int = 16  # tokens one hash covers (512 for Mooncake traces)
 
     def cached_tokens(self, hit_blocks: int) -> int:

@@ -32,8 +32,9 @@ class PredictedHitRatePolicy(Policy):
         slow, why_slow, why_not = self._too_slow(t, direct_path, req.cached_tokens(hit), req, state)
         relays = [x for x in paths if x.has_handoff and self._relay_free(x.relay, state)]
 
-        if slow and self._singular(req):
-            shape = f"{req.prompt_tokens} in / {req.expected_output_tokens} out"
+        expected_out = self.outputs.expected(req.prompt_tokens, req.max_output_tokens)
+        if slow and self._singular(req, expected_out):
+            shape = f"{req.prompt_tokens} in / {expected_out} out expected"
             for sp in self.topo.singular_paths:
                 if self._relay_free(sp.finisher, state):
                     return self.build(
@@ -102,11 +103,12 @@ class PredictedHitRatePolicy(Policy):
             state.load(i) < RELAY_SATURATED for i in self.plan.operators[relay_op].instances
         )
 
-    def _singular(self, req: RequestFeatures) -> bool:
+    def _singular(self, req: RequestFeatures, expected_out: int | None) -> bool:
         p = self.params
         if (
-            req.prompt_tokens < p["singular_min_prompt_tokens"]
-            or req.expected_output_tokens > p["singular_max_output_tokens"]
+            expected_out is None  # nothing known of its output yet: not worth the relay's time
+            or req.prompt_tokens < p["singular_min_prompt_tokens"]
+            or expected_out > p["singular_max_output_tokens"]
         ):
             return False
         if not (self.topo.singular_paths or self.topo.has_relay_path):

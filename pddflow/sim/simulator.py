@@ -187,9 +187,8 @@ class Simulation(DecodeLegs, Handoffs):
     def _arrive(self, req: SimRequest) -> None:
         self._arrived += 1
         self._refresh_state()
-        feats = RequestFeatures(
-            str(req.rid), req.prompt_tokens, req.hashes, req.output_tokens, self.block_tokens
-        )
+        # a trace carries no max_tokens: the policy's output-length estimate is all it knows
+        feats = RequestFeatures(str(req.rid), req.prompt_tokens, req.hashes, 0, self.block_tokens)
         dec = self.policy.decide(feats, self.state)
         run = Run(req, dec, self.topo.paths[dec.variant], self.loop.now)
         self.runs.append(run)
@@ -345,6 +344,7 @@ class Simulation(DecodeLegs, Handoffs):
             return
         run.done = True
         run.finished_at = t
+        self.policy.finished(run.req.prompt_tokens, run.req.output_tokens)
         if run.first_token_at is None:
             run.first_token_at = t
         self._release_children(run, t)

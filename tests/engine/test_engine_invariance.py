@@ -179,3 +179,34 @@ def test_extend_logits_are_bit_identical_to_decode_logits(engine):
     ref = run(None, True)
     assert torch.equal(run(None, False), ref)
     assert torch.equal(run(3, False), ref)
+
+
+@SETTINGS
+@given(
+    prompt=prompts,
+    other=prompts,
+    split=st.integers(1, 12),
+    n=st.integers(3, 16),
+)
+def test_extend_batched_with_a_decode_step_matches_reference(engine, prompt, other, split, n):
+    """Main's handoff extend riding along with another sequence's decode step (one forward)
+    changes neither sequence's tokens."""
+    eng = fresh(engine)
+    want = reference(eng, prompt, n)
+    want_other = reference(eng, other, n)
+    split = min(split, n - 2)
+    greedy = SamplingParams(max_tokens=n)
+    seq = eng.add_sequence(prompt, greedy)
+    eng.prefill(seq)  # the prompt and first token; the relay's next `split` IDs come as a handoff
+    ids = want[1 : 1 + split]
+    dec = eng.add_sequence(other, greedy)
+    eng.prefill(dec)
+    logits, toks = eng.extend_and_decode([(seq, ids)], [dec])
+    eng.sample(seq, logits[0])
+    assert seq.output_ids == want[: split + 2] and toks == want_other[1:2]
+    while not seq.finished or not dec.finished:
+        live = [s for s in (seq, dec) if not s.finished]
+        eng.decode(live)
+    assert seq.output_ids == want and dec.output_ids == want_other
+    eng.free(seq)
+    eng.free(dec)

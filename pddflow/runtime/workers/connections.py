@@ -71,13 +71,16 @@ class WorkerIO:
                 port = int(ep.kv_flight.rsplit(":", 1)[1])
                 self.kv_receivers.append(
                     WanFlightReceiver(
-                        "127.0.0.1", port, params=self._flight_params(ch), tensor_lib="torch"
+                        wiring.bind_host(ep.kv_flight),
+                        port,
+                        params=self._flight_params(ch),
+                        tensor_lib="torch",
                     )
                 )
             elif ch.kind == "token_ids" and self.handoff_server is None:
                 port = int(ep.handoff.rsplit(":", 1)[1])
                 self.handoff_server = TokenIdsServer(
-                    "127.0.0.1", port, params=self._token_params(ch), name=instance
+                    wiring.bind_host(ep.handoff), port, params=self._token_params(ch), name=instance
                 )
                 self._shaped.append((ch, self.handoff_server))
         for r in self.kv_receivers:

@@ -96,7 +96,6 @@ class DecoderWorker(Worker):
 
     def decode(self, batch: list[DecodeLeg]) -> None:
         seqs = [leg.seq for leg in batch]
-        context = sum(s.num_computed for s in seqs)
         c0 = time.thread_time()
         try:
             self.engine.decode(seqs)
@@ -104,11 +103,15 @@ class DecoderWorker(Worker):
             for leg in batch:
                 self.fail(leg, pb.FAILURE_COMPUTE, exc)
             return
+        self.decoded(batch, c0)
+
+    def decoded(self, batch: list[DecodeLeg], c0: float) -> None:
+        """A decode step gave every leg of `batch` a token (its thread CPU clock began at c0)."""
         st = self.stats
         st.steps += 1
         st.cpu_s += time.thread_time() - c0
-        st.seqs += len(seqs)
-        st.context_tokens += context
+        st.seqs += len(batch)
+        st.context_tokens += sum(leg.seq.num_computed - 1 for leg in batch)
         for leg in batch:
             self.emit_last(leg)
             self.after_token(leg)

@@ -100,6 +100,7 @@ class Worker:
                 "TuneLink": (pb.LinkTuning, pb.LinkTuned, self.io.tune_link),
             },
             port=int(wiring.workers[instance].rpc.rsplit(":", 1)[1]),
+            host=wiring.bind_host(wiring.workers[instance].rpc),
         )
 
     def _enqueue(self, item: InboxItem) -> pb.Reply:

@@ -63,25 +63,76 @@ class MainWorker(DecoderWorker):
     def starts_alone(self, leg: MainLeg) -> bool:
         return not leg.job.relay or leg.job.singular
 
+    def step(self) -> None:
+        """Handoff extends that fit ride along with the decode batch in one forward (a catch-up
+        batch costs main no step of its own); anything else as the decoder's loop does it."""
+        batch = self.decoding()[: self.op.max_batch]
+        extends = self._mixable(len(batch)) if batch else []
+        if not extends:
+            super().step()
+            return
+        self.land_waiting()
+        for leg in extends:
+            self.compute_queue.remove(leg)
+        handoffs = [self._take_batch(leg) for leg in extends]
+        c0 = time.thread_time()
+        try:
+            logits, _ = self.engine.extend_and_decode(
+                [(leg.seq, ids.ids) for leg, ids in zip(extends, handoffs, strict=True)],
+                [leg.seq for leg in batch],
+            )
+        except Exception as exc:  # noqa: BLE001 - one step's failure fails its requests only
+            for leg in extends + batch:
+                self.fail(leg, pb.FAILURE_COMPUTE, exc)
+            return
+        for leg, ids, row in zip(extends, handoffs, logits, strict=True):
+            self._extended(leg, ids, row, beside=len(batch))
+        self.decoded(batch, c0)
+        self._decoded = True
+
+    def _mixable(self, decoding: int) -> list[MainLeg]:
+        """Legs whose next handoff batch fits in this step beside `decoding` sequences."""
+        room = self.engine.max_step_tokens - decoding
+        out = []
+        for leg in self.compute_queue:
+            if not (leg.handoff and leg.kv_ready and not leg.decoding):
+                continue
+            n = len(leg.handoff[0].ids)
+            if 0 < n <= min(room, self.engine.config.chunk_size):
+                out.append(leg)
+                room -= n
+        return out
+
     def compute(self, leg: MainLeg) -> None:
         if not leg.handoff:
             super().compute(leg)  # a local prefill
             return
         try:
-            self.extend(leg)
+            batch = self._take_batch(leg)
+            self._extended(leg, batch, self.engine.extend(leg.seq, batch.ids))
         except Exception as exc:  # noqa: BLE001 - one request's failure must not stop the worker
             self.fail(leg, pb.FAILURE_COMPUTE, exc)
 
-    def extend(self, leg: MainLeg) -> None:
-        """Extend over the next batch of the relay's IDs; after the final one, sample and decode."""
+    def _take_batch(self, leg: MainLeg) -> TokenIds:
         batch, seq = leg.handoff.pop(0), leg.seq
         if batch.start != len(seq.output_ids):
             raise RuntimeError(
                 f"handoff for {leg.seq_id} starts at {batch.start}, expected {len(seq.output_ids)}"
             )
-        logits = self.engine.extend(seq, batch.ids)
+        return batch
+
+    def _extended(self, leg: MainLeg, batch: TokenIds, logits, beside: int = 0) -> None:
+        """Main has extended over one batch of the relay's IDs (in a step with `beside` decoding
+        sequences); after the final one, sample and decode."""
+        seq = leg.seq
         final = float(batch.final)
-        self.io.event(leg.seq_id, pb.EVENT_EXTEND_DONE, tokens=len(batch.ids), final=final)
+        self.io.event(
+            leg.seq_id,
+            pb.EVENT_EXTEND_DONE,
+            tokens=len(batch.ids),
+            final=final,
+            decoded_beside=float(beside),
+        )
         if batch.final and self._complete(seq):  # the relay finished it: keep the KV, emit nothing
             self.finish(leg)
         elif batch.final:
@@ -91,7 +142,9 @@ class MainWorker(DecoderWorker):
                 self.finish(leg)
             else:
                 leg.decoding = True
-        elif not leg.handoff:
+        elif leg.handoff:  # the relay's next batch came meanwhile
+            self.compute_queue.append(leg)
+        else:
             timeout = max(0.1, leg.deadline - time.monotonic())
             self.io.release(leg.relay, leg.seq_id, timeout_s=timeout)
 

@@ -1,0 +1,183 @@
+"""A multi-node Ray cluster on this machine, started the way a user would (`ray start`), inside a
+private network namespace of its own (`unshare --net`, loopback up): every Ray and pddflow address
+is 127.0.0.1 there and no traffic leaves it. The thread that enters the namespace (pytest's main
+thread) and everything it starts afterwards live in it, until `close()` takes it back out.
+
+Stopping never uses `ray stop` (which stops every Ray process on the machine, others' included):
+every process in the namespace is this cluster's, and those are ended by PID.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+CLONE_NEWNET = 0x40000000
+HEAD_PORT = 6379
+
+
+def _setns(fd: int) -> None:
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    if libc.setns(fd, CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, f"setns: {os.strerror(err)}")
+
+
+def unshare_refused() -> str | None:
+    """Why a private network namespace cannot be made here (None: it can)."""
+    if sys.platform != "linux":
+        return "network namespaces are Linux-only"
+    try:
+        r = subprocess.run(
+            ["unshare", "--net", "ip", "link", "set", "lo", "up"],
+            capture_output=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"unshare --net is not available: {exc}"
+    if r.returncode != 0:
+        return f"unshare --net is not permitted here: {r.stderr.decode(errors='replace').strip()}"
+    return None
+
+
+def _ns_inode(pid: int | str) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/net")
+    except OSError:
+        return None
+
+
+class NetNamespace:
+    """Enter a fresh network namespace on the calling thread (loopback up)."""
+
+    def __init__(self) -> None:
+        self.home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+        self.holder = subprocess.Popen(["unshare", "--net", "sleep", "infinity"])
+        mine = _ns_inode("thread-self")
+        deadline = time.monotonic() + 10
+        while _ns_inode(self.holder.pid) in (None, mine):
+            if time.monotonic() > deadline or self.holder.poll() is not None:
+                self.holder.kill()
+                raise OSError("unshare --net did not make a namespace")
+            time.sleep(0.02)
+        self.inode = _ns_inode(self.holder.pid)
+        fd = os.open(f"/proc/{self.holder.pid}/ns/net", os.O_RDONLY)
+        try:
+            _setns(fd)
+        finally:
+            os.close(fd)
+        subprocess.run(["ip", "link", "set", "lo", "up"], check=True, timeout=10)
+
+    def processes(self) -> list[int]:
+        """Every process in the namespace but this one and the holder."""
+        out = []
+        for p in Path("/proc").iterdir():
+            if p.name.isdigit() and int(p.name) not in (os.getpid(), self.holder.pid):
+                if _ns_inode(p.name) == self.inode:
+                    out.append(int(p.name))
+        return out
+
+    def close(self) -> None:
+        for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+            for pid in self.processes():
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + wait_s
+            while self.processes() and time.monotonic() < deadline:
+                time.sleep(0.1)
+        _setns(self.home)
+        os.close(self.home)
+        self.holder.kill()
+        self.holder.wait(timeout=5)
+
+
+@dataclass
+class RayNode:
+    resources: dict[str, float] = field(default_factory=dict)
+    num_cpus: int = 1
+    num_gpus: int = 0
+
+
+class RayCluster:
+    """`ray start --head` plus `ray start --address` for every further node, all on 127.0.0.1 in
+    the current network namespace, their files under `temp_dir`."""
+
+    def __init__(self, nodes: list[RayNode], temp_dir: Path, timeout_s: float = 120.0):
+        self.address = f"127.0.0.1:{HEAD_PORT}"
+        self.temp_dir = temp_dir
+        self.nodes = nodes
+        ray = str(Path(sys.executable).with_name("ray"))
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+        env.pop("RAY_ADDRESS", None)
+        for i, node in enumerate(nodes):
+            argv = [
+                ray,
+                "start",
+                *(("--head", f"--port={HEAD_PORT}") if i == 0 else (f"--address={self.address}",)),
+                "--node-ip-address=127.0.0.1",
+                f"--num-cpus={node.num_cpus}",
+                f"--num-gpus={node.num_gpus}",
+                f"--resources={json.dumps(node.resources)}",
+                "--object-store-memory=80000000",
+                f"--temp-dir={temp_dir}",
+                "--disable-usage-stats",
+                *(("--include-dashboard=false",) if i == 0 else ()),
+            ]
+            r = subprocess.run(argv, capture_output=True, env=env, timeout=timeout_s)
+            if r.returncode != 0:
+                raise RuntimeError(
+                    f"{' '.join(argv)} failed ({r.returncode}):\n"
+                    f"{r.stdout.decode(errors='replace')}\n{r.stderr.decode(errors='replace')}"
+                )
+        self.wait_nodes(len(nodes), timeout_s)
+
+    def query(self, code: str, timeout_s: float = 60.0) -> object:
+        """Run `code` (which sets `out`) in a fresh Ray driver connected to the cluster; out as
+        JSON. A separate process, so this one never becomes a Ray driver."""
+        script = (
+            "import json, ray\n"
+            f"ray.init(address={self.address!r}, logging_level='ERROR', log_to_driver=False)\n"
+            f"{code}\n"
+            "print('@@' + json.dumps(out))\n"
+        )
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+        r = subprocess.run(
+            [sys.executable, "-c", script], capture_output=True, env=env, timeout=timeout_s
+        )
+        for line in r.stdout.decode().splitlines():
+            if line.startswith("@@"):
+                return json.loads(line[2:])
+        raise RuntimeError(f"query failed ({r.returncode}): {r.stderr.decode()[-2000:]}")
+
+    def alive_nodes(self) -> list[dict]:
+        return self.query(
+            "out = [{'id': n['NodeID'], 'resources': n['Resources']} "
+            "for n in ray.nodes() if n['Alive']]"
+        )
+
+    def wait_nodes(self, n: int, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while len(self.alive_nodes()) < n:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the Ray cluster did not reach {n} live nodes")
+            time.sleep(1)
+
+    def actors_and_groups(self) -> dict:
+        """Live actors (name, class, state) and placement groups not removed."""
+        return self.query(
+            "from ray._private.state import actors\n"
+            "from ray.util import placement_group_table\n"
+            "out = {'actors': [{'name': a.get('Name', ''), 'class': a['ActorClassName'],"
+            " 'state': a['State']} for a in actors().values() if a['State'] != 'DEAD'],"
+            " 'groups': [{'name': g.get('name', ''), 'state': g['state']} for g in "
+            "placement_group_table().values() if g['state'] != 'REMOVED']}"
+        )

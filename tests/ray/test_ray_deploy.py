@@ -1,0 +1,275 @@
+"""`pddflow deploy --backend ray` on a real multi-node Ray cluster, started as a user would (`ray
+start`: a head node and two more, each with its graph cluster's resource), inside a private network
+namespace of this test module (every address 127.0.0.1 there, nothing leaves it).
+
+One cluster and one deployment of graphs/pdd.yaml for the module (the tests run in file order;
+the last one stops the deployment). Every client call has a deadline: nothing can hang.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from pddflow.runtime.launcher import Deployment, post_json
+from pddflow.testing.chaos import greedy_reference
+from pddflow.testing.ray_cluster import NetNamespace, RayCluster, RayNode, unshare_refused
+
+pytestmark = pytest.mark.slow  # a Ray cluster of three nodes and a deployment on it
+
+ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[dev]')")
+openai = pytest.importorskip("openai")
+
+ROOT = Path(__file__).resolve().parents[2]
+PROMPTS = ["The relay decodes while the KV crosses the WAN.", "Hello, main decode!"]
+TOKENS = 16
+CLIENT_TIMEOUT_S = 60
+
+# the head carries cluster G (one GPU, for the shortfall test); A and B one node each
+NODES = [
+    RayNode({"pddflow_cluster_G": 1}, num_cpus=1, num_gpus=1),
+    RayNode({"pddflow_cluster_A": 1}, num_cpus=2),
+    RayNode({"pddflow_cluster_B": 1}, num_cpus=1),
+]
+BYSTANDER = """
+import ray
+from ray.util.placement_group import placement_group
+
+@ray.remote(num_cpus=0)
+class Bystander:
+    def ping(self):
+        return 1
+
+a = Bystander.options(name="bystander", namespace="not-pddflow", lifetime="detached").remote()
+ray.get(a.ping.remote())
+pg = placement_group([{"GPU": 0.1}], name="bystander", lifetime="detached")  # on the head
+ray.get(pg.ready())
+out = 1
+"""
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    reason = unshare_refused()
+    if reason is not None:
+        pytest.skip(f"needs a private network namespace for its Ray cluster: {reason}")
+    # short: Ray's Unix sockets live under it (a socket path has at most 107 bytes)
+    tmp = Path(tempfile.mkdtemp(prefix="pddflow-ray-", dir="/tmp"))
+    ns = NetNamespace()
+    try:
+        c = RayCluster(NODES, tmp)
+        c.query(BYSTANDER)  # someone else's actor and placement group: stop must leave them
+        yield c
+    finally:
+        ns.close()  # every process in the namespace (the Ray nodes) by PID; never `ray stop`
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def dep(cluster):
+    d = Deployment(
+        ROOT / "graphs" / "pdd.yaml",
+        None,
+        "--backend",
+        "ray",
+        "--address",
+        cluster.address,
+        startup_s=240,
+    )
+    yield d
+    d.stop()
+
+
+@pytest.fixture(scope="module")
+def reference():
+    return greedy_reference()  # the engine `pddflow generate` runs
+
+
+@pytest.fixture(scope="module")
+def client(dep):
+    return openai.OpenAI(
+        base_url=f"{dep.base}/v1", api_key="unused", timeout=CLIENT_TIMEOUT_S, max_retries=0
+    )
+
+
+def _wait_until(what, pred, timeout_s):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = pred()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s:g} s: {what}")
+        time.sleep(0.3)
+
+
+def _node_ids(cluster, resource: str) -> set[str]:
+    return {n["id"] for n in cluster.alive_nodes() if n["resources"].get(resource)}
+
+
+def test_instances_run_on_their_clusters_nodes(dep, cluster):
+    h = dep.health()
+    assert h["backend"] == "ray"
+    w = h["workers"]
+    a, b = _node_ids(cluster, "pddflow_cluster_A"), _node_ids(cluster, "pddflow_cluster_B")
+    assert w["prefill/0"]["node"] in a and w["relay/0"]["node"] in a
+    assert w["main/0"]["node"] in b
+    for inst in ("prefill/0", "relay/0", "main/0"):
+        assert w[inst]["state"] == "up" and w[inst]["address"].startswith("127.0.0.1:")
+    # prefill and relay share a node (their rdma_tensor edge is shared memory); the WAN edges
+    # are TCP with TLS and the token
+    assert h["channels"] == {
+        "prefill.kv->relay.kv": "shared memory",
+        "prefill.kv->main.kv": "arrow flight over TCP+TLS + token",
+        "relay.handoff->main.handoff": "TCP+TLS + token",
+    }
+
+
+ROUTES = [("p_md", None), ("p_rld_md", "one_shot"), ("p_rld_md", "catch_up")]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "stream"])
+@pytest.mark.parametrize("route", ROUTES, ids=["p_md", "p_rld_md-one_shot", "p_rld_md-catch_up"])
+def test_openai_client_gets_the_tokens_of_generate(client, reference, route, stream):
+    prompt = PROMPTS[route[0] == "p_md"]
+    extra = {"return_token_ids": True, "variant": route[0]}
+    if route[1]:
+        extra["handoff"] = route[1]
+    r = client.completions.create(
+        model="pdd",
+        prompt=prompt,
+        max_tokens=TOKENS,
+        temperature=0,
+        stream=stream,
+        extra_body=extra,
+    )
+    if stream:
+        ids: list[int] = []
+        for chunk in r:
+            ids += chunk.choices[0].model_extra.get("token_ids", [])
+    else:
+        ids = r.choices[0].model_extra["token_ids"]
+    assert ids == reference(prompt, TOKENS)
+
+
+def test_wan_edge_crosses_nodes_with_tls_and_the_token(dep):
+    import json
+
+    from pddflow.channels.errors import ChannelAuthError
+    from pddflow.channels.security import TLSConfig
+    from pddflow.channels.wan_flight import WanFlightParams, WanFlightSender
+
+    h = dep.health()["workers"]
+    assert h["prefill/0"]["node"] != h["main/0"]["node"]
+    target = h["main/0"]["endpoints"]["kv_flight"].replace("grpc://", "grpc+tls://")
+    cert = str(dep.run_dir / "tls" / "cert.pem")
+    tls = TLSConfig(
+        cert_chain=cert, private_key=str(dep.run_dir / "tls" / "key.pem"), root_certs=cert
+    )
+    token = json.loads((dep.run_dir / "wiring.json").read_text())["auth_token"]
+    for guess in (None, "guess"):  # no token, a wrong one
+        with WanFlightSender(target, params=WanFlightParams(token=guess, tls=tls)) as tx:
+            with pytest.raises(ChannelAuthError, match="refused our credentials"):
+                tx.ping(timeout_s=10)
+    with WanFlightSender(target, params=WanFlightParams(token=token, tls=tls)) as tx:
+        tx.ping(timeout_s=10)  # the deployment's token is let in
+
+
+def test_main_killed_mid_stream_the_stream_completes_and_main_comes_back(dep, client, reference):
+    """The main actor's process is killed (its worker dies with it): the relay finishes the
+    stream with the same tokens; Ray's word that the actor died reaches the supervisor, which
+    makes a new actor on the same node; the next request is served by the new main."""
+    prompt = "A stream whose main decode is lost halfway: " + "words " * 12
+    n = 40
+    w = dep.health()["workers"]["main/0"]
+    old_actor = w["actor_pid"]
+    stream = client.completions.create(
+        model="pdd",
+        prompt=prompt,
+        max_tokens=n,
+        temperature=0,
+        stream=True,
+        extra_body={"return_token_ids": True, "variant": "p_rld_md", "handoff": "catch_up"},
+    )
+    ids: list[int] = []
+    killed = False
+    for chunk in stream:
+        ids += chunk.choices[0].model_extra.get("token_ids", [])
+        if not killed and len(ids) >= 4:
+            os.kill(old_actor, signal.SIGKILL)
+            killed = time.monotonic()
+    assert killed and ids == reference(prompt, n)
+
+    def back() -> dict | None:
+        m = dep.health()["workers"]["main/0"]
+        return m if m["state"] == "up" and m.get("restarts", 0) >= 1 else None
+
+    m = _wait_until("main restarted and ready", back, 120)
+    assert m["actor_pid"] != old_actor and "Ray actor died" in m["last_exit"]
+    code, out = post_json(
+        f"{dep.base}/v1/completions",
+        {
+            "model": "pdd",
+            "prompt": "main is back",
+            "max_tokens": 8,
+            "temperature": 0,
+            "return_token_ids": True,
+            "variant": "p_md",
+        },
+        timeout=CLIENT_TIMEOUT_S,
+    )
+    assert code == 200 and out["choices"][0]["token_ids"] == reference("main is back", 8), out
+
+
+def test_graph_needing_more_gpus_than_its_cluster_fails_before_starting(cluster, tmp_path):
+    """Cluster G (the head node: one GPU) is asked for prefill's and relay's 4 GPUs each."""
+    text = (ROOT / "graphs" / "pdd.yaml").read_text()
+    text = text.replace("  A: {devices", "  G: {devices").replace("cluster: A", "cluster: G")
+    graph = tmp_path / "pdd_on_g.yaml"
+    graph.write_text(text.replace("A-B:", "G-B:"))
+    before = cluster.actors_and_groups()
+    r = subprocess.run(
+        [sys.executable, "-m", "pddflow.cli", "deploy", str(graph), "--backend", "ray"]
+        + ["--address", cluster.address, "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert r.returncode == 1, r.stdout + r.stderr
+    line = next(x for x in r.stderr.splitlines() if "needs GPU" in x)
+    where = f"{graph}:{text.splitlines().index('  G: {devices: {gpu_a: 48}}') + 1}:3: "
+    assert line.startswith(where), r.stderr
+    assert "cluster 'G' needs GPU: 8" in line and "have 1: 7 missing" in line, line
+    assert cluster.actors_and_groups() == before  # nothing was started
+
+
+def test_stop_removes_every_actor_group_and_process_it_made_and_nothing_else(dep, cluster):
+    deployment = dep.health()["workers"]["main/0"]["actor"].split("/", 1)[1].split(":")[0]
+    out = dep.stop()
+    assert dep.proc.returncode == 0, out
+    left = cluster.actors_and_groups()
+    assert not [a for a in left["actors"] if deployment in a["name"]], left
+    assert not [g for g in left["groups"] if deployment in g["name"]], left
+    # someone else's actor and placement group are still there
+    assert [a["name"] for a in left["actors"]] == ["bystander"], left
+    assert [g["name"] for g in left["groups"]] == ["bystander"], left
+    mine = []
+    for p in Path("/proc").iterdir():
+        try:
+            if p.name.isdigit() and deployment in (p / "cmdline").read_bytes().decode(
+                errors="replace"
+            ):
+                mine.append(int(p.name))
+        except OSError:
+            continue
+    assert mine == []
+    assert len(cluster.alive_nodes()) == len(NODES)  # the Ray cluster itself is healthy
+    assert cluster.query("out = ray.get(ray.remote(lambda: 41 + 1).remote())") == 42
