@@ -57,7 +57,15 @@ def test_pdd_threshold_is_pdd_with_the_static_rule():
     pdd = load_plan(str(ROOT / "graphs" / "pdd.yaml"))
     static = load_plan(str(resolve_graph("pdd_threshold")))
     assert static.scheduler.policy == "uncached_threshold"
-    assert static.scheduler.params["threshold_tokens"] == 64
+    assert static.scheduler.params["threshold_tokens"] == 2048  # production tokens
+    # deployed, in the served workload's tokens (`bench serve` scales the trace by 1/32)
+    assert static.scaled_to_local().scheduler.params["threshold_tokens"] == 64
     assert [v.name for v in static.variants.values()] == ["p_md", "p_rld_md"]
-    same = replace(static, name=pdd.name, scheduler=pdd.scheduler, source=pdd.source)
+    same = replace(
+        static,
+        name=pdd.name,
+        scheduler=pdd.scheduler,
+        source=pdd.source,
+        local_scheduler_params=pdd.local_scheduler_params,
+    )
     assert same == pdd
