@@ -2,7 +2,7 @@
 the frontend's measured link estimate (/health links) drops after a degrade and recovers after a
 restore, and the scheduler moves new requests to p_rld_md within a bounded number of requests,
 then back to p_md. The link's jitter is flat here so that what a transfer measures is the rate,
-and the TTFT SLA 2 s so that the degrade breaks it for a 250-token prompt while the link's
+and the TTFT SLA 2 s so that the degrade breaks it for a 400-token prompt while the link's
 estimate still carries some of its fast past (a 5 s SLA would need a far slower link and minutes
 of slow requests to get there)."""
 
@@ -43,14 +43,16 @@ _numbers = itertools.count()
 
 
 def ask(dep: Deployment, prompt_tokens: int, **extra: object) -> str:
-    """One cold request (a fresh prefix: nothing cached anywhere); returns its variant."""
+    """One cold request (a fresh prefix: nothing cached anywhere); returns its variant and, after
+    a colon, the scheduler's reason (for the assertion messages)."""
     prompt = f"Request {next(_numbers)} of the degrade drill. ".ljust(prompt_tokens, "x")
     body = {"model": "pdd", "prompt": prompt, "max_tokens": 16, "temperature": 0, **extra}
     code, out = post_json(f"{dep.base}/v1/completions", body, timeout=120)
     assert code == 200, out
     code, timeline = get_json(f"{dep.base}/v1/requests/{out['id']}/timeline")
     assert code == 200, timeline
-    return timeline["variant"]
+    why = [e.get("reason", "") for e in timeline["events"] if e["event"] == "arrival"]
+    return f"{timeline['variant']}: {why[0] if why else ''}"
 
 
 def estimate(dep: Deployment) -> float:
@@ -100,24 +102,25 @@ def test_link_estimate_drops_after_a_degrade_and_recovers_after_a_restore(pdd):
 
 
 def test_requests_move_to_the_relay_when_the_link_slows_and_back_after(pdd):
-    """The policy decides (no variant asked): p_md while the link is fast (a 250-token prompt's
-    KV, 8 MB, crosses in about 0.2 s); after the degrade to 0.01 Gbps (about 6.5 s) the estimate
+    """The policy decides (no variant asked): p_md while the link is fast (a 400-token prompt's
+    KV, 13 MB, crosses in about 0.3 s); after the degrade to 0.01 Gbps (about 10 s) the estimate
     falls until p_md's predicted TTFT breaks the SLA and the relay hides the WAN; after the
     restore, p_md again."""
-    assert "p_md" in [ask(pdd, 250) for _ in range(4)], pdd.health()["links"]
+    fast = _until(pdd, "p_md")
+    assert fast[-1].startswith("p_md:"), (fast, pdd.health()["links"])
     code, _ = pdd.degrade_link("A-B", 0.01)
     assert code == 200
-    seen = []
-    for _ in range(WITHIN):
-        seen.append(ask(pdd, 250))
-        if seen[-1] == "p_rld_md":
-            break
-    assert seen[-1] == "p_rld_md", (seen, pdd.health()["links"])
+    seen = _until(pdd, "p_rld_md")
+    assert seen[-1].startswith("p_rld_md:"), (seen, pdd.health()["links"])
     code, _ = pdd.restore_link("A-B")
     assert code == 200
-    back = []
-    for _ in range(WITHIN):
-        back.append(ask(pdd, 250))
-        if back[-1] == "p_md":
-            break
-    assert back[-1] == "p_md", (back, pdd.health()["links"])
+    back = _until(pdd, "p_md")
+    assert back[-1].startswith("p_md:"), (back, pdd.health()["links"])
+
+
+def _until(dep: Deployment, variant: str) -> list[str]:
+    """Requests, at most WITHIN, until one takes `variant`: each one's variant and reason."""
+    seen: list[str] = []
+    while len(seen) < WITHIN and not (seen and seen[-1].startswith(f"{variant}:")):
+        seen.append(ask(dep, 400))
+    return seen
