@@ -107,7 +107,10 @@ def test_hf_random_ids_equal_full_decode(hf, data, cuts):
 
 @settings(max_examples=200, deadline=None)
 @given(
-    text=st.text(st.sampled_from(sorted(set("".join(CORPUS)))) | st.characters(), max_size=60),
+    # the API refuses unpaired surrogates before encoding (test_openai_schema): not drawn here
+    text=st.text(
+        st.sampled_from(sorted(set("".join(CORPUS)))) | st.characters(codec="utf-8"), max_size=60
+    ),
     cuts=st.lists(st.integers(0, 80), max_size=10),
 )
 def test_hf_encoded_text_round_trips(hf, text, cuts):
