@@ -10,12 +10,13 @@ import random
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from pddflow.channels.deadline import Deadline
-from pddflow.core.link import LinkModel, jitter_stream
+from pddflow.core.link import Jitter, LinkModel, jitter_stream
 
 SHARE_BYTES = 256 << 10  # a held message takes the bucket this much at a time
+DEFAULT_TAIL = 40.0  # P99/P50 of PDD's measured KV jitter (50 ms / 2 s), for a link declared flat
 
 
 @dataclass
@@ -40,6 +41,7 @@ class EmulatedLink:
             raise ValueError(f"link {link.name!r}: gbps must be > 0 to emulate it")
         self.link = link
         self.seed = seed
+        self.burst_bytes = burst_bytes
         self.rate = link.bytes_per_s
         self.burst_s = burst_bytes / self.rate
         self._clock, self._sleep = clock, sleep
@@ -86,6 +88,16 @@ class EmulatedLink:
             offered = depart  # backlogged: the next piece was ready when this one left
         self.wait_until(arrival, deadline, f"{nbytes} bytes")
         return depart
+
+    def retune(self, link: LinkModel) -> None:
+        """Shape by `link` from now on (the admin endpoint's degrade and restore): a piece already
+        reserved keeps its time (at most SHARE_BYTES per sender), every later one goes at the new
+        rate and draws the new delay, so a transfer in flight goes on at it from its next piece."""
+        if link.gbps <= 0:
+            raise ValueError(f"link {link.name!r}: gbps must be > 0 to emulate it")
+        with self._lock:
+            self.link, self.rate = link, link.bytes_per_s
+            self.burst_s = self.burst_bytes / self.rate
 
     def end_lane(self, lane: int | str) -> None:
         with self._lock:
@@ -135,11 +147,31 @@ class EmulatedLink:
             return self.link.rtt_ms / 2e3 + self.link.jitter.sample_ms(self._rng(-1 - lane)) / 1e3
 
 
+def degraded(link: LinkModel, gbps: float, jitter_p99_ms: float | None = None) -> LinkModel:
+    """`link` at `gbps`, its RTT as declared. With `jitter_p99_ms`, the jitter is rescaled so its
+    P99 is that: the declared distribution and tail (P99/P50) kept, so a lognormal stays as heavy
+    tailed as declared; a link declared without a tail gets PDD's (P99 = 40 x P50, lognormal)."""
+    if gbps <= 0:
+        raise ValueError(f"link {link.name!r}: gbps must be > 0, got {gbps:g}")
+    if jitter_p99_ms is None:
+        return replace(link, gbps=gbps)
+    if jitter_p99_ms < 0:
+        raise ValueError(f"link {link.name!r}: jitter P99 must be >= 0 ms, got {jitter_p99_ms:g}")
+    j = link.jitter
+    if jitter_p99_ms == 0:
+        jitter = Jitter()
+    elif j.dist == "constant":
+        jitter = Jitter(p50_ms=jitter_p99_ms, p99_ms=jitter_p99_ms, dist="constant")
+    elif j.p50_ms > 0 and j.p99_ms > j.p50_ms:
+        jitter = Jitter(jitter_p99_ms * j.p50_ms / j.p99_ms, jitter_p99_ms, j.dist)
+    else:
+        jitter = Jitter(jitter_p99_ms / DEFAULT_TAIL, jitter_p99_ms, "lognormal")
+    return replace(link, gbps=gbps, jitter=jitter)
+
+
 def link_from_params(params: dict | LinkModel | None, name: str = "emulated") -> LinkModel | None:
     if params is None or isinstance(params, LinkModel):
         return params
-    from pddflow.core.link import Jitter
-
     jit = params.get("jitter") or {}
     return LinkModel(
         name=str(params.get("name", name)),

@@ -62,6 +62,11 @@ class TokenIdsClient:
         self._connecting = False
         self._watchdog = AckWatchdog(lambda: [self._delivery])
 
+    @property
+    def emulated_link(self) -> EmulatedLink | None:
+        """What shapes this end's sends (None: not emulated): a link degrade retunes it."""
+        return self._link
+
     def connect(self, timeout_s: float | None = None, deadline: float | None = None) -> None:
         self._ensure(
             Deadline.for_call(

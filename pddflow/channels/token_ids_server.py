@@ -91,6 +91,11 @@ class TokenIdsServer:
         self.address = f"{host}:{self.port}"
         self._server.start()
 
+    @property
+    def emulated_link(self) -> EmulatedLink | None:
+        """What shapes this end's sends (None: not emulated): a link degrade retunes it."""
+        return self._link
+
     def recv(self, timeout_s: float | None = None, deadline: float | None = None) -> Message:
         return self._mailbox.get(
             Deadline.for_call(timeout_s, deadline, self.params.deadline_s, what="token_ids recv")

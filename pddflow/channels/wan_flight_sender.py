@@ -71,6 +71,11 @@ class WanFlightSender:
         )
         self._closed = False
 
+    @property
+    def emulated_link(self) -> EmulatedLink | None:
+        """What shapes this end's sends (None: not emulated): a link degrade retunes it."""
+        return self._link
+
     def send(
         self,
         kv: KVBlocks | KVSource,

@@ -78,7 +78,8 @@ def deploy(
     admin_key: str | None = typer.Option(
         None,
         envvar="PDDFLOW_ADMIN_KEY",
-        help="enable the admin endpoints (/admin/links/NAME/cut), guarded by this Bearer key; "
+        help="enable the admin endpoints (/admin/links/NAME/cut, .../degrade, .../restore), "
+        "guarded by this Bearer key; "
         "without it they do not exist (404)",
         show_default=False,
     ),
@@ -120,6 +121,7 @@ def deploy(
         wait_ready,
     )
     from pddflow.runtime.frontend import Frontend
+    from pddflow.runtime.link_admin import LinkAdmin
     from pddflow.runtime.model_info import model_info
     from pddflow.runtime.shutdown import DrainingServer
     from pddflow.runtime.supervisor import Supervisor
@@ -222,12 +224,18 @@ def deploy(
             f"/v1: {'API key required' if api_key else 'open (no --api-key)'}; /admin: "
             f"{'admin key required' if admin_key else 'off (no --admin-key)'}"
         )
+        links = LinkAdmin(plan, frontend.clients)
+
+        def restarted(instance: str, restarts: int) -> None:
+            frontend.worker_restarted(instance, restarts)
+            links.restarted(instance)  # it shapes its links as declared: re-tell a degrade
+
         # a worker that dies is restarted; until it is back, requests go around it
-        supervisor = Supervisor(be, frontend.worker_exited, frontend.worker_restarted).start()
+        supervisor = Supervisor(be, frontend.worker_exited, restarted).start()
         sys.stderr.flush()
         admission = Admission()
         config = uvicorn.Config(
-            make_app(frontend, be, admission, api_key=api_key, admin_key=admin_key),
+            make_app(frontend, be, admission, api_key=api_key, admin_key=admin_key, links=links),
             host=host,
             port=port,
             log_level=log_level,
@@ -301,6 +309,14 @@ def bench_serve(
         help="the emulated WAN's bandwidth for every graph "
         "(0.1 Gbps: a cold 1,000-token prompt's KV takes about 2.6 s)",
     ),
+    wan_degrade: str | None = typer.Option(
+        None,
+        "--wan-degrade",
+        metavar="AT_S:GBPS[:JITTER_P99_MS]",
+        help="AT_S seconds into each graph's run, slow its emulated WAN to GBPS (and the jitter "
+        "to that P99, its shape as declared) through the admin endpoint",
+        show_default=False,
+    ),
     timeout: float = typer.Option(120.0, min=1.0, help="deadline of one request, s"),
     seed: int = typer.Option(0, help="workload seed"),
     cpu_pinning: str = typer.Option(
@@ -333,8 +349,13 @@ def bench_serve(
     from pddflow.core.serve_sessions import TraceError, build
     from pddflow.runtime.bench_serve import ratios, run_graph, summarize
     from pddflow.runtime.launcher import LaunchError
+    from pddflow.runtime.wan_degrade import WanDegrade
 
     check_cpu_pinning(cpu_pinning)
+    try:
+        degrade = WanDegrade.parse(wan_degrade) if wan_degrade is not None else None
+    except ValueError as exc:
+        fail(str(exc), code=2)
     graphs = [resolve_or_exit(g) for g in graphs or [Path("cross_dc_pd"), Path("pdd")]]
     plans = [load_or_exit(g) for g in graphs]
     try:
@@ -370,6 +391,7 @@ def bench_serve(
                             *(("--address", address) if address else ()),
                         ),
                         per_request=per_request,
+                        degrade=degrade,
                     )
                 )
             except LaunchError as exc:
@@ -384,6 +406,7 @@ def bench_serve(
             "scale": scale,
             "rps": rps,
             "wan_gbps": wan_gbps,
+            "wan_degrade": degrade.as_json() if degrade is not None else None,
             "max_output": max_output,
             "think_s": think,
             "trace": str(trace),
@@ -401,11 +424,16 @@ def bench_serve(
 
 def _print_serve(out: dict) -> None:
     from pddflow.commands.tables import metric_table, percentile_rows
+    from pddflow.runtime.wan_degrade import WanDegrade
 
     con = console()
+    wl = out["workload"]
+    degrade = wl.get("wan_degrade")
+    title = f"bench serve: {wl['requests']} requests, WAN {wl['wan_gbps']:g} Gbps"
+    if degrade is not None:
+        title += f" -> {WanDegrade(**degrade).describe()}"
     t = metric_table(
-        f"bench serve: {out['workload']['requests']} requests, "
-        f"WAN {out['workload']['wan_gbps']:g} Gbps",
+        title,
         [Path(r["graph"]).stem for r in out["graphs"]],
         out["graphs"],
         [
@@ -417,6 +445,7 @@ def _print_serve(out: dict) -> None:
                 lambda r: f"{r['wan_bytes'] / 1e6:.1f} ({r['wan_share_of_full_kv'] or 0:.0%})",
             ),
             ("relay token share", lambda r: f"{r['relay_token_share']:.1%}"),
+            *(_degrade_rows() if degrade is not None else []),
             ("errors", lambda r: str(r["errors"])),
         ],
     )
@@ -426,6 +455,25 @@ def _print_serve(out: dict) -> None:
             f"{Path(g).stem} / {Path(out['graphs'][0]['graph']).stem}: "
             + ", ".join(f"{k} x{v}" for k, v in rt.items() if v is not None)
         )
+
+
+def _degrade_rows() -> list:
+    """TTFT of the requests sent after the degrade, and the variants of those finished after."""
+
+    def ttft_after(r: dict, q: str) -> str:
+        d = r["wan_degrade"]
+        got = (d.get("ttft_after_s") or {}).get(q)
+        return "not applied" if d.get("applied_at_s") is None else f"{got:.3f}" if got else "-"
+
+    def variants(r: dict) -> str:
+        mix = r["wan_degrade"].get("variants_after") or {}
+        return ", ".join(f"{v} {n}" for v, n in mix.items()) or "-"
+
+    return [
+        ("after degrade: TTFT P50 (s)", lambda r: ttft_after(r, "p50")),
+        ("after degrade: TTFT P99 (s)", lambda r: ttft_after(r, "p99")),
+        ("finished after degrade: variants", variants),
+    ]
 
 
 def _interrupt(*_: object) -> None:

@@ -13,11 +13,11 @@ from typing import Any, Protocol
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pddflow.core.payloads import SamplingParams
 from pddflow.runtime.admission import Admission
+from pddflow.runtime.api_admin import add_admin_routes
 from pddflow.runtime.api_auth import KeyGuard
 from pddflow.runtime.api_errors import (
     RequestRejected,
@@ -27,6 +27,7 @@ from pddflow.runtime.api_errors import (
 )
 from pddflow.runtime.api_run import ClientGone, Run, RunResponse, on_disconnect, sse
 from pddflow.runtime.deployment import with_placement
+from pddflow.runtime.link_admin import LinkAdmin
 from pddflow.runtime.logprobs import chat_logprobs, completion_logprobs
 from pddflow.runtime.openai_schema import ChatBody, ChatMessage, CompletionBody, _Body
 
@@ -71,23 +72,18 @@ class Frontend(Protocol):
         ...
 
 
-class LinkCut(BaseModel):
-    seconds: float = Field(gt=0, le=3600, description="how long the link stays down")
-    after_bytes: int = Field(
-        0, ge=0, description="cut once this many more bytes crossed it (mid-transfer)"
-    )
-
-
 def make_app(
     frontend: Frontend,
     backend: Any = None,
     admission: Admission | None = None,
     api_key: str | None = None,
     admin_key: str | None = None,
+    links: LinkAdmin | None = None,
 ) -> FastAPI:
-    """`backend`, when it can (the local backend), and given an `admin_key`, adds
-    /admin/links/{name}/cut: failure drills on the emulated WAN. `admission`
-    (app.state.admission) is what a shutdown drains. `api_key` guards /v1/* (docs/openai-api.md)."""
+    """Given an `admin_key`: `backend`, when it can (the local backend), adds
+    /admin/links/{name}/cut, and `links` /admin/links/{name}/degrade and .../restore: drills on
+    the emulated WAN (api_admin.py). `admission` (app.state.admission) is what a shutdown drains.
+    `api_key` guards /v1/* (docs/openai-api.md)."""
     admission = admission or Admission()
 
     @asynccontextmanager
@@ -137,17 +133,8 @@ def make_app(
         body, ctype = frontend.metrics_text()
         return Response(body, media_type=ctype)
 
-    if admin_key and backend is not None and hasattr(backend, "cut_link"):
-
-        @app.post("/admin/links/{name}/cut")
-        async def cut_link(name: str, body: LinkCut) -> JSONResponse:
-            try:
-                backend.cut_link(name, body.seconds, body.after_bytes)
-            except KeyError as exc:
-                return error_response(404, str(exc.args[0]), kind="not_found_error", param="name")
-            return JSONResponse(
-                {"link": name, "down_s": body.seconds, "after_bytes": body.after_bytes}
-            )
+    if admin_key:
+        add_admin_routes(app, backend, links)
 
     def served_model() -> dict[str, Any]:
         return {

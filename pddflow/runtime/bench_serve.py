@@ -22,6 +22,7 @@ from pddflow.core.serve_sessions import WorkloadSpec
 from pddflow.core.stats import percentile
 from pddflow.runtime.launcher import Deployment
 from pddflow.runtime.metrics import DECODE_COUNTERS
+from pddflow.runtime.wan_degrade import WanDegrade, after, degrade_at, variant_counts
 from pddflow.runtime.workers.loop import STATUS_EVERY_S
 
 
@@ -51,6 +52,9 @@ class GraphResult:
     client_cpu_s: float | None = None
     # instance -> its decode steps over the run
     decode: dict[str, dict] = field(default_factory=dict)
+    # --wan-degrade: the scenario, when it was applied (s into the run) and what each link became
+    degrade: dict | None = None
+    variants: dict[str, int] = field(default_factory=dict)  # requests finished, by variant
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -196,8 +200,11 @@ def run_graph(
     think_s: float = 1.0,
     extra: tuple[str, ...] = (),
     per_request: bool = False,
+    degrade: WanDegrade | None = None,
 ) -> GraphResult:
     res = GraphResult(str(graph))
+    if degrade is not None:
+        res.degrade = {**degrade.as_json(), "applied_at_s": None}
     args = list(extra) + (["--wan-gbps", str(wan_gbps)] if wan_gbps else [])
     with tempfile.TemporaryDirectory(prefix="pddflow-bench-") as rd:
         dep = Deployment(graph, Path(rd), *args)
@@ -205,6 +212,12 @@ def run_graph(
             model = httpx.get(f"{dep.base}/v1/models", timeout=10).json()["data"][0]["id"]
 
             async def main(t0: float) -> None:
+                # the degrade waits beside the sessions; a run that ends first cancels it
+                slow = (
+                    asyncio.create_task(degrade_at(dep, degrade, t0, res.degrade))
+                    if degrade is not None and res.degrade is not None
+                    else None
+                )
                 async with httpx.AsyncClient() as client:
                     await asyncio.gather(
                         *(
@@ -224,6 +237,9 @@ def run_graph(
                             for i, s in enumerate(workload.sessions)
                         )
                     )
+                if slow is not None:
+                    slow.cancel()
+                    await asyncio.gather(slow, return_exceptions=True)
 
             f0, c0 = _process_cpu_s(dep.proc.pid), _own_cpu_s()
             decode0 = decode_counters(dep.base)
@@ -235,6 +251,7 @@ def run_graph(
             res.frontend_cpu_s = f1 - f0 if f0 is not None and f1 is not None else None
             res.decode = decode_counters(dep.base, decode0)
             res.metrics = _scrape(dep.base)
+            res.variants = variant_counts(dep.base)
             if per_request:
                 _timelines(dep.base, res.samples)
         finally:
@@ -267,6 +284,8 @@ def summarize(res: GraphResult, sla_ttft_s: float, sla_tpot_s: float) -> dict:
         "wan_bytes_saved_by_drc": int(saved),
         "wan_share_of_full_kv": round(sent / (sent + saved), 4) if sent + saved else None,
         "relay_token_share": round(res.metrics.get("relay_token_share", 0.0), 4),
+        "requests_by_variant": res.variants,
+        **({"wan_degrade": _degrade_row(res)} if res.degrade is not None else {}),
         "first_errors": res.errors[:3],
         "host_cpu": _host_cpu(res),
         "decode_steps": res.decode or None,
@@ -283,6 +302,23 @@ def summarize(res: GraphResult, sla_ttft_s: float, sla_tpot_s: float) -> dict:
             else {}
         ),
     }
+
+
+def _degrade_row(res: GraphResult) -> dict:
+    """The scenario as applied, and TTFT and the variants of what came after it."""
+    d = dict(res.degrade or {})
+    at = d.get("applied_at_s")
+    if at is None:
+        return {**d, "note": d.get("error") or "the run ended before the degrade was due"}
+    later = [s.ttft_s for s in res.samples if s.start_s >= at]
+    d["requests_after"] = len(later)
+    d["ttft_after_s"] = {
+        q: round(_pct(later, v), 4) if later else None
+        for q, v in (("p50", 0.5), ("p90", 0.9), ("p99", 0.99))
+    }
+    # by the time they finished: a request in flight at the degrade counts after it
+    d["variants_after"] = after(res.variants, d.pop("variants_before", None))
+    return d
 
 
 def _host_cpu(res: GraphResult) -> dict | None:

@@ -60,8 +60,8 @@ class LaunchError(RuntimeError):
 
 class Deployment:
     """run_dir None: the deployer makes its own (under tmpdir, when given: its TMPDIR). The
-    deployment always gets a fresh admin key (`cut_link` sends it); api_key, when given, guards
-    its /v1 API (default: open, whatever PDDFLOW_API_KEY says here)."""
+    deployment always gets a fresh admin key (`cut_link`, `degrade_link` send it); api_key, when
+    given, guards its /v1 API (default: open, whatever PDDFLOW_API_KEY says here)."""
 
     def __init__(
         self,
@@ -135,6 +135,24 @@ class Deployment:
             f"{self.base}/admin/links/{link}/cut",
             {"seconds": seconds, "after_bytes": after_bytes},
             key=self.admin_key,
+        )
+
+    def degrade_link(
+        self, link: str, gbps: float, jitter_p99_ms: float | None = None
+    ) -> tuple[int, dict]:
+        """POST /admin/links/LINK/degrade: the emulated link at `gbps` (and that jitter P99)."""
+        body: dict = {"gbps": gbps}
+        if jitter_p99_ms is not None:
+            body["jitter_p99_ms"] = jitter_p99_ms
+        # the frontend waits up to 5 s for each worker that shapes the link
+        return post_json(
+            f"{self.base}/admin/links/{link}/degrade", body, timeout=30, key=self.admin_key
+        )
+
+    def restore_link(self, link: str) -> tuple[int, dict]:
+        """POST /admin/links/LINK/restore: the link emulated as declared again."""
+        return post_json(
+            f"{self.base}/admin/links/{link}/restore", {}, timeout=30, key=self.admin_key
         )
 
     def worker_pid(self, instance: str) -> int:

@@ -80,6 +80,7 @@ WORKER_METHODS: dict[str, tuple[type, type]] = {
     "Abort": (pb.Cancel, pb.Reply),
     "Recompute": (pb.Cancel, pb.Reply),
     "Status": (pb.Empty, pb.WorkerStatus),
+    "TuneLink": (pb.LinkTuning, pb.LinkTuned),
 }
 
 

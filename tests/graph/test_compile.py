@@ -16,7 +16,13 @@ SHIPPED = sorted((ROOT / "graphs").glob("*.yaml")) + sorted(
 
 def test_shipped_graphs_are_the_expected_set():
     names = {p.name for p in SHIPPED}
-    assert {"pdd.yaml", "cross_dc_pd.yaml", "same_dc_pd.yaml", "colocated.yaml"} <= names
+    assert {
+        "pdd.yaml",
+        "pdd_threshold.yaml",
+        "cross_dc_pd.yaml",
+        "same_dc_pd.yaml",
+        "colocated.yaml",
+    } <= names
     assert len([p for p in SHIPPED if p.parent.name == "examples"]) >= 2
 
 

@@ -78,3 +78,27 @@ def test_process_cpu_reads_a_live_process():
         pytest.skip("no /proc here")
     assert got > 0
     assert _process_cpu_s(2**22 + 12345) is None  # no such process
+
+
+def test_degrade_scenario_splits_what_came_after_it():
+    res = _result(False)
+    res.variants = {"p_md": 4, "p_rld_md": 2}
+    res.degrade = {
+        "at_s": 2.0,
+        "gbps": 0.01,
+        "jitter_p99_ms": None,
+        "applied_at_s": 2.1,
+        "variants_before": {"p_md": 3},
+    }
+    d = summarize(res, sla_ttft_s=1.0, sla_tpot_s=0.05)["wan_degrade"]
+    # sent at 2.0 (before the degrade landed), 2.5, 4.0, 4.5 s: the last three came after it
+    assert d["requests_after"] == 3 and d["ttft_after_s"]["p50"] == pytest.approx(0.3)
+    assert d["variants_after"] == {"p_md": 1, "p_rld_md": 2}
+    assert "variants_before" not in d and res.degrade["variants_before"] == {"p_md": 3}
+
+
+def test_a_degrade_due_after_the_run_says_so():
+    res = _result(False)
+    res.degrade = {"at_s": 99.0, "gbps": 0.01, "jitter_p99_ms": None, "applied_at_s": None}
+    d = summarize(res, sla_ttft_s=1.0, sla_tpot_s=0.05)["wan_degrade"]
+    assert d["applied_at_s"] is None and "ended before" in d["note"]

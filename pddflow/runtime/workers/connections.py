@@ -11,6 +11,7 @@ from dataclasses import replace
 from typing import Any
 
 from pddflow.channels.codec_tokens import Control, ControlKind
+from pddflow.channels.emulation import degraded
 from pddflow.channels.errors import ChannelClosed, ChannelError, ChannelTimeout
 from pddflow.channels.security import TLSConfig
 from pddflow.channels.shm_kv import (
@@ -20,7 +21,7 @@ from pddflow.channels.shm_kv import (
 )
 from pddflow.channels.token_ids import TokenIdsClient, TokenIdsParams, TokenIdsServer
 from pddflow.channels.wan_flight import WanFlightParams, WanFlightReceiver, WanFlightSender
-from pddflow.core.link import Jitter
+from pddflow.core.link import Jitter, LinkModel
 from pddflow.core.payloads import TokenIds
 from pddflow.graph.plan import ChannelPlan, Plan
 from pddflow.runtime.proto import runtime_pb2 as pb
@@ -44,6 +45,9 @@ class WorkerIO:
         self.reports: queue.Queue = queue.Queue()
         self._senders: dict[tuple[str, str], Any] = {}
         self._lock = threading.Lock()
+        # what each link is emulated as now: as declared until the admin endpoint degrades it
+        self.links: dict[str, LinkModel] = dict(plan.links)
+        self._shaped: list[tuple[ChannelPlan, Any]] = []  # the channel ends whose sends it shapes
         ep = wiring.workers[instance]
         self.kv_receivers: list[Any] = []
         self.handoff_server: TokenIdsServer | None = None
@@ -78,6 +82,7 @@ class WorkerIO:
                 self.handoff_server = TokenIdsServer(
                     wiring.bind_host(ep.handoff), port, params=self._token_params(ch), name=instance
                 )
+                self._shaped.append((ch, self.handoff_server))
         for r in self.kv_receivers:
             threading.Thread(
                 target=self._pump_kv, args=(r,), daemon=True, name=f"kv-{type(r).__name__}"
@@ -93,7 +98,7 @@ class WorkerIO:
 
     def _link(self, ch: ChannelPlan):
         if ch.cross_cluster and ch.params["emulate"] and ch.link:
-            return self.plan.links[ch.link]
+            return self.links[ch.link]
         return None
 
     def _tls(self, ch: ChannelPlan) -> TLSConfig | None:
@@ -126,16 +131,40 @@ class WorkerIO:
         )
 
     def _token_params(self, ch: ChannelPlan) -> TokenIdsParams:
-        # jitter models bulk KV queueing on a busy WAN; token IDs see the RTT (PDD: std 4.8 ms)
-        link = self._link(ch)
-        link = replace(link, jitter=Jitter()) if link is not None else None
         return TokenIdsParams(
             deadline_s=ch.params["deadline_s"],
             token=self._auth(ch),
             tls=self._tls(ch),
-            emulate=link,
+            emulate=self._token_link(self._link(ch)),
             seed=self.wiring.seed,
         )
+
+    @staticmethod
+    def _token_link(link: LinkModel | None) -> LinkModel | None:
+        # jitter models bulk KV queueing on a busy WAN; token IDs see the RTT (PDD: std 4.8 ms)
+        return replace(link, jitter=Jitter()) if link is not None else None
+
+    def tune_link(self, tuning: pb.LinkTuning) -> pb.LinkTuned:
+        """The admin endpoint's degrade or restore of one link: this worker's emulated senders of
+        it shape by the new model from their next piece, and senders made later start with it.
+        Runs on an RPC thread; each EmulatedLink takes its own lock."""
+        declared = self.plan.links.get(tuning.link)
+        if declared is None:
+            raise ValueError(f"{self.instance}: no link {tuning.link!r} in the plan")
+        model = declared
+        if not tuning.restore:
+            p99 = tuning.jitter_p99_ms if tuning.HasField("jitter_p99_ms") else None
+            model = degraded(declared, tuning.gbps, p99)
+        shaped = 0
+        with self._lock:  # no sender is made from the old model meanwhile
+            self.links[tuning.link] = model
+            for ch, end in self._shaped:
+                link = end.emulated_link
+                if ch.link != tuning.link or link is None:
+                    continue
+                link.retune(self._token_link(model) if ch.kind == "token_ids" else model)
+                shaped += 1
+        return pb.LinkTuned(instance=self.instance, shaped=shaped)
 
     # one sender per (channel, destination instance)
     def sender(self, kind: str, dst_instance: str) -> Any:
@@ -161,6 +190,8 @@ class WorkerIO:
                     target=self._pump_tokens, args=(s,), daemon=True, name="handoff-back"
                 ).start()
             self._senders[key] = s
+            if self._link(ch) is not None:
+                self._shaped.append((ch, s))
             return s
 
     def _channel(self, kind: str, dst_instance: str) -> ChannelPlan:

@@ -97,6 +97,7 @@ class Worker:
                 "Abort": (pb.Cancel, pb.Reply, lambda m: put(Abort(m.seq_id, m.reason))),
                 "Recompute": (pb.Cancel, pb.Reply, lambda m: put(KVLost(m.seq_id, m.reason))),
                 "Status": (pb.Empty, pb.WorkerStatus, lambda _: self._status),
+                "TuneLink": (pb.LinkTuning, pb.LinkTuned, self.io.tune_link),
             },
             port=int(wiring.workers[instance].rpc.rsplit(":", 1)[1]),
             host=wiring.bind_host(wiring.workers[instance].rpc),

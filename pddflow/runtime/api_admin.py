@@ -1,0 +1,77 @@
+"""The admin endpoints on the emulated WAN (docs/runtime.md, Admin endpoints): cut a link (the
+backend's relays) and degrade or restore it (the workers' senders, through `LinkAdmin`). They
+exist only with an admin key; `KeyGuard` checks it before any of them runs."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+
+from pddflow.runtime.api_errors import error_response
+from pddflow.runtime.link_admin import (
+    LinkAdmin,
+    LinkNotEmulated,
+    LinkNotFound,
+    LinkTuneFailed,
+)
+
+
+class LinkCut(BaseModel):
+    seconds: float = Field(gt=0, le=3600, description="how long the link stays down")
+    after_bytes: int = Field(
+        0, ge=0, description="cut once this many more bytes crossed it (mid-transfer)"
+    )
+
+
+class LinkDegrade(BaseModel):
+    gbps: float = Field(gt=0, le=1e5, description="the link's new bandwidth")
+    jitter_p99_ms: float | None = Field(
+        None,
+        ge=0,
+        le=600_000,
+        description="the jitter's new P99 (its distribution and tail shape as declared); "
+        "absent: the declared jitter",
+    )
+
+
+def add_admin_routes(app: FastAPI, backend: Any, links: LinkAdmin | None) -> None:
+    if backend is not None and hasattr(backend, "cut_link"):
+
+        @app.post("/admin/links/{name}/cut")
+        async def cut_link(name: str, body: LinkCut) -> JSONResponse:
+            try:
+                backend.cut_link(name, body.seconds, body.after_bytes)
+            except KeyError as exc:
+                return error_response(404, str(exc.args[0]), kind="not_found_error", param="name")
+            return JSONResponse(
+                {"link": name, "down_s": body.seconds, "after_bytes": body.after_bytes}
+            )
+
+    if links is None:
+        return
+
+    @app.post("/admin/links/{name}/degrade")
+    async def degrade_link(name: str, body: LinkDegrade) -> JSONResponse:
+        # the workers' answers are awaited off the event loop: streams go on meanwhile
+        return await _tune(lambda: links.degrade(name, body.gbps, body.jitter_p99_ms))
+
+    @app.post("/admin/links/{name}/restore")
+    async def restore_link(name: str) -> JSONResponse:
+        return await _tune(lambda: links.restore(name))
+
+
+async def _tune(call: Any) -> JSONResponse:
+    try:
+        return JSONResponse(await asyncio.to_thread(call))
+    except LinkNotFound as exc:
+        return error_response(404, str(exc.args[0]), kind="not_found_error", param="name")
+    except LinkNotEmulated as exc:
+        return error_response(409, str(exc), param="name")
+    except ValueError as exc:
+        return error_response(400, str(exc))
+    except LinkTuneFailed as exc:
+        return error_response(502, str(exc), kind="server_error")
