@@ -172,8 +172,9 @@ class RayCluster:
             time.sleep(1)
 
     def actors_and_groups(self) -> dict:
-        """Live actors (name, class, state) and placement groups not removed."""
-        return self.query(
+        """Live actors (name, class, state) and placement groups not removed, each list sorted
+        (Ray lists them in no fixed order)."""
+        out = self.query(
             "from ray._private.state import actors\n"
             "from ray.util import placement_group_table\n"
             "out = {'actors': [{'name': a.get('Name', ''), 'class': a['ActorClassName'],"
@@ -181,3 +182,4 @@ class RayCluster:
             " 'groups': [{'name': g.get('name', ''), 'state': g['state']} for g in "
             "placement_group_table().values() if g['state'] != 'REMOVED']}"
         )
+        return {k: sorted(v, key=lambda x: sorted(x.items())) for k, v in out.items()}

@@ -6,6 +6,7 @@ finished on the relay, its WAN leg never sent."""
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 from pathlib import Path
 
@@ -91,8 +92,18 @@ def event(tl: dict, name: str, instance: str) -> dict:
 
 def test_the_relay_streams_before_mains_kv_lands(singular):
     _, tl = complete(singular, 48, PROMPT[:200], variant="p_rld_md")
+    rid = tl["request_id"]
+    deadline = time.monotonic() + 30
+    # 200 x 32 KiB at 0.05 Gbps: about a second; the relay may have finished all 48 tokens by
+    # then, and main's landing joins the ended request's timeline later
+    while not any(
+        e["event"] == "kv_landed" and e.get("instance") == "main/0" for e in tl["events"]
+    ):
+        assert time.monotonic() < deadline, tl["events"]
+        time.sleep(0.2)
+        tl = timeline(singular, rid)
     first = event(tl, "first_token", "relay/0")
-    landed = event(tl, "kv_landed", "main/0")  # 200 x 32 KiB at 0.05 Gbps: about a second
+    landed = event(tl, "kv_landed", "main/0")
     assert first["t_ms"] < landed["t_ms"], tl["events"]
     assert tl["tokens_by_operator"]["relay"] >= 1
 
