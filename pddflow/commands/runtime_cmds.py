@@ -370,6 +370,8 @@ def bench_serve(
         fail(str(exc))
     err = Console(stderr=True)
     results = []
+    # SIGTERM stops the deployment under test as Ctrl-C does (it would outlive this process)
+    signal.signal(signal.SIGTERM, _interrupt)
     with progress_bar(err, counted=True) as bar:
         for g in graphs:
             task = bar.add_task(f"serving {g.name}", total=workload.requests)
