@@ -154,8 +154,9 @@ def simulate(
         None,
         "--stream-gbps",
         min=0.0,
-        help="WAN: Gbps one TCP stream sustains (a transfer gets streams x "
-        "this at most; 0 = no cap)",
+        help="WAN: Gbps one TCP stream sustains on every link, instead of the graph's "
+        "declared stream_gbps / window over RTT (a transfer gets streams x this at most; "
+        "0 = no cap)",
     ),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output on stdout"),
     per_request: bool = typer.Option(
@@ -185,8 +186,7 @@ def simulate(
     from pddflow.sim.agentic import AgenticConfig
     from pddflow.sim.calibration import Calibration, HostSpec
     from pddflow.sim.metrics import request_rows
-    from pddflow.sim.network import STREAM_GBPS
-    from pddflow.sim.runner import RunOptions, calibrated, with_wan_gbps
+    from pddflow.sim.runner import RunOptions, calibrated, with_stream_gbps, with_wan_gbps
     from pddflow.sim.runner import simulate as simulate_plan
 
     if workload not in ("auto", "trace", "agentic", "serve"):
@@ -210,7 +210,9 @@ def simulate(
         fail("--sweep hit-rate generates agentic workloads; drop --trace", code=2)
     check_cpu_pinning(pinning)
 
-    plans = [with_wan_gbps(load_or_exit(g), wan_gbps) for g in graphs]
+    plans = [
+        with_stream_gbps(with_wan_gbps(load_or_exit(g), wan_gbps), stream_gbps) for g in graphs
+    ]
     measured = _measurements(calibrate, kind) if calibrate else None
     local = profile == "local" or (profile == "auto" and measured is not None)
     if cpu_cores is None and kind == "serve" and measured is not None and local:
@@ -225,7 +227,6 @@ def simulate(
     options = RunOptions(
         seed=seed,
         replications=replications,
-        stream_gbps=STREAM_GBPS if stream_gbps is None else stream_gbps,
         strict_mirrors=check_mirrors,
         # compared with the runtime: its worker loop, and its WAN delays (`bench serve` deploys
         # with the default --seed 0)
@@ -255,7 +256,7 @@ def simulate(
     if sweep:
         if sweep_load not in ("capacity", "fixed"):
             fail(f"unknown --sweep-load {sweep_load!r}; use capacity or fixed", code=2)
-        sim_kwargs = {"stream_gbps": options.stream_gbps, "strict_mirrors": check_mirrors}
+        sim_kwargs = {"strict_mirrors": check_mirrors}
         out = _sweep(
             plans, cals, base, sweep_points, cached_price, seed, sim_kwargs, quiet, sweep_load
         )
