@@ -502,9 +502,7 @@ def _trim(search: Search, best: Replicas, hint: float) -> Replicas:
     """Replicas the best does not need: while one replica fewer of some operator scores as well,
     take the cheapest such (a maximal candidate spends the whole budget, needed or not)."""
     while True:
-        fewer = [
-            best[:i] + (best[i] - 1,) + best[i + 1 :] for i in range(len(best)) if best[i] > 1
-        ]
+        fewer = [best[:i] + (best[i] - 1,) + best[i + 1 :] for i in range(len(best)) if best[i] > 1]
         search.run(fewer, "capacity", hint, HINTED_FACTOR)
         top = search.scores[best].slo_goodput_rps
         same = [r for r in fewer if search.scores[r].slo_goodput_rps >= top]
