@@ -32,7 +32,11 @@ def simulate(
         "conversation trace shipped in pddflow/data/)",
     ),
     workload: str = typer.Option(
-        "auto", "--workload", help="trace | agentic | serve (auto: trace when --trace is given)"
+        "auto",
+        "--workload",
+        help="trace | agentic | pdd | serve (auto: trace when --trace is given; pdd: the agentic "
+        "generator at PDD's published conditions, contexts to 64K, ~1K output, 30 rounds, ~90% "
+        "hit; --rps, -n, --seed apply)",
     ),
     serve_workload: bool = typer.Option(
         False,
@@ -183,14 +187,17 @@ def simulate(
 ) -> None:
     """Simulate graphs at cluster scale with the same Plan and scheduler the runtime uses: TTFT/TPOT
     percentiles, SLA goodput, cost, BCR, WAN bytes, relay token share, variants and handoffs."""
-    from pddflow.sim.agentic import AgenticConfig
+    from pddflow.sim.agentic import AgenticConfig, pdd_conditions
     from pddflow.sim.calibration import Calibration, HostSpec
     from pddflow.sim.metrics import request_rows
     from pddflow.sim.runner import RunOptions, calibrated, with_stream_gbps, with_wan_gbps
     from pddflow.sim.runner import simulate as simulate_plan
 
-    if workload not in ("auto", "trace", "agentic", "serve"):
-        fail(f"unknown workload {workload!r}; use trace, agentic or serve", code=2)
+    if workload not in ("auto", "trace", "agentic", "pdd", "serve"):
+        fail(f"unknown workload {workload!r}; use trace, agentic, pdd or serve", code=2)
+    preset = workload == "pdd"
+    if preset:
+        workload = "agentic"
     if serve_workload:
         if workload not in ("auto", "serve"):
             fail(f"--serve-workload contradicts --workload {workload}", code=2)
@@ -253,6 +260,8 @@ def simulate(
         block_tokens=block,
         max_context=min(65536, plans[0].model.max_context),
     )
+    if preset:
+        base = pdd_conditions(requests=base.requests, rps=base.rps, seed=seed, block_tokens=block)
     if sweep:
         if sweep_load not in ("capacity", "fixed"):
             fail(f"unknown --sweep-load {sweep_load!r}; use capacity or fixed", code=2)

@@ -119,7 +119,15 @@ def size(
         for f, p in zip(files, plans):
             cache = Cache(None if no_cache else cache_dir / f"{p.name}.json")
             task = prog.add_task(f"sizing {p.name}: candidates scored") if prog else None
-            tick = (lambda done, _t, k=task: prog.update(k, completed=done)) if prog else None
+            tick = (
+                (
+                    lambda done, _t, k=task, n=p.name: prog.update(
+                        k, description=f"sizing {n}: {done} candidates scored", completed=done
+                    )
+                )
+                if prog
+                else None
+            )
             search = Search(
                 p, source, seed=seed, jobs=jobs, cache=cache, progress=tick, precision=precision
             )

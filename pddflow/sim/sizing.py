@@ -18,8 +18,9 @@ else a pattern search on them (a coarse grid of each operator's range, then the 
 neighbours at halving steps). Target mode walks candidates cheapest first, skipping any that a
 failed candidate dominates, and stops at the first that meets the target.
 
-Evaluations run in a local process pool, are cached by (graph, replicas, workload, seed, mode) in
-a JSON file, and depend only on those: the search is deterministic for a seed.
+Evaluations run in a local process pool, are cached by (graph, replicas, workload, seed, mode,
+search settings, and a digest of the simulator's code) in a JSON file, and depend only on those:
+the search is deterministic for a seed.
 """
 
 from __future__ import annotations
@@ -290,6 +291,19 @@ def evaluate(task: tuple) -> dict:
 
 
 # ---- the cache -------------------------------------------------------------------------------
+def code_digest() -> str:
+    """The simulator's code (sim, scheduler, graph, core): a cached score is only as good as it."""
+    import pddflow
+
+    root = Path(pddflow.__file__).parent
+    h = hashlib.sha256()
+    for sub in ("sim", "scheduler", "graph", "core"):
+        for f in sorted((root / sub).rglob("*.py")):
+            h.update(f.relative_to(root).as_posix().encode())
+            h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
 def plan_digest(plan: Plan) -> str:
     d = plan.to_dict()
     for k in ("source", "operators", "instances"):
@@ -397,7 +411,13 @@ class Search:
             None
             if evaluator is not None
             else json.dumps(
-                {"v": CACHE_VERSION, "plan": plan_digest(plan), "wl": source.key(), "seed": seed},
+                {
+                    "v": CACHE_VERSION,
+                    "code": code_digest(),
+                    "plan": plan_digest(plan),
+                    "wl": source.key(),
+                    "seed": seed,
+                },
                 sort_keys=True,
             )
         )
