@@ -176,7 +176,9 @@ def _print(results, budget, target_rps) -> None:
             f"({r.sims} replays, {r.cache_hits} from cache); frontier, goodput vs cost"
         )
         names = list(r.evaluated[0].replicas) if r.evaluated else []
-        for col in [*names, "$/h", "capacity rps", "goodput rps", "BCR", "TTFT P90", "TTFT P99"]:
+        rate = "capacity rps" if r.mode == "budget" else "offered rps"
+        cols = [*names, "$/h", rate, "SLA %", "goodput rps", "BCR", "TTFT P90", "TTFT P99"]
+        for col in cols:
             t.add_column(col, justify="right")
         for s in r.frontier():
             mark = " *" if r.best is not None and s.replicas == r.best.replicas else ""
@@ -184,6 +186,7 @@ def _print(results, budget, target_rps) -> None:
                 *[str(s.replicas[n]) for n in names],
                 f"{s.cost_per_hour:.1f}",
                 f"{s.rps:.2f}",
+                f"{100 * s.sla_attainment:.1f}",
                 f"{s.slo_goodput_rps:.2f}{mark}",
                 f"{s.bcr:.1f}",
                 f"{s.ttft_p90_s:.2f}",
