@@ -220,7 +220,7 @@ def _print(results, budget, target_rps) -> None:
     for r in results:
         s = r.best
         if s is None:
-            t.add_row(r.graph, "none fits", *[""] * 6)
+            t.add_row(Path(r.graph).stem, "none meets the SLA", *[""] * 6)
             continue
         vs = f"{s.bcr / base.bcr - 1:+.1%} BCR" if base and base.bcr else ""
         t.add_row(

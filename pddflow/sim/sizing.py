@@ -501,6 +501,8 @@ def size_budget(
             _pattern(search, cands, hint)
     scored = [r for r in cands if r in search.scores]
     best = max(scored, key=lambda r: _rank(search.scores[r]), default=None)
+    if best is not None and search.scores[best].slo_goodput_rps <= 0:
+        best = None  # no candidate has 95% of requests within the SLA at any rate tried
     if best is not None:
         best = _trim(search, best, hint)
     return Sizing(

@@ -115,6 +115,16 @@ def test_more_budget_never_gives_lower_goodput(three, exhaustive_max):
     assert best[-1] == 12.0
 
 
+def test_no_winner_when_nothing_meets_the_sla(three):
+    """A graph whose SLA no candidate meets at any rate has no winner (not its cheapest zero)."""
+
+    def never(r) -> Score:
+        sp = Space.of(three)
+        return Score(dict(zip(sp.names, r)), sp.cost(r), 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, False)
+
+    assert size_budget(Search(three, None, evaluator=never), 20.0, 1.0).best is None
+
+
 def test_target_is_met_cheapest(three):
     for target, want in ((6.0, (2, 1, 2)), (12.0, (3, 2, 4)), (13.0, None)):
         score = _analytic(three)
