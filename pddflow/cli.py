@@ -47,6 +47,7 @@ COMMAND_MODULES = [
     "channel_cmds",
     "handoff_cmds",
     "sim_cmds",
+    "size_cmds",
 ]
 
 for _name in COMMAND_MODULES:

@@ -198,6 +198,9 @@ def plan(
                 "transfer_p99_s": link.transfer_p99_s,
                 "classes": [vars(c) for c in link.classes],
                 "channels": link.channels,
+                "stream_gbps": link.stream_gbps,
+                "streams": link.streams,
+                "flow_cap_gbps": link.flow_cap_gbps,
             }
             for link in report.links
         ]
@@ -302,6 +305,15 @@ def _print_plan(p, placement, report) -> None:
             f"  bandwidth needed: {link.required_gbps:.1f} Gbps with the decode-side radix "
             f"cache, {link.required_gbps_without_drc:.1f} Gbps without "
             f"(link gives {link.available_gbps:g})"
+        )
+        con.print(
+            "  per transfer: "
+            + (
+                f"{link.streams} stream(s) x {link.stream_gbps:g} Gbps = at most "
+                f"{link.flow_cap_gbps:g} Gbps (stream_gbps: declared, or tcp_window_mib / rtt_ms)"
+                if link.flow_cap_gbps > 0
+                else "no per-stream cap (rtt 0 or stream_gbps 0): the link's share"
+            )
         )
     verdict = "[green]FEASIBLE[/green]" if report.feasible else "[red]NOT FEASIBLE[/red]"
     con.print(f"\nverdict: {verdict}")

@@ -32,7 +32,11 @@ def simulate(
         "conversation trace shipped in pddflow/data/)",
     ),
     workload: str = typer.Option(
-        "auto", "--workload", help="trace | agentic | serve (auto: trace when --trace is given)"
+        "auto",
+        "--workload",
+        help="trace | agentic | pdd | serve (auto: trace when --trace is given; pdd: the agentic "
+        "generator at PDD's published conditions, contexts to 64K, ~1K output, 30 rounds, ~90% "
+        "hit; --rps, -n, --seed apply)",
     ),
     serve_workload: bool = typer.Option(
         False,
@@ -154,8 +158,9 @@ def simulate(
         None,
         "--stream-gbps",
         min=0.0,
-        help="WAN: Gbps one TCP stream sustains (a transfer gets streams x "
-        "this at most; 0 = no cap)",
+        help="WAN: Gbps one TCP stream sustains on every link, instead of the graph's "
+        "declared stream_gbps / window over RTT (a transfer gets streams x this at most; "
+        "0 = no cap)",
     ),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output on stdout"),
     per_request: bool = typer.Option(
@@ -182,15 +187,17 @@ def simulate(
 ) -> None:
     """Simulate graphs at cluster scale with the same Plan and scheduler the runtime uses: TTFT/TPOT
     percentiles, SLA goodput, cost, BCR, WAN bytes, relay token share, variants and handoffs."""
-    from pddflow.sim.agentic import AgenticConfig
+    from pddflow.sim.agentic import AgenticConfig, pdd_conditions
     from pddflow.sim.calibration import Calibration, HostSpec
     from pddflow.sim.metrics import request_rows
-    from pddflow.sim.network import STREAM_GBPS
-    from pddflow.sim.runner import RunOptions, calibrated, with_wan_gbps
+    from pddflow.sim.runner import RunOptions, calibrated, with_stream_gbps, with_wan_gbps
     from pddflow.sim.runner import simulate as simulate_plan
 
-    if workload not in ("auto", "trace", "agentic", "serve"):
-        fail(f"unknown workload {workload!r}; use trace, agentic or serve", code=2)
+    if workload not in ("auto", "trace", "agentic", "pdd", "serve"):
+        fail(f"unknown workload {workload!r}; use trace, agentic, pdd or serve", code=2)
+    preset = workload == "pdd"
+    if preset:
+        workload = "agentic"
     if serve_workload:
         if workload not in ("auto", "serve"):
             fail(f"--serve-workload contradicts --workload {workload}", code=2)
@@ -210,7 +217,9 @@ def simulate(
         fail("--sweep hit-rate generates agentic workloads; drop --trace", code=2)
     check_cpu_pinning(pinning)
 
-    plans = [with_wan_gbps(load_or_exit(g), wan_gbps) for g in graphs]
+    plans = [
+        with_stream_gbps(with_wan_gbps(load_or_exit(g), wan_gbps), stream_gbps) for g in graphs
+    ]
     measured = _measurements(calibrate, kind) if calibrate else None
     local = profile == "local" or (profile == "auto" and measured is not None)
     if cpu_cores is None and kind == "serve" and measured is not None and local:
@@ -225,7 +234,6 @@ def simulate(
     options = RunOptions(
         seed=seed,
         replications=replications,
-        stream_gbps=STREAM_GBPS if stream_gbps is None else stream_gbps,
         strict_mirrors=check_mirrors,
         # compared with the runtime: its worker loop, and its WAN delays (`bench serve` deploys
         # with the default --seed 0)
@@ -252,10 +260,12 @@ def simulate(
         block_tokens=block,
         max_context=min(65536, plans[0].model.max_context),
     )
+    if preset:
+        base = pdd_conditions(requests=base.requests, rps=base.rps, seed=seed, block_tokens=block)
     if sweep:
         if sweep_load not in ("capacity", "fixed"):
             fail(f"unknown --sweep-load {sweep_load!r}; use capacity or fixed", code=2)
-        sim_kwargs = {"stream_gbps": options.stream_gbps, "strict_mirrors": check_mirrors}
+        sim_kwargs = {"strict_mirrors": check_mirrors}
         out = _sweep(
             plans, cals, base, sweep_points, cached_price, seed, sim_kwargs, quiet, sweep_load
         )

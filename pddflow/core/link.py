@@ -58,6 +58,9 @@ class LinkModel:
     gbps: float
     rtt_ms: float = 0.0
     jitter: Jitter = Jitter()
+    # what one TCP stream sustains (window/RTT unless declared); a transfer over `streams` of them
+    # gets at most streams x this (its fair share of `gbps` otherwise); 0: no per-stream limit
+    stream_gbps: float = 0.0
 
     @property
     def bytes_per_s(self) -> float:
@@ -73,8 +76,25 @@ class LinkModel:
             + self.serialization_s(nbytes, share)
         )
 
+    def flow_cap_gbps(self, streams: int) -> float:
+        """The most one transfer over `streams` parallel streams gets; 0: only the link's rate."""
+        return self.stream_gbps * max(streams, 1) if self.stream_gbps > 0 else 0.0
+
+    def flow_bytes_per_s(self, streams: int, share: float = 1.0) -> float:
+        """One transfer's rate: its `share` of the link, at most its streams' cap."""
+        rate = self.bytes_per_s * max(share, 1e-9)
+        cap = self.flow_cap_gbps(streams) * 1e9 / 8
+        return min(rate, cap) if cap > 0 else rate
+
     def connects(self, x: str, y: str) -> bool:
         return {x, y} == {self.a, self.b}
+
+
+def window_stream_gbps(window_mib: float, rtt_ms: float) -> float:
+    """A TCP stream's ceiling over a long fat pipe: one window per round trip; 0 when rtt is 0."""
+    if rtt_ms <= 0 or window_mib <= 0:
+        return 0.0
+    return window_mib * 1024 * 1024 * 8 / (rtt_ms / 1e3) / 1e9
 
 
 def _norm_ppf(q: float) -> float:

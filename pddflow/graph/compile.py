@@ -12,7 +12,7 @@ from typing import Any
 
 from pddflow.core.arch import ARCHS, ModelArch
 from pddflow.core.device import GIB, DeviceClass
-from pddflow.core.link import Jitter, LinkModel
+from pddflow.core.link import Jitter, LinkModel, window_stream_gbps
 from pddflow.core.model_ref import is_hub_id
 from pddflow.core.operator_types import OPERATOR_TYPES, OperatorType
 from pddflow.core.policies import POLICIES
@@ -202,6 +202,9 @@ class Compiler:
                     link.gbps,
                     link.rtt_ms,
                     Jitter(link.jitter.p50_ms, link.jitter.p99_ms, link.jitter.dist),
+                    link.stream_gbps
+                    if link.stream_gbps is not None
+                    else window_stream_gbps(link.tcp_window_mib, link.rtt_ms),
                 )
 
     def _operators(

@@ -3,7 +3,8 @@
 Bandwidth: KV bytes per second that must cross each link for a given load, with and without a
 decode-side radix cache (DRC: only the uncached share travels). Latency: per request class, the
 KV transfer time at P50/P99 from the link's bandwidth (shared with the other flows, processor
-sharing: a flow sees 1/(1-utilisation) of its solo time), its RTT and its jitter distribution.
+sharing: a flow sees 1/(1-utilisation) of its solo time) capped by the declared per-transfer limit
+(wan_flight streams x one TCP stream's rate, window/RTT by default), its RTT and its jitter.
 """
 
 from __future__ import annotations
@@ -45,6 +46,11 @@ class LinkReport:
     transfer_p99_s: float
     classes: list[RequestClass] = field(default_factory=list)
     channels: list[str] = field(default_factory=list)
+    # the declared transfer limit: one stream's rate (window/RTT unless declared), wan_flight
+    # streams per transfer, and their product, the most one transfer gets (0: no cap)
+    stream_gbps: float = 0.0
+    streams: int = 1
+    flow_cap_gbps: float = 0.0
 
 
 @dataclass
@@ -84,8 +90,9 @@ def analyze(plan: Plan, load: Load) -> Feasibility:
                 drc += ids
         required, without = drc * 8 / 1e9, full * 8 / 1e9
         util = required / link.gbps
+        streams = plan.streams(link.name)
         classes = (
-            _classes(link, load, kv, util, kv_drc)
+            _classes(link, load, kv, util, kv_drc, streams)
             if any(c.payload == str(Payload.KV_BLOCKS) for c in crossing)
             else []
         )
@@ -101,6 +108,9 @@ def analyze(plan: Plan, load: Load) -> Feasibility:
                 avg.transfer_p99_s if avg else 0.0,
                 classes,
                 [c.id for c in crossing],
+                round(link.stream_gbps, 3),
+                streams,
+                round(plan.flow_cap_gbps(link.name), 3),
             )
         )
         if util >= 1.0:
@@ -134,8 +144,9 @@ def analyze(plan: Plan, load: Load) -> Feasibility:
     )
 
 
-def _classes(link, load: Load, kv: int, util: float, drc: bool) -> list[RequestClass]:
-    slow = 1.0 / (1.0 - util) if util < 1.0 else float("inf")
+def _classes(link, load: Load, kv: int, util: float, drc: bool, streams: int) -> list[RequestClass]:
+    """A transfer gets the link's unused share, at most its streams' cap (as in the simulator)."""
+    rate = link.flow_bytes_per_s(streams, 1.0 - util) if util < 1.0 else 0.0
     out = []
     for name, hit in (
         ("cold", 0.0),
@@ -145,7 +156,8 @@ def _classes(link, load: Load, kv: int, util: float, drc: bool) -> list[RequestC
         if not drc:
             hit = 0.0
         nbytes = load.prompt_tokens * kv * (1 - hit)
-        p50 = link.transfer_quantile_s(0, 0.5) + link.serialization_s(nbytes) * slow
-        p99 = link.transfer_quantile_s(0, 0.99) + link.serialization_s(nbytes) * slow
+        data_s = nbytes / rate if rate > 0 else float("inf")
+        p50 = link.transfer_quantile_s(0, 0.5) + data_s
+        p99 = link.transfer_quantile_s(0, 0.99) + data_s
         out.append(RequestClass(name, hit, nbytes, round(p50, 4), round(p99, 4)))
     return out

@@ -144,6 +144,22 @@ class Plan:
     def operator_of(self, instance_id: str) -> OperatorPlan:
         return self.operators[self.instance(instance_id).operator]
 
+    def streams(self, link: str) -> int:
+        """The most `streams` any wan_flight channel across `link` declares (1 without one)."""
+        return max(
+            (
+                int(c.params.get("streams", 1))
+                for c in self.channels
+                if c.link == link and c.kind == "wan_flight"
+            ),
+            default=1,
+        )
+
+    def flow_cap_gbps(self, link: str) -> float:
+        """The most one KV transfer across `link` gets: streams x the link's stream rate (0: no
+        cap but the link). `plan`'s transfer times and the simulator's WAN both use it."""
+        return self.links[link].flow_cap_gbps(self.streams(link))
+
     def cost_per_hour(self) -> float:
         """Price of every device the operators occupy (not idle devices in the clusters)."""
         return sum(

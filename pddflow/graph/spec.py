@@ -90,6 +90,18 @@ class LinkSpec(_Strict):
     jitter: JitterSpec = Field(
         default_factory=JitterSpec, description="per-transfer extra delay distribution"
     )
+    tcp_window_mib: float = Field(
+        8.0,
+        gt=0,
+        description="TCP window one stream may have in flight, MiB; a stream sustains at most "
+        "window/RTT (8 MiB at 30 ms: 2.24 Gbps)",
+    )
+    stream_gbps: float | None = Field(
+        None,
+        ge=0,
+        description="what one TCP stream sustains, Gbps (default: tcp_window_mib / rtt_ms; "
+        "0: no per-stream limit); a wan_flight transfer gets at most its streams x this",
+    )
 
 
 class OperatorSpec(_Strict):

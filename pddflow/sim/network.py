@@ -1,5 +1,6 @@
 """The network: uncontended RDMA inside a cluster, processor-shared WAN links with jitter and
-per-flow caps between clusters (docs/simulator.md, Network)."""
+per-flow caps between clusters (docs/simulator.md, Network). A flow's cap is the graph's declared
+transfer limit (`Plan.flow_cap_gbps`: wan_flight streams x the link's stream_gbps)."""
 
 from __future__ import annotations
 
@@ -13,8 +14,6 @@ from pddflow.sim.events import EventLoop
 RDMA_LATENCY_S = 20e-6
 # caps the lognormal jitter tail: PDD measured cross-DC KV transfers between 1 and 20 s
 MAX_DELAY_S = 20.0
-# one TCP stream across datacenters (window/RTT bound); a flow's cap is streams x this; 0: no cap
-STREAM_GBPS = 2.5
 IDS_BYTES_PER_TOKEN = 15  # token-ID handoff on the wire (PDD: 1.5 KB per 100 tokens)
 
 

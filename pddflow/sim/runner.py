@@ -10,7 +10,6 @@ from pddflow.graph.plan import Plan
 from pddflow.sim.calibration import Calibration, HostSpec, Measurements, calibrated_plan, settle
 from pddflow.sim.engine import StepKind
 from pddflow.sim.metrics import summarize
-from pddflow.sim.network import STREAM_GBPS
 from pddflow.sim.simulator import Simulation
 from pddflow.sim.workload import Workload
 
@@ -20,7 +19,7 @@ class RunOptions:
     seed: int = 0
     # other draws of the random parts; each TTFT/TPOT percentile is the median over them
     replications: int = 1
-    stream_gbps: float = STREAM_GBPS
+    stream_gbps: float | None = None  # every link's per-stream rate (None: as declared)
     strict_mirrors: bool = False
     embedded: bool = False
     wan_jitter_seed: int | None = None
@@ -31,6 +30,15 @@ def with_wan_gbps(plan: Plan, gbps: float | None) -> Plan:
     if gbps is None:
         return plan
     return replace(plan, links={n: replace(link, gbps=gbps) for n, link in plan.links.items()})
+
+
+def with_stream_gbps(plan: Plan, gbps: float | None) -> Plan:
+    """Every link of `plan` with one stream sustaining `gbps` (0: no per-stream cap)."""
+    if gbps is None:
+        return plan
+    return replace(
+        plan, links={n: replace(link, stream_gbps=gbps) for n, link in plan.links.items()}
+    )
 
 
 def calibrated(

@@ -29,7 +29,7 @@ from pddflow.sim.engine import Engine, Job, Seq
 from pddflow.sim.events import EventLoop
 from pddflow.sim.handoff import Handoffs
 from pddflow.sim.kvstore import Hold, KVStore
-from pddflow.sim.network import STREAM_GBPS, SharedLink
+from pddflow.sim.network import SharedLink
 from pddflow.sim.run import LegState, Run
 from pddflow.sim.workload import SimRequest, Workload
 
@@ -37,7 +37,8 @@ from pddflow.sim.workload import SimRequest, Workload
 class Simulation(DecodeLegs, Handoffs):
     """`embedded`: replay the embedded runtime's worker loop (prefill samples the first token; one
     model call at a time). `wan_jitter_seed`: a deployment's `--seed`, so WAN transfers draw the
-    delays its emulated KV link draws, in send order."""
+    delays its emulated KV link draws, in send order. `stream_gbps`: every link's per-stream rate
+    instead of the one the graph declares (0: no cap)."""
 
     def __init__(
         self,
@@ -47,7 +48,7 @@ class Simulation(DecodeLegs, Handoffs):
         seed: int = 0,
         policy: Policy | None = None,
         strict_mirrors: bool = False,
-        stream_gbps: float = STREAM_GBPS,
+        stream_gbps: float | None = None,
         calibration: Calibration | None = None,
         embedded: bool = False,
         wan_jitter_seed: int | None = None,
@@ -76,7 +77,9 @@ class Simulation(DecodeLegs, Handoffs):
                 random.Random(f"{seed}/{name}")
                 if wan_jitter_seed is None
                 else jitter_stream(kv_link_seed(wan_jitter_seed), 0),
-                self._streams(name) * stream_gbps,
+                plan.flow_cap_gbps(name)
+                if stream_gbps is None
+                else replace(link, stream_gbps=stream_gbps).flow_cap_gbps(plan.streams(name)),
             )
             for name, link in plan.links.items()
         }
@@ -105,17 +108,6 @@ class Simulation(DecodeLegs, Handoffs):
             if r.parent >= 0:
                 self._children.setdefault(r.parent, []).append(r)
         self._arrived = 0
-
-    def _streams(self, link: str) -> int:
-        """The most `streams` any KV channel across `link` declares."""
-        return max(
-            (
-                int(c.params.get("streams", 1))
-                for c in self.plan.channels
-                if c.link == link and c.kind == "wan_flight"
-            ),
-            default=1,
-        )
 
     def run(self, progress: Callable[[int, int], None] | None = None) -> list[Run]:
         t0 = time.perf_counter()

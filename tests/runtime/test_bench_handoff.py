@@ -38,7 +38,10 @@ def pdd_plan():
 def quick_link_graph(tmp_path: Path) -> Path:
     """pdd with a short, steady link, so a few real handoffs take well under a second each."""
     text = resolve_graph("pdd").read_text()
-    old = "A-B: {gbps: 100, rtt_ms: 30, jitter: {dist: lognormal, p50_ms: 50, p99_ms: 2000}}"
+    old = (
+        "A-B: {gbps: 100, rtt_ms: 30, stream_gbps: 2.5,\n"
+        "        jitter: {dist: lognormal, p50_ms: 50, p99_ms: 2000}}"
+    )
     assert old in text
     path = tmp_path / "pdd_quick.yaml"
     path.write_text(
