@@ -76,4 +76,4 @@ class Accounting:
         elif ch.link:  # counted when the transfer starts, even if later cancelled
             self.metrics.wan_bytes.labels(ch.link).inc(e.values.get("bytes", 0.0))
             self.metrics.wan_saved.labels(ch.link).inc(e.values.get("saved_bytes", 0.0))
-            self.link_watch.started(ch.link, transfer)
+            self.link_watch.started(ch.link, transfer, e.values.get("bytes", 0.0))

@@ -28,8 +28,8 @@ class LinkWatch:
         self._read_at = 0.0  # when the monitors were last read
         self._stale = True  # a transfer event since then
 
-    def started(self, link: str, transfer: Hashable) -> None:
-        self.monitors[link].started(transfer)
+    def started(self, link: str, transfer: Hashable, nbytes: float = 0.0) -> None:
+        self.monitors[link].started(transfer, nbytes)
         self._stale = True
 
     def ended(

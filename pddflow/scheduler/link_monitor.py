@@ -37,12 +37,12 @@ class LinkMonitor:
         self.model, self.clock = model, clock
         self.rates: deque[_Measured] = deque(maxlen=256)
         self.durations: deque[tuple[float, float]] = deque(maxlen=256)  # (ended at, seconds)
-        # transfer -> (flows already crossing at its start, when it started)
-        self.active: dict[Hashable, tuple[int, float]] = {}
+        # transfer -> (flows already crossing at its start, when it started, its bytes)
+        self.active: dict[Hashable, tuple[int, float, float]] = {}
 
-    def started(self, transfer: Hashable) -> None:
+    def started(self, transfer: Hashable, nbytes: float = 0.0) -> None:
         self._expire()
-        self.active[transfer] = (len(self.active), self.clock())
+        self.active[transfer] = (len(self.active), self.clock(), nbytes)
 
     def forget(self, lost: Callable[[Hashable], bool]) -> None:
         """Transfers whose sender or receiver is gone will not end: they stop counting."""
@@ -51,7 +51,7 @@ class LinkMonitor:
 
     def _expire(self) -> None:
         now = self.clock()
-        for transfer in [t for t, (_, t0) in self.active.items() if now - t0 > IN_FLIGHT_MAX_S]:
+        for transfer in [t for t, (_, t0, _) in self.active.items() if now - t0 > IN_FLIGHT_MAX_S]:
             del self.active[transfer]
 
     def ended(self, transfer: Hashable, nbytes: float | None, seconds: float | None) -> None:
@@ -73,7 +73,19 @@ class LinkMonitor:
         for m in self.rates:
             w = 0.5 ** ((now - m.at) / HALF_LIFE_S)
             total, weight = total + w * m.link_s_per_byte, weight + w
-        return weight / total
+        return weight / max(total, self._overstaying(now) * weight)
+
+    def _overstaying(self, now: float) -> float:
+        """The slowest time per byte the transfers still crossing already prove: one that has run
+        longer than the estimate allows for its bytes says the link is at least that slow, long
+        before it ends (a link slowed 30-fold shows in seconds, not after its first transfer)."""
+        rtt, sharing = self.model.rtt_ms / 1e3, len(self.active)
+        slowest = 0.0
+        for _, t0, nbytes in self.active.values():
+            moving = now - t0 - rtt
+            if nbytes >= MIN_RATE_BYTES and moving > 0:
+                slowest = max(slowest, moving / (nbytes * sharing))
+        return slowest
 
     def transfer_p90_s(self) -> float | None:
         """Of the transfers that ended in the last P90_WINDOW_S; None when there were none."""

@@ -78,3 +78,15 @@ def test_transfers_of_a_lost_sender_stop_counting():
     assert m.estimate().active_flows == 1
     clock.t = IN_FLIGHT_MAX_S + 1  # nor does one that never ended, after the longest deadline
     assert m.estimate().active_flows == 0
+
+
+def test_a_transfer_that_overstays_slows_the_estimate_before_it_ends():
+    clock = Clock()
+    m = LinkMonitor(MODEL, clock)
+    m.started("big", 10e6)  # 10 MB: 0.1 s at the model's 100 MB/s
+    clock.t = 0.05
+    assert m.link_bytes_per_s() == pytest.approx(100e6)  # not overdue yet
+    clock.t = 2.02  # still crossing after 2 s of moving (RTT 20 ms): at most 5 MB/s
+    assert m.link_bytes_per_s() == pytest.approx(10e6 / 2.0)
+    m.ended("big", 10e6, 2.02)
+    assert m.link_bytes_per_s() == pytest.approx(1.05 / (2.0 / 10e6 + 0.05 / 100e6))
