@@ -31,10 +31,9 @@ POLICIES.register(
         {
             "relay_if_transfer_over_s": Param(
                 float,
-                0.0,
-                "fallback rule: when > 0, use the relay when the predicted P90 KV transfer "
-                "exceeds this many seconds, instead of when the direct path's predicted TTFT "
-                "breaks scheduler.sla.ttft_s",
+                0.5,
+                "also use the relay when the predicted P90 KV transfer exceeds this many seconds "
+                "(0: only when the direct path's predicted TTFT breaks scheduler.sla.ttft_s)",
             ),
             "singular_min_prompt_tokens": Param(
                 int, 16384, "singular traffic: prompts at least this long ..."

@@ -66,7 +66,7 @@ class PredictedHitRatePolicy(Policy):
         why = (
             f"relays saturated; {why_slow}"
             if slow and any(x.has_handoff for x in paths)
-            else why_not
+            else (why_not or why_slow)
         )
         return self.build(
             direct_path, req, state, finisher_instance=inst, hit_blocks=hit, reason=why
@@ -80,23 +80,26 @@ class PredictedHitRatePolicy(Policy):
         req: RequestFeatures,
         state: SchedulerState,
     ) -> tuple[bool, str, str]:
-        """(would the direct path break the SLA, why it would, why it would not). The SLA rule:
-        the finisher goes on after the first token once the entry has queued and prefilled the
-        request and the KV has crossed, at the link's P99 (at P90, one in ten P-MD requests
-        predicted just inside the SLA broke it: docs/scheduler.md); the fixed P90 transfer
-        threshold instead when one is declared."""
+        """(should the relay hide the WAN, why, why not). Two rules, either suffices: the KV's
+        P90 transfer exceeds `relay_if_transfer_over_s` (0: off), or the direct path's predicted
+        TTFT breaks the SLA: the entry's queue and this prompt's prefill at its measured rate,
+        then the transfer at the link's P99 (at P90 one in ten P-MD requests predicted just
+        inside the SLA broke it). docs/scheduler.md has what each costs."""
         limit = self.params["relay_if_transfer_over_s"]
-        if limit > 0:
-            head = f"transfer P90 {transfer_p90_s:.2f}s"
-            return transfer_p90_s > limit, f"{head} > {limit:g}s", f"{head} <= {limit:g}s"
         transfer_s = self.transfer(path, hit_tokens, req, state, "p99")[1]
         wait = self.prefill_wait_s(self.pick_entry(path.entry, req, state), req, state)
         ttft, sla = wait + transfer_s, self.plan.scheduler.ttft_s
-        head = (
+        sla_why = (
             f"{path.name} TTFT {ttft:.2f}s (queue+prefill {wait:.2f}s + transfer P99 "
             f"{transfer_s:.2f}s)"
         )
-        return ttft > sla, f"{head} > SLA {sla:g}s", f"{head} <= SLA {sla:g}s"
+        if ttft > sla:
+            return True, f"{sla_why} > SLA {sla:g}s", ""
+        fixed = f"transfer P90 {transfer_p90_s:.2f}s"
+        if 0 < limit < transfer_p90_s:
+            return True, f"{fixed} > {limit:g}s ({sla_why} <= SLA {sla:g}s)", ""
+        below = f"{fixed} <= {limit:g}s; " if limit > 0 else ""
+        return False, "", f"{below}{sla_why} <= SLA {sla:g}s"
 
     def _relay_free(self, relay_op: str | None, state: SchedulerState) -> bool:
         return relay_op is not None and any(

@@ -78,14 +78,22 @@ def congested(st: SchedulerState, gbps: float = 0.8) -> None:
     )
 
 
-def test_cold_request_goes_direct_while_it_meets_the_sla():
+def test_sla_only_sends_a_cold_request_direct_while_it_meets_the_sla():
     p = plan("pdd.yaml")
-    pol, st = make_policy(p), SchedulerState.for_plan(p)
+    pol, st = make_policy(p, {"relay_if_transfer_over_s": 0.0}), SchedulerState.for_plan(p)
     # 32K tokens x 320 KiB over an idle 100 Gbps link: 2.9 s at P99 (jitter P99 2 s), within 5 s
     cold = pol.decide(req(rid="cold"), st)
     assert cold.variant == "p_md" and cold.predicted_hit == 0.0
     assert 0.5 < cold.predicted_transfer_s < p.scheduler.ttft_s
     assert "<= SLA 5s" in cold.reason and "transfer P99 2.89s" in cold.reason
+
+
+def test_by_default_a_slow_transfer_takes_the_relay_within_the_sla_too():
+    p = plan("pdd.yaml")
+    pol, st = make_policy(p), SchedulerState.for_plan(p)
+    d = pol.decide(req(rid="cold"), st)
+    assert d.variant == "p_rld_md" and d.predicted_transfer_s > 0.5
+    assert "transfer P90 1.27s > 0.5s" in d.reason and "<= SLA 5s" in d.reason
 
 
 def test_direct_path_breaking_the_ttft_sla_takes_the_relay():
@@ -102,7 +110,7 @@ def test_direct_path_breaking_the_ttft_sla_takes_the_relay():
 
 def test_prefill_queue_counts_against_the_sla():
     p = plan("pdd.yaml")
-    pol, st = make_policy(p), SchedulerState.for_plan(p)
+    pol, st = make_policy(p, {"relay_if_transfer_over_s": 0.0}), SchedulerState.for_plan(p)
     for inst in p.operators["prefill"].instances:
         st.prefill_s_per_token[inst] = 20e-6  # 50K tokens/s measured
         st.set_load(inst, InstanceLoad(queued_tokens=200_000))  # 4 s queued before this prompt
@@ -111,14 +119,6 @@ def test_prefill_queue_counts_against_the_sla():
     for inst in p.operators["prefill"].instances:
         st.set_load(inst, InstanceLoad(queued_tokens=0))
     assert pol.decide(req(rid="idle"), st).variant == "p_md"
-
-
-def test_fixed_transfer_threshold_is_the_declared_fallback():
-    p = plan("pdd.yaml")
-    pol, st = make_policy(p, {"relay_if_transfer_over_s": 0.5}), SchedulerState.for_plan(p)
-    d = pol.decide(req(rid="cold"), st)
-    assert d.variant == "p_rld_md" and d.predicted_transfer_s > 0.5
-    assert "> 0.5s" in d.reason and "SLA" not in d.reason
 
 
 def test_saturated_relays_fall_back_to_direct():
