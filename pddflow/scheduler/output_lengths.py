@@ -5,8 +5,9 @@ this the same way, from finished requests; neither ever reads a request's own tr
 from __future__ import annotations
 
 import math
-import statistics
 from collections import deque
+
+from pddflow.core.stats import percentile
 
 KEPT = 64  # recent outputs per prompt-size bucket
 MIN_SEEN = 8  # fewer outputs than this in a bucket: no estimate yet
@@ -26,10 +27,12 @@ class OutputLengths:
         seen.append(output_tokens)
 
     def expected(self, prompt_tokens: int, max_tokens: int = 0) -> int | None:
-        """The median recent output for this prompt size, capped by `max_tokens` (0: not given);
+        """The P90 of recent outputs for this prompt size (a singular request whose answer runs
+        long decodes all of it on the relay: only reliably short ones qualify), capped by
+        `max_tokens` (0: not given);
         with no estimate yet, `max_tokens` itself, or None when that is not given either."""
         seen = self.by_size.get(self._bucket(prompt_tokens))
         if seen is None or len(seen) < MIN_SEEN:
             return max_tokens or None
-        median = int(statistics.median(seen))
-        return min(median, max_tokens) if max_tokens else median
+        p90 = int(percentile(sorted(seen), 90))
+        return min(p90, max_tokens) if max_tokens else p90
