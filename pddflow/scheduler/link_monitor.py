@@ -5,6 +5,7 @@ silence, the graph's link model is the estimate."""
 
 from __future__ import annotations
 
+import math
 import time
 from collections import deque
 from collections.abc import Callable, Hashable
@@ -26,10 +27,10 @@ IN_FLIGHT_MAX_S = 300.0
 @dataclass(frozen=True)
 class _Measured:
     at: float
-    # the whole link's time per byte: the flow's, over the flows sharing it. Averaged as time per
-    # byte, not as a rate: one slow transfer then weighs as much as it cost (an average of rates
-    # let a few fast samples and the model hide a link slowed 40-fold: it read 0.024 Gbps for 0.01)
-    link_s_per_byte: float
+    # log of the whole link's time per byte (the flow's, over the flows sharing it). Averaged as
+    # logs: a link slowed 40-fold and one recovered are both seen at once (an average of rates
+    # let the model hide the slowdown: 0.024 Gbps for 0.01; of times per byte, the recovery)
+    log_s_per_byte: float
 
 
 class LinkMonitor:
@@ -65,15 +66,15 @@ class LinkMonitor:
         moving = seconds - self.model.rtt_ms / 1e3
         if nbytes >= MIN_RATE_BYTES and moving > 0:
             sharing = max(others, len(self.active)) + 1
-            self.rates.append(_Measured(now, moving / (nbytes * sharing)))
+            self.rates.append(_Measured(now, math.log(moving / (nbytes * sharing))))
 
     def link_bytes_per_s(self) -> float:
         now = self.clock()
-        total, weight = PRIOR_WEIGHT / self.model.bytes_per_s, PRIOR_WEIGHT
+        total, weight = -math.log(self.model.bytes_per_s) * PRIOR_WEIGHT, PRIOR_WEIGHT
         for m in self.rates:
             w = 0.5 ** ((now - m.at) / HALF_LIFE_S)
-            total, weight = total + w * m.link_s_per_byte, weight + w
-        return weight / max(total, self._overstaying(now) * weight)
+            total, weight = total + w * m.log_s_per_byte, weight + w
+        return 1.0 / max(math.exp(total / weight), self._overstaying(now))
 
     def _overstaying(self, now: float) -> float:
         """The slowest time per byte the transfers still crossing already prove: one that has run

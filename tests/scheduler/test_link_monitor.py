@@ -3,6 +3,8 @@ decays back to the graph's model when nothing crosses it."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from pddflow.core.link import LinkModel
@@ -40,9 +42,11 @@ def test_a_degraded_link_is_seen_at_once_and_recovers_to_the_model():
     clock = Clock()
     m = LinkMonitor(MODEL, clock)
     _transfer(m, "t1", 10e6, 1.02)  # 10 MB in 1 s of moving: 10 MB/s, a tenth of the model
-    # averaged as time per byte: the slow measurement is not diluted by the model's rate
-    assert m.link_bytes_per_s() == pytest.approx(1.05 / (1 / 10e6 + 0.05 / 100e6))
-    assert m.link_bytes_per_s() < 11e6
+    # averaged as logs: the slow measurement is barely diluted by the model's rate
+    assert m.link_bytes_per_s() == pytest.approx(
+        math.exp((math.log(10e6) + 0.05 * math.log(100e6)) / 1.05)
+    )
+    assert m.link_bytes_per_s() < 11.2e6
     assert m.report()["estimated_gbps"] == pytest.approx(m.link_bytes_per_s() * 8 / 1e9, rel=1e-4)
     clock.t = 20 * HALF_LIFE_S  # a long silence: the measurement has faded
     assert m.link_bytes_per_s() == pytest.approx(100e6, rel=0.02)
@@ -56,7 +60,7 @@ def test_flows_in_flight_share_the_link():
     m.started("b")
     assert m.estimate().bytes_per_s == pytest.approx(100e6 / 3)
     m.ended("a", 5e6, 0.02 + 0.1)  # 50 MB/s for a flow that shared the link with one other
-    assert m.link_bytes_per_s() == pytest.approx(1.05 / (1 / (2 * 50e6) + 0.05 / 100e6))
+    assert m.link_bytes_per_s() == pytest.approx(100e6)  # 2 x 50 MB/s: the model's rate
     m.ended("b", None, None)  # a failed transfer frees its slot and measures nothing
     assert m.estimate().active_flows == 0 and len(m.rates) == 1
 
@@ -89,4 +93,16 @@ def test_a_transfer_that_overstays_slows_the_estimate_before_it_ends():
     clock.t = 2.02  # still crossing after 2 s of moving (RTT 20 ms): at most 5 MB/s
     assert m.link_bytes_per_s() == pytest.approx(10e6 / 2.0)
     m.ended("big", 10e6, 2.02)
-    assert m.link_bytes_per_s() == pytest.approx(1.05 / (2.0 / 10e6 + 0.05 / 100e6))
+    assert m.link_bytes_per_s() == pytest.approx(
+        math.exp((math.log(5e6) + 0.05 * math.log(100e6)) / 1.05)
+    )
+
+
+def test_a_recovered_link_is_seen_within_a_few_transfers():
+    clock = Clock()
+    m = LinkMonitor(MODEL, clock)
+    _transfer(m, "slow", 1e6, 1.02)  # 1 MB/s: a hundredth of the model
+    for i in range(3):
+        clock.t += 1.0
+        _transfer(m, f"fast{i}", 50e6, 0.52)  # 100 MB/s again
+    assert m.link_bytes_per_s() > 25e6  # within 4x of the recovered rate after three transfers
