@@ -152,3 +152,16 @@ def drill(
     for k in range(after):
         one(k, prompts[k % len(prompts)])
     return res
+
+
+def wait_until(what: str, pred: Callable[[], object], timeout_s: float) -> object:
+    """`pred()` once it is truthy, polled every 0.2 s; AssertionError naming `what` after
+    `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        got = pred()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {timeout_s:g} s: {what}")
+        time.sleep(0.2)

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from pddflow.runtime.launcher import Deployment
+from pddflow.testing import chaos
 from pddflow.testing.chaos import greedy_reference
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,15 +32,4 @@ def reference():
 
 @pytest.fixture
 def wait_until() -> Callable[[str, Callable[[], object], float], object]:
-    return _wait_until
-
-
-def _wait_until(what: str, pred: Callable[[], object], timeout_s: float) -> object:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = pred()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s:g} s: {what}")
-        time.sleep(0.2)
+    return chaos.wait_until

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from pddflow.runtime.launcher import Deployment, post_json
-from pddflow.testing.chaos import greedy_reference
+from pddflow.testing.chaos import greedy_reference, wait_until
 from pddflow.testing.ray_cluster import NetNamespace, RayCluster, RayNode, unshare_refused
 
 pytestmark = pytest.mark.slow  # a Ray cluster of three nodes and a deployment on it
@@ -98,17 +98,6 @@ def client(dep):
     return openai.OpenAI(
         base_url=f"{dep.base}/v1", api_key="unused", timeout=CLIENT_TIMEOUT_S, max_retries=0
     )
-
-
-def _wait_until(what, pred, timeout_s):
-    deadline = time.monotonic() + timeout_s
-    while True:
-        got = pred()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {timeout_s:g} s: {what}")
-        time.sleep(0.3)
 
 
 def _node_ids(cluster, resource: str) -> set[str]:
@@ -212,7 +201,7 @@ def test_main_killed_mid_stream_the_stream_completes_and_main_comes_back(dep, cl
         m = dep.health()["workers"]["main/0"]
         return m if m["state"] == "up" and m.get("restarts", 0) >= 1 else None
 
-    m = _wait_until("main restarted and ready", back, 120)
+    m = wait_until("main restarted and ready", back, 120)
     assert m["actor_pid"] != old_actor and "Ray actor died" in m["last_exit"]
     code, out = post_json(
         f"{dep.base}/v1/completions",
