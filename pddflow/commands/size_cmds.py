@@ -80,8 +80,7 @@ def size(
         AgenticSource,
         Cache,
         Search,
-        size_budget,
-        size_target,
+        size,
         trace_source,
         write_graph,
     )
@@ -128,13 +127,14 @@ def size(
                 if prog
                 else None
             )
-            search = Search(
-                p, source, seed=seed, jobs=jobs, cache=cache, progress=tick, precision=precision
-            )
-            res = (
-                size_budget(search, budget, start)
-                if budget is not None
-                else size_target(search, target_rps)
+            res = size(
+                p,
+                lambda plan, c=cache, t=tick: Search(
+                    plan, source, seed=seed, jobs=jobs, cache=c, progress=t, precision=precision
+                ),
+                budget=budget,
+                target_rps=target_rps,
+                start_rps=start,
             )
             if res.best is not None:
                 d = out or Path(".")
@@ -142,7 +142,7 @@ def size(
                 limit = f"${budget:g}/h" if budget is not None else f"{target_rps:g} req/s"
                 path = write_graph(
                     str(f),
-                    res.best.replicas,
+                    res.best,
                     d / f"{p.name}_sized.yaml",
                     f"`pddflow size` winner for {limit}, workload {workload}, seed {seed}: "
                     f"{res.best.slo_goodput_rps:.3g} req/s SLA goodput at "
@@ -176,6 +176,7 @@ def _print(results, budget, target_rps) -> None:
             f"({r.sims} replays, {r.cache_hits} from cache); frontier, goodput vs cost"
         )
         names = list(r.evaluated[0].replicas) if r.evaluated else []
+        varied = _varied(r.evaluated)
         rate = "capacity rps" if r.mode == "budget" else "offered rps"
         cols = [*names, "$/h", rate, "SLA %", "goodput rps", "BCR", "TTFT P90", "TTFT P99"]
         for col in cols:
@@ -183,7 +184,7 @@ def _print(results, budget, target_rps) -> None:
         for s in r.frontier():
             mark = " *" if r.best is not None and s.replicas == r.best.replicas else ""
             t.add_row(
-                *[str(s.replicas[n]) for n in names],
+                *[_count(s, n, varied) for n in names],
                 f"{s.cost_per_hour:.1f}",
                 f"{s.rps:.2f}",
                 f"{100 * s.sla_attainment:.1f}",
@@ -225,7 +226,7 @@ def _print(results, budget, target_rps) -> None:
         vs = f"{s.bcr / base.bcr - 1:+.1%} BCR" if base and base.bcr else ""
         t.add_row(
             Path(r.graph).stem,
-            " ".join(f"{k}={v}" for k, v in s.replicas.items()),
+            " ".join(f"{n}={_count(s, n, _varied(r.evaluated))}" for n in s.replicas),
             f"{s.cost_per_hour:.1f}",
             f"{s.slo_goodput_rps:.2f}",
             f"{s.bcr:.1f}",
@@ -234,6 +235,22 @@ def _print(results, budget, target_rps) -> None:
             vs,
         )
     con.print(t)
+
+
+def _varied(scores) -> set[str]:
+    """Operators whose shape differs between the candidates (the graph offered choices)."""
+    seen: dict[str, set] = {}
+    for s in scores:
+        for n, (dev, k) in s.shapes.items():
+            seen.setdefault(n, set()).add((dev, k))
+    return {n for n, v in seen.items() if len(v) > 1}
+
+
+def _count(s, name: str, varied: set[str]) -> str:
+    if name not in varied:
+        return str(s.replicas[name])
+    dev, k = s.shapes[name]
+    return f"{s.replicas[name]}x{k} {dev}"
 
 
 class _NoProgress:

@@ -25,6 +25,7 @@ from pddflow.graph.plan import (
     OperatorPlan,
     Plan,
     SchedulerPlan,
+    Shape,
     _instances,
 )
 from pddflow.graph.spec import ArchNumbers, GraphSpec
@@ -257,7 +258,8 @@ class Compiler:
                 self.src, at + ("params",), optype.params, o.params, f"operator type {o.op}"
             )
             used.setdefault((o.cluster, o.device), []).append(name)
-            budget = self._memory(name, o, devices[o.device])
+            at_dpr = at + ("devices_per_replica",)
+            budget = self._memory(name, o.devices_per_replica, devices[o.device], at_dpr)
             out[name] = OperatorPlan(
                 name,
                 o.op,
@@ -269,6 +271,7 @@ class Compiler:
                 params,
                 budget,
                 tuple(f"{name}/{i}" for i in range(o.replicas)),
+                self._choices(name, o, clusters, devices),
             )
         for (cluster, dev), names in used.items():
             need = sum(
@@ -289,24 +292,63 @@ class Compiler:
                 )
         return out
 
-    def _memory(self, name: str, o: Any, dev: DeviceClass) -> float:
+    def _choices(
+        self,
+        name: str,
+        o: Any,
+        clusters: dict[str, ClusterPlan],
+        devices: dict[str, DeviceClass],
+    ) -> tuple[Shape, ...]:
+        """The other shapes `pddflow size` may pick, each checked as the declared one is."""
+        out: list[Shape] = []
+        seen = {(o.device, o.devices_per_replica)}
+        have = clusters[o.cluster].devices if o.cluster in clusters else {}
+        for i, c in enumerate(o.choices):
+            at = ("operators", name, "choices", i)
+            dev = c.device or o.device
+            dpr = c.devices_per_replica or o.devices_per_replica
+            if dev not in devices:
+                self.err(
+                    at,
+                    f"choice {i} of operator {name} names device class {dev!r}, which is not "
+                    f"defined{did_you_mean(dev, devices)}; classes: {', '.join(devices)}",
+                )
+                continue
+            if dev not in have:
+                self.err(
+                    at,
+                    f"choice {i} of operator {name}: cluster {o.cluster} has no {dev} devices "
+                    f"(it has: {', '.join(have) or 'none'}); add {dev} to "
+                    f"clusters.{o.cluster}.devices or drop the choice",
+                )
+                continue
+            if (dev, dpr) in seen:
+                continue
+            seen.add((dev, dpr))
+            budget = self._memory(name, dpr, devices[dev], at, f"choice {i} of {name}: ")
+            out.append(Shape(dev, dpr, budget))
+        return tuple(out)
+
+    def _memory(
+        self, name: str, devices_per_replica: int, dev: DeviceClass, at: tuple, what: str = ""
+    ) -> float:
         if self.arch is None:
             return 0.0
         max_context = self.spec.model.max_context
-        usable = MEMORY_HEADROOM * dev.hbm_bytes * o.devices_per_replica
+        usable = MEMORY_HEADROOM * dev.hbm_bytes * devices_per_replica
         budget = usable - self.arch.weight_bytes
         if budget <= 0:
             need = -(-self.arch.weight_bytes // int(MEMORY_HEADROOM * dev.hbm_bytes))
             self.err(
-                ("operators", name, "devices_per_replica"),
-                f"the {self.arch.name} weights need "
-                f"{self.arch.weight_bytes / GIB:.0f} GiB but {o.devices_per_replica} x {dev.name} "
+                at,
+                f"{what}the {self.arch.name} weights need "
+                f"{self.arch.weight_bytes / GIB:.0f} GiB but {devices_per_replica} x {dev.name} "
                 f"give {usable / GIB:.0f} GiB usable; set devices_per_replica >= {need + 1}",
             )
         elif budget < (one_request := self.arch.kv_bytes_per_token * max_context):
             self.err(
-                ("operators", name, "devices_per_replica"),
-                f"after weights, {name} has {budget / GIB:.1f} GiB for "
+                at,
+                f"{what}after weights, {name} has {budget / GIB:.1f} GiB for "
                 f"KV, less than one max_context request ({max_context} tokens x "
                 f"{self.arch.kv_bytes_per_token} B = {one_request / GIB:.1f} GiB); "
                 "raise devices_per_replica or lower model.max_context",

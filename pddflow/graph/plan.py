@@ -42,6 +42,19 @@ class Instance:
 
 
 @dataclass(frozen=True)
+class Shape:
+    """What one replica occupies: a device class, how many, and the KV memory that leaves."""
+
+    device: str
+    devices_per_replica: int
+    kv_budget_bytes: float
+
+    @property
+    def label(self) -> str:
+        return f"{self.devices_per_replica}x{self.device}"
+
+
+@dataclass(frozen=True)
 class OperatorPlan:
     name: str
     op_type: str
@@ -53,6 +66,23 @@ class OperatorPlan:
     params: dict[str, Any]  # every declared parameter, defaults filled in
     kv_budget_bytes: float  # per replica: device memory minus weights, at production scale
     instances: tuple[str, ...] = ()
+    choices: tuple[Shape, ...] = ()  # other shapes `pddflow size` may pick (the graph's `choices`)
+
+    @property
+    def shape(self) -> Shape:
+        return Shape(self.device, self.devices_per_replica, self.kv_budget_bytes)
+
+    def shapes(self) -> tuple[Shape, ...]:
+        """The declared shape first, then the graph's other choices."""
+        return (self.shape, *self.choices)
+
+    def reshaped(self, shape: Shape) -> OperatorPlan:
+        return replace(
+            self,
+            device=shape.device,
+            devices_per_replica=shape.devices_per_replica,
+            kv_budget_bytes=shape.kv_budget_bytes,
+        )
 
     # The compiler fills every declared parameter; these are the facts every consumer reads, with
     # the one default for operator types that do not declare them.
@@ -233,7 +263,13 @@ class Plan:
             clusters={k: ClusterPlan(**v) for k, v in d["clusters"].items()},
             links=links,
             operators={
-                k: OperatorPlan(**{**v, "instances": tuple(v["instances"])})
+                k: OperatorPlan(
+                    **{
+                        **v,
+                        "instances": tuple(v["instances"]),
+                        "choices": tuple(Shape(**c) for c in v.get("choices", ())),
+                    }
+                )
                 for k, v in d["operators"].items()
             },
             instances=tuple(Instance(**i) for i in d["instances"]),

@@ -104,6 +104,13 @@ class LinkSpec(_Strict):
     )
 
 
+class ShapeSpec(_Strict):
+    device: str | None = Field(None, description="device class (default: the operator's)")
+    devices_per_replica: int | None = Field(
+        None, ge=1, description="devices one replica spans (default: the operator's)"
+    )
+
+
 class OperatorSpec(_Strict):
     op: str = Field(
         description="operator type (prefill, relay_decode, main_decode, decode, colocated, "
@@ -117,6 +124,11 @@ class OperatorSpec(_Strict):
     )
     params: dict[str, Any] = Field(
         default_factory=dict, description="operator-type parameters (see docs/graph-reference.md)"
+    )
+    choices: list[ShapeSpec] = Field(
+        default_factory=list,
+        description="other shapes `pddflow size` may give each replica (device class and/or "
+        "devices_per_replica, in the operator's cluster); the declared one is always a candidate",
     )
 
 

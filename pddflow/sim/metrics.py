@@ -94,7 +94,8 @@ def summarize(sim: Simulation, pricing: dict | None = None) -> dict:
         "bcr": round(goodput * 3600 / cost, 4) if cost else math.nan,
         "wan_bytes": round(wan_bytes),
         "wan_bytes_full_kv": round(full_kv),
-        "wan_gbps_avg": round(wan_bytes * 8 / 1e9 / horizon, 3),
+        # over the whole run: copies to main may still cross after the last request finished
+        "wan_gbps_avg": round(wan_bytes * 8 / 1e9 / max(horizon, sim.loop.now), 3),
         "wan_transfer_s": _pcts(
             [
                 r.finisher.transfer_s

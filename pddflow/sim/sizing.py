@@ -2,8 +2,9 @@
 device counts and a budget, give the most SLA goodput (or meet a target rate cheapest), each
 candidate evaluated by the simulator (docs/simulator.md, Sizing).
 
-A candidate is a replica count per operator (device class and devices per replica as the graph
-declares them). Its score:
+A candidate is a replica count per operator, for one *shape* per operator (device class and
+devices per replica: the declared one, or one of the operator's `choices` in the graph). Each
+combination of shapes is searched on its own (`size`) and the best of them wins. Its score:
 
 - budget mode: its SLA capacity, the highest offered rate at which `ATTAINMENT` of requests meet
   the SLA (doubling/halving to a bracket, then geometric bisection), and the SLA goodput, TTFT and
@@ -42,7 +43,7 @@ from pddflow.sim.simulator import Simulation
 from pddflow.sim.workload import Workload
 
 ATTAINMENT = 0.95  # share of requests meeting the SLA at a candidate's capacity
-CACHE_VERSION = 1
+CACHE_VERSION = 2
 HINTED_FACTOR = 1.5  # bracketing step of a capacity search that starts at a probe's capacity
 
 Replicas = tuple[int, ...]  # one count per operator, in the plan's operator order
@@ -106,6 +107,23 @@ def with_replicas(plan: Plan, replicas: dict[str, int]) -> Plan:
         n = replicas.get(name, op.replicas)
         ops[name] = replace(op, replicas=n, instances=tuple(f"{name}/{i}" for i in range(n)))
     return replace(plan, operators=ops, instances=_instances(ops))
+
+
+def shape_combos(plan: Plan) -> list[tuple[int, ...]]:
+    """Every combination of one shape per operator (indices into `OperatorPlan.shapes()`), the
+    graph's declared shapes first."""
+    return list(itertools.product(*(range(len(op.shapes())) for op in plan.operators.values())))
+
+
+def with_shapes(plan: Plan, combo: tuple[int, ...]) -> Plan:
+    ops = {
+        name: op.reshaped(op.shapes()[k]) for (name, op), k in zip(plan.operators.items(), combo)
+    }
+    return replace(plan, operators=ops, instances=_instances(ops))
+
+
+def shapes_of(plan: Plan) -> dict[str, list]:
+    return {n: [op.device, op.devices_per_replica] for n, op in plan.operators.items()}
 
 
 @dataclass(frozen=True)
@@ -182,6 +200,7 @@ class Score:
     meets: bool = True  # target mode: the target is met
     sims: int = 0  # replays it took
     errors: list[str] = field(default_factory=list)  # replays the simulator's checks failed
+    shapes: dict[str, list] = field(default_factory=dict)  # operator: [device, devices/replica]
 
     @property
     def bcr(self) -> float:
@@ -435,6 +454,7 @@ class Search:
         if self.evaluator is not None:
             for r in todo:
                 self.scores[r] = self.evaluator(r)
+                self.scores[r].shapes = shapes_of(self.plan)
                 self._tick()
             return [self.scores[r] for r in todo]
         missing = []
@@ -464,6 +484,8 @@ class Search:
             self.cache.put(self._key(r, mode, rate, factor), res)
             self.scores[r] = _from_dict(res)
         self.cache.save()
+        for r in todo:
+            self.scores[r].shapes = shapes_of(self.plan)
         return [self.scores[r] for r in todo]
 
     def _named(self, r: Replicas) -> dict[str, int]:
@@ -521,16 +543,18 @@ def _rank(s: Score) -> tuple[float, float]:
 
 
 def _trim(search: Search, best: Replicas, hint: float) -> Replicas:
-    """Replicas the best does not need: while one replica fewer of some operator scores as well,
-    take the cheapest such (a maximal candidate spends the whole budget, needed or not)."""
+    """Replicas the best does not need: while one replica fewer of some operator keeps the goodput
+    within the capacity search's precision of the best's, take the cheapest such (a maximal
+    candidate spends the whole budget, needed or not; a difference below the precision is not
+    resolved by the search, so it does not pay for a replica)."""
+    floor = search.scores[best].slo_goodput_rps * (1 - search.precision)
     while True:
         fewer = [best[:i] + (best[i] - 1,) + best[i + 1 :] for i in range(len(best)) if best[i] > 1]
         search.run(fewer, "capacity", hint, HINTED_FACTOR)
-        top = search.scores[best].slo_goodput_rps
-        same = [r for r in fewer if search.scores[r].slo_goodput_rps >= top]
+        same = [r for r in fewer if search.scores[r].slo_goodput_rps >= floor]
         if not same:
             return best
-        best = max(same, key=lambda r: (-search.space.cost(r), r))
+        best = max(same, key=lambda r: (-search.space.cost(r), search.scores[r].slo_goodput_rps, r))
 
 
 def _pattern(search: Search, cands: list[Replicas], start_rps: float) -> None:
@@ -595,13 +619,58 @@ def size_target(search: Search, target_rps: float) -> Sizing:
     )
 
 
-def write_graph(source_file: str, replicas: dict[str, int], out: Path, note: str) -> Path:
-    """The graph file with the winner's replica counts (other keys as they were; comments go)."""
+def size(
+    plan: Plan,
+    make_search: Callable[[Plan], Search],
+    *,
+    budget: float | None = None,
+    target_rps: float | None = None,
+    start_rps: float = 1.0,
+    exhaustive_max: int = 24,
+) -> Sizing:
+    """Size every combination of the operators' shapes (a plain graph has one) with
+    `size_budget` or `size_target`; the best of them (most goodput, ties cheaper; or the cheapest
+    meeting the target) wins, and every candidate scored is in `evaluated`."""
+    if (budget is None) == (target_rps is None):
+        raise ValueError("size needs one of budget and target_rps")
+    runs: list[Sizing] = []
+    done = hits = 0
+    for combo in shape_combos(plan):
+        search = make_search(with_shapes(plan, combo))
+        search.done = done  # progress counts across the combinations
+        before = search.cache.hits  # the combinations may share one cache
+        if budget is not None:
+            runs.append(size_budget(search, budget, start_rps, exhaustive_max))
+        else:
+            runs.append(size_target(search, target_rps))
+        done, hits = search.done, hits + search.cache.hits - before
+    bests = [r.best for r in runs if r.best is not None]
+    if budget is not None:
+        best = max(bests, key=_rank, default=None)
+    else:
+        best = min(bests, key=lambda s: s.cost_per_hour, default=None)
+    return Sizing(
+        plan.source,
+        "budget" if budget is not None else "target",
+        budget if budget is not None else target_rps,
+        best,
+        [s for r in runs for s in r.evaluated],
+        hits,
+        sum(r.sims for r in runs),
+    )
+
+
+def write_graph(source_file: str, best: Score, out: Path, note: str) -> Path:
+    """The graph file with the winner's replica counts and shapes (other keys as they were;
+    comments go)."""
     import yaml
 
     data = yaml.safe_load(Path(source_file).read_text())
-    for name, n in replicas.items():
-        data["operators"][name]["replicas"] = n
+    for name, n in best.replicas.items():
+        op = data["operators"][name]
+        op["replicas"] = n
+        if name in best.shapes:
+            op["device"], op["devices_per_replica"] = best.shapes[name]
     data["name"] = f"{data['name']}_sized"
     out.write_text(f"# {note}\n" + yaml.safe_dump(data, sort_keys=False, width=100))
     return out

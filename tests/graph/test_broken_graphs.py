@@ -215,6 +215,35 @@ CASES = [
     ("two_documents", "scheduler:", "---\nscheduler:", 27, "more than one YAML document"),
     ("edge_not_operator_port", "to: main.kv", "to: main", 21, "not `operator.port`"),
     ("duplicate_edge", EDGE_PM, EDGE_PM * 2, 22, "declared twice"),
+    (
+        "choice_unknown_device",
+        "gpu_b, replicas: 2, devices_per_replica: 4}",
+        "gpu_b, replicas: 2, devices_per_replica: 4, choices: [{device: gpu_c}]}",
+        18,
+        "names device class 'gpu_c', which is not defined",
+    ),
+    (
+        "choice_device_not_in_cluster",
+        "gpu_b, replicas: 2, devices_per_replica: 4}",
+        "gpu_b, replicas: 2, devices_per_replica: 4, choices: [{device: gpu_a}]}",
+        18,
+        "cluster B has no gpu_a devices",
+    ),
+    (
+        "choice_too_small_for_the_weights",
+        "relay_decode, cluster: A, device: gpu_a, replicas: 1, devices_per_replica: 4}",
+        "relay_decode, cluster: A, device: gpu_a, replicas: 1, devices_per_replica: 4, "
+        "choices: [{devices_per_replica: 2}, {devices_per_replica: 1}]}",
+        17,
+        "choice 1 of relay: the llama-3-70b weights need",
+    ),
+    (
+        "choice_zero_devices",
+        "gpu_b, replicas: 2, devices_per_replica: 4}",
+        "gpu_b, replicas: 2, devices_per_replica: 4, choices: [{devices_per_replica: 0}]}",
+        18,
+        "greater than or equal to 1",
+    ),
 ]
 
 WHOLE_FILE_CASES = [

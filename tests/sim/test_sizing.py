@@ -22,9 +22,11 @@ from pddflow.sim.sizing import (
     Score,
     Search,
     Space,
+    size,
     size_budget,
     size_target,
     with_replicas,
+    write_graph,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -144,6 +146,94 @@ def test_space_respects_device_pools(three):
     assert sp.upper(0) == 3 and sp.upper(1) == 6 and sp.upper(2) == 4
     assert all(2 * a + b <= 8 and c <= 4 for a, b, c in sp.all())
     assert with_replicas(three, {"a": 3}).cost_per_hour() == pytest.approx(6 + 1 + 3)
+
+
+# c may also run on two devices a replica ($6), serving 7 req/s: the search compares both shapes.
+SHAPED = GRAPH.replace(
+    "c: {op: main_decode, cluster: B, device: gb, replicas: 1}",
+    "c: {op: main_decode, cluster: B, device: gb, replicas: 1,\n"
+    "      choices: [{devices_per_replica: 2}]}",
+)
+
+
+def _analytic_shaped(plan):
+    """As `_analytic`, c's rate a replica by its shape: 3 on one device, 7 on two."""
+    sp = Space.of(plan)
+    rates = (*RATES[:2], {1: 3.0, 2: 7.0}[plan.operators["c"].devices_per_replica])
+
+    def score(r) -> Score:
+        g = min(n * k for n, k in zip(r, rates))
+        return Score(dict(zip(sp.names, r)), sp.cost(r), g, g, 1.0, 0.0, 0.0, 0.0)
+
+    return score
+
+
+def _brute_shaped(budget: float) -> float:
+    """The best goodput over both shapes of c, every replica vector within budget and pools."""
+    best = 0.0
+    for k, price, rate in ((1, 3.0, 3.0), (2, 6.0, 7.0)):
+        for a, b, c in itertools.product(range(1, 5), range(1, 7), range(1, 5)):
+            if 2 * a + b <= 8 and c * k <= 4 and 2 * a + b + price * c <= budget:
+                best = max(best, min(4 * a, 6 * b, rate * c))
+    return best
+
+
+# By hand, $14: one device for c gives 6 at $11 (above); two give 7 with a, b >= 2 and c = 1:
+# $4 + $2 + $6 = $12. $20: 12 either way at $20 (3, 2, 4 on one device; 3, 2, 2 on two).
+@pytest.fixture(scope="module")
+def shaped(tmp_path_factory):
+    f = tmp_path_factory.mktemp("g") / "shaped.yaml"
+    f.write_text(SHAPED)
+    return load_plan(str(f))
+
+
+def test_shapes_are_searched_and_the_best_wins(shaped, tmp_path):
+    def search(p):
+        return Search(p, None, evaluator=_analytic_shaped(p))
+
+    res = size(shaped, search, budget=14.0, start_rps=1.0)
+    assert res.best.replicas == {"a": 2, "b": 2, "c": 1}
+    assert res.best.shapes["c"] == ["gb", 2]
+    assert (res.best.slo_goodput_rps, res.best.cost_per_hour) == (7.0, 12.0)
+    assert {tuple(s.shapes["c"]) for s in res.evaluated} == {("gb", 1), ("gb", 2)}
+    # the winner's graph file has its shape and compiles to it
+    out = write_graph(shaped.source, res.best, tmp_path / "w.yaml", "test")
+    won = load_plan(str(out)).operators["c"]
+    assert (won.replicas, won.devices_per_replica) == (1, 2)
+    # target mode: the cheapest over both shapes
+    for target, want in ((7.0, ({"a": 2, "b": 2, "c": 1}, ["gb", 2])), (6.0, None)):
+
+        def meets(p, target=target):
+            score = _analytic_shaped(p)
+
+            def f(r):
+                s = score(r)
+                s.meets = s.slo_goodput_rps >= target
+                return s
+
+            return Search(p, None, evaluator=f)
+
+        got = size(shaped, meets, target_rps=target).best
+        if want is None:  # 6 req/s: one device for c, (2, 1, 2) at $11, beats $12
+            assert (got.replicas, got.shapes["c"]) == ({"a": 2, "b": 1, "c": 2}, ["gb", 1])
+        else:
+            assert (got.replicas, got.shapes["c"]) == want
+
+
+@pytest.mark.parametrize("exhaustive_max", [24, 0])
+def test_shaped_search_matches_brute_force_and_is_monotone(shaped, exhaustive_max):
+    best = []
+    for budget in range(6, 36):
+        res = size(
+            shaped,
+            lambda p: Search(p, None, evaluator=_analytic_shaped(p)),
+            budget=float(budget),
+            exhaustive_max=exhaustive_max,
+        )
+        got = res.best.slo_goodput_rps if res.best else 0.0
+        assert got == _brute_shaped(budget), budget
+        best.append(got)
+    assert best == sorted(best)
 
 
 # ---- with the simulator --------------------------------------------------------------------
