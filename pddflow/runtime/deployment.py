@@ -253,9 +253,9 @@ def make_run_dir(keep: str | None, parent: Path | None = None) -> Path:
 
 def remove_run_dir(path: Path, kept: bool) -> None:
     """The whole directory, or for a kept one (--run-dir) only its secrets: the wiring file (the
-    bearer token) and the self-signed TLS key."""
+    bearer token) and the TLS keys (the ray backend's CA key too)."""
     if not kept:
         shutil.rmtree(path, ignore_errors=True)
         return
-    for secret in (path / WIRING_FILE, path / "tls" / "key.pem"):
+    for secret in (path / WIRING_FILE, path / "tls" / "key.pem", path / "tls" / "ca-key.pem"):
         secret.unlink(missing_ok=True)

@@ -52,6 +52,7 @@ class InstanceHost:
         self.deployment, self.instance = deployment, instance
         self.dir = Path(tempfile.mkdtemp(prefix=f"pddflow-{deployment}-"))  # 0700
         self.worker: WorkerProcess | None = None
+        self.tls_key = ""
 
     def where(self) -> dict[str, Any]:
         import ray
@@ -68,16 +69,26 @@ class InstanceHost:
     def ports(self, n: int, host: str) -> list[int]:
         return [free_port(host) for _ in range(n)]
 
+    def tls_request(self) -> bytes:
+        """A private key made on this node (it never leaves) and the signing request for it."""
+        from pddflow.channels.security import key_and_request
+
+        self.tls_key, csr = key_and_request(self.dir, self.instance)
+        return csr
+
     def start(self, wiring_json: str, files: dict[str, bytes]) -> int:
-        """(Re)start the worker; the wiring's TLS paths are rewritten to this node's copies."""
+        """(Re)start the worker; the wiring's TLS paths are this node's: its own key, the
+        certificate the deployment signed for it (`cert`) and the deployment's CA (`roots`)."""
         d = json.loads(wiring_json)
         for name, data in files.items():
-            path = self.dir / name
+            path = self.dir / f"{name}.pem"
             path.unlink(missing_ok=True)
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
-            d[f"tls_{name.split('.')[0]}"] = str(path)
+            d[f"tls_{name}"] = str(path)
+        if files:
+            d["tls_key"] = self.tls_key
         wiring = self.dir / "wiring.json"
         wiring.unlink(missing_ok=True)
         fd = os.open(wiring, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
@@ -159,7 +170,8 @@ class RayBackend:
         self.pgs: list[Any] = []
         self.groups: list[Group] = []
         self.wiring_json = ""
-        self.files: dict[str, bytes] = {}
+        self.files: dict[str, dict[str, bytes]] = {}  # instance -> its TLS files
+        self.ca: Any = None  # the deployment's CertificateAuthority, when its channels use TLS
         self.deployment = ""
         self.driver_ip = "127.0.0.1"
         self._stop = threading.Event()
@@ -237,7 +249,10 @@ class RayBackend:
         private_file(run_dir / WIRING_FILE)
         wiring.save(run_dir / WIRING_FILE)
         pids = ray.get(
-            [h.actor.start.remote(self.wiring_json, self.files) for h in self.hosts.values()],
+            [
+                h.actor.start.remote(self.wiring_json, self.files.get(i, {}))
+                for i, h in self.hosts.items()
+            ],
             timeout=CALL_TIMEOUT_S,
         )
         now = time.monotonic()
@@ -295,17 +310,31 @@ class RayBackend:
             plan, {i: h.where["node_id"] for i, h in self.hosts.items()}
         )
         if wiring.tls_cert:
-            from pddflow.channels.security import self_signed
-
-            # one self-signed certificate every node trusts, valid for every node's address
-            ips = sorted({*host_of.values(), self.driver_ip, "127.0.0.1"})
-            tls = self_signed(run_dir / "tls", hosts=("localhost", *ips))
-            wiring.tls_cert, wiring.tls_key = tls.cert_chain, tls.private_key
-            self.files = {
-                "cert.pem": Path(tls.cert_chain).read_bytes(),
-                "key.pem": Path(tls.private_key).read_bytes(),
-            }
+            self._certify(wiring, run_dir)
         self.wiring_json = json.dumps(asdict(wiring))
+
+    def _certify(self, wiring: Wiring, run_dir: Path) -> None:
+        """Mutual TLS without moving a private key: the deployment's CA (its key stays here)
+        signs every instance's request for its own node's address, and this process's for the
+        frontend; every end trusts the CA."""
+        from pddflow.channels.security import CertificateAuthority, key_and_request
+
+        tls = run_dir / "tls"
+        self.ca = CertificateAuthority.create(tls)
+        key, csr = key_and_request(tls, "frontend")
+        cert = tls / "cert.pem"
+        cert.write_bytes(self.ca.sign(csr, _names(self.driver_ip)))
+        wiring.tls_cert, wiring.tls_key, wiring.tls_roots = str(cert), key, self.ca.cert
+        for h in self.hosts.values():
+            self._certify_host(h)
+
+    def _certify_host(self, h: Hosted) -> None:
+        ray = _ray()
+        csr = ray.get(h.actor.tls_request.remote(), timeout=CALL_TIMEOUT_S)
+        self.files[h.instance] = {
+            "cert": self.ca.sign(csr, _names(h.where["ip"])),
+            "roots": Path(self.ca.cert).read_bytes(),
+        }
 
     # -- watch -------------------------------------------------------------------------------
 
@@ -399,7 +428,12 @@ class RayBackend:
                     "moving an instance to another address is not supported"
                 )
             h.where = where
-        h.pid = ray.get(h.actor.start.remote(self.wiring_json, self.files), timeout=CALL_TIMEOUT_S)
+            if self.ca is not None:
+                self._certify_host(h)  # a new actor made a new key
+        h.pid = ray.get(
+            h.actor.start.remote(self.wiring_json, self.files.get(instance, {})),
+            timeout=CALL_TIMEOUT_S,
+        )
         h.alive, h.last_answer = True, time.monotonic()
 
     def _kill(self, h: Hosted) -> None:
@@ -461,3 +495,8 @@ class RayBackend:
                 log.warning("placement group %s not removed", pg.id)
         self.pgs = []
         ray.shutdown()
+
+
+def _names(ip: str) -> tuple[str, ...]:
+    """What a certificate is valid for: the node's address, and loopback for its own clients."""
+    return tuple(dict.fromkeys((ip, "127.0.0.1", "localhost")))

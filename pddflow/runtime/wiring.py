@@ -43,6 +43,7 @@ class Wiring:
     nice: dict[str, int] = field(default_factory=dict)  # instance -> priority decrease
     tls_cert: str = ""  # PEM paths for channels with `tls: true`
     tls_key: str = ""
+    tls_roots: str = ""  # what this end trusts (default: tls_cert, a self-signed certificate)
     links: dict[str, list[str]] = field(default_factory=dict)
     bind_all: bool = False  # listen on every interface (0.0.0.0), not only the published address
     # how each channel is carried, once instances are placed (channel id -> e.g. "shared memory")
@@ -61,12 +62,16 @@ class Wiring:
 
     def credentials(self) -> Credentials:
         """The control plane's: the deployment's token, mutual TLS when it has a certificate."""
-        tls = None
-        if self.tls_cert:
-            tls = TLSConfig(
-                cert_chain=self.tls_cert, private_key=self.tls_key, root_certs=self.tls_cert
-            )
-        return Credentials(self.auth_token, tls)
+        return Credentials(self.auth_token, self.tls())
+
+    def tls(self) -> TLSConfig | None:
+        if not self.tls_cert:
+            return None
+        return TLSConfig(
+            cert_chain=self.tls_cert,
+            private_key=self.tls_key,
+            root_certs=self.tls_roots or self.tls_cert,
+        )
 
     def plan(self) -> Plan:
         return Plan.from_json(self.plan_json)

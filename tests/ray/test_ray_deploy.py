@@ -152,17 +152,17 @@ def test_openai_client_gets_the_tokens_of_generate(client, reference, route, str
 def test_wan_edge_crosses_nodes_with_tls_and_the_token(dep):
     import json
 
-    from pddflow.channels.errors import ChannelAuthError
-    from pddflow.channels.security import TLSConfig
+    from pddflow.channels.errors import ChannelAuthError, ChannelError
+    from pddflow.channels.security import TLSConfig, self_signed
     from pddflow.channels.wan_flight import WanFlightParams, WanFlightSender
 
     h = dep.health()["workers"]
     assert h["prefill/0"]["node"] != h["main/0"]["node"]
     target = h["main/0"]["endpoints"]["kv_flight"].replace("grpc://", "grpc+tls://")
-    cert = str(dep.run_dir / "tls" / "cert.pem")
-    tls = TLSConfig(
-        cert_chain=cert, private_key=str(dep.run_dir / "tls" / "key.pem"), root_certs=cert
-    )
+    # the frontend's key and certificate, signed by the deployment's CA (whose key never left
+    # the deploying process: each instance made its own key on its node)
+    d = dep.run_dir / "tls"
+    tls = TLSConfig(str(d / "cert.pem"), str(d / "key.pem"), root_certs=str(d / "ca.pem"))
     token = json.loads((dep.run_dir / "wiring.json").read_text())["auth_token"]
     for guess in (None, "guess"):  # no token, a wrong one
         with WanFlightSender(target, params=WanFlightParams(token=guess, tls=tls)) as tx:
@@ -170,6 +170,11 @@ def test_wan_edge_crosses_nodes_with_tls_and_the_token(dep):
                 tx.ping(timeout_s=10)
     with WanFlightSender(target, params=WanFlightParams(token=token, tls=tls)) as tx:
         tx.ping(timeout_s=10)  # the deployment's token is let in
+    # a server certificate the client's own CA did not sign is not believed, token or not
+    stranger = self_signed(dep.run_dir / "stranger")
+    with WanFlightSender(target, params=WanFlightParams(token=token, tls=stranger)) as tx:
+        with pytest.raises(ChannelError):
+            tx.ping(timeout_s=5)
 
 
 def test_main_killed_mid_stream_the_stream_completes_and_main_comes_back(dep, client, reference):

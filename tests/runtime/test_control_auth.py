@@ -70,3 +70,45 @@ def test_report_stream_needs_the_token():
         assert [r.instance for r in got] == ["main/0"] and got[0].HasField("status")
     finally:
         server.stop(grace=0)
+
+
+def _signed(ca, d, name: str):
+    from pddflow.channels.security import TLSConfig, key_and_request
+
+    d.mkdir()
+    key, csr = key_and_request(d, name)
+    (d / "cert.pem").write_bytes(ca.sign(csr, ("127.0.0.1", "localhost")))
+    return TLSConfig(cert_chain=str(d / "cert.pem"), private_key=key, root_certs=ca.cert)
+
+
+def test_mutual_tls_with_the_deployments_ca(tmp_path):
+    """The ray backend's TLS: each end's own key, a certificate the deployment's CA signed; a
+    party whose certificate another CA signed is refused even with the right token."""
+    from pddflow.channels.security import CertificateAuthority
+
+    ca = CertificateAuthority.create(tmp_path / "ca")
+    other = CertificateAuthority.create(tmp_path / "other")
+    server_tls = _signed(ca, tmp_path / "worker", "prefill/0")  # an instance name
+    seen: list[str] = []
+
+    def abort(m: pb.Cancel) -> pb.Reply:
+        seen.append(m.seq_id)
+        return pb.Reply(ok=True)
+
+    server, port = serve(
+        WORKER, Credentials("s3cret", server_tls), {"Abort": (pb.Cancel, pb.Reply, abort)}
+    )
+    try:
+        address = f"127.0.0.1:{port}"
+        fe = _signed(ca, tmp_path / "fe", "fe")
+        assert fe.private_key_bytes() != server_tls.private_key_bytes()
+        mine = WorkerClient(address, Credentials("s3cret", fe))
+        assert mine.call("Abort", pb.Cancel(seq_id="a"), timeout_s=10).ok
+        stranger = WorkerClient(address, Credentials("s3cret", _signed(other, tmp_path / "x", "x")))
+        with pytest.raises(grpc.RpcError) as err:
+            stranger.call("Abort", pb.Cancel(seq_id="forged"), timeout_s=3)
+        # the handshake fails: the call waits for a connection that never comes
+        assert err.value.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
+        assert seen == ["a"]
+    finally:
+        server.stop(grace=0)

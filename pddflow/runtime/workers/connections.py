@@ -104,8 +104,7 @@ class WorkerIO:
     def _tls(self, ch: ChannelPlan) -> TLSConfig | None:
         if not ch.params.get("tls"):
             return None
-        w = self.wiring
-        return TLSConfig(cert_chain=w.tls_cert, private_key=w.tls_key, root_certs=w.tls_cert)
+        return self.wiring.tls()
 
     def _auth(self, ch: ChannelPlan) -> str | None:
         return (ch.params.get("token") or self.wiring.auth_token) if ch.cross_cluster else None
