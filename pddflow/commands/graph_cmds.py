@@ -267,6 +267,10 @@ def _print_plan(p, placement, report) -> None:
         )
     con.print(t)
     con.print(f"total hardware cost: ${p.cost_per_hour():.2f}/hour")
+    for name, op in p.operators.items():
+        if op.choices:
+            other = ", ".join(f"{c.devices_per_replica} x {c.device}" for c in op.choices)
+            con.print(f"{name}: `pddflow size` may also give each replica {other}")
     from pddflow.runtime.ray_placement import planned_transports
 
     tt = Table(title="channels: how `pddflow deploy` carries each edge")
