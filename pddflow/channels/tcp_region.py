@@ -191,6 +191,9 @@ class TcpBackend(RegionBackend):
             dest = memoryview(region.view(offset, n)).cast("B")
             _recv_exact_into(sock, dest, dl, "reading a write's bytes")
             try:
+                sock.settimeout(max(dl.remaining(), 1e-3))  # the ack has the write's deadline
                 sock.sendall(DONE.pack(n))
+            except TimeoutError:
+                raise dl.timeout("acknowledging a write") from None
             except OSError as exc:
                 raise ChannelClosed(f"rdma_tensor tcp writer went away: {exc}") from None
