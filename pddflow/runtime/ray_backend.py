@@ -283,7 +283,8 @@ class RayBackend:
             raise DeployError(str(exc)) from None
         need = {}
         for inst, ep in wiring.workers.items():
-            place_rdma_receivers(wiring, inst, ep, lambda: "net")  # its port comes below
+            # a network receiver's address waits for a port free on its node (below)
+            place_rdma_receivers(wiring, inst, ep, lambda: "tcp:pending")
             need[inst] = 1 + bool(ep.kv_flight) + bool(ep.handoff) + bool(ep.kv_rdma_net)
         got = ray.get(
             [self.hosts[i].actor.ports.remote(n, bind or host_of[i]) for i, n in need.items()],

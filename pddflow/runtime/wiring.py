@@ -8,6 +8,7 @@ import random
 import secrets
 import socket
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -162,7 +163,9 @@ def wire(
     return w
 
 
-def place_rdma_receivers(w: Wiring, instance: str, ep: Endpoints, net_address) -> None:
+def place_rdma_receivers(
+    w: Wiring, instance: str, ep: Endpoints, net_address: Callable[[], str]
+) -> None:
     """The rdma_tensor receivers an instance needs, by how its senders reach it (`w.rdma`): a
     unix socket for those on its host, net_address() for the others; neither when none."""
     got = incoming(w.rdma, instance)
