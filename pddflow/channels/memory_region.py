@@ -1,14 +1,21 @@
 """The region interface under rdma_tensor: memory the receiver owns and the sender writes into,
-so the protocol is the same on every backend (`shm_region.py`, `nixl_region.py`)."""
+so the protocol is the same on every backend (`shm_region.py`, `nixl_region.py`,
+`tcp_region.py`)."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import numpy as np
 
 from pddflow.channels.deadline import Deadline
+from pddflow.channels.errors import ChannelError
+
+if TYPE_CHECKING:
+    import threading
+
+    from pddflow.channels.control_socket import ControlSocket
 
 
 class Region(ABC):
@@ -48,10 +55,24 @@ class RegionWriter(ABC):
 class RegionBackend(ABC):
     name: ClassVar[str]
     needs_unix_socket: ClassVar[bool] = False
+    network: ClassVar[bool] = False  # bytes cross a wire: checksums on unless turned off
 
     @staticmethod
     def available() -> bool:
         return True
+
+    @classmethod
+    def for_sender(cls, address: str, token: str | None) -> RegionBackend:
+        """The sender's instance, told where the receiver listens (a backend whose writers
+        connect back to it needs that)."""
+        return cls()
+
+    def serve_writer(
+        self, control: ControlSocket, body: bytes, closed: threading.Event, deadline_s: float
+    ) -> None:
+        """A data connection a writer opened with ATTACH (only backends that carry bytes over
+        the receiver's own socket take those)."""
+        raise ChannelError(f"rdma_tensor transport {self.name!r} takes no data connections")
 
     @abstractmethod
     def create_region(self, nbytes: int, populate: bool) -> Region:

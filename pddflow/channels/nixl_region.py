@@ -131,6 +131,7 @@ class NixlWriter(RegionWriter):
 
 class NixlBackend(RegionBackend):
     name = "nixl"
+    network = True
 
     @staticmethod
     def available() -> bool:

@@ -4,7 +4,6 @@ serialised."""
 
 from __future__ import annotations
 
-import enum
 import struct
 from dataclasses import dataclass
 
@@ -12,23 +11,9 @@ from pddflow.channels.errors import ChannelError
 from pddflow.channels.kv_checksum import DEFAULT_CHECKSUM, check_algorithm
 from pddflow.channels.memory_region import RegionBackend
 from pddflow.channels.nixl_region import NixlBackend
+from pddflow.channels.shm_kv_frames import Frame as Frame  # re-exported: both ends import it here
 from pddflow.channels.shm_region import SharedMemoryBackend
-
-
-class Frame(enum.IntEnum):
-    """s->r: HELLO BEGIN CHUNK END CANCEL; r->s: RING PLACE FREE RESULT ERROR."""
-
-    HELLO = 1
-    RING = 2
-    BEGIN = 3
-    CHUNK = 4
-    END = 5
-    FREE = 6
-    RESULT = 7
-    CANCEL = 8
-    ERROR = 9
-    PLACE = 10
-
+from pddflow.channels.tcp_region import TcpBackend
 
 VERSION = 2
 NO_PLACE = (1 << 64) - 1
@@ -46,18 +31,30 @@ class SharedMemoryKVParams:
     slot_mb: float = 2.0  # small slots keep the ring in cache between the two copies
     arena_mb: float = 512.0  # per receiver, pages committed on first use; 0: ring only
     deadline_s: float = 10.0
-    # off by default: one host's copy has no wire to corrupt, and checksums cost more than it
-    checksum: str | None = None
-    transport: str = "auto"  # region backend: auto | shm | nixl
+    # auto: off over shared memory (one host's copy has no wire to corrupt, and checksums cost
+    # more than it), on over tcp and nixl (a wire can); None or "": off; or an algorithm
+    checksum: str | None = "auto"
+    # region backend: auto (shm on a unix: address; else nixl where importable, else tcp) | shm
+    # | tcp | nixl
+    transport: str = "auto"
     max_block_retries: int = 3
+    token: str | None = None  # the receiver requires it first on every connection (AUTH)
 
     def __post_init__(self) -> None:
         if self.checksum is True or self.checksum is False:  # tolerate a YAML boolean
             object.__setattr__(self, "checksum", DEFAULT_CHECKSUM if self.checksum else None)
-        if self.checksum is not None:
+        if self.checksum == "":
+            object.__setattr__(self, "checksum", None)
+        if self.checksum not in (None, "auto"):
             check_algorithm(self.checksum)
         if self.ring_slots < 1:
             raise ValueError("rdma_tensor ring_slots must be >= 1")
+
+    def checksum_over(self, backend: RegionBackend) -> str | None:
+        """The algorithm a set carries over this backend, or None."""
+        if self.checksum == "auto":
+            return DEFAULT_CHECKSUM if backend.network else None
+        return self.checksum
 
     @property
     def slot_bytes(self) -> int:
@@ -69,14 +66,15 @@ class SharedMemoryKVParams:
 
 
 def region_backends() -> dict[str, type[RegionBackend]]:
-    return {"shm": SharedMemoryBackend, "nixl": NixlBackend}
+    return {"shm": SharedMemoryBackend, "nixl": NixlBackend, "tcp": TcpBackend}
 
 
-def pick_backend(name: str = "auto") -> RegionBackend:
-    """`auto`: NIXL where it is importable, else shared memory."""
+def pick_backend(name: str = "auto", unix: bool = True) -> RegionBackend:
+    """`auto`: shared memory on a unix: address (both ends on one host); on a network address
+    NIXL where it is importable, else tcp."""
     table = region_backends()
     if name == "auto":
-        name = "nixl" if table["nixl"].available() else "shm"
+        name = "shm" if unix else ("nixl" if table["nixl"].available() else "tcp")
     if name not in table:
         raise ChannelError(
             f"unknown rdma_tensor transport {name!r}; valid: auto, {', '.join(sorted(table))}"

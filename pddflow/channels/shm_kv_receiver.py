@@ -4,6 +4,7 @@ connection and one landing arena shared by all of them (protocol: `shm_kv_protoc
 from __future__ import annotations
 
 import ctypes
+import hmac
 import os
 import select
 import socket
@@ -117,9 +118,9 @@ class SharedMemoryKVReceiver:
         tensor_lib: str | None = None,
     ):
         self.params = params
-        self._backend = pick_backend(params.transport)
         address = address or f"unix:@pddflow-shm-kv-{os.getpid()}-{uuid.uuid4().hex[:10]}"
         family, sockaddr = parse_address(address)
+        self._backend = pick_backend(params.transport, unix=family == socket.AF_UNIX)
         if self._backend.needs_unix_socket and family != socket.AF_UNIX:
             raise ChannelError(
                 f"rdma_tensor transport {self._backend.name!r} works between processes on one "
@@ -170,6 +171,11 @@ class SharedMemoryKVReceiver:
                 if c.header is not None and c.header.seq_id == seq_id:
                     c.landing = c.flat = None  # the serving thread notices at the next frame
 
+    @property
+    def transport(self) -> str:
+        """The region backend this receiver offers: shm, tcp or nixl."""
+        return self._backend.name
+
     def arena_free_bytes(self) -> int:
         return self._arena.free_bytes() if self._arena is not None else 0
 
@@ -209,10 +215,23 @@ class SharedMemoryKVReceiver:
         ring: Region | None = None
         conn: _SenderConnection | None = None
         try:
-            kind, body, fds = control.recv(
-                Deadline.of(10.0, what="rdma_tensor handshake"), "waiting for HELLO"
-            )
+            handshake = Deadline.of(10.0, what="rdma_tensor handshake")
+            kind, body, fds = control.recv(handshake, "waiting for HELLO")
             close_fds(fds)
+            if self.params.token:
+                if kind != Frame.AUTH or not hmac.compare_digest(body, self.params.token.encode()):
+                    what = "wrong" if kind == Frame.AUTH else "missing"
+                    control.send(
+                        Frame.ERROR,
+                        f"rdma_tensor: {what} token (this receiver requires the deployment's "
+                        "token)".encode(),
+                    )
+                    return
+                kind, body, fds = control.recv(handshake, "waiting for HELLO")
+                close_fds(fds)
+            if kind == Frame.ATTACH:  # a data link of the tcp backend, not a control connection
+                self._backend.serve_writer(control, body, self._closed, self.params.deadline_s)
+                return
             if kind != Frame.HELLO or pb.Hello.FromString(body).version != VERSION:
                 control.send(
                     Frame.ERROR, b"rdma_tensor: bad handshake (protocol version mismatch?)"

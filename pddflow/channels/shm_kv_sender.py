@@ -22,6 +22,7 @@ from pddflow.channels.errors import ChannelCancelled, ChannelClosed, ChannelCorr
 from pddflow.channels.kv_checksum import DEFAULT_CHECKSUM
 from pddflow.channels.memory_region import RegionWriter
 from pddflow.channels.proto import pddflow_pb2 as pb
+from pddflow.channels.shm_kv_frames import refusal
 from pddflow.channels.shm_kv_protocol import (
     CHUNK_FORMAT,
     DIRECT_PIECE,
@@ -56,6 +57,8 @@ class SharedMemoryKVSender:
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="rdma_tensor_send")
         self._closed = False
         self.last_mode = ""  # "direct" or "ring": how the last set travelled
+        self.transport = ""  # the receiver's region backend, once connected: shm, tcp or nixl
+        self._checksum: str | None = None  # what the sets carry over that backend
 
     def send(
         self,
@@ -66,10 +69,11 @@ class SharedMemoryKVSender:
     ) -> TransferReport:
         if self._closed:
             raise ChannelClosed("rdma_tensor sender closed")
+        checksum = self.params.checksum
         src = (
             kv
             if isinstance(kv, KVSource)
-            else KVSource.of(kv, self.params.checksum or DEFAULT_CHECKSUM)
+            else KVSource.of(kv, DEFAULT_CHECKSUM if checksum in (None, "auto") else checksum)
         )
         dl = Deadline.for_call(
             timeout_s,
@@ -144,12 +148,14 @@ class SharedMemoryKVSender:
         control = ControlSocket(sock)
         fds: list[int] = []
         try:
+            if self.params.token:
+                control.send(Frame.AUTH, self.params.token.encode())
             control.send(
                 Frame.HELLO, pb.Hello(peer=f"pid{os.getpid()}", version=VERSION).SerializeToString()
             )
             kind, body, fds = control.recv(dl, "waiting for the receiver's ring")
             if kind == Frame.ERROR:
-                raise ChannelError(body.decode(errors="replace"))
+                raise refusal(body)
             if kind != Frame.RING:
                 raise ChannelError(f"rdma_tensor: expected RING, got frame {kind}")
             slots, slot_bytes, arena_bytes, n_ring_fds, n_arena_fds, name_len = (
@@ -165,7 +171,14 @@ class SharedMemoryKVSender:
                 raise ChannelError(
                     f"rdma_tensor receiver uses transport {name!r}, which this sender cannot load"
                 )
-            backend = table[name]()
+            if self.params.transport not in ("auto", name):
+                raise ChannelError(
+                    f"rdma_tensor: this sender wants transport {self.params.transport!r} but the "
+                    f"receiver at {self.address} offers {name!r}"
+                )
+            backend = table[name].for_sender(self.address, self.params.token)
+            self._checksum = self.params.checksum_over(backend)
+            self.transport = name
             ring_fds, arena_fds = fds[:n_ring_fds], fds[n_ring_fds : n_ring_fds + n_arena_fds]
             fds = []  # attach owns (and closes) them from here on
             self._ring = backend.attach(slots * slot_bytes, ring_payload, ring_fds)
@@ -209,7 +222,7 @@ class SharedMemoryKVSender:
             block_hashes=src.hashes.tolist(),
             hashes_signed=src.hashes_signed,
         )
-        if self.params.checksum:
+        if self._checksum:
             header.checksum = src.checksum
             header.checksums.extend(src.sums(range(kv.num_blocks)))
         control.send(Frame.BEGIN, header.SerializeToString())

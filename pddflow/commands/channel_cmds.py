@@ -88,6 +88,12 @@ def _table(res: dict) -> None:
         f"memcpy {res['memcpy']['gbps']:.2f} Gbps",
         f"{r['rdma_tensor_ring_vs_memcpy']:.2f}x",
     )
+    t.add_row(
+        "rdma_tensor (2 processes, direct, tcp)",
+        f"{res['rdma_tensor_tcp']['gbps']:.2f} Gbps",
+        f"shared memory {res['rdma_tensor']['gbps']:.2f} Gbps",
+        f"{res['rdma_tensor_tcp']['gbps'] / res['rdma_tensor']['gbps']:.2f}x",
+    )
     tok = res["token_ids"]
     t.add_row(
         "token_ids 100-token handoff",

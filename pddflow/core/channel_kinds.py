@@ -38,7 +38,8 @@ for _k in (
     ),
     ChannelKind(
         "rdma_tensor",
-        "KV blocks inside a cluster: shared memory on one host, NIXL/UCX where installed",
+        "KV blocks inside a cluster: shared memory on one host, else NIXL/UCX where installed, "
+        "else TCP",
         frozenset({Payload.KV_BLOCKS}),
         "cluster",
         {
@@ -51,9 +52,17 @@ for _k in (
             ),
             "checksum": Param(
                 str,
-                "",
-                "per-block checksum: '' (off: no wire to corrupt), xxh3_64 or crc32",
-                ("", *CHECKSUM_ALGORITHMS),
+                "auto",
+                "per-block checksum: auto (off over shared memory, which has no wire to corrupt; "
+                "xxh3_64 over tcp or nixl), '' (off), xxh3_64 or crc32",
+                ("auto", "", *CHECKSUM_ALGORITHMS),
+            ),
+            "transport": Param(
+                str,
+                "auto",
+                "auto (shared memory when both ends share a host, else nixl where installed, "
+                "else tcp), shm (ends kept on one host), tcp or nixl",
+                ("auto", "shm", "tcp", "nixl"),
             ),
             "deadline_s": _DEADLINE,
         },

@@ -62,7 +62,8 @@ class LocalBackend:
 
     def start(self, plan: Plan, wiring: Wiring, run_dir: Path) -> None:
         self.wiring = wiring
-        wiring.transports = transports(plan, {})  # one host: rdma_tensor is shared memory
+        # one host: rdma_tensor is shared memory unless an edge asked for a network transport
+        wiring.transports = transports(plan, {}, wiring.rdma)
         # cross-cluster traffic goes through a cuttable relay
         for link, addrs in wiring.links.items():
             whole = Link()  # the link goes down as a whole

@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pddflow.channels.nixl_region import NixlBackend
 from pddflow.graph.plan import Plan
 from pddflow.runtime.deployment import WIRING_FILE, DeployError, private_file
 from pddflow.runtime.processes import WorkerProcess
@@ -34,7 +35,8 @@ from pddflow.runtime.ray_placement import (
     secure_cross_cluster,  # noqa: F401 - the ray backend's plan defaults, used by deploy
     transports,
 )
-from pddflow.runtime.wiring import Wiring, free_port
+from pddflow.runtime.rdma_routes import routes
+from pddflow.runtime.wiring import Wiring, free_port, place_rdma_receivers
 
 log = logging.getLogger("pddflow.ray")
 
@@ -286,11 +288,19 @@ class RayBackend:
         """Every endpoint at its node's address, on ports free there; the frontend at this
         process's node address; no CPU pinning (the nodes are not this host)."""
         ray = _ray()
-        host_of = {i: h.where["ip"] for i, h in self.hosts.items()}
+        # a host is a node IP (Ray's NodeManagerAddress): rdma_tensor pairs on one share memory
+        node_ip = {n.node_id: n.ip for n in self.nodes()}
+        host_of = {i: node_ip.get(h.where["node_id"], h.where["ip"]) for i, h in self.hosts.items()}
         bind = "0.0.0.0" if self.bind_all else None
+        try:
+            wiring.rdma = routes(plan, host_of, nixl=NixlBackend.available())
+        except ValueError as exc:
+            raise DeployError(str(exc)) from None
         need = {}
         for inst, ep in wiring.workers.items():
-            need[inst] = 1 + bool(ep.kv_flight) + bool(ep.handoff)
+            # a network receiver's address waits for a port free on its node (below)
+            place_rdma_receivers(wiring, inst, ep, lambda: "tcp:pending")
+            need[inst] = 1 + bool(ep.kv_flight) + bool(ep.handoff) + bool(ep.kv_rdma_net)
         got = ray.get(
             [self.hosts[i].actor.ports.remote(n, bind or host_of[i]) for i, n in need.items()],
             timeout=CALL_TIMEOUT_S,
@@ -302,13 +312,13 @@ class RayBackend:
                 ep.kv_flight = f"grpc://{ip}:{ports.pop(0)}"
             if ep.handoff:
                 ep.handoff = f"{ip}:{ports.pop(0)}"
+            if ep.kv_rdma_net:
+                ep.kv_rdma_net = f"tcp:{ip}:{ports.pop(0)}"
             self.endpoints[inst] = {k: v for k, v in asdict(ep).items() if v}
         wiring.frontend = f"{self.driver_ip}:{free_port(bind or self.driver_ip)}"
         wiring.bind_all = self.bind_all
         wiring.cpus, wiring.nice, wiring.via, wiring.links = {}, {}, {}, {}
-        self.transports = wiring.transports = transports(
-            plan, {i: h.where["node_id"] for i, h in self.hosts.items()}
-        )
+        self.transports = wiring.transports = transports(plan, host_of, wiring.rdma)
         if wiring.tls_cert:
             self._certify(wiring, run_dir)
         self.wiring_json = json.dumps(asdict(wiring))

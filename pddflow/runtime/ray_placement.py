@@ -4,8 +4,10 @@ asks Ray for, which instances must share a node, and whether the cluster has it 
 The convention (docs/deploy-ray.md): a Ray node that serves graph cluster X carries the custom
 resource `pddflow_cluster_X` (any positive amount). An instance of cluster X asks for a sliver of
 it, so it lands on one of X's nodes, plus its devices: `GPU: devices` where X's nodes have GPUs,
-one CPU otherwise. Instances joined by an `rdma_tensor` edge share one node (a STRICT_PACK
-placement group): that edge is shared memory, and its network path is not built yet.
+one CPU otherwise. Instances joined by an `rdma_tensor` edge go wherever their cluster has room:
+the backend then gives each pair shared memory when both ends share a host, else a network
+transport (`rdma_routes.py`). Only an edge that asks for `transport: shm` keeps its ends on one
+node (a STRICT_PACK placement group).
 
 Pure functions of the plan and a table of nodes: unit-tested without Ray.
 """
@@ -16,6 +18,7 @@ from dataclasses import dataclass, field
 
 from pddflow.graph.diagnostics import Diagnostic
 from pddflow.graph.plan import Plan
+from pddflow.runtime.rdma_routes import channel_label, planned, routes
 
 CLUSTER_SHARE = 0.001  # of `pddflow_cluster_X` per instance: a node with N carries 1000*N
 ACCELERATOR_SHARE = 0.001
@@ -69,8 +72,8 @@ def demand(
 
 
 def groups(plan: Plan, nodes: list[Node], accelerators: dict[str, str]) -> list[Group]:
-    """Instances joined by rdma_tensor edges (transitively) form one group; every other instance
-    is a group of its own. Sorted as the plan lists instances."""
+    """Instances joined by rdma_tensor edges with `transport: shm` (transitively) form one
+    group; every other instance is a group of its own. Sorted as the plan lists instances."""
     parent = {i.id: i.id for i in plan.instances}
 
     def root(x: str) -> str:
@@ -79,7 +82,7 @@ def groups(plan: Plan, nodes: list[Node], accelerators: dict[str, str]) -> list[
         return x
 
     for ch in plan.channels:
-        if ch.kind != "rdma_tensor":
+        if ch.kind != "rdma_tensor" or ch.params.get("transport") != "shm":
             continue
         for a in plan.operators[ch.src].instances:
             for b in plan.operators[ch.dst].instances:
@@ -143,8 +146,8 @@ def problems(plan: Plan, nodes: list[Node], accelerators: dict[str, str]) -> lis
                     (
                         cluster,
                         f"cluster {cluster!r}: {', '.join(g.instances)} share rdma_tensor edges "
-                        f"and must run on one node (shared memory), but no Ray node with {res!r} "
-                        f"has {what}",
+                        f"with transport: shm and must run on one node, but no Ray node with "
+                        f"{res!r} has {what} (transport: auto lets them use tcp between nodes)",
                     )
                 )
     return out
@@ -172,18 +175,20 @@ def diagnostics(plan: Plan, found: list[tuple[str, str]]) -> list[Diagnostic]:
     return out
 
 
-def transports(plan: Plan, node_of: dict[str, str]) -> dict[str, str]:
-    """How each channel is carried once every instance has a node: rdma_tensor is shared memory
-    (its ends share a node by placement), the others TCP, with TLS where the channel asks."""
+def transports(
+    plan: Plan, host_of: dict[str, str], rdma: dict[str, str] | None = None
+) -> dict[str, str]:
+    """How each channel is carried once every instance has a host (its node IP; none: one host):
+    rdma_tensor as `rdma` routed each pair (`rdma_routes.py`), the others TCP, with TLS where the
+    channel asks."""
     out = {}
+    if rdma is None:
+        rdma = routes(plan, host_of, nixl=False)
     for ch in plan.channels:
         tls = "+TLS" if ch.params.get("tls") else ""
         token = " + token" if ch.cross_cluster else ""
         if ch.kind == "rdma_tensor":
-            nodes = {
-                node_of.get(i) for op in (ch.src, ch.dst) for i in plan.operators[op].instances
-            }
-            out[ch.id] = "shared memory" if len(nodes) <= 1 else "tcp (not built)"
+            out[ch.id] = channel_label(plan, ch, rdma, host_of)
         elif ch.kind == "wan_flight":
             out[ch.id] = f"arrow flight over TCP{tls}{token}"
         elif ch.kind == "token_ids":
@@ -215,8 +220,10 @@ def planned_transports(plan: Plan) -> list[dict[str, str]]:
         {
             "channel": ch.id,
             "kind": ch.kind,
-            "local": local[ch.id] + (" (emulated link)" if ch.params.get("emulate") else ""),
-            "ray": ray[ch.id] + (" (ends placed on one node)" if ch.kind == "rdma_tensor" else ""),
+            "local": planned(ch, "local")
+            if ch.kind == "rdma_tensor"
+            else local[ch.id] + (" (emulated link)" if ch.params.get("emulate") else ""),
+            "ray": planned(ch, "ray") if ch.kind == "rdma_tensor" else ray[ch.id],
         }
         for ch in plan.channels
     ]

@@ -8,6 +8,7 @@ import random
 import secrets
 import socket
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from pddflow.channels.security import TLSConfig
 from pddflow.core.cpu_layout import CpuLayout, host_cores, plan_layout
 from pddflow.core.device import LOCAL_KV_CACHE_MIB
 from pddflow.graph.plan import Plan
+from pddflow.runtime.rdma_routes import NETWORK, SHM, incoming, routes
 from pddflow.runtime.rpc import Credentials
 
 
@@ -22,7 +24,8 @@ from pddflow.runtime.rpc import Credentials
 class Endpoints:
     rpc: str  # the worker's control service
     kv_flight: str = ""  # wan_flight receiver (grpc://127.0.0.1:port)
-    kv_rdma: str = ""  # rdma_tensor receiver (unix:@name)
+    kv_rdma: str = ""  # rdma_tensor receiver for senders on its host (unix:@name, shared memory)
+    kv_rdma_net: str = ""  # and for the others (tcp:host:port; tcp or nixl regions)
     handoff: str = ""  # token_ids server (127.0.0.1:port)
 
 
@@ -48,6 +51,8 @@ class Wiring:
     bind_all: bool = False  # listen on every interface (0.0.0.0), not only the published address
     # how each channel is carried, once instances are placed (channel id -> e.g. "shared memory")
     transports: dict[str, str] = field(default_factory=dict)
+    # rdma_tensor: "src>dst" instance pair -> shm | tcp | nixl (rdma_routes.py)
+    rdma: dict[str, str] = field(default_factory=dict)
 
     def bind_host(self, address: str) -> str:
         """Where a server publishing `address` ([scheme://]host:port) listens: that host, or every
@@ -145,8 +150,6 @@ def wire(
                 continue
             if ch.kind == "wan_flight" and not ep.kv_flight:
                 ep.kv_flight = f"grpc://127.0.0.1:{free_port()}"
-            elif ch.kind == "rdma_tensor" and not ep.kv_rdma:
-                ep.kv_rdma = f"unix:@{dep}-{inst.id.replace('/', '-')}-kv"
             elif ch.kind == "token_ids" and not ep.handoff:
                 ep.handoff = f"127.0.0.1:{free_port()}"
             if ch.cross_cluster and ch.link:
@@ -158,4 +161,18 @@ def wire(
                 if addr and addr not in w.links.setdefault(ch.link, []):
                     w.links[ch.link].append(addr)
         w.workers[inst.id] = ep
+    # one host: shared memory, unless an edge asks for a network transport
+    w.rdma = routes(plan, {}, nixl=False)
+    for inst_id, ep in w.workers.items():
+        place_rdma_receivers(w, inst_id, ep, lambda: f"tcp:127.0.0.1:{free_port()}")
     return w
+
+
+def place_rdma_receivers(
+    w: Wiring, instance: str, ep: Endpoints, net_address: Callable[[], str]
+) -> None:
+    """The rdma_tensor receivers an instance needs, by how its senders reach it (`w.rdma`): a
+    unix socket for those on its host, net_address() for the others; neither when none."""
+    got = incoming(w.rdma, instance)
+    ep.kv_rdma = f"unix:@{w.deployment}-{instance.replace('/', '-')}-kv" if SHM in got else ""
+    ep.kv_rdma_net = net_address() if got & set(NETWORK) else ""

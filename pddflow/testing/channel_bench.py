@@ -100,9 +100,10 @@ def wan_flight_runner(
 
 
 def rdma_tensor_runner(
-    stack: ExitStack, kv: Any, ring_slots: int, slot_mb: float, direct: bool
+    stack: ExitStack, kv: Any, ring_slots: int, slot_mb: float, direct: bool, transport: str = "shm"
 ) -> Callable[[], float]:
-    """direct: the receiver's landing arena (the default); else the ring into a warm destination."""
+    """direct: the receiver's landing arena (the default); else the ring into a warm destination.
+    transport tcp: the network path over 127.0.0.1 (checksums on, its default)."""
     from pddflow.channels.shm_kv import SharedMemoryKVParams, SharedMemoryKVSender
     from pddflow.testing.peer import PeerProcess
 
@@ -110,6 +111,7 @@ def rdma_tensor_runner(
     params = SharedMemoryKVParams(
         ring_slots=ring_slots, slot_mb=slot_mb, arena_mb=arena_mb, deadline_s=600
     )
+    net = ["--transport", "tcp", "--address", "tcp:127.0.0.1:0"] if transport == "tcp" else []
     args = [
         "--no-digest",
         "--ring-slots",
@@ -119,7 +121,9 @@ def rdma_tensor_runner(
         "--arena-mb",
         str(arena_mb),
     ]
-    rx = stack.enter_context(PeerProcess("rdma-recv", *args, *([] if direct else ["--reuse-dest"])))
+    rx = stack.enter_context(
+        PeerProcess("rdma-recv", *args, *net, *([] if direct else ["--reuse-dest"]))
+    )
     tx = stack.enter_context(SharedMemoryKVSender(rx.address, params=params))
 
     def run() -> float:
@@ -242,6 +246,9 @@ def run_all(
                 "rdma_tensor_ring": rdma_tensor_runner(
                     stack, kv, ring_slots, slot_mb, direct=False
                 ),
+                "rdma_tensor_tcp": rdma_tensor_runner(
+                    stack, kv, ring_slots, slot_mb, direct=True, transport="tcp"
+                ),
             },
             reps,
         )
@@ -251,6 +258,12 @@ def run_all(
         "mode": "direct (landing arena)",
         "transport": "shm",
         "checksum": None,
+    }
+    res["rdma_tensor_tcp"] = {
+        **pair["rdma_tensor_tcp"],
+        "mode": "direct (landing arena)",
+        "transport": "tcp (127.0.0.1)",
+        "checksum": DEFAULT_CHECKSUM,
     }
     res["rdma_tensor_ring"] = {
         **pair["rdma_tensor_ring"],

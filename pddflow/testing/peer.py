@@ -3,7 +3,8 @@
     python -m pddflow.testing.peer wan-recv  [--token T] [--tls-cert C --tls-key K]
                                              [--reuse-dest] [--no-digest]
     python -m pddflow.testing.peer rdma-recv [--ring-slots N] [--slot-mb M] [--arena-mb A]
-                                             [--reuse-dest] [--no-digest]
+                                             [--reuse-dest] [--no-digest] [--token T]
+                                             [--transport tcp --address tcp:127.0.0.1:0]
     python -m pddflow.testing.peer tok-server [--token T] [--tls-cert C --tls-key K] [--quiet]
     python -m pddflow.testing.peer tcp-recv  --nbytes N
 
@@ -127,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--arena-mb", type=float, default=512.0)
     ap.add_argument("--quiet", action="store_true")
     ap.add_argument("--nbytes", type=int, default=0)
+    ap.add_argument("--transport", default="auto", help="rdma-recv: auto, shm, tcp or nixl")
+    ap.add_argument("--address", help="rdma-recv: e.g. tcp:127.0.0.1:0 (default: unix:@...)")
     args = ap.parse_args(argv)
     stop = _stdin_closed()
 
@@ -142,9 +145,15 @@ def main(argv: list[str] | None = None) -> int:
         from pddflow.channels.shm_kv import SharedMemoryKVParams, SharedMemoryKVReceiver
 
         params = SharedMemoryKVParams(
-            ring_slots=args.ring_slots, slot_mb=args.slot_mb, arena_mb=args.arena_mb
+            ring_slots=args.ring_slots,
+            slot_mb=args.slot_mb,
+            arena_mb=args.arena_mb,
+            transport=args.transport,
+            token=args.token,
         )
-        rx = SharedMemoryKVReceiver(params=params, alloc=_ReusedDest() if args.reuse_dest else None)
+        rx = SharedMemoryKVReceiver(
+            args.address, params=params, alloc=_ReusedDest() if args.reuse_dest else None
+        )
         _serve_receiver(rx, rx.address, args, stop)
     elif args.role == "tok-server":
         from pddflow.channels.codec_tokens import Control

@@ -105,11 +105,15 @@ class RayNode:
     resources: dict[str, float] = field(default_factory=dict)
     num_cpus: int = 1
     num_gpus: int = 0
+    # its node IP: another loopback address (127.0.0.2, ...) is another "host" in the namespace,
+    # whose processes bind and are reached there
+    ip: str = "127.0.0.1"
 
 
 class RayCluster:
-    """`ray start --head` plus `ray start --address` for every further node, all on 127.0.0.1 in
-    the current network namespace, their files under `temp_dir`."""
+    """`ray start --head` plus `ray start --address` for every further node, each on its node's
+    loopback address (the head on 127.0.0.1) in the current network namespace, their files under
+    `temp_dir`."""
 
     def __init__(self, nodes: list[RayNode], temp_dir: Path, timeout_s: float = 120.0):
         self.address = f"127.0.0.1:{HEAD_PORT}"
@@ -123,7 +127,7 @@ class RayCluster:
                 ray,
                 "start",
                 *(("--head", f"--port={HEAD_PORT}") if i == 0 else (f"--address={self.address}",)),
-                "--node-ip-address=127.0.0.1",
+                f"--node-ip-address={node.ip}",
                 f"--num-cpus={node.num_cpus}",
                 f"--num-gpus={node.num_gpus}",
                 f"--resources={json.dumps(node.resources)}",

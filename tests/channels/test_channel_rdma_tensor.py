@@ -1,6 +1,7 @@
-"""rdma_tensor between two processes through shared memory (direct landing arena and ring):
-bit-exact, corrupt blocks resent (checksums on), deadlines on a silent or stopped receiver, a dead
-receiver reported, arena memory returned when the worker drops the tensor."""
+"""rdma_tensor between two processes, over shared memory and over the tcp transport (each test
+that does not name one runs on both; direct landing arena and ring): bit-exact, corrupt blocks
+resent (checksums on), deadlines on a silent or stopped receiver, a dead receiver reported, cancel
+mid-transfer, arena memory returned when the worker drops the tensor."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import numpy as np
 import pytest
 
 from pddflow.channels.errors import (
+    ChannelAuthError,
     ChannelCancelled,
     ChannelClosed,
     ChannelCorrupt,
@@ -26,20 +28,39 @@ from pddflow.channels.shm_kv import (
     SharedMemoryKVReceiver,
     SharedMemoryKVSender,
 )
-from pddflow.testing.faults import FaultyKVSender
+from pddflow.testing.faults import BlackHole, FaultyKVSender, FaultyRelay
 from pddflow.testing.peer import PeerProcess
+
+TRANSPORTS = ["shm", "tcp"]
+# how a receiver of each transport listens: a peer process's arguments, an in-process address
+PEER_ARGS = {"shm": (), "tcp": ("--transport", "tcp", "--address", "tcp:127.0.0.1:0")}
+ADDRESS = {"shm": None, "tcp": "tcp:127.0.0.1:0"}
+
+
+@pytest.fixture(scope="module", params=TRANSPORTS)
+def transport(request):
+    return request.param
+
+
+def rdma_peer(transport: str, *args: str) -> PeerProcess:
+    return PeerProcess("rdma-recv", *args, *PEER_ARGS[transport])
+
+
+def local_rx(transport: str, **params) -> SharedMemoryKVReceiver:
+    p = SharedMemoryKVParams(transport=transport, **params)
+    return SharedMemoryKVReceiver(ADDRESS[transport], params=p)
 
 
 @pytest.fixture(scope="module")
-def direct_rx():
-    p = PeerProcess("rdma-recv", "--arena-mb", "16")
+def direct_rx(transport):
+    p = rdma_peer(transport, "--arena-mb", "16")
     yield p
     p.stop()
 
 
 @pytest.fixture(scope="module")
-def ring_rx():
-    p = PeerProcess("rdma-recv", "--ring-slots", "4", "--slot-mb", "0.05", "--arena-mb", "0")
+def ring_rx(transport):
+    p = rdma_peer(transport, "--ring-slots", "4", "--slot-mb", "0.05", "--arena-mb", "0")
     yield p
     p.stop()
 
@@ -59,6 +80,7 @@ def test_round_trip_between_processes_is_bit_exact(
     with SharedMemoryKVSender(rx.address) as tx:
         report = tx.send(kv, timeout_s=20)
         assert report.bytes == 30 * (16 << 10) and tx.last_mode == mode  # 30 blocks of 16 KiB
+        assert tx.transport == ("tcp" if rx.address.startswith("tcp:") else "shm")
         same_kv(kv, rx.line(10)["kv"])
         kv2 = kv_factory("rdma-again", num_blocks=5, torch_dtype=torch_dtype, seed=3)
         tx.send(kv2, timeout_s=20)  # the ring / arena region is reused for the next set
@@ -66,11 +88,9 @@ def test_round_trip_between_processes_is_bit_exact(
 
 
 @pytest.mark.slow
-def test_ring_slots_smaller_than_a_block(kv_factory, same_kv):
+def test_ring_slots_smaller_than_a_block(transport, kv_factory, same_kv):
     kv = kv_factory("rdma-split", num_blocks=9, torch_dtype=None)  # 16 KiB blocks, 10 KiB slots
-    with PeerProcess(
-        "rdma-recv", "--ring-slots", "3", "--slot-mb", "0.01", "--arena-mb", "0"
-    ) as rx:
+    with rdma_peer(transport, "--ring-slots", "3", "--slot-mb", "0.01", "--arena-mb", "0") as rx:
         with SharedMemoryKVSender(rx.address) as tx:
             tx.send(kv, timeout_s=20)
         same_kv(kv, rx.line(10)["kv"])
@@ -116,14 +136,24 @@ def test_block_that_stays_corrupt_fails_after_retries(direct_rx, kv_factory):
 
 
 @pytest.mark.slow
-def test_stopped_receiver_fails_at_deadline(kv_factory, fails_at_deadline_while_stopped):
+def test_stopped_receiver_fails_at_deadline(transport, kv_factory, fails_at_deadline_while_stopped):
     kv = kv_factory(num_blocks=64, torch_dtype=None)  # 1 MiB through a 2 x 16 KiB ring
-    with PeerProcess("rdma-recv", "--ring-slots", "2", "--slot-mb", "0.016") as rx:
+    with rdma_peer(transport, "--ring-slots", "2", "--slot-mb", "0.016") as rx:
         with SharedMemoryKVSender(rx.address) as tx:
             # connected, healthy
             tx.send(kv_factory("warm", num_blocks=1, torch_dtype=None), timeout_s=20)
             rx.line(10)
             fails_at_deadline_while_stopped(lambda t: tx.send(kv, timeout_s=t), rx.pid)
+
+
+@pytest.mark.slow
+def test_silent_tcp_peer_fails_at_deadline(kv_factory):
+    with BlackHole() as hole:  # accepts, never answers
+        with SharedMemoryKVSender(f"tcp:{hole.address}") as tx:
+            t0 = time.monotonic()
+            with pytest.raises(ChannelTimeout):
+                tx.send(kv_factory(num_blocks=2), timeout_s=1.0)
+            assert time.monotonic() - t0 < 5.0
 
 
 @pytest.mark.slow
@@ -143,11 +173,9 @@ def test_silent_peer_fails_at_deadline(kv_factory):
 
 
 @pytest.mark.slow
-def test_receiver_killed_mid_transfer_is_reported(kv_factory):
+def test_receiver_killed_mid_transfer_is_reported(transport, kv_factory):
     kv = kv_factory("rdma-dead", num_blocks=64, torch_dtype=None)
-    with PeerProcess(
-        "rdma-recv", "--ring-slots", "2", "--slot-mb", "0.016", "--arena-mb", "0"
-    ) as rx:
+    with rdma_peer(transport, "--ring-slots", "2", "--slot-mb", "0.016", "--arena-mb", "0") as rx:
         writes = []
 
         def kill_on_fifth(offset: int, piece: np.ndarray):
@@ -163,9 +191,9 @@ def test_receiver_killed_mid_transfer_is_reported(kv_factory):
                 tx.send(kv, timeout_s=10)
 
 
-def test_receiver_cancel_refuses_the_set(kv_factory):
+def test_receiver_cancel_refuses_the_set(transport, kv_factory):
     kv = kv_factory("rdma-cancel", num_blocks=4, torch_dtype=None)
-    with SharedMemoryKVReceiver() as rx, SharedMemoryKVSender(rx.address) as tx:
+    with local_rx(transport) as rx, SharedMemoryKVSender(rx.address) as tx:
         rx.cancel("rdma-cancel", reason="request moved")
         with pytest.raises(ChannelCancelled, match="request moved"):
             tx.send(kv, timeout_s=10)
@@ -174,13 +202,9 @@ def test_receiver_cancel_refuses_the_set(kv_factory):
         assert rx.recv("rdma-ok", timeout_s=5).num_blocks == 2
 
 
-def test_arena_memory_returns_when_the_tensor_is_dropped(kv_factory):
+def test_arena_memory_returns_when_the_tensor_is_dropped(transport, kv_factory):
     kv = kv_factory("rdma-arena", num_blocks=8, torch_dtype="bfloat16")  # 128 KiB
-    params = SharedMemoryKVParams(arena_mb=1)
-    with (
-        SharedMemoryKVReceiver(params=params) as rx,
-        SharedMemoryKVSender(rx.address, params=params) as tx,
-    ):
+    with local_rx(transport, arena_mb=1) as rx, SharedMemoryKVSender(rx.address) as tx:
         full = rx.arena_free_bytes()
         tx.send(kv, timeout_s=10)
         got = rx.recv("rdma-arena", timeout_s=5)
@@ -195,11 +219,11 @@ def test_arena_memory_returns_when_the_tensor_is_dropped(kv_factory):
         assert rx.arena_free_bytes() == full
 
 
-def test_cancelled_set_keeps_its_arena_region_until_the_sender_stops(kv_factory):
+def test_cancelled_set_keeps_its_arena_region_until_the_sender_stops(transport, kv_factory):
     """A region the sender is still writing into must not go to another set, even after cancel."""
     kv = kv_factory("rdma-cancel-mid", num_blocks=8, torch_dtype=None)  # 128 KiB
     params = SharedMemoryKVParams(arena_mb=1)
-    with SharedMemoryKVReceiver(params=params) as rx:
+    with local_rx(transport, arena_mb=1) as rx:
         full = rx.arena_free_bytes()
         seen = []
 
@@ -218,12 +242,8 @@ def test_cancelled_set_keeps_its_arena_region_until_the_sender_stops(kv_factory)
         assert rx.arena_free_bytes() == full  # returned once the sender was done with it
 
 
-def test_full_arena_falls_back_to_the_ring(kv_factory):
-    params = SharedMemoryKVParams(arena_mb=0.25)  # 256 KiB
-    with (
-        SharedMemoryKVReceiver(params=params) as rx,
-        SharedMemoryKVSender(rx.address, params=params) as tx,
-    ):
+def test_full_arena_falls_back_to_the_ring(transport, kv_factory):
+    with local_rx(transport, arena_mb=0.25) as rx, SharedMemoryKVSender(rx.address) as tx:
         held = []
         for i in range(3):  # 3 x 128 KiB, kept by the worker: the third no longer fits
             kv = kv_factory(f"hold-{i}", num_blocks=8, torch_dtype=None, seed=i)
@@ -240,7 +260,7 @@ def test_recv_has_a_deadline():
 
 
 def test_unknown_transport_lists_valid_names():
-    with pytest.raises(ChannelError, match="valid: auto, nixl, shm"):
+    with pytest.raises(ChannelError, match="valid: auto, nixl, shm, tcp"):
         SharedMemoryKVReceiver(params=SharedMemoryKVParams(transport="verbs"))
 
 
@@ -255,3 +275,79 @@ def test_nixl_transport_round_trip(kv_factory):
         tx.send(kv, timeout_s=30)
         out = rx.recv("nixl", timeout_s=10)
     assert np.array_equal(out.data, kv.data)
+
+
+def test_sender_cancel_mid_transfer_stops_it_and_the_channel_goes_on(transport, kv_factory):
+    kv = kv_factory("rdma-tx-cancel", num_blocks=64, torch_dtype=None)  # 1 MiB, 16 KiB slots
+    with local_rx(transport, arena_mb=0, slot_mb=0.016, ring_slots=2) as rx:
+        writes = []
+
+        def cancel_on_third(offset: int, piece: np.ndarray):
+            writes.append(offset)
+            if len(writes) == 3:
+                tx.cancel("rdma-tx-cancel")
+            return None
+
+        with FaultyKVSender(rx.address, fault=cancel_on_third) as tx:
+            with pytest.raises(ChannelCancelled, match="cancelled by sender"):
+                tx.send(kv, timeout_s=10)
+            assert len(writes) == 3  # nothing was written after the cancel
+            ok = kv_factory("rdma-after-cancel", num_blocks=3, torch_dtype=None, seed=5)
+            tx.send(ok, timeout_s=10)
+        assert rx.recv("rdma-after-cancel", timeout_s=5).data.tobytes() == ok.data.tobytes()
+        with pytest.raises(ChannelCancelled, match="cancelled by sender"):  # the receiver knows
+            rx.recv("rdma-tx-cancel", timeout_s=5)
+
+
+def _flip_first_write(hit: list):
+    def fault(offset: int, piece: np.ndarray):
+        if offset == 0 and not hit:
+            hit.append(1)
+            bad = piece.copy()
+            bad[100] ^= 0x40
+            return bad
+        return None
+
+    return fault
+
+
+def test_checksums_default_on_over_tcp_and_off_over_shared_memory(kv_factory):
+    kv = kv_factory("rdma-default-sum", num_blocks=4, torch_dtype=None)
+    for transport, resent in (("tcp", 1), ("shm", 0)):
+        hit: list = []
+        with (
+            local_rx(transport) as rx,
+            FaultyKVSender(rx.address, fault=_flip_first_write(hit)) as tx,
+        ):
+            report = tx.send(kv, timeout_s=10)
+            got = rx.recv(kv.seq_id, timeout_s=5).data.tobytes()
+        assert hit and report.resent_blocks == resent
+        # over tcp the corrupt block was resent; shared memory (no wire) trusts its copy
+        assert (got == kv.data.tobytes()) == (transport == "tcp")
+
+
+def test_tcp_receiver_with_a_token_refuses_senders_without_it(kv_factory):
+    kv = kv_factory("rdma-token", num_blocks=2, torch_dtype=None)
+    with local_rx("tcp", token="s3cret") as rx:
+        for guess in (None, "guess"):
+            params = SharedMemoryKVParams(token=guess)
+            with SharedMemoryKVSender(rx.address, params=params) as tx:
+                with pytest.raises(ChannelAuthError, match="token"):
+                    tx.send(kv, timeout_s=5)
+        with SharedMemoryKVSender(rx.address, params=SharedMemoryKVParams(token="s3cret")) as tx:
+            tx.send(kv, timeout_s=5)
+        assert rx.recv("rdma-token", timeout_s=5).data.tobytes() == kv.data.tobytes()
+
+
+def test_bytes_corrupted_on_the_wire_are_caught_and_resent(kv_factory):
+    """A relay between the ends flips one byte of the KV in the tcp data stream (not in the
+    sender's memory): the default checksum catches it and the block is resent."""
+    kv = kv_factory("rdma-wire", num_blocks=6, torch_dtype=None)
+    marker = kv.data.tobytes()[(2 << 14) + 4000 : (2 << 14) + 4016]  # 16 bytes inside block 2
+    with local_rx("tcp") as rx:
+        host, port = rx.address[4:].rsplit(":", 1)
+        with FaultyRelay((host, int(port)), corrupt_marker=marker) as relay:
+            with SharedMemoryKVSender(f"tcp:{relay.address}") as tx:
+                report = tx.send(kv, timeout_s=10)
+            assert relay.corruptions == 1 and report.resent_blocks == 1
+        assert rx.recv("rdma-wire", timeout_s=5).data.tobytes() == kv.data.tobytes()

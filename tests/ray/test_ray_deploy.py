@@ -1,6 +1,8 @@
 """`pddflow deploy --backend ray` on a real multi-node Ray cluster, started as a user would (`ray
-start`: a head node and two more, each with its graph cluster's resource), inside a private network
-namespace of this test module (every address 127.0.0.1 there, nothing leaves it).
+start`: a head node and three more, each with its graph cluster's resource), inside a private
+network namespace of this test module (nothing leaves it). Cluster A's two nodes have node IPs of
+their own (127.0.0.2, 127.0.0.3: two hosts as far as Ray and pddflow can tell), so prefill and
+relay land on different hosts and their rdma_tensor edge goes over tcp; the others are 127.0.0.1.
 
 One cluster and one deployment of graphs/pdd.yaml for the module (the tests run in file order;
 the last one stops the deployment). Every client call has a deadline: nothing can hang.
@@ -33,10 +35,12 @@ PROMPTS = ["The relay decodes while the KV crosses the WAN.", "Hello, main decod
 TOKENS = 16
 CLIENT_TIMEOUT_S = 60
 
-# the head carries cluster G (one GPU, for the shortfall test); A and B one node each
+# the head carries cluster G (one GPU, for the shortfall test); A two one-CPU nodes on hosts of
+# their own (prefill and relay, one CPU each, cannot share one), B one node
+A_IPS = ("127.0.0.2", "127.0.0.3")
 NODES = [
     RayNode({"pddflow_cluster_G": 1}, num_cpus=1, num_gpus=1),
-    RayNode({"pddflow_cluster_A": 1}, num_cpus=2),
+    *(RayNode({"pddflow_cluster_A": 1}, num_cpus=1, ip=ip) for ip in A_IPS),
     RayNode({"pddflow_cluster_B": 1}, num_cpus=1),
 ]
 BYSTANDER = """
@@ -111,15 +115,22 @@ def test_instances_run_on_their_clusters_nodes(dep, cluster):
     a, b = _node_ids(cluster, "pddflow_cluster_A"), _node_ids(cluster, "pddflow_cluster_B")
     assert w["prefill/0"]["node"] in a and w["relay/0"]["node"] in a
     assert w["main/0"]["node"] in b
+    # prefill and relay on cluster A's two hosts, each serving on its node's address
+    assert {w["prefill/0"]["node_ip"], w["relay/0"]["node_ip"]} == set(A_IPS)
+    assert w["main/0"]["node_ip"] == "127.0.0.1"
     for inst in ("prefill/0", "relay/0", "main/0"):
-        assert w[inst]["state"] == "up" and w[inst]["address"].startswith("127.0.0.1:")
-    # prefill and relay share a node (their rdma_tensor edge is shared memory); the WAN edges
+        assert w[inst]["state"] == "up"
+        assert w[inst]["address"].startswith(w[inst]["node_ip"] + ":")
+    # so their rdma_tensor edge is tcp, checksummed, to the relay's node address; the WAN edges
     # are TCP with TLS and the token
     assert h["channels"] == {
-        "prefill.kv->relay.kv": "shared memory",
+        "prefill.kv->relay.kv": "tcp (cross-host, checksummed)",
         "prefill.kv->main.kv": "arrow flight over TCP+TLS + token",
         "relay.handoff->main.handoff": "TCP+TLS + token",
     }
+    relay = w["relay/0"]["endpoints"]
+    assert relay["kv_rdma_net"].startswith(f"tcp:{w['relay/0']['node_ip']}:")
+    assert "kv_rdma" not in relay  # no shared-memory receiver: no sender shares its host
 
 
 ROUTES = [("p_md", None), ("p_rld_md", "one_shot"), ("p_rld_md", "catch_up")]
@@ -175,6 +186,27 @@ def test_wan_edge_crosses_nodes_with_tls_and_the_token(dep):
     with WanFlightSender(target, params=WanFlightParams(token=token, tls=stranger)) as tx:
         with pytest.raises(ChannelError):
             tx.ping(timeout_s=5)
+
+
+def test_rdma_edge_across_hosts_wants_the_deployment_token(dep):
+    import json
+
+    import numpy as np
+
+    from pddflow.channels.errors import ChannelAuthError
+    from pddflow.channels.shm_kv import SharedMemoryKVParams, SharedMemoryKVSender
+    from pddflow.core.payloads import KVBlocks
+
+    address = dep.health()["workers"]["relay/0"]["endpoints"]["kv_rdma_net"]
+    # one block of 16 tokens; the relay keeps a set no request waits for only a little while
+    kv = KVBlocks("not-from-prefill", [7], 0, 16, 16, np.ones((1, 1, 2, 16, 1, 8), np.float16))
+    with SharedMemoryKVSender(address, params=SharedMemoryKVParams(token="guess")) as tx:
+        with pytest.raises(ChannelAuthError, match="wrong token"):
+            tx.send(kv, timeout_s=10)
+    token = json.loads((dep.run_dir / "wiring.json").read_text())["auth_token"]
+    with SharedMemoryKVSender(address, params=SharedMemoryKVParams(token=token)) as tx:
+        tx.send(kv, timeout_s=10)  # let in (the relay drops a set no request waits for)
+        assert tx.transport == "tcp"
 
 
 def test_main_killed_mid_stream_the_stream_completes_and_main_comes_back(dep, client, reference):

@@ -22,13 +22,28 @@ def _node(name: str, **res: float) -> Node:
     return Node(name, "10.0.0.1", res)
 
 
-def test_cpu_only_cluster_asks_one_cpu_per_instance_and_packs_the_rdma_pair():
+def _with_rdma(**params) -> object:
+    """pdd.yaml's plan with params on its rdma_tensor edge."""
+    from dataclasses import replace
+
+    plan = _plan()
+    chans = tuple(
+        replace(c, params={**c.params, **params}) if c.kind == "rdma_tensor" else c
+        for c in plan.channels
+    )
+    return replace(plan, channels=chans)
+
+
+def test_cpu_only_cluster_asks_one_cpu_per_instance_and_does_not_pack_the_rdma_pair():
     nodes = [_node("a", CPU=4, pddflow_cluster_A=1), _node("b", CPU=2, pddflow_cluster_B=1)]
     gs = groups(_plan(), nodes, {})
-    assert [g.instances for g in gs] == [["prefill/0", "relay/0"], ["main/0"]]
-    assert gs[0].bundles == [{"pddflow_cluster_A": 0.001, "CPU": 1.0}] * 2
-    assert gs[1].bundles == [{"pddflow_cluster_B": 0.001, "CPU": 1.0}]
+    assert [g.instances for g in gs] == [["prefill/0"], ["relay/0"], ["main/0"]]
+    assert gs[0].bundles == gs[1].bundles == [{"pddflow_cluster_A": 0.001, "CPU": 1.0}]
+    assert gs[2].bundles == [{"pddflow_cluster_B": 0.001, "CPU": 1.0}]
     assert problems(_plan(), nodes, {}) == []
+    # an edge that asks for shared memory keeps its ends on one node
+    packed = groups(_with_rdma(transport="shm"), nodes, {})
+    assert [g.instances for g in packed] == [["prefill/0", "relay/0"], ["main/0"]]
 
 
 def test_gpu_nodes_turn_devices_into_gpus_and_accelerator_types():
@@ -39,7 +54,7 @@ def test_gpu_nodes_turn_devices_into_gpus_and_accelerator_types():
         "GPU": 4.0,
         "accelerator_type:H100": 0.001,
     }
-    assert gs[1].bundles[0] == {"pddflow_cluster_B": 0.001, "CPU": 1.0}
+    assert gs[2].bundles[0] == {"pddflow_cluster_B": 0.001, "CPU": 1.0}
 
 
 def test_missing_cluster_and_too_few_gpus_are_named_at_the_clusters_line():
@@ -57,26 +72,29 @@ def test_missing_cluster_and_too_few_gpus_are_named_at_the_clusters_line():
     assert str(ds[0]).startswith(f"{PDD}:")
 
 
-def test_an_rdma_pair_that_fits_the_cluster_but_no_single_node_is_refused():
+def test_an_rdma_pair_split_over_two_nodes_fits_unless_it_asks_for_shared_memory():
     nodes = [
         _node("a1", CPU=1, pddflow_cluster_A=1),
         _node("a2", CPU=1, pddflow_cluster_A=1),
         _node("b", CPU=1, pddflow_cluster_B=1),
     ]
-    (cluster, msg), *rest = problems(_plan(), nodes, {})
+    assert problems(_plan(), nodes, {}) == []  # transport auto: tcp between the two nodes
+    (cluster, msg), *rest = problems(_with_rdma(transport="shm"), nodes, {})
     assert cluster == "A" and not rest
-    assert "prefill/0, relay/0 share rdma_tensor edges and must run on one node" in msg
+    assert "prefill/0, relay/0 share rdma_tensor edges with transport: shm" in msg
 
 
 def test_transports_per_channel():
     plan = _plan()
-    assert transports(plan, {"prefill/0": "n1", "relay/0": "n1", "main/0": "n2"}) == {
+    assert transports(plan, {"prefill/0": "10.0.0.1", "relay/0": "10.0.0.1", "main/0": "n2"}) == {
         "prefill.kv->relay.kv": "shared memory",
         "prefill.kv->main.kv": "arrow flight over TCP + token",
         "relay.handoff->main.handoff": "TCP + token",
     }
-    split = transports(plan, {"prefill/0": "n1", "relay/0": "n2"})
-    assert split["prefill.kv->relay.kv"] == "tcp (not built)"
+    split = transports(plan, {"prefill/0": "10.0.0.1", "relay/0": "10.0.0.2"})
+    assert split["prefill.kv->relay.kv"] == "tcp (cross-host, checksummed)"
+    off = transports(_with_rdma(checksum=""), {"prefill/0": "10.0.0.1", "relay/0": "10.0.0.2"})
+    assert off["prefill.kv->relay.kv"] == "tcp (cross-host)"
 
 
 def test_secure_cross_cluster_turns_on_tls_and_off_emulation():
@@ -118,7 +136,10 @@ def test_plan_says_how_each_backend_carries_each_edge():
     import json
 
     rows = {t["channel"]: t for t in json.loads(r.output)["transports"]}
-    assert rows["prefill.kv->relay.kv"]["ray"] == "shared memory (ends placed on one node)"
+    assert rows["prefill.kv->relay.kv"]["local"] == "shared memory"
+    assert rows["prefill.kv->relay.kv"]["ray"] == (
+        "shared memory where ends share a host, else tcp (nixl where installed)"
+    )
     assert rows["prefill.kv->main.kv"]["ray"] == "arrow flight over TCP+TLS + token"
     assert rows["relay.handoff->main.handoff"]["local"].startswith("TCP + token")
 

@@ -25,6 +25,7 @@ from pddflow.core.link import Jitter, LinkModel
 from pddflow.core.payloads import TokenIds
 from pddflow.graph.plan import ChannelPlan, Plan
 from pddflow.runtime.proto import runtime_pb2 as pb
+from pddflow.runtime.rdma_routes import SHM, incoming, pair
 from pddflow.runtime.rpc import open_reports
 from pddflow.runtime.wiring import Wiring
 from pddflow.runtime.workers.inbox import Abort, CaughtUp, HandoffTokens, KVArrived, KVLost
@@ -62,9 +63,7 @@ class WorkerIO:
             if ch.kind == "rdma_tensor" and not any(
                 isinstance(r, SharedMemoryKVReceiver) for r in self.kv_receivers
             ):
-                self.kv_receivers.append(
-                    SharedMemoryKVReceiver(ep.kv_rdma, params=self._rdma_params(ch))
-                )
+                self.kv_receivers += self._rdma_receivers(ch, ep.kv_rdma, ep.kv_rdma_net)
             elif ch.kind == "wan_flight" and not any(
                 isinstance(r, WanFlightReceiver) for r in self.kv_receivers
             ):
@@ -109,14 +108,31 @@ class WorkerIO:
     def _auth(self, ch: ChannelPlan) -> str | None:
         return (ch.params.get("token") or self.wiring.auth_token) if ch.cross_cluster else None
 
-    def _rdma_params(self, ch: ChannelPlan) -> SharedMemoryKVParams:
+    def _rdma_params(self, ch: ChannelPlan, transport: str) -> SharedMemoryKVParams:
         return SharedMemoryKVParams(
             ring_slots=ch.params["ring_slots"],
             slot_mb=ch.params["slot_mb"],
             arena_mb=ch.params["arena_mb"],
             deadline_s=ch.params["deadline_s"],
             checksum=ch.params["checksum"] or None,
+            transport=transport,
+            # a network receiver listens on the node's address: the deployment's token keeps
+            # whoever else reaches it out (a unix socket is this host's alone)
+            token=self.wiring.auth_token if transport != SHM else None,
         )
+
+    def _rdma_receivers(self, ch: ChannelPlan, unix: str, net: str) -> list[Any]:
+        """One receiver per way this instance's senders reach it (`rdma_routes.py`)."""
+        out: list[Any] = []
+        if unix:
+            out.append(SharedMemoryKVReceiver(unix, params=self._rdma_params(ch, SHM)))
+        if net:
+            kinds = incoming(self.wiring.rdma, self.instance) - {SHM}
+            transport = kinds.pop() if len(kinds) == 1 else "auto"
+            port = net.rsplit(":", 1)[1]
+            bind = f"tcp:{self.wiring.bind_host(net[4:])}:{port}"
+            out.append(SharedMemoryKVReceiver(bind, params=self._rdma_params(ch, transport)))
+        return out
 
     def _flight_params(self, ch: ChannelPlan) -> WanFlightParams:
         return WanFlightParams(
@@ -174,7 +190,10 @@ class WorkerIO:
             ch = self._channel(kind, dst_instance)
             ep = self.wiring.workers[dst_instance]
             if kind == "rdma_tensor":
-                s = SharedMemoryKVSender(ep.kv_rdma, params=self._rdma_params(ch))
+                # per receiver: shared memory to one on this host, its network address otherwise
+                transport = self.wiring.rdma.get(pair(self.instance, dst_instance), SHM)
+                address = ep.kv_rdma if transport == SHM else ep.kv_rdma_net
+                s = SharedMemoryKVSender(address, params=self._rdma_params(ch, transport))
             elif kind == "wan_flight":
                 params = self._flight_params(ch)
                 target = self.wiring.reach(ep.kv_flight)

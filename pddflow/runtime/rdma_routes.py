@@ -1,0 +1,95 @@
+"""Which transport each rdma_tensor sender -> receiver pair of instances gets once every instance
+has a host: shared memory when both ends share a host (the same node IP; on the local backend
+always), else the edge's network transport (NIXL where installed, else tcp), unless the edge's
+`transport` param names one. And how /health and `pddflow plan` say it.
+
+Pure functions of the plan and a table instance -> host IP: unit-tested without any process.
+"""
+
+from __future__ import annotations
+
+from pddflow.graph.plan import ChannelPlan, Plan
+
+SHM, TCP, NIXL = "shm", "tcp", "nixl"
+NETWORK = (TCP, NIXL)
+# `pddflow plan`, ray backend, transport auto: the hosts are not known before placement
+PLANNED_RAY_AUTO = "shared memory where ends share a host, else tcp (nixl where installed)"
+
+
+def pair(src: str, dst: str) -> str:
+    """The key of one sender -> receiver pair of instances in `Wiring.rdma`."""
+    return f"{src}>{dst}"
+
+
+def route(ch: ChannelPlan, src: str, dst: str, host_of: dict[str, str], nixl: bool) -> str:
+    """shm, tcp or nixl for src -> dst on edge ch. host_of lacks an instance: this host."""
+    want = ch.params.get("transport", "auto")
+    same = host_of.get(src, "") == host_of.get(dst, "")
+    if want == SHM and not same:
+        raise ValueError(
+            f"rdma_tensor edge {ch.id}: transport shm needs {src} and {dst} on one host, but they "
+            f"are on {host_of.get(src)} and {host_of.get(dst)}; set transport: auto (or tcp)"
+        )
+    if want != "auto":
+        return want
+    if same:
+        return SHM
+    return NIXL if nixl else TCP
+
+
+def routes(plan: Plan, host_of: dict[str, str], nixl: bool) -> dict[str, str]:
+    """pair(src, dst) -> transport for every pair of instances an rdma_tensor edge joins."""
+    out: dict[str, str] = {}
+    for ch in plan.channels:
+        if ch.kind != "rdma_tensor":
+            continue
+        for a in plan.operators[ch.src].instances:
+            for b in plan.operators[ch.dst].instances:
+                out[pair(a, b)] = route(ch, a, b, host_of, nixl)
+    return out
+
+
+def incoming(rdma: dict[str, str], dst: str) -> set[str]:
+    """The transports dst's senders reach it by: a receiver per kind (shm; one network)."""
+    return {t for key, t in rdma.items() if key.split(">", 1)[1] == dst}
+
+
+def label(ch: ChannelPlan, transport: str, same_host: bool) -> str:
+    """What one pair got, as /health says it: `shared memory`, `tcp (cross-host, checksummed)`."""
+    if transport == SHM:
+        return "shared memory"
+    # "auto" and any algorithm both mean checksums over a wire; "" turned them off
+    sums = ", checksummed" if ch.params.get("checksum", "auto") else ""
+    return f"{transport} ({'same host' if same_host else 'cross-host'}{sums})"
+
+
+def channel_label(
+    plan: Plan, ch: ChannelPlan, rdma: dict[str, str], host_of: dict[str, str]
+) -> str:
+    """One string per edge: what every pair got, or per receiver (`shared memory to relay/0, tcp
+    (cross-host, checksummed) to relay/1`) where an operator's instances are split, or per pair
+    where even one receiver is reached two ways."""
+    pairs = []
+    for a in plan.operators[ch.src].instances:
+        for b in plan.operators[ch.dst].instances:
+            same = host_of.get(a, "") == host_of.get(b, "")
+            pairs.append((a, b, label(ch, rdma.get(pair(a, b), SHM), same)))
+    kinds = {x for _, _, x in pairs}
+    if len(kinds) <= 1:
+        return kinds.pop() if kinds else "shared memory"
+    by_dst: dict[str, set[str]] = {}
+    for _, b, x in pairs:
+        by_dst.setdefault(b, set()).add(x)
+    if all(len(v) == 1 for v in by_dst.values()):
+        return ", ".join(f"{next(iter(v))} to {b}" for b, v in by_dst.items())
+    return ", ".join(f"{x} {a}->{b}" for a, b, x in pairs)
+
+
+def planned(ch: ChannelPlan, backend: str) -> str:
+    """`pddflow plan`: how an rdma_tensor edge will be carried, before placement."""
+    want = ch.params.get("transport", "auto")
+    if want == SHM:
+        return "shared memory" + (" (ends placed on one node)" if backend == "ray" else "")
+    if want in NETWORK:
+        return want + (" (checksummed)" if ch.params.get("checksum", "auto") else "")
+    return "shared memory" if backend == "local" else PLANNED_RAY_AUTO
