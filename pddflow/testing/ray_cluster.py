@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -119,30 +120,54 @@ class RayCluster:
         self.address = f"127.0.0.1:{HEAD_PORT}"
         self.temp_dir = temp_dir
         self.nodes = nodes
+        for i, node in enumerate(nodes):
+            self.start_node(node, head=i == 0, timeout_s=timeout_s)
+        self.wait_nodes(len(nodes), timeout_s)
+
+    def start_node(self, node: RayNode, head: bool = False, timeout_s: float = 120.0) -> None:
+        """`ray start` for one node (again, after `kill_node`: a new Ray node on the same
+        address)."""
         ray = str(Path(sys.executable).with_name("ray"))
         env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
         env.pop("RAY_ADDRESS", None)
-        for i, node in enumerate(nodes):
-            argv = [
-                ray,
-                "start",
-                *(("--head", f"--port={HEAD_PORT}") if i == 0 else (f"--address={self.address}",)),
-                f"--node-ip-address={node.ip}",
-                f"--num-cpus={node.num_cpus}",
-                f"--num-gpus={node.num_gpus}",
-                f"--resources={json.dumps(node.resources)}",
-                "--object-store-memory=80000000",
-                f"--temp-dir={temp_dir}",
-                "--disable-usage-stats",
-                *(("--include-dashboard=false",) if i == 0 else ()),
-            ]
-            r = subprocess.run(argv, capture_output=True, env=env, timeout=timeout_s)
-            if r.returncode != 0:
-                raise RuntimeError(
-                    f"{' '.join(argv)} failed ({r.returncode}):\n"
-                    f"{r.stdout.decode(errors='replace')}\n{r.stderr.decode(errors='replace')}"
-                )
-        self.wait_nodes(len(nodes), timeout_s)
+        argv = [
+            ray,
+            "start",
+            *(("--head", f"--port={HEAD_PORT}") if head else (f"--address={self.address}",)),
+            f"--node-ip-address={node.ip}",
+            f"--num-cpus={node.num_cpus}",
+            f"--num-gpus={node.num_gpus}",
+            f"--resources={json.dumps(node.resources)}",
+            "--object-store-memory=80000000",
+            f"--temp-dir={self.temp_dir}",
+            "--disable-usage-stats",
+            *(("--include-dashboard=false",) if head else ()),
+        ]
+        r = subprocess.run(argv, capture_output=True, env=env, timeout=timeout_s)
+        if r.returncode != 0:
+            raise RuntimeError(
+                f"{' '.join(argv)} failed ({r.returncode}):\n"
+                f"{r.stdout.decode(errors='replace')}\n{r.stderr.decode(errors='replace')}"
+            )
+
+    def kill_node(self, ip: str) -> list[int]:
+        """SIGKILL every process of the (non-head) node on `ip`, as if its machine lost power:
+        its raylet and every process under it (the actors, their workers), and its agents. The
+        pids killed."""
+        procs = _processes()
+        mark = re.compile(rf"node[_-]ip[_-]address[= ]{re.escape(ip)}(\s|$)")
+        doomed = {pid for pid, (_, cmd) in procs.items() if mark.search(cmd)}
+        grew = True
+        while grew:  # every descendant
+            more = {pid for pid, (ppid, _) in procs.items() if ppid in doomed} - doomed
+            doomed |= more
+            grew = bool(more)
+        for pid in doomed:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return sorted(doomed)
 
     def query(self, code: str, timeout_s: float = 60.0) -> object:
         """Run `code` (which sets `out`) in a fresh Ray driver connected to the cluster; out as
@@ -187,3 +212,20 @@ class RayCluster:
             "placement_group_table().values() if g['state'] != 'REMOVED']}"
         )
         return {k: sorted(v, key=lambda x: sorted(x.items())) for k, v in out.items()}
+
+
+def _processes() -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, command line) of every process in this network namespace."""
+    mine = _ns_inode("thread-self")
+    out = {}
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit() or _ns_inode(p.name) != mine:
+            continue
+        try:
+            stat = (p / "stat").read_text()
+            cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        ppid = int(stat.rsplit(")", 1)[1].split()[1])
+        out[int(p.name)] = (ppid, cmd)
+    return out

@@ -38,10 +38,11 @@ CLIENT_TIMEOUT_S = 60
 # the head carries cluster G (one GPU, for the shortfall test); A two one-CPU nodes on hosts of
 # their own (prefill and relay, one CPU each, cannot share one), B one node
 A_IPS = ("127.0.0.2", "127.0.0.3")
+B_IP = "127.0.0.4"  # a host of its own, so that it can be lost alone
 NODES = [
     RayNode({"pddflow_cluster_G": 1}, num_cpus=1, num_gpus=1),
     *(RayNode({"pddflow_cluster_A": 1}, num_cpus=1, ip=ip) for ip in A_IPS),
-    RayNode({"pddflow_cluster_B": 1}, num_cpus=1),
+    RayNode({"pddflow_cluster_B": 1}, num_cpus=1, ip=B_IP),
 ]
 BYSTANDER = """
 import ray
@@ -117,7 +118,7 @@ def test_instances_run_on_their_clusters_nodes(dep, cluster):
     assert w["main/0"]["node"] in b
     # prefill and relay on cluster A's two hosts, each serving on its node's address
     assert {w["prefill/0"]["node_ip"], w["relay/0"]["node_ip"]} == set(A_IPS)
-    assert w["main/0"]["node_ip"] == "127.0.0.1"
+    assert w["main/0"]["node_ip"] == B_IP
     for inst in ("prefill/0", "relay/0", "main/0"):
         assert w[inst]["state"] == "up"
         assert w[inst]["address"].startswith(w[inst]["node_ip"] + ":")
@@ -255,6 +256,70 @@ def test_main_killed_mid_stream_the_stream_completes_and_main_comes_back(dep, cl
     assert code == 200 and out["choices"][0]["token_ids"] == reference("main is back", 8), out
 
 
+def _complete(dep, prompt: str, n: int, **extra) -> tuple[int, dict, str | None]:
+    """(status, body, Retry-After) of one bounded completion request."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    body = {"model": "pdd", "prompt": prompt, "max_tokens": n, "temperature": 0}
+    req = urllib.request.Request(
+        f"{dep.base}/v1/completions",
+        json.dumps({**body, "return_token_ids": True, **extra}).encode(),
+        {"Content-Type": "application/json"},
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=CLIENT_TIMEOUT_S) as r:
+            return r.status, json.loads(r.read()), None
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}"), err.headers.get("Retry-After")
+
+
+def _state(dep, instance: str) -> dict:
+    return dep.health()["workers"][instance]
+
+
+def test_prefill_lost_new_requests_get_503_until_it_is_back(dep, reference):
+    """Prefill's worker process dies on its node: new requests get 503 with Retry-After (or,
+    once it is back, their answer); the restarted prefill serves the next one exactly."""
+    os.kill(_state(dep, "prefill/0")["pid"], signal.SIGKILL)
+    wait_until("prefill seen lost", lambda: _state(dep, "prefill/0")["state"] != "up", 20)
+    code, out, retry = _complete(dep, "prefill is down", 4)
+    if code != 200:  # (it may already be back: a restart takes a few seconds)
+        assert code == 503 and retry is not None, out
+    wait_until("prefill back", lambda: _state(dep, "prefill/0")["state"] == "up", 120)
+    code, out, _ = _complete(dep, "prefill is back", 8)
+    assert code == 200 and out["choices"][0]["token_ids"] == reference("prefill is back", 8), out
+
+
+def test_main_node_lost_the_relay_finishes_and_main_returns_with_a_new_node(
+    dep, cluster, reference
+):
+    """Main's whole node is lost (its raylet, actor and worker SIGKILLed, as in a power loss):
+    the loss is seen within a bounded time; meanwhile the relay finishes requests, forced p_md
+    too; once a node carrying cluster B joins at the same address, main is restarted there in a
+    new actor and serves again, exactly."""
+    old = _state(dep, "main/0")
+    assert cluster.kill_node(B_IP)
+    wait_until("main seen lost", lambda: _state(dep, "main/0")["state"] != "up", 40)
+    for variant in ("p_md", None):
+        prompt = f"main's node is down ({variant})"
+        code, out, _ = _complete(dep, prompt, 10, **({"variant": variant} if variant else {}))
+        assert code == 200, out
+        assert out["choices"][0]["token_ids"] == reference(prompt, 10)
+    cluster.start_node(NODES[-1])  # the machine is back: a new Ray node on the same address
+
+    def back() -> dict | None:
+        m = _state(dep, "main/0")
+        return m if m["state"] == "up" and m["node"] != old["node"] else None
+
+    m = wait_until("main restarted on the new node", back, 180)
+    assert m["node_ip"] == B_IP and m["actor_pid"] != old["actor_pid"]
+    code, out, _ = _complete(dep, "main's node is back", 8, variant="p_md")
+    assert code == 200, out
+    assert out["choices"][0]["token_ids"] == reference("main's node is back", 8)
+
+
 def test_graph_needing_more_gpus_than_its_cluster_fails_before_starting(cluster, tmp_path):
     """Cluster G (the head node: one GPU) is asked for prefill's and relay's 4 GPUs each."""
     text = (ROOT / "graphs" / "pdd.yaml").read_text()
@@ -297,5 +362,6 @@ def test_stop_removes_every_actor_group_and_process_it_made_and_nothing_else(dep
         except OSError:
             continue
     assert mine == []
-    assert len(cluster.alive_nodes()) == len(NODES)  # the Ray cluster itself is healthy
+    # the Ray cluster itself is healthy (main's node was lost and started again: as many live)
+    assert len(cluster.alive_nodes()) == len(NODES)
     assert cluster.query("out = ray.get(ray.remote(lambda: 41 + 1).remote())") == 42
