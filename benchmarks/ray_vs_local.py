@@ -115,6 +115,15 @@ def main() -> int:
         }
         for b in ("local", "ray")
     }
+    # the noise floor: how far one backend's own rounds lie apart
+    spread = {
+        b: {
+            f: [min(r["ratios"][f] for r in runs if r["backend"] == b),
+                max(r["ratios"][f] for r in runs if r["backend"] == b)]
+            for f in FIGURES
+        }
+        for b in ("local", "ray")
+    }  # fmt: skip
     report = {
         "graphs": GRAPHS,
         "sessions": args.sessions,
@@ -122,6 +131,7 @@ def main() -> int:
         "rounds": args.rounds,
         "runs": runs,
         "median_pdd_over_cross_dc_pd": medians,
+        "range_pdd_over_cross_dc_pd": spread,
         "ray_over_local": {f: round(medians["ray"][f] / medians["local"][f], 3) for f in FIGURES},
     }
     if args.out:
@@ -133,7 +143,10 @@ def main() -> int:
         for b, m in medians.items():
             print(
                 f"{b:>5}: pdd / cross_dc_pd TTFT "
-                + ", ".join(f"{f[5:]} {v:.2f}" for f, v in m.items())
+                + ", ".join(
+                    f"{f[5:]} {v:.2f} ({spread[b][f][0]:.2f}-{spread[b][f][1]:.2f})"
+                    for f, v in m.items()
+                )
             )
     return 0
 
