@@ -102,13 +102,15 @@ class DecodeLegs(_Base):
         self.engines[leg.instance].submit_seq(leg.seq)
 
     def _relay_release(self, run: Run) -> None:
+        # the leg's state first: a release wakes memory waiters at once, this leg's own landing
+        # among them, which must see it released (it reserved and started a released relay)
         leg = run.relay
-        if leg.hold is not None:
-            self.stores[leg.instance].release(leg.hold)
-            leg.hold = None
+        hold, leg.hold = leg.hold, None
         if leg.state in _LIVE:
             decoding = leg.state is LegState.DECODING
             leg.state = LegState.RELEASED if decoding else LegState.CANCELLED
+        if hold is not None:
+            self.stores[leg.instance].release(hold)
 
     def _relay_finished(self, seq: Seq, t: float) -> None:
         """Singular traffic, or an output shorter than the transfer."""
@@ -219,10 +221,10 @@ class DecodeLegs(_Base):
         self.engines[run.finisher.instance].submit_seq(seq)
 
     def _finisher_release(self, run: Run) -> None:
-        fin = run.finisher
-        if fin.hold is not None:
-            self.stores[fin.instance].release(fin.hold)
-            fin.hold = None
+        fin = run.finisher  # its state first, as the relay's
+        hold, fin.hold = fin.hold, None
         if fin.state in (LegState.LANDED, LegState.TRANSFER, LegState.MEMORY):
             landed = fin.state is LegState.LANDED
             fin.state = LegState.RELEASED if landed else LegState.CANCELLED
+        if hold is not None:
+            self.stores[fin.instance].release(hold)
