@@ -62,6 +62,8 @@ def serve(backend: str, address: str, args: argparse.Namespace) -> dict:
     ]
     if backend == "ray":
         argv += ["--address", address]
+    else:
+        argv += ["--cpu-pinning", args.local_cpu_pinning]
     t0 = time.monotonic()
     r = subprocess.run(argv, cwd=ROOT, capture_output=True, timeout=args.timeout)
     if r.returncode != 0:
@@ -87,6 +89,12 @@ def main() -> int:
     ap.add_argument("--turns", type=int, default=6)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--timeout", type=float, default=1800.0, help="one bench serve run, s")
+    ap.add_argument(
+        "--local-cpu-pinning",
+        default="auto",
+        choices=("auto", "none"),
+        help="the local backend's (none: its workers float over all cores, as Ray's do)",
+    )
     ap.add_argument("--out", type=Path, help="keep every run's report here")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
@@ -129,6 +137,7 @@ def main() -> int:
         "sessions": args.sessions,
         "turns": args.turns,
         "rounds": args.rounds,
+        "local_cpu_pinning": args.local_cpu_pinning,
         "runs": runs,
         "median_pdd_over_cross_dc_pd": medians,
         "range_pdd_over_cross_dc_pd": spread,

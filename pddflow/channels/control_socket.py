@@ -37,6 +37,22 @@ def format_address(family: int, sockaddr: object) -> str:
     return f"tcp:{host}:{port}"
 
 
+def dial(address: str, dl: Deadline, what: str = "connecting") -> socket.socket:
+    """A connected stream socket to `address` within the deadline (ChannelClosed if refused)."""
+    family, sockaddr = parse_address(address)
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.settimeout(max(dl.remaining(), 1e-3))
+    try:
+        sock.connect(sockaddr)
+    except TimeoutError:
+        sock.close()
+        raise dl.timeout(what) from None
+    except OSError as exc:
+        sock.close()
+        raise ChannelClosed(f"rdma_tensor: cannot connect to {address}: {exc}") from None
+    return sock
+
+
 def close_fds(fds: list[int]) -> None:
     for fd in fds:
         os.close(fd)

@@ -4,7 +4,6 @@ each KV set into them (protocol: `shm_kv_protocol.py`)."""
 from __future__ import annotations
 
 import os
-import socket
 import struct
 import threading
 import time
@@ -16,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from pddflow.channels.codec_kv import KVSource
-from pddflow.channels.control_socket import ControlSocket, close_fds, parse_address
+from pddflow.channels.control_socket import ControlSocket, close_fds, dial
 from pddflow.channels.deadline import Deadline
 from pddflow.channels.errors import ChannelCancelled, ChannelClosed, ChannelCorrupt, ChannelError
 from pddflow.channels.kv_checksum import DEFAULT_CHECKSUM
@@ -134,17 +133,7 @@ class SharedMemoryKVSender:
         self.close()
 
     def _connect(self, dl: Deadline) -> None:
-        family, sockaddr = parse_address(self.address)
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.settimeout(max(dl.remaining(), 1e-3))
-        try:
-            sock.connect(sockaddr)
-        except TimeoutError:
-            sock.close()
-            raise dl.timeout("connecting") from None
-        except OSError as exc:
-            sock.close()
-            raise ChannelClosed(f"rdma_tensor: cannot connect to {self.address}: {exc}") from None
+        sock = dial(self.address, dl, "connecting")
         control = ControlSocket(sock)
         fds: list[int] = []
         try:

@@ -15,7 +15,7 @@ import threading
 
 import numpy as np
 
-from pddflow.channels.control_socket import ControlSocket, parse_address
+from pddflow.channels.control_socket import ControlSocket, dial
 from pddflow.channels.deadline import Deadline
 from pddflow.channels.errors import ChannelClosed, ChannelError
 from pddflow.channels.memory_region import Region, RegionBackend, RegionWriter
@@ -79,17 +79,7 @@ class TcpWriter(RegionWriter):
         self._sock: socket.socket | None = None
 
     def _connect(self, dl: Deadline) -> socket.socket:
-        family, sockaddr = parse_address(self.address)
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        sock.settimeout(max(dl.remaining(), 1e-3))
-        try:
-            sock.connect(sockaddr)
-        except TimeoutError:
-            sock.close()
-            raise dl.timeout("connecting the tcp data connection") from None
-        except OSError as exc:
-            sock.close()
-            raise ChannelClosed(f"rdma_tensor: cannot connect to {self.address}: {exc}") from None
+        sock = dial(self.address, dl, "connecting the tcp data connection")
         control = ControlSocket(sock)
         try:
             if self.token:
