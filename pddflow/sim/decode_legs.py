@@ -154,6 +154,13 @@ class DecodeLegs(_Base):
         fin = run.finisher
         if fin.state is not LegState.TRANSFER or fin.hold is None:
             return
+        if fin.hold.ready_at > self.loop.now:
+            # its cached prefix is still loading from the host tier: import once it is in HBM
+            eng = self.engines[fin.instance]
+            self.loop.at(
+                fin.hold.ready_at, eng.submit_control, lambda _now: self._finisher_import(run)
+            )
+            return
         fin.state = LegState.MEMORY
         self._land(
             run,
