@@ -10,6 +10,9 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
+from dataclasses import replace
+
+from pddflow.graph.plan import Plan
 
 
 class HostTier:
@@ -96,3 +99,34 @@ class HostTier:
         self._arriving.clear()
         self.loaded_blocks = 0
         self.load_s = 0.0
+
+
+LADDER_STEPS = 3  # the doublings below a tier's max_gib the search and the sweep try, besides 0
+
+
+def ladder(max_gib: float, steps: int = LADDER_STEPS) -> tuple[float, ...]:
+    """Host-tier sizes per replica to try: 0 and `steps` doublings up to `max_gib`
+    (512 -> 0, 128, 256, 512). Few on purpose: each is a full evaluation."""
+    if max_gib <= 0:
+        return (0.0,)
+    return (0.0,) + tuple(max_gib / 2**k for k in range(steps - 1, -1, -1))
+
+
+def with_host_gib(plan: Plan, gib: dict[str, float]) -> Plan:
+    """`plan` with these operators' host tiers at these sizes per replica (within each max)."""
+    ops = dict(plan.operators)
+    for name, g in gib.items():
+        op = ops[name]
+        if op.host_cache is None:
+            raise ValueError(f"operator {name} declares no host_cache to size")
+        if g > op.host_cache.max_gib + 1e-9:
+            raise ValueError(f"operator {name}: {g:g} GiB is above its max_gib")
+        ops[name] = replace(op, host_cache=replace(op.host_cache, gib=float(g)))
+    return replace(plan, operators=ops)
+
+
+def tiered(plan: Plan) -> tuple[str, ...]:
+    """Operators whose host tier may be sized (a max above 0)."""
+    return tuple(
+        n for n, op in plan.operators.items() if op.host_cache and op.host_cache.max_gib > 0
+    )
