@@ -155,7 +155,13 @@ def test_the_tier_is_priced_in_plan_and_simulate_cost():
 
     sim = Simulation(plan, _three_requests())
     sim.run()
-    assert summarize(sim)["cost_per_hour"] == pytest.approx(round(plan.cost_per_hour(), 3))
+    m = summarize(sim)
+    assert m["cost_per_hour"] == pytest.approx(round(plan.cost_per_hour(), 3))
+    assert m["host_tiers"]["prefill"]["usd_per_hour"] == pytest.approx(0.64)
+    assert m["host_tiers"]["prefill"]["loaded_blocks"] == 4  # the third request's a
+    sim0 = Simulation(base, _three_requests())
+    sim0.run()
+    assert "host_tiers" not in summarize(sim0)  # none bought: the report is as it was
 
 
 def test_the_decoders_import_waits_for_its_host_tier_load():
