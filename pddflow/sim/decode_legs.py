@@ -48,7 +48,12 @@ class DecodeLegs(_Base):
                 self._fail(run, str(exc))
                 return True
             run.memory_wait_s += self.loop.now - landed
-            then()
+            ready = store.load_deferred(hold)  # host-tier blocks of its hit, into the room
+            if ready > self.loop.now:
+                # the leg may be cancelled while they load (a singular request's relay finished)
+                self.loop.at(ready, lambda: then() if waiting() else drop())
+            else:
+                then()
             return True
 
         if store.waiters or not attempt():

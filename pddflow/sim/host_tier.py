@@ -25,6 +25,7 @@ class HostTier:
         self.blocks: OrderedDict[int, None] = OrderedDict()
         self._link_free_at = 0.0
         self._arriving: dict[int, float] = {}  # hash -> when its load completes
+        self._pins: dict[int, int] = {}  # blocks a decoder counts on loading when its KV lands
         self.loaded_blocks = 0
         self.dropped_blocks = 0
         self.load_s = 0.0  # link time spent loading
@@ -55,10 +56,26 @@ class HostTier:
             self.blocks.move_to_end(h)
         dropped = []
         while len(self.blocks) > self.capacity:
-            h, _ = self.blocks.popitem(last=False)
+            # least recently evicted first, never a pinned block (over capacity while all are)
+            h = next((h for h in self.blocks if h not in self._pins), None)
+            if h is None:
+                break
+            del self.blocks[h]
             dropped.append(h)
         self.dropped_blocks += len(dropped)
         return dropped
+
+    def pin(self, hashes: Iterable[int]) -> None:
+        for h in hashes:
+            self._pins[h] = self._pins.get(h, 0) + 1
+
+    def unpin(self, hashes: Iterable[int]) -> None:
+        for h in hashes:
+            n = self._pins[h] - 1
+            if n:
+                self._pins[h] = n
+            else:
+                del self._pins[h]
 
     def load(self, hashes: list[int]) -> float:
         """Queue the load of `hashes` on the link; returns when it completes."""

@@ -29,7 +29,7 @@ class _Block:
 
 
 class Hold:
-    __slots__ = ("blocks", "reserved", "hit", "missing", "loaded", "ready_at")
+    __slots__ = ("blocks", "reserved", "hit", "missing", "loaded", "ready_at", "deferred")
 
     def __init__(
         self,
@@ -46,6 +46,9 @@ class Hold:
         self.missing = missing  # prompt blocks that must arrive (or be computed)
         self.loaded = loaded  # of the hit, blocks this pin loaded from the host tier
         self.ready_at = ready_at  # when the hit blocks are all in HBM (host-tier loads)
+        # host-tier blocks counted as hit but loaded only when the KV lands (a decoder's pin):
+        # pinned in the tier meanwhile, and part of `missing` (they need HBM room then)
+        self.deferred: list[int] = []
 
 
 class KVStore:
@@ -95,7 +98,11 @@ class KVStore:
         self._unlock(hold)
         return None
 
-    def pin(self, hashes: tuple[int, ...]) -> Hold:
+    def pin(self, hashes: tuple[int, ...], defer: bool = False) -> Hold:
+        """Lock the cached prefix. With a host tier, its run after the HBM match is a hit too:
+        loaded now (`defer` False: the caller reserves memory at once), or, for a decoder whose KV
+        is still on its way (`defer`), pinned in the tier and loaded when it lands
+        (`load_deferred`), so that no HBM is held while the copy travels."""
         matched = self.cache.match(hashes) if self.cache is not None else []
         for b in matched:
             b.refs += 1
@@ -104,9 +111,22 @@ class KVStore:
         hold = Hold(matched, 0, len(matched), len(hashes) - len(matched))
         if self.host is not None:
             hold.ready_at = self.host.ready_at(b.h for b in matched)
-            if self.host.run_of(hashes, len(matched)):
+            n = self.host.run_of(hashes, len(matched))
+            if n and defer:
+                hold.deferred = list(hashes[len(matched) : len(matched) + n])
+                self.host.pin(hold.deferred)
+                hold.hit += n
+            elif n:
                 self._load(hold, hashes)
         return hold
+
+    def load_deferred(self, hold: Hold) -> float:
+        """The landed request's reservation holds room for its deferred blocks: queue their load;
+        returns when they (and any hit block still loading) are in HBM."""
+        if hold.deferred:
+            hold.loaded = len(hold.deferred)
+            hold.ready_at = max(hold.ready_at, self.host.load(hold.deferred))
+        return hold.ready_at
 
     def _load(self, hold: Hold, hashes: tuple[int, ...]) -> None:
         """Move the host tier's run of `hashes` after the HBM match into HBM (locked, as much as
@@ -162,11 +182,14 @@ class KVStore:
             hold.reserved += hold.missing
             hold.missing = 0
             return 0
-        tail = hashes[hold.hit :]
+        have = len(hold.blocks)  # the hit less any deferred blocks, which are inserted now
+        if hold.deferred:
+            self.host.unpin(hold.deferred)
+            hold.deferred = []
         hold.missing = 0
-        if not tail:
+        if not hashes[have:]:
             return 0
-        new = self._insert_locked(hold, hashes, skip=hold.hit)
+        new = self._insert_locked(hold, hashes, skip=have)
         if self.used > self.peak_used:
             self.peak_used = self.used
         return new
@@ -208,6 +231,9 @@ class KVStore:
         return len(new)
 
     def release(self, hold: Hold) -> None:
+        if hold.deferred:  # never landed
+            self.host.unpin(hold.deferred)
+            hold.deferred = []
         self._unlock(hold)
         self.reserved -= hold.reserved
         hold.reserved = 0

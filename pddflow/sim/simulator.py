@@ -206,7 +206,8 @@ class Simulation(DecodeLegs, Handoffs):
         path = run.path
         if not path.colocated and path.finisher != path.relay:
             # the finisher adopts its cached prefix when the job arrives (runtime: _adopt_prefix)
-            run.finisher.hold = self.stores[run.finisher.instance].pin(req.hashes)
+            store = self.stores[run.finisher.instance]
+            run.finisher.hold = store.pin(req.hashes, defer=True)
         self._prefill(run)
 
     def _refresh_state(self) -> None:
@@ -319,7 +320,7 @@ class Simulation(DecodeLegs, Handoffs):
             return
         if path.relay is not None:
             leg.copies += 1
-            run.relay.hold = self.stores[run.relay.instance].pin(run.req.hashes)
+            run.relay.hold = self.stores[run.relay.instance].pin(run.req.hashes, defer=True)
             self._relay_send(run)
         if path.finisher != path.relay:
             leg.copies += 1

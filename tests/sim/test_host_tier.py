@@ -177,3 +177,27 @@ def test_the_decoders_import_waits_for_its_host_tier_load():
     assert third.finisher.hit_blocks == 4
     ready = 40.0 + 4 * BT * kvb / 1e6
     assert third.first_token_at >= ready > third.prefill_done_at
+
+
+def test_a_tiered_agentic_run_keeps_strict_mirrors_and_gains_hits():
+    """Both caches tiered and short of HBM, the mirrors compared with HBM + tier after every event:
+    the run ends clean, and the tier turns prefill misses into hits."""
+    from pddflow.sim.agentic import AgenticConfig, generate
+
+    plan = load_plan(str(ROOT / "graphs" / "same_dc_pd.yaml")).scaled_to_local()
+    wl = generate(AgenticConfig(requests=200, rps=4.0, first_prompt_tokens=3000, seed=1))
+    kvb = plan.model.arch.kv_bytes_per_token * wl.block_tokens
+    hits = []
+    for gib in (0.0, 64.0):
+        tier = HostCachePlan(gib, 64.0, 0.01, 25.0)
+        ops = {
+            n: replace(op, kv_budget_bytes=60 * kvb, host_cache=tier)
+            for n, op in plan.operators.items()
+        }
+        sim = Simulation(replace(plan, operators=ops), wl, strict_mirrors=True)
+        runs = sim.run()  # raises on mirror drift or leaked blocks
+        assert all(r.done and not r.failed for r in runs)
+        hits.append(sum(r.prefill.hit_tokens for r in runs))
+        if gib:
+            assert sim.stores["prefill/0"].host.loaded_blocks > 0
+    assert hits[1] > hits[0]
