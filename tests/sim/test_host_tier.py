@@ -164,19 +164,24 @@ def test_the_tier_is_priced_in_plan_and_simulate_cost():
     assert "host_tiers" not in summarize(sim0)  # none bought: the report is as it was
 
 
-def test_the_decoders_import_waits_for_its_host_tier_load():
-    """A finisher's cached prefix loading from host memory holds its decode back until loaded."""
+def test_the_decoders_host_blocks_load_when_its_kv_lands_and_delay_its_decode():
+    """A finisher's prefix in host memory is pinned there at arrival (not sent, no HBM held), and
+    loaded once the KV has landed and room is reserved: the decode starts that load later."""
     plan = load_plan(str(ROOT / "graphs" / "same_dc_pd.yaml")).scaled_to_local()
     kvb = plan.model.arch.kv_bytes_per_token
-    slow = HostCachePlan(1.0, 1.0, 0.01, 0.001)  # 1 MB/s: the load outlasts the prefill
+    slow = HostCachePlan(1.0, 1.0, 0.01, 0.001)  # 1 MB/s
     d = replace(plan.operators["decode"], kv_budget_bytes=6 * BT * kvb, host_cache=slow)
     plan = replace(plan, operators={**plan.operators, "decode": d})
     sim = Simulation(plan, _three_requests(), strict_mirrors=True)
     runs = {r.req.rid: r for r in sim.run()}
     third = runs[2]
-    assert third.finisher.hit_blocks == 4
-    ready = 40.0 + 4 * BT * kvb / 1e6
-    assert third.first_token_at >= ready > third.prefill_done_at
+    assert third.finisher.hit_blocks == 4  # a's four blocks did not travel again
+    landed = third.finisher.sent_at + third.finisher.transfer_s
+    load_s = 4 * BT * kvb / 1e6
+    assert third.first_token_at >= landed + load_s
+    assert sim.stores["decode/0"].host.load_s == pytest.approx(load_s)
+    # without the load the decode would have started within a step of landing
+    assert third.first_token_at - (landed + load_s) < 0.5
 
 
 def test_a_tiered_agentic_run_keeps_strict_mirrors_and_gains_hits():
