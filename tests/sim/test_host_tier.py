@@ -206,3 +206,26 @@ def test_a_tiered_agentic_run_keeps_strict_mirrors_and_gains_hits():
         if gib:
             assert sim.stores["prefill/0"].host.loaded_blocks > 0
     assert hits[1] > hits[0]
+
+
+def test_plan_shows_and_prices_the_tier(tmp_path):
+    import json
+
+    from typer.testing import CliRunner
+
+    from pddflow.cli import app
+
+    text = (ROOT / "graphs" / "sim" / "same_dc_pd_88_host.yaml").read_text()
+    g = tmp_path / "bought.yaml"
+    g.write_text(text.replace("host_cache: {gib: 0,", "host_cache: {gib: 256,"))
+    res = CliRunner().invoke(app, ["plan", str(g), "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.output)
+    rows = {r["operator"]: r for r in d["placement"]}
+    # 10 prefill and 12 decode replicas x 256 GiB x $0.005: $12.80 and $15.36 on top of $176
+    assert rows["prefill"]["host_cache_usd_per_hour"] == pytest.approx(12.8)
+    assert rows["decode"]["host_cache_usd_per_hour"] == pytest.approx(15.36)
+    assert rows["decode"]["usd_per_hour"] == pytest.approx(96 + 15.36)
+    assert d["cost_per_hour"] == pytest.approx(176 + 12.8 + 15.36)
+    text_out = CliRunner().invoke(app, ["plan", str(g)]).output
+    assert "host-memory KV tiers" in text_out
