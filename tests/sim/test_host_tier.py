@@ -148,6 +148,9 @@ def test_the_load_delays_the_prefill_by_blocks_times_block_bytes_over_bandwidth(
 def test_the_tier_is_priced_in_plan_and_simulate_cost():
     plan, _ = _tiered_same_dc(gib=64.0)
     base, _ = _tiered_same_dc(gib=0.0)
+    from pddflow.graph.plan import Plan
+
+    assert Plan.from_json(plan.to_json()) == plan  # the tier survives the plan's JSON
     # one prefill replica x 64 GiB x $0.01 per GiB-hour
     assert plan.host_cache_cost_per_hour() == pytest.approx(0.64)
     assert plan.cost_per_hour() - base.cost_per_hour() == pytest.approx(0.64)
