@@ -232,3 +232,27 @@ def test_plan_shows_and_prices_the_tier(tmp_path):
     assert d["cost_per_hour"] == pytest.approx(176 + 12.8 + 15.36)
     text_out = CliRunner().invoke(app, ["plan", str(g)]).output
     assert "host-memory KV tiers" in text_out
+
+
+def test_pdd_trace_slice_with_a_tiered_main_never_drifts():
+    """test_simulate's tight-cache trace slice on pdd.yaml with a host tier under main's DRC: every
+    move between the tiers keeps the mirror exact, the run ends clean, and main loads from it."""
+    from pddflow.data import MOONCAKE_TRACE as trace
+    from pddflow.sim.trace import load_trace
+
+    p = load_plan(str(ROOT / "graphs" / "pdd.yaml"))
+    main = p.operators["main"]
+    ops = {
+        **p.operators,
+        "main": replace(
+            main,
+            kv_budget_bytes=main.kv_budget_bytes / 4,
+            host_cache=HostCachePlan(64.0, 64.0, 0.005, 25.0),
+        ),
+    }
+    sim = Simulation(
+        replace(p, operators=ops), load_trace(trace, limit=400), seed=3, strict_mirrors=True
+    )
+    sim.run()
+    assert all(r.done for r in sim.runs)
+    assert sum(st.host.loaded_blocks for st in sim.stores.values() if st.host) > 0
