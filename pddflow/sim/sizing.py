@@ -46,7 +46,7 @@ from pddflow.sim.simulator import Simulation
 from pddflow.sim.workload import Workload
 
 ATTAINMENT = 0.95  # share of requests meeting the SLA at a candidate's capacity
-CACHE_VERSION = 2  # 2: candidates carry the host-tier rung; plans price the tier
+CACHE_VERSION = 3  # 3: candidates carry the host-tier rung, plans price the tier (main: 2)
 HINTED_FACTOR = 1.5  # bracketing step of a capacity search that starts at a probe's capacity
 
 # one count per operator, in the plan's operator order, then the host-tier rung when there is one
