@@ -181,7 +181,20 @@ def plan(
             "kv_budget_gib": round(op.kv_budget_bytes / 2**30, 2),
             "kv_tokens": int(op.kv_budget_bytes // p.model.arch.kv_bytes_per_token),
             "usd_per_hour": round(
-                op.replicas * op.devices_per_replica * p.device_classes[op.device].usd_per_hour, 2
+                op.replicas * op.usd_per_replica_hour(p.device_classes[op.device]), 2
+            ),
+            # only with a tier declared, so graphs without one print what they always did
+            **(
+                {
+                    "host_cache_gib": op.host_cache.gib,
+                    "host_cache_max_gib": op.host_cache.max_gib,
+                    "host_cache_gbytes_per_s": op.host_cache.gbytes_per_s,
+                    "host_cache_usd_per_hour": round(
+                        op.replicas * op.host_cache.usd_per_replica_hour, 2
+                    ),
+                }
+                if op.host_cache is not None
+                else {}
             ),
         }
         for op in p.operators.values()
@@ -266,6 +279,20 @@ def _print_plan(p, placement, report) -> None:
             f"{r['usd_per_hour']:.2f}",
         )
     con.print(t)
+    tiers = [r for r in placement if "host_cache_gib" in r]
+    if tiers:
+        ht = Table(title="host-memory KV tiers (under the operator's cache)")
+        for col in ("operator", "GiB/replica", "max GiB", "GB/s to HBM", "$/hour"):
+            ht.add_column(col, justify="left" if col == "operator" else "right")
+        for r in tiers:
+            ht.add_row(
+                r["operator"],
+                f"{r['host_cache_gib']:g}",
+                f"{r['host_cache_max_gib']:g}",
+                f"{r['host_cache_gbytes_per_s']:g}",
+                f"{r['host_cache_usd_per_hour']:.2f}",
+            )
+        con.print(ht)
     con.print(f"total hardware cost: ${p.cost_per_hour():.2f}/hour")
     for name, op in p.operators.items():
         if op.choices:

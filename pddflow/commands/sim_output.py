@@ -27,19 +27,24 @@ def print_sweep(out: list[dict], as_json: bool, plot: Path | None) -> None:
     con = console()
     for g in out:
         keys = sorted({k for r in g["points"] for k in r if k.startswith("usd_per_gpu_hour@")})
+        ratios_ = [k.split("@")[1] for k in keys]
+        tier = any("tiers" in r for r in g["points"])
         t = Table(
-            title=f"{g['graph']}: benefit per GPU-hour against hit rate ({g['gpus']} GPUs, "
-            f"${g['cost_per_hour']}/h, load: {g['load']})"
+            title=f"{g['graph']}: benefit per GPU-hour and per $ against hit rate ({g['gpus']} "
+            f"GPUs, ${g['cost_per_hour']}/h without a host tier, load: {g['load']})"
         )
         for col in [
             "target hit",
             "workload hit",
+            "prefill hit",
             "served hit",
             "offered rps",
             "TTFT P99 s",
             "SLA %",
             "goodput rps",
-            *[f"$/GPU-h @{float(k.split('@')[1]):.0%}" for k in keys],
+            *[f"$/GPU-h @{float(x):.0%}" for x in ratios_],
+            *[f"$ per $ @{float(x):.0%}" for x in ratios_],
+            *([f"host GiB @{float(x):.0%}" for x in ratios_] if tier else []),
         ]:
             t.add_column(col, justify="right")
         for r in g["points"]:
@@ -47,12 +52,19 @@ def print_sweep(out: list[dict], as_json: bool, plot: Path | None) -> None:
             t.add_row(
                 f"{r['target_hit']:.2f}",
                 f"{r['workload_hit']:.3f}",
+                f"{r.get('prefill_hit', 0):.3f}",
                 f"{r['served_hit'] or 0:.3f}",
                 f"{r['offered_rps']:.2f}",
                 f"{s['ttft_s']['p99']:.2f}",
                 f"{100 * s['sla_attainment']:.1f}",
                 f"{s['slo_goodput_rps']:.2f}",
-                *[f"{r[k]:.2f}" for k in keys],
+                *[f"{r[f'usd_per_gpu_hour@{x}']:.2f}" for x in ratios_],
+                *[f"{r[f'usd_per_usd@{x}']:.3f}" for x in ratios_],
+                *(
+                    [", ".join(f"{v:g}" for v in r[f"host_gib@{x}"].values()) for x in ratios_]
+                    if tier
+                    else []
+                ),
             )
         con.print(t)
 

@@ -166,6 +166,11 @@ def size(
     _print(results, budget, target_rps)
 
 
+def _gib(host_gib: dict[str, float]) -> str:
+    """Host tier per replica of each tiered operator."""
+    return ", ".join(f"{n}={g:g}" for n, g in host_gib.items())
+
+
 def _print(results, budget, target_rps) -> None:
     from rich.table import Table
 
@@ -178,13 +183,21 @@ def _print(results, budget, target_rps) -> None:
         names = list(r.evaluated[0].replicas) if r.evaluated else []
         varied = _varied(r.evaluated)
         rate = "capacity rps" if r.mode == "budget" else "offered rps"
-        cols = [*names, "$/h", rate, "SLA %", "goodput rps", "BCR", "TTFT P90", "TTFT P99"]
+        tier = any(s.host_gib for s in r.evaluated)
+        cols = [*names, *(["host GiB"] if tier else [])]
+        cols += ["$/h", rate, "SLA %", "goodput rps", "BCR", "TTFT P90", "TTFT P99"]
         for col in cols:
             t.add_column(col, justify="right")
         for s in r.frontier():
-            mark = " *" if r.best is not None and s.replicas == r.best.replicas else ""
+            best = r.best is not None and (s.replicas, s.host_gib, s.shapes) == (
+                r.best.replicas,
+                r.best.host_gib,
+                r.best.shapes,
+            )
+            mark = " *" if best else ""
             t.add_row(
                 *[_count(s, n, varied) for n in names],
+                *([_gib(s.host_gib)] if tier else []),
                 f"{s.cost_per_hour:.1f}",
                 f"{s.rps:.2f}",
                 f"{100 * s.sla_attainment:.1f}",
@@ -226,7 +239,8 @@ def _print(results, budget, target_rps) -> None:
         vs = f"{s.bcr / base.bcr - 1:+.1%} BCR" if base and base.bcr else ""
         t.add_row(
             Path(r.graph).stem,
-            " ".join(f"{n}={_count(s, n, _varied(r.evaluated))}" for n in s.replicas),
+            " ".join(f"{n}={_count(s, n, _varied(r.evaluated))}" for n in s.replicas)
+            + (f" host GiB {_gib(s.host_gib)}" if s.host_gib else ""),
             f"{s.cost_per_hour:.1f}",
             f"{s.slo_goodput_rps:.2f}",
             f"{s.bcr:.1f}",

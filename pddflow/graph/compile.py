@@ -21,6 +21,7 @@ from pddflow.graph.edges import EdgeIndex, check_cycles, check_edges, check_unfe
 from pddflow.graph.params import check_params
 from pddflow.graph.plan import (
     ClusterPlan,
+    HostCachePlan,
     ModelPlan,
     OperatorPlan,
     Plan,
@@ -272,6 +273,7 @@ class Compiler:
                 budget,
                 tuple(f"{name}/{i}" for i in range(o.replicas)),
                 self._choices(name, o, clusters, devices),
+                self._host_cache(name, o, params),
             )
         for (cluster, dev), names in used.items():
             need = sum(
@@ -291,6 +293,31 @@ class Compiler:
                     f"clusters.{cluster}",
                 )
         return out
+
+    def _host_cache(self, name: str, o: Any, params: dict[str, Any]) -> HostCachePlan | None:
+        """The tier as declared; it only makes sense under a cache that keeps prefixes."""
+        hc = o.host_cache
+        if hc is None:
+            return None
+        at = ("operators", name, "host_cache")
+        if not (params.get("radix_cache") or params.get("prefix_cache")):
+            self.err(
+                at,
+                f"operator {name} has a host_cache but no prefix cache to sit under (op {o.op} "
+                "with radix_cache/prefix_cache false or not declared); set params.radix_cache "
+                "(decoders) or params.prefix_cache (prefill) to true, or drop host_cache",
+                key=True,
+            )
+            return None
+        max_gib = hc.gib if hc.max_gib is None else hc.max_gib
+        if max_gib < hc.gib:
+            self.err(
+                at + ("max_gib",),
+                f"operator {name}: host_cache.max_gib ({max_gib:g}) is below host_cache.gib "
+                f"({hc.gib:g}); the most `size` may buy cannot be less than what is declared",
+            )
+            return None
+        return HostCachePlan(hc.gib, max_gib, hc.usd_per_gib_hour, hc.gbytes_per_s)
 
     def _choices(
         self,

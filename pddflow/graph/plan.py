@@ -55,6 +55,24 @@ class Shape:
 
 
 @dataclass(frozen=True)
+class HostCachePlan:
+    """A host-memory KV tier under an operator's cache (graph: `operators.X.host_cache`)."""
+
+    gib: float  # per replica; 0: declared (priced, searchable) but none bought
+    max_gib: float  # the most `pddflow size` may buy per replica
+    usd_per_gib_hour: float
+    gbytes_per_s: float  # host -> HBM, per replica
+
+    @property
+    def bytes(self) -> float:
+        return self.gib * 2**30
+
+    @property
+    def usd_per_replica_hour(self) -> float:
+        return self.gib * self.usd_per_gib_hour
+
+
+@dataclass(frozen=True)
 class OperatorPlan:
     name: str
     op_type: str
@@ -67,6 +85,7 @@ class OperatorPlan:
     kv_budget_bytes: float  # per replica: device memory minus weights, at production scale
     instances: tuple[str, ...] = ()
     choices: tuple[Shape, ...] = ()  # other shapes `pddflow size` may pick (the graph's `choices`)
+    host_cache: HostCachePlan | None = None
 
     @property
     def shape(self) -> Shape:
@@ -98,6 +117,15 @@ class OperatorPlan:
     def caches_prefixes(self) -> bool:
         """A prefix cache on the entry side, or a decode-side radix cache (DRC)."""
         return bool(self.params.get("radix_cache") or self.params.get("prefix_cache"))
+
+    @property
+    def host_cache_gib(self) -> float:
+        return self.host_cache.gib if self.host_cache is not None else 0.0
+
+    def usd_per_replica_hour(self, device: DeviceClass) -> float:
+        """One replica's devices plus its host cache tier."""
+        tier = self.host_cache.usd_per_replica_hour if self.host_cache is not None else 0.0
+        return self.devices_per_replica * device.usd_per_hour + tier
 
 
 @dataclass(frozen=True)
@@ -191,10 +219,21 @@ class Plan:
         return self.links[link].flow_cap_gbps(self.streams(link))
 
     def cost_per_hour(self) -> float:
-        """Price of every device the operators occupy (not idle devices in the clusters)."""
+        """Price of every device the operators occupy (not idle devices in the clusters) and of
+        their host cache tiers."""
+        return (
+            sum(
+                op.replicas * op.devices_per_replica * self.device_classes[op.device].usd_per_hour
+                for op in self.operators.values()
+            )
+            + self.host_cache_cost_per_hour()
+        )
+
+    def host_cache_cost_per_hour(self) -> float:
         return sum(
-            op.replicas * op.devices_per_replica * self.device_classes[op.device].usd_per_hour
+            op.replicas * op.host_cache.usd_per_replica_hour
             for op in self.operators.values()
+            if op.host_cache is not None
         )
 
     def scaled_to_local(self) -> Plan:
@@ -268,6 +307,9 @@ class Plan:
                         **v,
                         "instances": tuple(v["instances"]),
                         "choices": tuple(Shape(**c) for c in v.get("choices", ())),
+                        "host_cache": HostCachePlan(**v["host_cache"])
+                        if v.get("host_cache")
+                        else None,
                     }
                 )
                 for k, v in d["operators"].items()

@@ -111,6 +111,29 @@ class ShapeSpec(_Strict):
     )
 
 
+class HostCacheSpec(_Strict):
+    """A host-memory tier under an operator's prefix/radix cache: blocks evicted from HBM move
+    here (LRU) and a later hit on them is loaded back at `gbytes_per_s` (docs/simulator.md)."""
+
+    gib: float = Field(
+        ge=0, description="host memory for KV per replica, GiB (0: no tier; `size` may raise it)"
+    )
+    max_gib: float | None = Field(
+        None,
+        ge=0,
+        description="the most `pddflow size` may buy per replica, GiB (default: gib)",
+    )
+    usd_per_gib_hour: float = Field(
+        ge=0, description="price of one GiB of host memory for an hour, for cost and BCR"
+    )
+    gbytes_per_s: float = Field(
+        25.0,
+        gt=0,
+        description="host-to-HBM bandwidth of one replica, GB/s (default 25: one PCIe Gen4 x16 "
+        "link's effective rate); concurrent loads take turns on it",
+    )
+
+
 class OperatorSpec(_Strict):
     op: str = Field(
         description="operator type (prefill, relay_decode, main_decode, decode, colocated, "
@@ -129,6 +152,10 @@ class OperatorSpec(_Strict):
         default_factory=list,
         description="other shapes `pddflow size` may give each replica (device class and/or "
         "devices_per_replica, in the operator's cluster); the declared one is always a candidate",
+    )
+    host_cache: HostCacheSpec | None = Field(
+        None,
+        description="a priced host-memory KV tier under this operator's prefix/radix cache",
     )
 
 

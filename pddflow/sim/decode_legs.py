@@ -48,7 +48,12 @@ class DecodeLegs(_Base):
                 self._fail(run, str(exc))
                 return True
             run.memory_wait_s += self.loop.now - landed
-            then()
+            ready = store.load_deferred(hold)  # host-tier blocks of its hit, into the room
+            if ready > self.loop.now:
+                # the leg may be cancelled while they load (a singular request's relay finished)
+                self.loop.at(ready, lambda: then() if waiting() else drop())
+            else:
+                then()
             return True
 
         if store.waiters or not attempt():
@@ -155,6 +160,13 @@ class DecodeLegs(_Base):
     def _finisher_import(self, run: Run) -> None:
         fin = run.finisher
         if fin.state is not LegState.TRANSFER or fin.hold is None:
+            return
+        if fin.hold.ready_at > self.loop.now:
+            # its cached prefix is still loading from the host tier: import once it is in HBM
+            eng = self.engines[fin.instance]
+            self.loop.at(
+                fin.hold.ready_at, eng.submit_control, lambda _now: self._finisher_import(run)
+            )
             return
         fin.state = LegState.MEMORY
         self._land(

@@ -2,15 +2,22 @@
 the scheduler's mirror (docs/simulator.md, KV and caches).
 
 A hold is `acquire`d (or `pin`ned, then `reserve`d once the KV lands), `commit`ted when its blocks
-land (cached, still locked) and `release`d when done (evictable LRU)."""
+land (cached, still locked) and `release`d when done (evictable LRU).
+
+With a host tier (`host_tier.py`) evicted blocks move there instead of vanishing, and `pin` loads
+the run of the prompt's blocks the tier holds after the HBM match back into HBM: they count as hit,
+and the hold's `ready_at` is when their load completes. The mirror then holds both tiers (what a
+router may predict as a hit): moving a block between them is no mirror event."""
 
 from __future__ import annotations
 
+import itertools
 from collections import deque
 from collections.abc import Callable
 
 from pddflow.operators.radix_cache import RadixCache
 from pddflow.scheduler.mirror import CacheMirror, MirrorDrift
+from pddflow.sim.host_tier import HostTier
 
 
 class _Block:
@@ -22,13 +29,26 @@ class _Block:
 
 
 class Hold:
-    __slots__ = ("blocks", "reserved", "hit", "missing")
+    __slots__ = ("blocks", "reserved", "hit", "missing", "loaded", "ready_at", "deferred")
 
-    def __init__(self, blocks: list, reserved: int, hit: int, missing: int):
+    def __init__(
+        self,
+        blocks: list,
+        reserved: int,
+        hit: int,
+        missing: int,
+        loaded: int = 0,
+        ready_at: float = 0.0,
+    ):
         self.blocks = blocks  # cache blocks this request keeps locked
         self.reserved = reserved  # blocks reserved outside the cache
-        self.hit = hit  # leading blocks the cache held at acquire time
+        self.hit = hit  # leading blocks the cache held at acquire time (either tier)
         self.missing = missing  # prompt blocks that must arrive (or be computed)
+        self.loaded = loaded  # of the hit, blocks this pin loaded from the host tier
+        self.ready_at = ready_at  # when the hit blocks are all in HBM (host-tier loads)
+        # host-tier blocks counted as hit but loaded only when the KV lands (a decoder's pin):
+        # pinned in the tier meanwhile, and part of `missing` (they need HBM room then)
+        self.deferred: list[int] = []
 
 
 class KVStore:
@@ -39,12 +59,14 @@ class KVStore:
         cached: bool,
         mirror: CacheMirror | None = None,
         strict: bool = False,
+        host: HostTier | None = None,
     ):
         self.name = name
         self.capacity = capacity_blocks
         self.cache = (
             RadixCache(None, on_evict=self._on_evict, evictable=_unreferenced) if cached else None
         )
+        self.host = host if cached else None
         self.mirror = mirror
         self.strict = strict  # full mirror comparison after every event (tests)
         self.reserved = 0
@@ -54,6 +76,7 @@ class KVStore:
         self.peak_used = 0
         self._locked = 0
         self._waking = False
+        self._moving: list[int] = []  # blocks on their way from the host tier into HBM
 
     @property
     def used(self) -> int:
@@ -75,13 +98,64 @@ class KVStore:
         self._unlock(hold)
         return None
 
-    def pin(self, hashes: tuple[int, ...]) -> Hold:
+    def pin(self, hashes: tuple[int, ...], defer: bool = False) -> Hold:
+        """Lock the cached prefix. With a host tier, its run after the HBM match is a hit too:
+        loaded now (`defer` False: the caller reserves memory at once), or, for a decoder whose KV
+        is still on its way (`defer`), pinned in the tier and loaded when it lands
+        (`load_deferred`), so that no HBM is held while the copy travels."""
         matched = self.cache.match(hashes) if self.cache is not None else []
         for b in matched:
             b.refs += 1
             if b.refs == 1:
                 self._locked += 1
-        return Hold(matched, 0, len(matched), len(hashes) - len(matched))
+        hold = Hold(matched, 0, len(matched), len(hashes) - len(matched))
+        if self.host is not None:
+            hold.ready_at = self.host.ready_at(b.h for b in matched)
+            n = self.host.run_of(hashes, len(matched))
+            if n and defer:
+                hold.deferred = list(hashes[len(matched) : len(matched) + n])
+                self.host.pin(hold.deferred)
+                hold.hit += n
+            elif n:
+                self._load(hold, hashes)
+        return hold
+
+    def load_deferred(self, hold: Hold) -> float:
+        """The landed request's reservation holds room for its deferred blocks: queue their load;
+        returns when they (and any hit block still loading) are in HBM."""
+        if hold.deferred:
+            hold.loaded = len(hold.deferred)
+            hold.ready_at = max(hold.ready_at, self.host.load(hold.deferred))
+        return hold.ready_at
+
+    def _load(self, hold: Hold, hashes: tuple[int, ...]) -> None:
+        """Move the host tier's run of `hashes` after the HBM match into HBM (locked, as much as
+        fits: a swap, the room made sends other blocks down) and queue its load on the link."""
+        host, k = self.host, hold.hit
+        run = list(hashes[k : k + host.run_of(hashes, k)])
+        host.take(run)  # first, so the evictions below cannot push them out of the tier
+        self._moving = run  # held by neither tier meanwhile: the mirror checks count them
+        self._make_room(len(run))
+        fit = min(len(run), max(self.capacity - self.used, 0))
+        back, run = run[fit:], run[:fit]
+        self._moving = run
+        if back:  # no room for them in HBM: back to the tier
+            dropped = host.put(back)
+            if dropped and self.mirror is not None:
+                self.mirror.on_evict(dropped)
+        if run:
+            self._insert_locked(hold, hashes[: k + fit], skip=k, moved=True)
+        self._moving = []
+        if self.mirror is not None:
+            self._check()
+        if not run:
+            return
+        hold.hit += fit
+        hold.missing -= fit
+        hold.loaded = fit
+        hold.ready_at = max(hold.ready_at, host.load(run))
+        if self.used > self.peak_used:
+            self.peak_used = self.used
 
     def reserve(self, hold: Hold, extra_blocks: int) -> bool:
         """False when memory is short now; ValueError if it can never fit."""
@@ -108,11 +182,14 @@ class KVStore:
             hold.reserved += hold.missing
             hold.missing = 0
             return 0
-        tail = hashes[hold.hit :]
+        have = len(hold.blocks)  # the hit less any deferred blocks, which are inserted now
+        if hold.deferred:
+            self.host.unpin(hold.deferred)
+            hold.deferred = []
         hold.missing = 0
-        if not tail:
+        if not hashes[have:]:
             return 0
-        new = self._insert_locked(hold, hashes, skip=hold.hit)
+        new = self._insert_locked(hold, hashes, skip=have)
         if self.used > self.peak_used:
             self.peak_used = self.used
         return new
@@ -130,7 +207,11 @@ class KVStore:
         hold.reserved -= take
         return self._insert_locked(hold, hashes, skip=have)
 
-    def _insert_locked(self, hold: Hold, hashes: tuple[int, ...], skip: int) -> int:
+    def _insert_locked(
+        self, hold: Hold, hashes: tuple[int, ...], skip: int, moved: bool = False
+    ) -> int:
+        """`moved`: the new blocks come from the host tier (the mirror holds them already; the
+        caller checks the mirror once the move is complete)."""
         stored = self.cache.insert(hashes, [_Block(h) for h in hashes])
         new = [h for h, s in zip(hashes, stored) if s]
         for b in self.cache.match(hashes, touch=False)[skip:]:
@@ -138,13 +219,21 @@ class KVStore:
             if b.refs == 1:
                 self._locked += 1
             hold.blocks.append(b)
-        if new:
-            if self.mirror is not None:
-                self.mirror.on_insert(new)
-                self._check()
+        back: set[int] = set()
+        if new and not moved and self.host is not None:
+            # computed or arrived again while the host tier still held them: one copy, in HBM
+            back = {h for h in new if h in self.host}
+            self.host.take(back)
+        if new and self.mirror is not None and not moved:
+            if len(back) < len(new):
+                self.mirror.on_insert([h for h in new if h not in back])
+            self._check()
         return len(new)
 
     def release(self, hold: Hold) -> None:
+        if hold.deferred:  # never landed
+            self.host.unpin(hold.deferred)
+            hold.deferred = []
         self._unlock(hold)
         self.reserved -= hold.reserved
         hold.reserved = 0
@@ -167,10 +256,13 @@ class KVStore:
             self.cache.evict(over)
             if self._evicted:
                 self.evicted_blocks += len(self._evicted)
-                if self.mirror is not None:
-                    self.mirror.on_evict(self._evicted)
+                # to the host tier, if any: the mirror forgets only what leaves every tier
+                gone = self._evicted if self.host is None else self.host.put(self._evicted)
                 self._evicted = []
-                self._check()
+                if self.mirror is not None:
+                    if gone:
+                        self.mirror.on_evict(gone)
+                    self._check()
         return self.used + need <= self.capacity
 
     def _wake(self) -> None:
@@ -190,16 +282,22 @@ class KVStore:
         self._evicted.append(block.h)
 
     def _check(self) -> None:
-        if len(self.mirror) != len(self.cache):
+        held = len(self.cache) + len(self._moving)
+        held += len(self.host) if self.host is not None else 0
+        if len(self.mirror) != held:
             raise MirrorDrift(
                 f"{self.name}: mirror holds {len(self.mirror)} blocks, cache {len(self.cache)}"
+                + (f" + host tier {len(self.host)}" if self.host is not None else "")
             )
         if self.strict:
             self.check_mirror()
 
     def check_mirror(self) -> None:
         if self.mirror is not None and self.cache is not None:
-            self.mirror.check(h for h, _ in self.cache)
+            cached = (h for h, _ in self.cache)
+            if self.host is not None:
+                cached = itertools.chain(cached, self.host.blocks, self._moving)
+            self.mirror.check(cached)
 
 
 def _unreferenced(block: _Block) -> bool:

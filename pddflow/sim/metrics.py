@@ -130,9 +130,35 @@ def summarize(sim: Simulation, pricing: dict | None = None) -> dict:
             for v in sorted(variants)
         },
     }
+    tiers = host_tiers(sim)
+    if tiers:  # only with a tier bought: outputs without one stay as they were
+        result["host_tiers"] = tiers
     if pricing:
         result["revenue"] = revenue(sim, ok_in, span, pricing)
     return result
+
+
+def host_tiers(sim: Simulation) -> dict[str, dict]:
+    """Per operator with a host tier bought: its size and what its replicas' tiers did."""
+    out: dict[str, dict] = {}
+    for iid, st in sim.stores.items():
+        if st.host is None:
+            continue
+        op = sim.plan.operator_of(iid)
+        row = out.setdefault(
+            op.name,
+            {
+                "gib_per_replica": op.host_cache.gib,
+                "usd_per_hour": round(op.replicas * op.host_cache.usd_per_replica_hour, 4),
+                "loaded_blocks": 0,
+                "dropped_blocks": 0,
+                "load_s": 0.0,
+            },
+        )
+        row["loaded_blocks"] += st.host.loaded_blocks
+        row["dropped_blocks"] += st.host.dropped_blocks
+        row["load_s"] = round(row["load_s"] + st.host.load_s, 4)
+    return out
 
 
 def request_rows(sim: Simulation) -> list[dict]:

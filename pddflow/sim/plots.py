@@ -78,22 +78,27 @@ def variant_timeline(sim: Simulation, path: Path, bin_s: float | None = None) ->
 
 
 def bathtub(rows: list[dict], graph: str, path: Path) -> Path:
+    """Revenue per GPU-hour and per dollar of cost (GPUs + host tier) against the workload hit."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    keys = sorted({k for r in rows for k in r if k.startswith("usd_per_gpu_hour@")})
-    for k in keys:
-        pts = sorted((r["workload_hit"], r[k]) for r in rows)
-        ax.plot(
-            [p[0] for p in pts],
-            [p[1] for p in pts],
-            marker="o",
-            label=f"cached tokens at {float(k.split('@')[1]):.0%} of uncached",
-        )
-    ax.set_xlabel("average prefix-cache hit rate")
-    ax.set_ylabel("SLA revenue per GPU-hour (USD)")
-    ax.set_title(f"{graph}: benefit per GPU-hour against hit rate")
-    ax.grid(alpha=0.3)
-    ax.legend()
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    for ax, prefix, ylabel in (
+        (axes[0], "usd_per_gpu_hour@", "SLA revenue per GPU-hour (USD)"),
+        (axes[1], "usd_per_usd@", "SLA revenue per USD of cost (GPUs + host tier)"),
+    ):
+        keys = sorted({k for r in rows for k in r if k.startswith(prefix)})
+        for k in keys:
+            pts = sorted((r["workload_hit"], r[k]) for r in rows)
+            ax.plot(
+                [p[0] for p in pts],
+                [p[1] for p in pts],
+                marker="o",
+                label=f"cached tokens at {float(k.split('@')[1]):.0%} of uncached",
+            )
+        ax.set_xlabel("average prefix-cache hit rate (workload, unbounded cache)")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(f"{graph}: benefit against hit rate")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

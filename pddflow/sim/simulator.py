@@ -28,6 +28,7 @@ from pddflow.sim.decode_legs import DecodeLegs
 from pddflow.sim.engine import Engine, Job, Seq
 from pddflow.sim.events import EventLoop
 from pddflow.sim.handoff import Handoffs
+from pddflow.sim.host_tier import HostTier
 from pddflow.sim.kvstore import Hold, KVStore
 from pddflow.sim.network import SharedLink
 from pddflow.sim.run import LegState, Run
@@ -95,9 +96,15 @@ class Simulation(DecodeLegs, Handoffs):
             self.engines[inst.id] = eng
             if self.host is not None:
                 self.host.attach(inst.id, eng)
-            cap = int(op.kv_budget_bytes // (self.kv_bytes_per_token * self.block_tokens))
+            block_bytes = self.kv_bytes_per_token * self.block_tokens
+            cap = int(op.kv_budget_bytes // block_bytes)
             self.stores[inst.id] = KVStore(
-                inst.id, cap, op.caches_prefixes, self.state.mirrors.get(inst.id), strict_mirrors
+                inst.id,
+                cap,
+                op.caches_prefixes,
+                self.state.mirrors.get(inst.id),
+                strict_mirrors,
+                self._host_tier(op, block_bytes),
             )
         self.runs: list[Run] = []
         self.wall_s = 0.0
@@ -108,6 +115,15 @@ class Simulation(DecodeLegs, Handoffs):
             if r.parent >= 0:
                 self._children.setdefault(r.parent, []).append(r)
         self._arrived = 0
+
+    def _host_tier(self, op, block_bytes: int) -> HostTier | None:
+        hc = op.host_cache
+        if hc is None or not op.caches_prefixes:
+            return None
+        blocks = int(hc.bytes // block_bytes)
+        if blocks <= 0:
+            return None  # declared but none bought (or less than one block)
+        return HostTier(blocks, block_bytes / (hc.gbytes_per_s * 1e9), lambda: self.loop.now)
 
     def run(self, progress: Callable[[int, int], None] | None = None) -> list[Run]:
         t0 = time.perf_counter()
@@ -151,6 +167,9 @@ class Simulation(DecodeLegs, Handoffs):
                     store.release(hold)
                 placed[iid] = placed.get(iid, 0) + 1
         self.policy.decided, self.policy.singular_count = decided, singular
+        for store in self.stores.values():
+            if store.host is not None:
+                store.host.settle()
 
     def _check_end(self) -> None:
         stuck = [r for r in self.runs if not r.done and not r.failed]
@@ -187,7 +206,8 @@ class Simulation(DecodeLegs, Handoffs):
         path = run.path
         if not path.colocated and path.finisher != path.relay:
             # the finisher adopts its cached prefix when the job arrives (runtime: _adopt_prefix)
-            run.finisher.hold = self.stores[run.finisher.instance].pin(req.hashes)
+            store = self.stores[run.finisher.instance]
+            run.finisher.hold = store.pin(req.hashes, defer=True)
         self._prefill(run)
 
     def _refresh_state(self) -> None:
@@ -248,6 +268,10 @@ class Simulation(DecodeLegs, Handoffs):
         if per_byte:
             leg.shipping_s = per_byte * self._shipped_bytes(run)
         job = Job(run, new, cached, self._prefill_done, factor=factor, after_s=leg.shipping_s)
+        if hold.ready_at > self.loop.now:
+            # part of the cached prefix is still loading from the host tier
+            self.loop.at(hold.ready_at, self.engines[leg.instance].submit_job, job)
+            return
         self.engines[leg.instance].submit_job(job)
 
     def _shipped_bytes(self, run: Run) -> float:
@@ -296,7 +320,7 @@ class Simulation(DecodeLegs, Handoffs):
             return
         if path.relay is not None:
             leg.copies += 1
-            run.relay.hold = self.stores[run.relay.instance].pin(run.req.hashes)
+            run.relay.hold = self.stores[run.relay.instance].pin(run.req.hashes, defer=True)
             self._relay_send(run)
         if path.finisher != path.relay:
             leg.copies += 1

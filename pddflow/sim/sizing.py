@@ -3,8 +3,11 @@ device counts and a budget, give the most SLA goodput (or meet a target rate che
 candidate evaluated by the simulator (docs/simulator.md, Sizing).
 
 A candidate is a replica count per operator, for one *shape* per operator (device class and
-devices per replica: the declared one, or one of the operator's `choices` in the graph). Each
-combination of shapes is searched on its own (`size`) and the best of them wins. Its score:
+devices per replica: the declared one, or one of the operator's `choices` in the graph; each
+combination of shapes is searched on its own by `size` and the best of them wins) and, when
+operators declare a host-memory KV tier (`host_cache.max_gib` > 0), one more coordinate: the rung
+of the tier's size ladder (`host_tier.ladder`: 0 and doublings up to max_gib, every tiered
+operator on the same rung), priced per replica. Its score:
 
 - budget mode: its SLA capacity, the highest offered rate at which `ATTAINMENT` of requests meet
   the SLA (doubling/halving to a bracket, then geometric bisection), and the SLA goodput, TTFT and
@@ -12,12 +15,13 @@ combination of shapes is searched on its own (`size`) and the best of them wins.
 - target mode: one replay at the target rate; it meets the target when `ATTAINMENT` of requests
   meet the SLA.
 
-The search assumes more replicas never lower the score of a candidate (a replica added is capacity
-added). Budget mode therefore only evaluates *maximal* candidates (no operator can take one more
-replica within the budget and the devices): all of them when they are few (`exhaustive_max`),
-else a pattern search on them (a coarse grid of each operator's range, then the best point's
-neighbours at halving steps). Target mode walks candidates cheapest first, skipping any that a
-failed candidate dominates, and stops at the first that meets the target.
+The search assumes more replicas, or a larger host tier, never lower the score of a candidate (a
+replica added is capacity added; more host memory only turns misses into hits). Budget mode
+therefore only evaluates *maximal* candidates (no operator can take one more replica within the
+budget and the devices, at the candidate's host-tier rung): all of them when they are few
+(`exhaustive_max`), else a pattern search on them (a coarse grid of each operator's range, then
+the best point's neighbours at halving steps). Target mode walks candidates cheapest first,
+skipping any that a failed candidate dominates, and stops at the first that meets the target.
 
 Evaluations run in a local process pool, are cached by (graph, replicas, workload, seed, mode,
 search settings, and a digest of the simulator's code) in a JSON file, and depend only on those:
@@ -38,15 +42,17 @@ from pathlib import Path
 
 from pddflow.graph.plan import Plan, _instances
 from pddflow.sim.agentic import AgenticConfig, generate
+from pddflow.sim.host_tier import ladder, tiered, with_host_gib
 from pddflow.sim.metrics import summarize
 from pddflow.sim.simulator import Simulation
 from pddflow.sim.workload import Workload
 
 ATTAINMENT = 0.95  # share of requests meeting the SLA at a candidate's capacity
-CACHE_VERSION = 2
+CACHE_VERSION = 4  # 4: shapes (choices) and the host-tier rung in one key
 HINTED_FACTOR = 1.5  # bracketing step of a capacity search that starts at a probe's capacity
 
-Replicas = tuple[int, ...]  # one count per operator, in the plan's operator order
+# one count per operator, in the plan's operator order, then the host-tier rung when there is one
+Replicas = tuple[int, ...]
 
 
 # ---- workloads at a rate ---------------------------------------------------------------------
@@ -128,12 +134,20 @@ def shapes_of(plan: Plan) -> dict[str, list]:
 
 @dataclass(frozen=True)
 class Space:
-    """The replica vectors a plan may take: >= 1 each, within each (cluster, device) pool."""
+    """The replica vectors a plan may take: >= 1 each, within each (cluster, device) pool, and
+    with host tiers, a rung of the tiers' ladder as the last coordinate."""
 
     names: tuple[str, ...]
     per_device: tuple[int, ...]  # devices one replica uses
-    prices: tuple[float, ...]  # $/h of one replica
+    prices: tuple[float, ...]  # $/h of one replica's devices
     pools: tuple[tuple[int, tuple[int, ...]], ...]  # (devices available, operator indices)
+    # per rung: each tiered operator's host GiB per replica, and every operator's tier $/h/replica
+    tier_gib: tuple[dict[str, float], ...] = ()
+    tier_prices: tuple[tuple[float, ...], ...] = ()
+
+    @property
+    def rungs(self) -> int:
+        return len(self.tier_gib)
 
     @staticmethod
     def of(plan: Plan) -> Space:
@@ -142,6 +156,17 @@ class Space:
         pools: dict[tuple[str, str], list[int]] = {}
         for i, op in enumerate(ops):
             pools.setdefault((op.cluster, op.device), []).append(i)
+        tiers = tiered(plan)
+        rungs = {n: ladder(plan.operators[n].host_cache.max_gib) for n in tiers}
+        steps = len(rungs[tiers[0]]) if tiers else 0
+        tier_gib = tuple({n: rungs[n][k] for n in tiers} for k in range(steps))
+        tier_prices = tuple(
+            tuple(
+                gib.get(n, 0.0) * (op.host_cache.usd_per_gib_hour if op.host_cache else 0.0)
+                for n, op in zip(names, ops)
+            )
+            for gib in tier_gib
+        )
         return Space(
             names,
             tuple(op.devices_per_replica for op in ops),
@@ -151,13 +176,23 @@ class Space:
             tuple(
                 (plan.clusters[c].devices.get(d, 0), tuple(idx)) for (c, d), idx in pools.items()
             ),
+            tier_gib,
+            tier_prices,
         )
 
     def cost(self, r: Replicas) -> float:
-        return sum(n * p for n, p in zip(r, self.prices))
+        price = sum(n * p for n, p in zip(r, self.prices))
+        if self.rungs:
+            price += sum(n * p for n, p in zip(r, self.tier_prices[r[-1]]))
+        return price
+
+    def host_gib(self, r: Replicas) -> dict[str, float]:
+        """The candidate's host tier per replica of each tiered operator ({}: no tier)."""
+        return dict(self.tier_gib[r[-1]]) if self.rungs else {}
 
     def fits(self, r: Replicas) -> bool:
-        return all(x >= 1 for x in r) and all(
+        n = len(self.names)
+        return all(x >= 1 for x in r[:n]) and all(
             sum(r[i] * self.per_device[i] for i in idx) <= have for have, idx in self.pools
         )
 
@@ -171,6 +206,8 @@ class Space:
 
     def all(self, budget: float | None = None) -> list[Replicas]:
         ranges = [range(1, self.upper(i) + 1) for i in range(len(self.names))]
+        if self.rungs:
+            ranges.append(range(self.rungs))
         return [
             r
             for r in itertools.product(*ranges)
@@ -178,8 +215,9 @@ class Space:
         ]
 
     def maximal(self, r: Replicas, budget: float | None) -> bool:
-        """No operator can take one more replica within the devices and the budget."""
-        for i in range(len(r)):
+        """No operator can take one more replica within the devices and the budget (at the same
+        host-tier rung: a larger tier instead of a replica is another candidate)."""
+        for i in range(len(self.names)):
             up = r[:i] + (r[i] + 1,) + r[i + 1 :]
             if self.fits(up) and (budget is None or self.cost(up) <= budget + 1e-9):
                 return False
@@ -201,6 +239,7 @@ class Score:
     sims: int = 0  # replays it took
     errors: list[str] = field(default_factory=list)  # replays the simulator's checks failed
     shapes: dict[str, list] = field(default_factory=dict)  # operator: [device, devices/replica]
+    host_gib: dict[str, float] = field(default_factory=dict)  # host tier per replica, if any
 
     @property
     def bcr(self) -> float:
@@ -290,8 +329,17 @@ def capacity(
 
 def evaluate(task: tuple) -> dict:
     """One candidate (runs in a worker process): its Score as a dict."""
-    plan, replicas, source, seed, mode, rate, precision, factor = task
+    plan, replicas, host_gib, source, seed, mode, rate, precision, factor = task
     p = with_replicas(plan, replicas)
+    if host_gib:
+        p = with_host_gib(p, host_gib)
+    return {
+        **_evaluate(p, replicas, source, seed, mode, rate, precision, factor),
+        "host_gib": host_gib,
+    }
+
+
+def _evaluate(p: Plan, replicas, source, seed, mode, rate, precision, factor) -> dict:
     if mode == "target":
         try:
             m = _replay(p, source, rate, seed)
@@ -466,7 +514,17 @@ class Search:
             else:
                 missing.append(r)
         tasks = [
-            (self.plan, self._named(r), self.source, self.seed, mode, rate, self.precision, factor)
+            (
+                self.plan,
+                self._named(r),
+                self.space.host_gib(r),
+                self.source,
+                self.seed,
+                mode,
+                rate,
+                self.precision,
+                factor,
+            )
             for r in missing
         ]
         if self.jobs > 1 and len(tasks) > 1:
@@ -489,7 +547,7 @@ class Search:
         return [self.scores[r] for r in todo]
 
     def _named(self, r: Replicas) -> dict[str, int]:
-        return dict(zip(self.space.names, r))
+        return dict(zip(self.space.names, r))  # zip stops before the host-tier rung
 
     def _tick(self) -> None:
         self.done += 1
@@ -543,13 +601,16 @@ def _rank(s: Score) -> tuple[float, float]:
 
 
 def _trim(search: Search, best: Replicas, hint: float) -> Replicas:
-    """Replicas the best does not need: while one replica fewer of some operator keeps the goodput
-    within the capacity search's precision of the best's, take the cheapest such (a maximal
-    candidate spends the whole budget, needed or not; a difference below the precision is not
-    resolved by the search, so it does not pay for a replica)."""
+    """Replicas the best does not need: while one replica fewer of some operator (or a smaller
+    host tier) keeps the goodput within the capacity search's precision of the best's, take the
+    cheapest such (a maximal candidate spends the whole budget, needed or not; a difference below
+    the precision is not resolved by the search, so it does not pay for a replica)."""
     floor = search.scores[best].slo_goodput_rps * (1 - search.precision)
+    ops = len(search.space.names)
     while True:
-        fewer = [best[:i] + (best[i] - 1,) + best[i + 1 :] for i in range(len(best)) if best[i] > 1]
+        fewer = [best[:i] + (best[i] - 1,) + best[i + 1 :] for i in range(ops) if best[i] > 1]
+        if search.space.rungs and best[-1] > 0:  # a smaller host tier
+            fewer.append(best[:-1] + (best[-1] - 1,))
         search.run(fewer, "capacity", hint, HINTED_FACTOR)
         same = [r for r in fewer if search.scores[r].slo_goodput_rps >= floor]
         if not same:
@@ -661,8 +722,8 @@ def size(
 
 
 def write_graph(source_file: str, best: Score, out: Path, note: str) -> Path:
-    """The graph file with the winner's replica counts and shapes (other keys as they were;
-    comments go)."""
+    """The graph file with the winner's replica counts, shapes and host tiers (other keys as they
+    were; comments go)."""
     import yaml
 
     data = yaml.safe_load(Path(source_file).read_text())
@@ -671,6 +732,8 @@ def write_graph(source_file: str, best: Score, out: Path, note: str) -> Path:
         op["replicas"] = n
         if name in best.shapes:
             op["device"], op["devices_per_replica"] = best.shapes[name]
+    for name, gib in best.host_gib.items():
+        data["operators"][name]["host_cache"]["gib"] = gib
     data["name"] = f"{data['name']}_sized"
     out.write_text(f"# {note}\n" + yaml.safe_dump(data, sort_keys=False, width=100))
     return out

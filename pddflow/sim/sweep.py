@@ -1,4 +1,6 @@
-"""The hit-rate sweep: revenue of SLA-compliant requests per GPU-hour from cold to fully cached."""
+"""The hit-rate sweep: revenue of SLA-compliant requests per GPU-hour and per dollar of cost (GPUs
+and any host-memory KV tier) from cold to fully cached; a graph with a tier buys its size at each
+hit rate (docs/simulator.md, The bathtub)."""
 
 from __future__ import annotations
 
@@ -7,6 +9,7 @@ from dataclasses import replace
 
 from pddflow.graph.plan import Plan
 from pddflow.sim.agentic import AgenticConfig, generate
+from pddflow.sim.host_tier import ladder, tiered, with_host_gib
 from pddflow.sim.metrics import summarize
 from pddflow.sim.simulator import Simulation
 
@@ -61,6 +64,66 @@ def sla_capacity(
     return good
 
 
+def _levels(plan: Plan) -> list[dict[str, float]]:
+    """The host-tier sizes the sweep tries at every hit rate: one level per rung of the ladder,
+    every tiered operator on the same rung ([{}]: no tier to size)."""
+    ops = tiered(plan)
+    if not ops:
+        return [{}]
+    rungs = {n: ladder(plan.operators[n].host_cache.max_gib) for n in ops}
+    return [{n: rungs[n][i] for n in ops} for i in range(len(rungs[ops[0]]))]
+
+
+def _point(
+    plan: Plan, sim: Simulation, offered: float, cached_ratios, gib: dict[str, float]
+) -> dict:
+    """One simulated point: hits, load and revenue per GPU-hour and per dollar of cost."""
+    wl = sim.workload
+    runs = sim.runs
+    row = {
+        "workload_hit": wl.meta.get("hit_rate_unbounded"),
+        "offered_rps": round(offered, 3),
+        # the entry instances' realised prefix hit: what the revenue prices as cached
+        "prefill_hit": round(
+            sum(min(r.prefill.hit_tokens, r.req.prompt_tokens) / r.req.prompt_tokens for r in runs)
+            / max(len(runs), 1),
+            4,
+        ),
+        "cost_per_hour": round(plan.cost_per_hour(), 4),
+    }
+    if gib:
+        row["host_gib"] = dict(gib)
+    for ratio in cached_ratios:
+        m = summarize(
+            sim,
+            {
+                "input_per_mtok": INPUT_USD_PER_MTOK,
+                "output_per_mtok": OUTPUT_USD_PER_MTOK,
+                "cached_ratio": ratio,
+            },
+        )
+        row.setdefault("served_hit", m["hit_rate"]["at_transfer_mean"])
+        row.setdefault(
+            "summary",
+            {
+                k: m[k]
+                for k in (
+                    "ttft_s",
+                    "tpot_ms",
+                    "slo_goodput_rps",
+                    "sla_attainment",
+                    "bcr",
+                    "relay_token_share",
+                    "variants",
+                    "wan_bytes",
+                )
+            },
+        )
+        row[f"usd_per_gpu_hour@{ratio:g}"] = m["revenue"]["usd_per_gpu_hour"]
+        row[f"usd_per_usd@{ratio:g}"] = m["revenue"]["usd_per_cost_usd"]
+    return row
+
+
 def hit_rate_sweep(
     plan: Plan,
     base: AgenticConfig,
@@ -71,50 +134,37 @@ def hit_rate_sweep(
     progress: Callable[[int, int], None] | None = None,
     load: str = "capacity",
 ) -> list[dict]:
-    """One row per hit rate, each at its SLA capacity (`load="capacity"`) or at `base.rps`."""
+    """One row per hit rate, each at its SLA capacity (`load="capacity"`) or at `base.rps`.
+
+    With a host tier (`host_cache.max_gib` > 0) every hit rate is simulated at each rung of the
+    tier's ladder (0 and doublings up to max_gib), all listed under `tiers`; the row is the rung
+    with the most revenue per dollar (GPU + tier cost) at the first cached price, and
+    `host_gib@R` / `usd_per_usd@R` give each price's own best rung."""
+    levels = _levels(plan)
     rows = []
     for i, h in enumerate(hits):
         cfg = replace(
             base, hit_rate=h, system_prompt_tokens=base.system_prompt_tokens if h >= 0.3 else 0
         )
-        if load == "capacity":
-            offered, sim, _ = sla_capacity(plan, cfg, seed, sim_kwargs)
-        else:
-            offered = cfg.rps
-            sim, _ = _trial(plan, cfg, seed, sim_kwargs)
-        wl = sim.workload
-        row = {
-            "target_hit": h,
-            "workload_hit": wl.meta.get("hit_rate_unbounded"),
-            "offered_rps": round(offered, 3),
-        }
-        for ratio in cached_ratios:
-            m = summarize(
-                sim,
-                {
-                    "input_per_mtok": INPUT_USD_PER_MTOK,
-                    "output_per_mtok": OUTPUT_USD_PER_MTOK,
-                    "cached_ratio": ratio,
-                },
-            )
-            row.setdefault("served_hit", m["hit_rate"]["at_transfer_mean"])
-            row.setdefault(
-                "summary",
-                {
-                    k: m[k]
-                    for k in (
-                        "ttft_s",
-                        "tpot_ms",
-                        "slo_goodput_rps",
-                        "sla_attainment",
-                        "bcr",
-                        "relay_token_share",
-                        "variants",
-                        "wan_bytes",
-                    )
-                },
-            )
-            row[f"usd_per_gpu_hour@{ratio:g}"] = m["revenue"]["usd_per_gpu_hour"]
+        trials = []
+        for gib in levels:
+            p = with_host_gib(plan, gib) if gib else plan
+            if load == "capacity":
+                offered, sim, _ = sla_capacity(p, cfg, seed, sim_kwargs)
+            else:
+                offered = cfg.rps
+                sim, _ = _trial(p, cfg, seed, sim_kwargs)
+            trials.append(_point(p, sim, offered, cached_ratios, gib))
+        first = f"usd_per_usd@{cached_ratios[0]:g}"
+        row = {"target_hit": h, **max(trials, key=lambda t: t[first])}
+        if len(trials) > 1:
+            for ratio in cached_ratios:
+                key = f"usd_per_usd@{ratio:g}"
+                best = max(trials, key=lambda t: t[key])
+                row[key] = best[key]
+                row[f"usd_per_gpu_hour@{ratio:g}"] = best[f"usd_per_gpu_hour@{ratio:g}"]
+                row[f"host_gib@{ratio:g}"] = best["host_gib"]
+            row["tiers"] = trials
         rows.append(row)
         if progress:
             progress(i + 1, len(hits))

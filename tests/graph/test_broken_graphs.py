@@ -244,6 +244,44 @@ CASES = [
         18,
         "greater than or equal to 1",
     ),
+    (
+        "host_cache_without_a_cache",
+        "relay: {op: relay_decode, cluster: A, device: gpu_a, replicas: 1, devices_per_replica: 4}",
+        "relay: {op: relay_decode, cluster: A, device: gpu_a, replicas: 1, devices_per_replica: 4,"
+        " host_cache: {gib: 64, usd_per_gib_hour: 0.005}}",
+        17,
+        "no prefix cache to sit under",
+    ),
+    (
+        "host_cache_max_below_gib",
+        "replicas: 2, devices_per_replica: 4}\nedges",
+        "replicas: 2, devices_per_replica: 4,"
+        " host_cache: {gib: 64, max_gib: 32, usd_per_gib_hour: 0.005}}\nedges",
+        18,
+        "max_gib (32) is below host_cache.gib (64)",
+    ),
+    (
+        "host_cache_negative_price",
+        "replicas: 2, devices_per_replica: 4}\nedges",
+        "replicas: 2, devices_per_replica: 4, host_cache: {gib: 64, usd_per_gib_hour: -1}}\nedges",
+        18,
+        "greater than or equal to 0",
+    ),
+    (
+        "host_cache_zero_bandwidth",
+        "replicas: 2, devices_per_replica: 4}\nedges",
+        "replicas: 2, devices_per_replica: 4,"
+        " host_cache: {gib: 64, usd_per_gib_hour: 0.005, gbytes_per_s: 0}}\nedges",
+        18,
+        "greater than 0",
+    ),
+    (
+        "host_cache_unpriced",
+        "replicas: 2, devices_per_replica: 4}\nedges",
+        "replicas: 2, devices_per_replica: 4, host_cache: {gib: 64}}\nedges",
+        18,
+        "missing required key 'usd_per_gib_hour'",
+    ),
 ]
 
 WHOLE_FILE_CASES = [
