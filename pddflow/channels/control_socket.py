@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import socket
 import struct
+import time
 
 from pddflow.channels.deadline import Deadline
 from pddflow.channels.errors import ChannelClosed, ChannelError
@@ -109,6 +110,23 @@ class ControlSocket:
     def close(self) -> None:
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+    def close_after_peer(self, timeout_s: float = 1.0) -> None:
+        """Close once the peer has read what was sent: stop writing (the peer reads to our end),
+        then read until it closes, for at most timeout_s. Closing with its frames unread here
+        (FREEs) resets a TCP connection, and the peer loses frames of ours it had not read yet,
+        such as a CANCEL after the last CHUNK; a Unix socket's peer fails its next send and stops
+        reading the same way."""
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+            end = time.monotonic() + timeout_s
+            while (left := end - time.monotonic()) > 0:
+                self.sock.settimeout(left)
+                if not self.sock.recv(1 << 16):
+                    break
         except OSError:
             pass
         self.sock.close()

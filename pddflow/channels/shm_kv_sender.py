@@ -188,7 +188,7 @@ class SharedMemoryKVSender:
                 w.close()
         self._ring = self._arena = None
         if self._control is not None:
-            self._control.close()
+            self._control.close_after_peer()  # its last frames (a CANCEL) are read first
             self._control = None
 
     def _send_locked(self, src: KVSource, dl: Deadline) -> tuple[str, int]:
