@@ -602,9 +602,10 @@ def _rank(s: Score) -> tuple[float, float]:
 
 def _trim(search: Search, best: Replicas, hint: float) -> Replicas:
     """Replicas the best does not need: while one replica fewer of some operator (or a smaller
-    host tier) keeps the goodput within the capacity search's precision of the best's, take the
-    cheapest such (a maximal candidate spends the whole budget, needed or not; a difference below
-    the precision is not resolved by the search, so it does not pay for a replica)."""
+    host tier) keeps the goodput within the capacity search's precision of the best's and buys
+    more goodput per dollar, take the one that buys the most (a maximal candidate spends the
+    whole budget, needed or not; a goodput difference below the precision is not resolved by the
+    search, so it does not pay for a replica)."""
     floor = search.scores[best].slo_goodput_rps * (1 - search.precision)
     ops = len(search.space.names)
     while True:
@@ -612,10 +613,15 @@ def _trim(search: Search, best: Replicas, hint: float) -> Replicas:
         if search.space.rungs and best[-1] > 0:  # a smaller host tier
             fewer.append(best[:-1] + (best[-1] - 1,))
         search.run(fewer, "capacity", hint, HINTED_FACTOR)
-        same = [r for r in fewer if search.scores[r].slo_goodput_rps >= floor]
-        if not same:
+        bcr = search.scores[best].bcr
+        better = [
+            r
+            for r in fewer
+            if search.scores[r].slo_goodput_rps >= floor and search.scores[r].bcr > bcr
+        ]
+        if not better:
             return best
-        best = max(same, key=lambda r: (-search.space.cost(r), search.scores[r].slo_goodput_rps, r))
+        best = max(better, key=lambda r: (search.scores[r].bcr, r))
 
 
 def _pattern(search: Search, cands: list[Replicas], start_rps: float) -> None:
