@@ -70,40 +70,14 @@ def self_signed(
     days: int = 30,
 ) -> TLSConfig:
     """A throwaway certificate (its own root) for both ends on this machine, via openssl."""
-    openssl = shutil.which("openssl")
-    if openssl is None:
-        raise RuntimeError(
-            "openssl CLI not found; provide TLS cert_chain/private_key/root_certs PEM files"
-        )
     d = pathlib.Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     cert, key = d / "cert.pem", d / "key.pem"
-    san = ",".join(
-        ("IP:" if h.replace(".", "").isdigit() or ":" in h else "DNS:") + h for h in hosts
-    )
-    subprocess.run(
-        [
-            openssl,
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            str(key),
-            "-out",
-            str(cert),
-            "-days",
-            str(days),
-            "-subj",
-            f"/CN={hosts[0]}",
-            "-addext",
-            f"subjectAltName={san}",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=60,
-    )
+    _openssl(
+        "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", str(key), "-out", str(cert),
+        "-days", str(days), "-subj", f"/CN={hosts[0]}", "-addext", f"subjectAltName={_san(hosts)}",
+        missing="provide TLS cert_chain/private_key/root_certs PEM files",
+    )  # fmt: skip
     return TLSConfig(cert_chain=str(cert), private_key=str(key), root_certs=str(cert))
 
 
@@ -113,10 +87,14 @@ def self_signed(
 # instance's new certificate is trusted without telling anyone.
 
 
-def _openssl(*args: str, stdin: bytes | None = None) -> bytes:
+def _openssl(
+    *args: str,
+    stdin: bytes | None = None,
+    missing: str = "the ray backend's TLS needs it on every node",
+) -> bytes:
     openssl = shutil.which("openssl")
     if openssl is None:
-        raise RuntimeError("openssl CLI not found; the ray backend's TLS needs it on every node")
+        raise RuntimeError(f"openssl CLI not found; {missing}")
     try:
         done = subprocess.run(
             [openssl, *args], input=stdin, check=True, capture_output=True, timeout=60

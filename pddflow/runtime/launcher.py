@@ -12,7 +12,9 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
+from email.message import Message
 from pathlib import Path
 
 from pddflow.runtime.wiring import free_port
@@ -30,15 +32,23 @@ def post_json(
     url: str, body: dict, timeout: float = 5.0, key: str | None = None
 ) -> tuple[int, dict]:
     """key: sent as the Bearer token (pddflow deploy --api-key / --admin-key)."""
+    code, out, _ = post(url, body, timeout, key)
+    return code, out
+
+
+def post(
+    url: str, body: dict, timeout: float = 5.0, key: str | None = None
+) -> tuple[int, dict, Message]:
+    """As post_json, with the response's headers (a 503's Retry-After)."""
     headers = {"content-type": "application/json"}
     if key is not None:
         headers["authorization"] = f"Bearer {key}"
     req = urllib.request.Request(url, json.dumps(body).encode(), headers)
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
-            return r.status, json.loads(r.read())
+            return r.status, json.loads(r.read()), r.headers
     except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read() or b"{}")
+        return e.code, json.loads(e.read() or b"{}"), e.headers
 
 
 def _children_of(pid: int) -> list[int]:

@@ -335,16 +335,18 @@ class RayBackend:
         cert = tls / "cert.pem"
         cert.write_bytes(self.ca.sign(csr, _names(self.driver_ip)))
         wiring.tls_cert, wiring.tls_key, wiring.tls_roots = str(cert), key, self.ca.cert
-        for h in self.hosts.values():
-            self._certify_host(h)
+        self._certify_hosts(list(self.hosts.values()))
 
-    def _certify_host(self, h: Hosted) -> None:
+    def _certify_hosts(self, hosts: list[Hosted]) -> None:
+        """Each actor makes its key and request at once (in parallel); each is signed here."""
         ray = _ray()
-        csr = ray.get(h.actor.tls_request.remote(), timeout=CALL_TIMEOUT_S)
-        self.files[h.instance] = {
-            "cert": self.ca.sign(csr, _names(h.where["ip"])),
-            "roots": Path(self.ca.cert).read_bytes(),
-        }
+        csrs = ray.get([h.actor.tls_request.remote() for h in hosts], timeout=CALL_TIMEOUT_S)
+        roots = Path(self.ca.cert).read_bytes()
+        for h, csr in zip(hosts, csrs):
+            self.files[h.instance] = {
+                "cert": self.ca.sign(csr, _names(h.where["ip"])),
+                "roots": roots,
+            }
 
     # -- watch -------------------------------------------------------------------------------
 
@@ -439,7 +441,7 @@ class RayBackend:
                 )
             h.where = where
             if self.ca is not None:
-                self._certify_host(h)  # a new actor made a new key
+                self._certify_hosts([h])  # a new actor made a new key
         h.pid = ray.get(
             h.actor.start.remote(self.wiring_json, self.files.get(instance, {})),
             timeout=CALL_TIMEOUT_S,

@@ -78,12 +78,8 @@ class NetNamespace:
 
     def processes(self) -> list[int]:
         """Every process in the namespace but this one and the holder."""
-        out = []
-        for p in Path("/proc").iterdir():
-            if p.name.isdigit() and int(p.name) not in (os.getpid(), self.holder.pid):
-                if _ns_inode(p.name) == self.inode:
-                    out.append(int(p.name))
-        return out
+        mine = (os.getpid(), self.holder.pid)
+        return [pid for pid in _processes(self.inode) if pid not in mine]
 
     def close(self) -> None:
         for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
@@ -154,7 +150,7 @@ class RayCluster:
         """SIGKILL every process of the (non-head) node on `ip`, as if its machine lost power:
         its raylet and every process under it (the actors, their workers), and its agents. The
         pids killed."""
-        procs = _processes()
+        procs = _processes(_ns_inode("thread-self"))
         mark = re.compile(rf"node[_-]ip[_-]address[= ]{re.escape(ip)}(\s|$)")
         doomed = {pid for pid, (_, cmd) in procs.items() if mark.search(cmd)}
         grew = True
@@ -214,12 +210,11 @@ class RayCluster:
         return {k: sorted(v, key=lambda x: sorted(x.items())) for k, v in out.items()}
 
 
-def _processes() -> dict[int, tuple[int, str]]:
-    """pid -> (parent pid, command line) of every process in this network namespace."""
-    mine = _ns_inode("thread-self")
+def _processes(inode: str | None) -> dict[int, tuple[int, str]]:
+    """pid -> (parent pid, command line) of every process in the network namespace `inode`."""
     out = {}
     for p in Path("/proc").iterdir():
-        if not p.name.isdigit() or _ns_inode(p.name) != mine:
+        if not p.name.isdigit() or _ns_inode(p.name) != inode:
             continue
         try:
             stat = (p / "stat").read_text()

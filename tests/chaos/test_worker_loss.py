@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from pddflow.runtime.launcher import post_json
+from pddflow.runtime.launcher import post, post_json
 
 pytestmark = pytest.mark.slow
 
@@ -66,19 +66,10 @@ def test_prefill_killed_while_kv_crosses_the_wan(pdd, reference, wait_until):
 def test_prefill_down_new_requests_get_retry_after(pdd, reference, wait_until):
     os.kill(pdd.worker_pid("prefill/0"), signal.SIGKILL)
     wait_until("prefill lost", lambda: pdd.health()["workers"]["prefill/0"]["state"] != "up", 20)
-    import urllib.error
-    import urllib.request
-
-    req = urllib.request.Request(
-        f"{pdd.base}/v1/completions",
-        b'{"model": "pdd", "prompt": "x", "max_tokens": 2}',
-        {"Content-Type": "application/json"},
+    status, _, headers = post(
+        f"{pdd.base}/v1/completions", {"model": "pdd", "prompt": "x", "max_tokens": 2}, 10
     )
-    try:
-        urllib.request.urlopen(req, timeout=10)
-        status = 200
-    except urllib.error.HTTPError as err:
-        status, retry = err.code, err.headers.get("Retry-After")
+    retry = headers.get("Retry-After")
     if status != 200:  # (it may already be back: a restart takes a few seconds)
         assert status == 503 and retry is not None
     back_up(pdd, "prefill/0", wait_until)

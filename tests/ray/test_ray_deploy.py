@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from pddflow.runtime.launcher import Deployment, post_json
+from pddflow.runtime.launcher import Deployment, post, post_json
 from pddflow.testing.chaos import greedy_reference, wait_until
 from pddflow.testing.ray_cluster import NetNamespace, RayCluster, RayNode, unshare_refused
 
@@ -258,21 +258,13 @@ def test_main_killed_mid_stream_the_stream_completes_and_main_comes_back(dep, cl
 
 def _complete(dep, prompt: str, n: int, **extra) -> tuple[int, dict, str | None]:
     """(status, body, Retry-After) of one bounded completion request."""
-    import json
-    import urllib.error
-    import urllib.request
-
     body = {"model": "pdd", "prompt": prompt, "max_tokens": n, "temperature": 0}
-    req = urllib.request.Request(
+    code, out, headers = post(
         f"{dep.base}/v1/completions",
-        json.dumps({**body, "return_token_ids": True, **extra}).encode(),
-        {"Content-Type": "application/json"},
+        {**body, "return_token_ids": True, **extra},
+        timeout=CLIENT_TIMEOUT_S,
     )
-    try:
-        with urllib.request.urlopen(req, timeout=CLIENT_TIMEOUT_S) as r:
-            return r.status, json.loads(r.read()), None
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read() or b"{}"), err.headers.get("Retry-After")
+    return code, out, headers.get("Retry-After")
 
 
 def _state(dep, instance: str) -> dict:
