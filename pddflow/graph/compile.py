@@ -238,20 +238,20 @@ class Compiler:
                     f"operator {name} is placed in cluster {o.cluster!r}, which is not "
                     f"defined{did_you_mean(o.cluster, clusters)}; clusters: {', '.join(clusters)}",
                 )
-            if o.device not in devices:
+            if (
+                self._device_problem(
+                    at + ("device",),
+                    o.device,
+                    o.cluster,
+                    clusters,
+                    devices,
+                    f"operator {name} runs on",
+                    "",
+                    "place the operator elsewhere",
+                )
+                == "undefined"
+            ):
                 ok = False
-                self.err(
-                    at + ("device",),
-                    f"operator {name} runs on device class {o.device!r}, which is not "
-                    f"defined{did_you_mean(o.device, devices)}; classes: {', '.join(devices)}",
-                )
-            elif o.cluster in clusters and o.device not in clusters[o.cluster].devices:
-                self.err(
-                    at + ("device",),
-                    f"cluster {o.cluster} has no {o.device} devices (it has: "
-                    f"{', '.join(clusters[o.cluster].devices) or 'none'}); add {o.device} to "
-                    f"clusters.{o.cluster}.devices or place the operator elsewhere",
-                )
             if not ok:
                 continue
             optype = self.types[name] = OPERATOR_TYPES.get(o.op)
@@ -329,25 +329,14 @@ class Compiler:
         """The other shapes `pddflow size` may pick, each checked as the declared one is."""
         out: list[Shape] = []
         seen = {(o.device, o.devices_per_replica)}
-        have = clusters[o.cluster].devices if o.cluster in clusters else {}
         for i, c in enumerate(o.choices):
             at = ("operators", name, "choices", i)
             dev = c.device or o.device
             dpr = c.devices_per_replica or o.devices_per_replica
-            if dev not in devices:
-                self.err(
-                    at,
-                    f"choice {i} of operator {name} names device class {dev!r}, which is not "
-                    f"defined{did_you_mean(dev, devices)}; classes: {', '.join(devices)}",
-                )
-                continue
-            if dev not in have:
-                self.err(
-                    at,
-                    f"choice {i} of operator {name}: cluster {o.cluster} has no {dev} devices "
-                    f"(it has: {', '.join(have) or 'none'}); add {dev} to "
-                    f"clusters.{o.cluster}.devices or drop the choice",
-                )
+            who = f"choice {i} of operator {name}"
+            if self._device_problem(
+                at, dev, o.cluster, clusters, devices, f"{who} names", f"{who}: ", "drop the choice"
+            ):
                 continue
             if (dev, dpr) in seen:
                 continue
@@ -355,6 +344,36 @@ class Compiler:
             budget = self._memory(name, dpr, devices[dev], at, f"choice {i} of {name}: ")
             out.append(Shape(dev, dpr, budget))
         return tuple(out)
+
+    def _device_problem(
+        self,
+        at: tuple,
+        dev: str,
+        cluster: str,
+        clusters: dict[str, ClusterPlan],
+        devices: dict[str, DeviceClass],
+        uses: str,
+        prefix: str,
+        fix: str,
+    ) -> str:
+        """ "undefined" or "absent" (the cluster lacks it), said at `at`; "" when the device class
+        is defined and, where the cluster is, in it."""
+        if dev not in devices:
+            self.err(
+                at,
+                f"{uses} device class {dev!r}, which is not defined"
+                f"{did_you_mean(dev, devices)}; classes: {', '.join(devices)}",
+            )
+            return "undefined"
+        if cluster in clusters and dev not in clusters[cluster].devices:
+            self.err(
+                at,
+                f"{prefix}cluster {cluster} has no {dev} devices (it has: "
+                f"{', '.join(clusters[cluster].devices) or 'none'}); add {dev} to "
+                f"clusters.{cluster}.devices or {fix}",
+            )
+            return "absent"
+        return ""
 
     def _memory(
         self, name: str, devices_per_replica: int, dev: DeviceClass, at: tuple, what: str = ""

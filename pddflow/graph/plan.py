@@ -49,10 +49,6 @@ class Shape:
     devices_per_replica: int
     kv_budget_bytes: float
 
-    @property
-    def label(self) -> str:
-        return f"{self.devices_per_replica}x{self.device}"
-
 
 @dataclass(frozen=True)
 class HostCachePlan:

@@ -502,9 +502,16 @@ class Search:
         if self.evaluator is not None:
             for r in todo:
                 self.scores[r] = self.evaluator(r)
-                self.scores[r].shapes = shapes_of(self.plan)
                 self._tick()
-            return [self.scores[r] for r in todo]
+        else:
+            self._simulate(todo, mode, rate, factor)
+        shapes = shapes_of(self.plan)
+        for r in todo:
+            self.scores[r].shapes = shapes
+        return [self.scores[r] for r in todo]
+
+    def _simulate(self, todo: list[Replicas], mode: str, rate: float, factor: float) -> None:
+        """Scores from the cache, or replayed (in the pool) and cached."""
         missing = []
         for r in todo:
             hit = self.cache.get(self._key(r, mode, rate, factor))
@@ -542,9 +549,6 @@ class Search:
             self.cache.put(self._key(r, mode, rate, factor), res)
             self.scores[r] = _from_dict(res)
         self.cache.save()
-        for r in todo:
-            self.scores[r].shapes = shapes_of(self.plan)
-        return [self.scores[r] for r in todo]
 
     def _named(self, r: Replicas) -> dict[str, int]:
         return dict(zip(self.space.names, r))  # zip stops before the host-tier rung

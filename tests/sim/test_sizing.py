@@ -31,51 +31,21 @@ from pddflow.sim.sizing import (
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# Three operators: a (2 devices of $1 a replica: $2) and b (1 device: $1) share cluster A's 8
-# devices; c ($3, one device) has cluster B's 4. The analytic score below stands in for the
-# simulator: a chain whose goodput is its slowest stage, a serving 4 req/s a replica, b 6, c 3.
-GRAPH = """
-pddflow: 1
-name: three
-model:
-  weights: builtin:tiny-llama
-  arch: {kv_bytes_per_token: 1024, flops_per_token: 1.0e9, weight_bytes: 1000000000}
-  max_context: 8192
-device_classes:
-  ga: {tflops: 100, hbm_gib: 16, hbm_tbps: 1, net_gbps: 100, usd_per_hour: 1.0}
-  gb: {tflops: 100, hbm_gib: 16, hbm_tbps: 1, net_gbps: 100, usd_per_hour: 3.0}
-clusters:
-  A: {devices: {ga: 8}}
-  B: {devices: {gb: 4}}
-links:
-  A-B: {gbps: 10, rtt_ms: 20}
-operators:
-  a: {op: prefill, cluster: A, device: ga, replicas: 1, devices_per_replica: 2}
-  b: {op: relay_decode, cluster: A, device: ga, replicas: 1}
-  c: {op: main_decode, cluster: B, device: gb, replicas: 1}
-edges:
-  - {from: a.kv, to: b.kv, channel: rdma_tensor}
-  - {from: a.kv, to: c.kv, channel: wan_flight}
-  - {from: b.handoff, to: c.handoff, channel: token_ids}
-variants:
-  p_md: {path: [a, c]}
-  p_rld_md: {path: [a, b, c], handoff: one_shot}
-"""
-RATES = (4.0, 6.0, 3.0)
+RATES = (4.0, 6.0, 3.0)  # req/s a replica of a, b and c (the chain: conftest.py)
 
 
 @pytest.fixture(scope="module")
-def three(tmp_path_factory) -> object:
+def three(tmp_path_factory, three_chain_yaml) -> object:
     f = tmp_path_factory.mktemp("g") / "three.yaml"
-    f.write_text(GRAPH)
+    f.write_text(three_chain_yaml)
     return load_plan(str(f))
 
 
-def _analytic(plan):
+def _analytic(plan, rates=RATES):
     sp = Space.of(plan)
 
     def score(r) -> Score:
-        g = min(n * k for n, k in zip(r, RATES))
+        g = min(n * k for n, k in zip(r, rates))
         return Score(dict(zip(sp.names, r)), sp.cost(r), g, g, 1.0, 0.0, 0.0, 0.0)
 
     return score
@@ -149,23 +119,9 @@ def test_space_respects_device_pools(three):
 
 
 # c may also run on two devices a replica ($6), serving 7 req/s: the search compares both shapes.
-SHAPED = GRAPH.replace(
-    "c: {op: main_decode, cluster: B, device: gb, replicas: 1}",
-    "c: {op: main_decode, cluster: B, device: gb, replicas: 1,\n"
-    "      choices: [{devices_per_replica: 2}]}",
-)
-
-
 def _analytic_shaped(plan):
     """As `_analytic`, c's rate a replica by its shape: 3 on one device, 7 on two."""
-    sp = Space.of(plan)
-    rates = (*RATES[:2], {1: 3.0, 2: 7.0}[plan.operators["c"].devices_per_replica])
-
-    def score(r) -> Score:
-        g = min(n * k for n, k in zip(r, rates))
-        return Score(dict(zip(sp.names, r)), sp.cost(r), g, g, 1.0, 0.0, 0.0, 0.0)
-
-    return score
+    return _analytic(plan, (*RATES[:2], {1: 3.0, 2: 7.0}[plan.operators["c"].devices_per_replica]))
 
 
 def _brute_shaped(budget: float) -> float:
@@ -181,9 +137,15 @@ def _brute_shaped(budget: float) -> float:
 # By hand, $14: one device for c gives 6 at $11 (above); two give 7 with a, b >= 2 and c = 1:
 # $4 + $2 + $6 = $12. $20: 12 either way at $20 (3, 2, 4 on one device; 3, 2, 2 on two).
 @pytest.fixture(scope="module")
-def shaped(tmp_path_factory):
+def shaped(tmp_path_factory, three_chain_yaml):
     f = tmp_path_factory.mktemp("g") / "shaped.yaml"
-    f.write_text(SHAPED)
+    f.write_text(
+        three_chain_yaml.replace(
+            "c: {op: main_decode, cluster: B, device: gb, replicas: 1}",
+            "c: {op: main_decode, cluster: B, device: gb, replicas: 1,\n"
+            "      choices: [{devices_per_replica: 2}]}",
+        )
+    )
     return load_plan(str(f))
 
 

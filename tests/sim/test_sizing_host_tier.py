@@ -15,43 +15,21 @@ from pddflow.sim.sizing import Score, Search, Space, size_budget, with_replicas,
 
 ROOT = Path(__file__).resolve().parents[2]
 
-# test_sizing.py's three-operator chain (a: $2 a replica, b: $1, c: $3; 2a + b <= 8, c <= 4) with a
-# host tier under c's radix cache: 0, 100, 200 or 400 GiB per replica at $0.0025 per GiB-hour, so
-# $0, $0.25, $0.5 or $1 more per c replica.
-GRAPH = """
-pddflow: 1
-name: three_tiered
-model:
-  weights: builtin:tiny-llama
-  arch: {kv_bytes_per_token: 1024, flops_per_token: 1.0e9, weight_bytes: 1000000000}
-  max_context: 8192
-device_classes:
-  ga: {tflops: 100, hbm_gib: 16, hbm_tbps: 1, net_gbps: 100, usd_per_hour: 1.0}
-  gb: {tflops: 100, hbm_gib: 16, hbm_tbps: 1, net_gbps: 100, usd_per_hour: 3.0}
-clusters:
-  A: {devices: {ga: 8}}
-  B: {devices: {gb: 4}}
-links:
-  A-B: {gbps: 10, rtt_ms: 20}
-operators:
-  a: {op: prefill, cluster: A, device: ga, replicas: 1, devices_per_replica: 2}
-  b: {op: relay_decode, cluster: A, device: ga, replicas: 1}
-  c: {op: main_decode, cluster: B, device: gb, replicas: 1,
-      host_cache: {gib: 0, max_gib: 400, usd_per_gib_hour: 0.0025}}
-edges:
-  - {from: a.kv, to: b.kv, channel: rdma_tensor}
-  - {from: a.kv, to: c.kv, channel: wan_flight}
-  - {from: b.handoff, to: c.handoff, channel: token_ids}
-variants:
-  p_md: {path: [a, c]}
-  p_rld_md: {path: [a, b, c], handoff: one_shot}
-"""
+# The sizing tests' three-operator chain (conftest.py; a: $2 a replica, b: $1, c: $3; 2a + b <= 8,
+# c <= 4) with a host tier under c's radix cache: 0, 100, 200 or 400 GiB per replica at $0.0025 per
+# GiB-hour, so $0, $0.25, $0.5 or $1 more per c replica.
 
 
 @pytest.fixture(scope="module")
-def tiered(tmp_path_factory):
+def tiered(tmp_path_factory, three_chain_yaml):
     f = tmp_path_factory.mktemp("g") / "three_tiered.yaml"
-    f.write_text(GRAPH)
+    f.write_text(
+        three_chain_yaml.replace("name: three\n", "name: three_tiered\n").replace(
+            "c: {op: main_decode, cluster: B, device: gb, replicas: 1}",
+            "c: {op: main_decode, cluster: B, device: gb, replicas: 1,\n"
+            "      host_cache: {gib: 0, max_gib: 400, usd_per_gib_hour: 0.0025}}",
+        )
+    )
     return f, load_plan(str(f))
 
 
