@@ -72,9 +72,11 @@ def size(
     as_json: bool = typer.Option(False, "--json", help="machine-readable output on stdout"),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress"),
 ) -> None:
-    """Size each graph's operators (replicas, within its clusters' device counts) with the
-    simulator: the most SLA goodput per the budget, or the cheapest meeting a target rate; prints
-    the winner, the frontier of candidates evaluated, and writes the winner's graph file."""
+    """Size each graph's operators with the simulator: replicas within the clusters' device
+    counts, each operator's shape among its `choices` (device class, devices per replica), and a
+    declared `host_cache` tier's size; the most SLA goodput within the budget (then the most per
+    dollar within the search's precision), or the cheapest meeting a target rate. Prints the
+    winner, the frontier of candidates evaluated, and writes the winner's graph file."""
     from pddflow.sim.agentic import AgenticConfig, pdd_conditions
     from pddflow.sim.sizing import (
         AgenticSource,
