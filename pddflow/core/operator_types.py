@@ -27,9 +27,32 @@ class OperatorType:
     params: dict[str, Param] = field(default_factory=dict)
     entry: bool = False  # takes client requests: a variant path starts at one
 
+    # What the runtime, the scheduler and the simulator ask of a type: read from its role and
+    # ports, so a plugin type answers without a list of names to extend.
     @property
     def decodes(self) -> bool:
+        """Emits tokens after the first: a pipeline can end here (a relay decodes too)."""
         return self.role in ("decode", "both")
+
+    @property
+    def prefills(self) -> bool:
+        """Computes the prompt's KV itself (a prefill operator, or one colocated)."""
+        return self.role in ("prefill", "both")
+
+    @property
+    def prefill_only(self) -> bool:
+        """Prefills and hands the first token to a decoder (never decodes itself)."""
+        return self.role == "prefill"
+
+    @property
+    def relays(self) -> bool:
+        """Decodes eagerly and hands its token IDs to a finisher (PDD's RelayDecode)."""
+        return self.decodes and Payload.TOKEN_IDS in self.outputs.values()
+
+    @property
+    def takes_handoff(self) -> bool:
+        """Extends over token IDs a relay hands it (PDD's MainDecode)."""
+        return Payload.TOKEN_IDS in self.inputs.values()
 
 
 OPERATOR_TYPES: Registry[OperatorType] = Registry("operator type", "pddflow.operators")

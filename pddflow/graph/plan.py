@@ -13,7 +13,12 @@ from typing import Any
 from pddflow.core.arch import ModelArch
 from pddflow.core.device import DeviceClass
 from pddflow.core.link import Jitter, LinkModel
-from pddflow.core.operator_types import DEFAULT_CHUNK_TOKENS, DEFAULT_MAX_BATCH
+from pddflow.core.operator_types import (
+    DEFAULT_CHUNK_TOKENS,
+    DEFAULT_MAX_BATCH,
+    OPERATOR_TYPES,
+    OperatorType,
+)
 
 
 @dataclass(frozen=True)
@@ -82,6 +87,11 @@ class OperatorPlan:
     instances: tuple[str, ...] = ()
     choices: tuple[Shape, ...] = ()  # other shapes `pddflow size` may pick (the graph's `choices`)
     host_cache: HostCachePlan | None = None
+
+    @property
+    def type(self) -> OperatorType:
+        """The registry's entry for `op_type`: what the operator does is asked of it."""
+        return OPERATOR_TYPES.get(self.op_type)
 
     @property
     def shape(self) -> Shape:
