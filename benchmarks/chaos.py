@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pddflow.runtime.launcher import Deployment
+from pddflow.bench.deploy_process import Deployment
 from pddflow.testing.chaos import FAULTS, drill, greedy_reference
 
 ROOT = Path(__file__).resolve().parents[1]

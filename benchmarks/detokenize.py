@@ -19,7 +19,7 @@ from pathlib import Path
 
 from pddflow.operators.detokenize import detokenizer
 from pddflow.operators.tokenizer import ByteTokenizer, HFTokenizer
-from pddflow.runtime.stop_strings import StopStrings
+from pddflow.runtime.api.stop_strings import StopStrings
 
 CORPUS = [
     "The relay decodes while the KV crosses the WAN; main extends over the handed-off ids.",

@@ -1,5 +1,5 @@
 """`pddflow bench handoff`: a relay -> main handoff as token IDs vs as incremental KV, through the
-graph's emulated link (`pddflow/runtime/bench_handoff.py`)."""
+graph's emulated link (`pddflow/bench/handoff.py`)."""
 
 from __future__ import annotations
 
@@ -52,10 +52,10 @@ def bench_handoff(
     emulated link; bytes, mean, P99, max and std of each, side by side."""
     from rich.console import Console
 
+    from pddflow.bench.handoff import HandoffBenchError, HandoffOptions, run_handoff_bench
     from pddflow.channels.errors import ChannelError
     from pddflow.commands.progress import progress_bar
     from pddflow.operators.config import ModelSpecError
-    from pddflow.runtime.bench_handoff import HandoffBenchError, HandoffOptions, run_handoff_bench
 
     plan = load_or_exit(graph)
     opts = HandoffOptions(

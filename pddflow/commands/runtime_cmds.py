@@ -112,19 +112,19 @@ def deploy(
     from pddflow.core.cpu_layout import host_cores, plan_layout
     from pddflow.operators.config import ModelSpecError
     from pddflow.operators.hub import resolve_model
-    from pddflow.runtime.api import Admission, make_app
-    from pddflow.runtime.deployment import (
+    from pddflow.runtime.api.app import Admission, make_app
+    from pddflow.runtime.api.shutdown import DrainingServer
+    from pddflow.runtime.deploy.backend import (
         BACKENDS,
         DeployError,
         make_run_dir,
         remove_run_dir,
         wait_ready,
     )
-    from pddflow.runtime.frontend import Frontend
-    from pddflow.runtime.link_admin import LinkAdmin
-    from pddflow.runtime.model_info import model_info
-    from pddflow.runtime.shutdown import DrainingServer
-    from pddflow.runtime.supervisor import Supervisor
+    from pddflow.runtime.deploy.supervisor import Supervisor
+    from pddflow.runtime.frontend.frontend import Frontend
+    from pddflow.runtime.frontend.link_admin import LinkAdmin
+    from pddflow.runtime.frontend.model_info import model_info
     from pddflow.runtime.wiring import wire
 
     logging.basicConfig(
@@ -136,7 +136,7 @@ def deploy(
     if backend not in BACKENDS:
         fail(f"unknown backend {backend!r}; backends: {', '.join(BACKENDS)}", code=2)
     if backend == "ray":
-        from pddflow.runtime.ray_backend import secure_cross_cluster
+        from pddflow.runtime.deploy.ray_backend import secure_cross_cluster
 
         # TLS and the token on every cross-cluster edge; the WAN is real unless --wan-gbps
         plan = secure_cross_cluster(plan, emulate=wan_gbps is not None)
@@ -346,10 +346,10 @@ def bench_serve(
 
     from rich.console import Console
 
+    from pddflow.bench.deploy_process import LaunchError
+    from pddflow.bench.serve import ratios, run_graph, summarize
+    from pddflow.bench.wan_degrade import WanDegrade
     from pddflow.core.serve_sessions import TraceError, build
-    from pddflow.runtime.bench_serve import ratios, run_graph, summarize
-    from pddflow.runtime.launcher import LaunchError
-    from pddflow.runtime.wan_degrade import WanDegrade
 
     check_cpu_pinning(cpu_pinning)
     try:
@@ -360,7 +360,7 @@ def bench_serve(
     plans = [load_or_exit(g) for g in graphs]
     try:
         from pddflow.operators.hub import resolve_model
-        from pddflow.runtime.model_info import model_info
+        from pddflow.runtime.frontend.model_info import model_info
 
         vocab = model_info(resolve_model(plans[0].model.weights)).vocab_size
         workload = build(
@@ -425,8 +425,8 @@ def bench_serve(
 
 
 def _print_serve(out: dict) -> None:
+    from pddflow.bench.wan_degrade import WanDegrade
     from pddflow.commands.tables import metric_table, percentile_rows
-    from pddflow.runtime.wan_degrade import WanDegrade
 
     con = console()
     wl = out["workload"]

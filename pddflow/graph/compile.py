@@ -21,6 +21,7 @@ from pddflow.graph.edges import EdgeIndex, check_cycles, check_edges, check_unfe
 from pddflow.graph.params import check_params
 from pddflow.graph.plan import (
     ClusterPlan,
+    DeployPlan,
     HostCachePlan,
     ModelPlan,
     OperatorPlan,
@@ -80,6 +81,7 @@ class Compiler:
             scheduler=scheduler,
             local_replicas=local,
             local_scheduler_params=self._local_scheduler(scheduler),
+            deploy=DeployPlan(**self.spec.deploy.model_dump()),
         )
 
     def _error_count(self) -> int:

@@ -169,6 +169,17 @@ class SchedulerPlan:
 
 
 @dataclass(frozen=True)
+class DeployPlan:
+    """The graph's `deploy:` section: where `pddflow deploy` runs the instances (its flags win)."""
+
+    backend: str = "local"  # local | ray
+    address: str | None = None  # the Ray cluster's (default: RAY_ADDRESS, else 'auto')
+    namespace: str = "pddflow"
+    bind: str = "node"  # node | all (ray: endpoints listen on every interface)
+    accelerators: dict[str, str] = field(default_factory=dict)  # device class -> Ray type
+
+
+@dataclass(frozen=True)
 class Plan:
     name: str
     source: str
@@ -184,6 +195,7 @@ class Plan:
     local_replicas: dict[str, int] = field(default_factory=dict)
     local_scheduler_params: dict[str, Any] = field(default_factory=dict)
     profile: str = "production"  # or "local" after scaled_to_local()
+    deploy: DeployPlan = field(default_factory=DeployPlan)
 
     # ---- queries the runtime and simulator use -------------------------------------------------
     def channel(self, channel_id: str) -> ChannelPlan:
@@ -330,6 +342,7 @@ class Plan:
             local_replicas=dict(d.get("local_replicas", {})),
             local_scheduler_params=dict(d.get("local_scheduler_params", {})),
             profile=d.get("profile", "production"),
+            deploy=DeployPlan(**d.get("deploy", {})),
         )
 
     @staticmethod

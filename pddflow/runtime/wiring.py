@@ -16,8 +16,8 @@ from pddflow.channels.security import TLSConfig
 from pddflow.core.cpu_layout import CpuLayout, host_cores, plan_layout
 from pddflow.core.device import LOCAL_KV_CACHE_MIB
 from pddflow.graph.plan import Plan
-from pddflow.runtime.rdma_routes import NETWORK, SHM, incoming, routes
 from pddflow.runtime.rpc import Credentials
+from pddflow.runtime.transports import NETWORK, SHM, incoming, routes
 
 
 @dataclass

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-from pddflow.runtime.launcher import Deployment, post_json
+from pddflow.bench.deploy_process import Deployment, post_json
 
 Reference = Callable[[str, int], list[int]]
 ROUTES = (("p_md", None), ("p_rld_md", "one_shot"), ("p_rld_md", "catch_up"), (None, None))

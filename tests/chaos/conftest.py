@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pddflow.runtime.launcher import Deployment
+from pddflow.bench.deploy_process import Deployment
 from pddflow.testing import chaos
 from pddflow.testing.chaos import greedy_reference
 

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 import grpc
 import pytest
 
-from pddflow.runtime.launcher import post_json
+from pddflow.bench.deploy_process import post_json
 from pddflow.runtime.proto import runtime_pb2 as pb
 from pddflow.runtime.rpc import Credentials, WorkerClient, open_reports
 from pddflow.runtime.wiring import Wiring

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from pddflow.runtime.launcher import post_json
+from pddflow.bench.deploy_process import post_json
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from pddflow.runtime.launcher import post, post_json
+from pddflow.bench.deploy_process import post, post_json
 
 pytestmark = pytest.mark.slow
 

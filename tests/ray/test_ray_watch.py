@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from pddflow.runtime import ray_backend
-from pddflow.runtime.deployment import DeployError
-from pddflow.runtime.ray_backend import Hosted, RayBackend
+from pddflow.runtime.deploy import ray_backend
+from pddflow.runtime.deploy.backend import DeployError
+from pddflow.runtime.deploy.ray_backend import Hosted, RayBackend
 
 
 class ActorDied(Exception):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from pddflow.graph import load_plan
-from pddflow.runtime.rdma_routes import channel_label, incoming, pair, routes
+from pddflow.runtime.transports import channel_label, incoming, pair, routes
 from pddflow.runtime.wiring import wire
 
 ROOT = Path(__file__).resolve().parents[2]

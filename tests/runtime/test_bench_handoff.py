@@ -8,17 +8,17 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from pddflow.cli import app
-from pddflow.graph import check_file
-from pddflow.graph.shipped import resolve_graph
-from pddflow.runtime.bench_handoff import (
+from pddflow.bench.handoff import (
     HandoffBenchError,
     HandoffOptions,
     check_options,
     handoff_edges,
     summarize,
 )
-from pddflow.runtime.handoff_paths import Measured
+from pddflow.bench.handoff_paths import Measured
+from pddflow.cli import app
+from pddflow.graph import check_file
+from pddflow.graph.shipped import resolve_graph
 
 runner = CliRunner()
 KEYS = {"bytes", "mean_ms", "p99_ms", "max_ms", "std_ms"}

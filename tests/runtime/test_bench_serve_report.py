@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from pddflow.runtime.bench_serve import GraphResult, Sample, summarize
+from pddflow.bench.serve import GraphResult, Sample, summarize
 
 
 def _result(with_timelines: bool) -> GraphResult:
@@ -70,7 +70,7 @@ def test_host_cpu_per_streamed_token():
 def test_process_cpu_reads_a_live_process():
     import os
 
-    from pddflow.runtime.bench_serve import _process_cpu_s
+    from pddflow.bench.serve import _process_cpu_s
 
     sum(i * i for i in range(300_000))  # some CPU of our own
     got = _process_cpu_s(os.getpid())

@@ -23,8 +23,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pddflow.runtime.deployment import OWNER_FILE, RUN_DIR_PREFIX, WIRING_FILE
-from pddflow.runtime.launcher import Deployment, get_json, post_json
+from pddflow.bench.deploy_process import Deployment, get_json, post_json
+from pddflow.runtime.deploy.backend import OWNER_FILE, RUN_DIR_PREFIX, WIRING_FILE
 
 pytestmark = pytest.mark.slow  # starts deployments: worker processes
 

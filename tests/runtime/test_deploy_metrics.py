@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pddflow.runtime.launcher import Deployment
+from pddflow.bench.deploy_process import Deployment
 
 pytestmark = pytest.mark.slow  # starts a deployment: worker processes
 

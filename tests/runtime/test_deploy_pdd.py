@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pddflow.runtime.launcher import Deployment, post_json
+from pddflow.bench.deploy_process import Deployment, post_json
 
 pytestmark = pytest.mark.slow  # starts a deployment: worker processes
 
@@ -213,7 +213,7 @@ def test_metrics_timeline_and_no_leaks(pdd, client):
         assert ev in names, [e.get("error") for e in tl["events"] if e["event"] == "leg_failed"]
     h = pdd.wait_idle()
     assert h["mirror_drift"] == []
-    from pddflow.runtime.bench_serve import decode_counters
+    from pddflow.bench.serve import decode_counters
 
     steps = decode_counters(pdd.base)  # from /metrics, as bench serve reads them
     # decoders count their steps, prefill has none

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pddflow.runtime.launcher import Deployment, post_json
+from pddflow.bench.deploy_process import Deployment, post_json
 from pddflow.testing.chaos import greedy_reference
 
 pytestmark = pytest.mark.slow  # starts a deployment: worker processes

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pddflow.runtime.launcher import Deployment, get_json, post_json
+from pddflow.bench.deploy_process import Deployment, get_json, post_json
 
 pytestmark = pytest.mark.slow  # starts a deployment: worker processes
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from pddflow.runtime.metrics import Metrics
+from pddflow.runtime.frontend.metrics import Metrics
 
 ROOT = Path(__file__).resolve().parents[2]
 

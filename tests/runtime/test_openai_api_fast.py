@@ -12,9 +12,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from pddflow.core.payloads import SamplingParams, TokenLogprob
-from pddflow.runtime.api import cached_tokens, make_app
-from pddflow.runtime.logprobs import TokenChunk
-from pddflow.runtime.openai_schema import render_chat
+from pddflow.runtime.api.app import cached_tokens, make_app
+from pddflow.runtime.api.logprobs import TokenChunk
+from pddflow.runtime.api.schema import render_chat
 
 
 class ByteTokenizer:
@@ -430,7 +430,7 @@ def test_streamed_chunks_carry_their_tokens_logprobs(api):
 
 def test_token_text_of_a_partial_utf8_byte():
     from pddflow.operators.tokenizer import ByteTokenizer as Bytes
-    from pddflow.runtime.logprobs import chat_logprobs, token_text
+    from pddflow.runtime.api.logprobs import chat_logprobs, token_text
 
     assert token_text(Bytes(), 0xE2) == ("\ufffd", [0xE2])  # the raw byte; text: a replacement
     assert token_text(Bytes(), Bytes.EOS) == ("", [])

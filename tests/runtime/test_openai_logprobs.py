@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
+from pddflow.bench.deploy_process import Deployment, get_json
 from pddflow.core.payloads import SamplingParams
 from pddflow.operators.engine import Engine
-from pddflow.runtime.launcher import Deployment, get_json
-from pddflow.runtime.model_info import model_info
-from pddflow.runtime.openai_schema import ChatMessage
+from pddflow.runtime.api.schema import ChatMessage
+from pddflow.runtime.frontend.model_info import model_info
 
 pytestmark = pytest.mark.slow  # starts a deployment: worker processes
 

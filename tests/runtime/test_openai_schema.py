@@ -9,7 +9,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from pddflow.runtime.openai_schema import (
+from pddflow.runtime.api.schema import (
     SEED_LIMIT,
     ChatBody,
     CompletionBody,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from pddflow.runtime.request_state import RequestState, StreamConflict, TokenRun
+from pddflow.runtime.frontend.token_stream import RequestState, StreamConflict, TokenRun
 
 
 def _state(max_tokens: int = 10) -> RequestState:

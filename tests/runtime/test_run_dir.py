@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pddflow.runtime.deployment import (
+from pddflow.runtime.deploy.backend import (
     OWNER_FILE,
     RUN_DIR_PREFIX,
     WIRING_FILE,

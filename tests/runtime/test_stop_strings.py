@@ -6,7 +6,7 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from pddflow.runtime.stop_strings import StopStrings
+from pddflow.runtime.api.stop_strings import StopStrings
 
 ALPHABET = "ab€😀\n"
 

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from pddflow.runtime.wan_degrade import WanDegrade
+from pddflow.bench.wan_degrade import WanDegrade
 
 
 @pytest.mark.parametrize(

@@ -25,8 +25,8 @@ from pddflow.core.link import Jitter, LinkModel
 from pddflow.core.payloads import TokenIds
 from pddflow.graph.plan import ChannelPlan, Plan
 from pddflow.runtime.proto import runtime_pb2 as pb
-from pddflow.runtime.rdma_routes import SHM, incoming, pair
 from pddflow.runtime.rpc import open_reports
+from pddflow.runtime.transports import SHM, incoming, pair
 from pddflow.runtime.wiring import Wiring
 from pddflow.runtime.workers.inbox import Abort, CaughtUp, HandoffTokens, KVArrived, KVLost
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from pddflow.core.payloads import SamplingParams, TokenLogprob
 from pddflow.graph.plan import OperatorPlan
-from pddflow.runtime.logprobs import from_tokens, to_tokens
+from pddflow.runtime.api.logprobs import from_tokens, to_tokens
 from pddflow.runtime.proto import runtime_pb2 as pb
 from pddflow.runtime.rpc import WORKER, serve
 from pddflow.runtime.wiring import Wiring

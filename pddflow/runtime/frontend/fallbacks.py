@@ -8,9 +8,9 @@ import logging
 import time
 from collections.abc import Iterable
 
-from pddflow.runtime.api_errors import RequestRejected
+from pddflow.runtime.api.errors import RequestRejected
+from pddflow.runtime.frontend.route import RESUMED, Live, Route, sampling_pb
 from pddflow.runtime.proto import runtime_pb2 as pb
-from pddflow.runtime.route import RESUMED, Live, Route, sampling_pb
 from pddflow.scheduler import InstanceLoad, RequestFeatures
 from pddflow.scheduler.decision import Decision
 

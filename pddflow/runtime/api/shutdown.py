@@ -9,7 +9,7 @@ from types import FrameType
 
 import uvicorn
 
-from pddflow.runtime.admission import Admission
+from pddflow.runtime.api.admission import Admission
 
 
 class DrainingServer(uvicorn.Server):

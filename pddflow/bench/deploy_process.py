@@ -128,7 +128,7 @@ class Deployment:
         raise LaunchError(f"deployment of {graph} did not become ready within {startup_s:g} s")
 
     def _own_run_dir(self, tmpdir: Path | None) -> Path | None:
-        from pddflow.runtime.deployment import OWNER_FILE, RUN_DIR_PREFIX
+        from pddflow.runtime.deploy.backend import OWNER_FILE, RUN_DIR_PREFIX
 
         parent = Path(tmpdir) if tmpdir is not None else Path(tempfile.gettempdir())
         for d in parent.glob(f"{RUN_DIR_PREFIX}*"):
@@ -218,6 +218,6 @@ class Deployment:
             p
             for p in getattr(self, "children", [])
             if Path(f"/proc/{p}").exists()
-            and "pddflow.runtime.worker"
+            and "pddflow.runtime.workers"
             in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
         ]

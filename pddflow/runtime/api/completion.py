@@ -14,14 +14,14 @@ from fastapi.responses import StreamingResponse
 
 from pddflow.core.payloads import TokenLogprob
 from pddflow.operators.detokenize import detokenizer
-from pddflow.runtime.admission import Admission
-from pddflow.runtime.api_errors import RequestRejected
-from pddflow.runtime.logprobs import chat_logprobs, completion_logprobs
-from pddflow.runtime.openai_schema import _Body
-from pddflow.runtime.stop_strings import StopStrings
+from pddflow.runtime.api.admission import Admission
+from pddflow.runtime.api.errors import RequestRejected
+from pddflow.runtime.api.logprobs import chat_logprobs, completion_logprobs
+from pddflow.runtime.api.schema import _Body
+from pddflow.runtime.api.stop_strings import StopStrings
 
 if TYPE_CHECKING:
-    from pddflow.runtime.api import Frontend
+    from pddflow.runtime.api.app import Frontend
 
 
 class ClientGone(Exception):

@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from pddflow.runtime.launcher import Deployment
+from pddflow.bench.deploy_process import Deployment
 
 FLAG = "--wan-degrade"
 FORM = f"{FLAG} AT_S:GBPS[:JITTER_P99_MS], e.g. {FLAG} 20:0.01 or {FLAG} 20:0.01:500"

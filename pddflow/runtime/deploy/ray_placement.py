@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from pddflow.graph.diagnostics import Diagnostic
 from pddflow.graph.plan import Plan
-from pddflow.runtime.rdma_routes import channel_label, planned, routes
+from pddflow.runtime.transports import channel_label, planned, routes
 
 CLUSTER_SHARE = 0.001  # of `pddflow_cluster_X` per instance: a node with N carries 1000*N
 ACCELERATOR_SHARE = 0.001

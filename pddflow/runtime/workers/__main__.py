@@ -1,4 +1,4 @@
-"""A worker process, one operator instance: python -m pddflow.runtime.worker WIRING.json INSTANCE"""
+"""A worker process, one operator instance: python -m pddflow.runtime.workers WIRING INSTANCE"""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def worker_class(op_type: str) -> type:
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2:
-        print("usage: python -m pddflow.runtime.worker WIRING.json INSTANCE", file=sys.stderr)
+        print("usage: python -m pddflow.runtime.workers WIRING.json INSTANCE", file=sys.stderr)
         return 2
     wiring_file, instance = argv
     wiring = Wiring.load(Path(wiring_file))

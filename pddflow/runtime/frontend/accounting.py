@@ -7,8 +7,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 from pddflow.graph.plan import ChannelPlan
+from pddflow.runtime.frontend.route import Live
 from pddflow.runtime.proto import runtime_pb2 as pb
-from pddflow.runtime.route import Live
 from pddflow.scheduler import InstanceLoad
 
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from pddflow.core.payloads import TokenLogprob
-from pddflow.runtime.logprobs import TokenChunk
+from pddflow.runtime.api.logprobs import TokenChunk
 
 
 @dataclass

@@ -9,7 +9,7 @@ from collections.abc import Hashable
 from typing import Any
 
 from pddflow.graph.plan import Plan
-from pddflow.runtime.metrics import Metrics
+from pddflow.runtime.frontend.metrics import Metrics
 from pddflow.scheduler.link_monitor import LinkMonitor
 from pddflow.scheduler.state import SchedulerState
 

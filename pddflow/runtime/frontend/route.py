@@ -8,8 +8,8 @@ from typing import Any
 
 from pddflow.core.payloads import SamplingParams
 from pddflow.graph.plan import Plan
+from pddflow.runtime.frontend.token_stream import RequestState
 from pddflow.runtime.proto import runtime_pb2 as pb
-from pddflow.runtime.request_state import RequestState
 from pddflow.scheduler.decision import Decision
 
 RESUMED = "~resumed"  # a resumed request's legs get a new sequence id: old legs' reports differ

@@ -14,8 +14,8 @@ from typing import Any, Protocol
 
 from pddflow.channels.link_relay import Link, LinkRelay
 from pddflow.graph.plan import Plan
-from pddflow.runtime.processes import WorkerProcess, stop_all
-from pddflow.runtime.ray_placement import transports
+from pddflow.runtime.deploy.processes import WorkerProcess, stop_all
+from pddflow.runtime.deploy.ray_placement import transports
 from pddflow.runtime.wiring import Wiring
 
 Progress = Callable[[str, int, int], None]  # (message, instances ready, instances total)
@@ -79,7 +79,7 @@ class LocalBackend:
         for inst in plan.instances:
             log = run_dir / f"{inst.id.replace('/', '-')}.log"
             w = WorkerProcess(
-                inst.id, [sys.executable, "-m", "pddflow.runtime.worker", str(path), inst.id], log
+                inst.id, [sys.executable, "-m", "pddflow.runtime.workers", str(path), inst.id], log
             )
             w.start()
             self.workers.append(w)
@@ -143,7 +143,7 @@ class LocalBackend:
 
 
 def _ray_backend(**kw: Any) -> Backend:
-    from pddflow.runtime.ray_backend import RayBackend
+    from pddflow.runtime.deploy.ray_backend import RayBackend
 
     return RayBackend(**kw)
 

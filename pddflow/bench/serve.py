@@ -18,11 +18,11 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from pddflow.bench.deploy_process import Deployment
+from pddflow.bench.wan_degrade import WanDegrade, after, degrade_at, variant_counts
 from pddflow.core.serve_sessions import WorkloadSpec
 from pddflow.core.stats import percentile
-from pddflow.runtime.launcher import Deployment
-from pddflow.runtime.metrics import DECODE_COUNTERS
-from pddflow.runtime.wan_degrade import WanDegrade, after, degrade_at, variant_counts
+from pddflow.runtime.frontend.metrics import DECODE_COUNTERS
 from pddflow.runtime.workers.loop import STATUS_EVERY_S
 
 

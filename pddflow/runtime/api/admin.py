@@ -11,8 +11,8 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
-from pddflow.runtime.api_errors import error_response
-from pddflow.runtime.link_admin import (
+from pddflow.runtime.api.errors import error_response
+from pddflow.runtime.frontend.link_admin import (
     LinkAdmin,
     LinkNotEmulated,
     LinkNotFound,

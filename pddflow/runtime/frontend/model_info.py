@@ -11,8 +11,8 @@ from typing import Any
 from pddflow.operators.config import ModelSpecError
 from pddflow.operators.tokenizer import ByteTokenizer, HFTokenizer
 from pddflow.operators.weights import BUILTIN_MODELS, read_config
-from pddflow.runtime.chat_template import load_chat_renderer
-from pddflow.runtime.openai_schema import ChatMessage, render_chat
+from pddflow.runtime.api.schema import ChatMessage, render_chat
+from pddflow.runtime.frontend.chat_template import load_chat_renderer
 
 
 class _NoTokenizer:
@@ -22,7 +22,7 @@ class _NoTokenizer:
         self.eos_token_ids = eos
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        from pddflow.runtime.api_errors import RequestRejected
+        from pddflow.runtime.api.errors import RequestRejected
 
         raise RequestRejected(
             400, "this model has no tokenizer.json: send `prompt` as a list of token IDs"

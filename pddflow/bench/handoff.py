@@ -18,9 +18,9 @@ from pddflow.core.stats import percentile
 from pddflow.graph.plan import ChannelPlan, Plan
 
 if TYPE_CHECKING:  # the engine pulls in torch: imported when a run starts, not with the CLI
+    from pddflow.bench.handoff_paths import Measured
     from pddflow.operators.engine import Engine
     from pddflow.operators.sequence import Sequence
-    from pddflow.runtime.handoff_paths import Measured
 
 # PDD's published figures for a 100-token handoff (token IDs vs incremental KV)
 PDD_PUBLISHED = {
@@ -151,9 +151,9 @@ def run_handoff_bench(
 
 
 def _run(plan: Plan, opts: HandoffOptions, progress: Callable[[str, int, int], None]) -> dict:
+    from pddflow.bench.handoff_paths import KVPath, TokenIdsPath
     from pddflow.operators.engine import Engine, EngineConfig
     from pddflow.operators.weights import load_model_source
-    from pddflow.runtime.handoff_paths import KVPath, TokenIdsPath
 
     edges = handoff_edges(plan)
     bs = plan.model.block_size

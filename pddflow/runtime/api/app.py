@@ -16,20 +16,20 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pddflow.core.payloads import SamplingParams
-from pddflow.runtime.admission import Admission
-from pddflow.runtime.api_admin import add_admin_routes
-from pddflow.runtime.api_auth import KeyGuard
-from pddflow.runtime.api_errors import (
+from pddflow.runtime.api.admin import add_admin_routes
+from pddflow.runtime.api.admission import Admission
+from pddflow.runtime.api.auth import KeyGuard
+from pddflow.runtime.api.completion import ClientGone, Run, RunResponse, on_disconnect, sse
+from pddflow.runtime.api.errors import (
     RequestRejected,
     error_response,
     short_repr,
     validation_error,
 )
-from pddflow.runtime.api_run import ClientGone, Run, RunResponse, on_disconnect, sse
-from pddflow.runtime.deployment import with_placement
-from pddflow.runtime.link_admin import LinkAdmin
-from pddflow.runtime.logprobs import chat_logprobs, completion_logprobs
-from pddflow.runtime.openai_schema import ChatBody, ChatMessage, CompletionBody, _Body
+from pddflow.runtime.api.logprobs import chat_logprobs, completion_logprobs
+from pddflow.runtime.api.schema import ChatBody, ChatMessage, CompletionBody, _Body
+from pddflow.runtime.deploy.backend import with_placement
+from pddflow.runtime.frontend.link_admin import LinkAdmin
 
 DEFAULT_TIMEOUT_S = 300.0
 CLIENT_CLOSED = 499  # no one reads it: the client has gone (nginx's code for that)

@@ -24,9 +24,9 @@ from typing import Any
 
 from pddflow.channels.nixl_region import NixlBackend
 from pddflow.graph.plan import Plan
-from pddflow.runtime.deployment import WIRING_FILE, DeployError, private_file
-from pddflow.runtime.processes import WorkerProcess
-from pddflow.runtime.ray_placement import (
+from pddflow.runtime.deploy.backend import WIRING_FILE, DeployError, private_file
+from pddflow.runtime.deploy.processes import WorkerProcess
+from pddflow.runtime.deploy.ray_placement import (
     Group,
     Node,
     diagnostics,
@@ -35,7 +35,7 @@ from pddflow.runtime.ray_placement import (
     secure_cross_cluster,  # noqa: F401 - the ray backend's plan defaults, used by deploy
     transports,
 )
-from pddflow.runtime.rdma_routes import routes
+from pddflow.runtime.transports import routes
 from pddflow.runtime.wiring import Wiring, free_port, place_rdma_receivers
 
 log = logging.getLogger("pddflow.ray")
@@ -47,7 +47,7 @@ PLACEMENT_TIMEOUT_S = 60.0
 
 
 class InstanceHost:
-    """The Ray actor of one instance: runs `python -m pddflow.runtime.worker` on its node, keeps
+    """The Ray actor of one instance: runs `python -m pddflow.runtime.workers` on its node, keeps
     its log there, says whether it runs. Made a Ray actor class by RayBackend."""
 
     def __init__(self, deployment: str, instance: str):
@@ -101,7 +101,7 @@ class InstanceHost:
         name = self.instance.replace("/", "-")
         self.worker = WorkerProcess(
             self.instance,
-            [sys.executable, "-m", "pddflow.runtime.worker", str(wiring), self.instance],
+            [sys.executable, "-m", "pddflow.runtime.workers", str(wiring), self.instance],
             self.dir / f"{name}.log",
         )
         self.worker.start()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from pddflow.runtime.api_errors import RequestRejected
+from pddflow.runtime.api.errors import RequestRejected
 
 
 class Admission:

@@ -17,16 +17,16 @@ from pddflow.core.block_hash import chain_block_hashes
 from pddflow.core.operator_types import OPERATOR_TYPES
 from pddflow.core.payloads import SamplingParams
 from pddflow.graph.plan import Plan
-from pddflow.runtime.accounting import Accounting
-from pddflow.runtime.api_errors import RequestRejected
-from pddflow.runtime.fallbacks import Fallbacks
-from pddflow.runtime.link_watch import LinkWatch
-from pddflow.runtime.logprobs import from_tokens
-from pddflow.runtime.metrics import Metrics
-from pddflow.runtime.model_info import ModelInfo
+from pddflow.runtime.api.errors import RequestRejected
+from pddflow.runtime.api.logprobs import from_tokens
+from pddflow.runtime.frontend.accounting import Accounting
+from pddflow.runtime.frontend.fallbacks import Fallbacks
+from pddflow.runtime.frontend.link_watch import LinkWatch
+from pddflow.runtime.frontend.metrics import Metrics
+from pddflow.runtime.frontend.model_info import ModelInfo
+from pddflow.runtime.frontend.route import HANDOFF_MODES, RESUMED, Live, Route, mode_name
+from pddflow.runtime.frontend.token_stream import RequestState, StreamConflict, TokenRun
 from pddflow.runtime.proto import runtime_pb2 as pb
-from pddflow.runtime.request_state import RequestState, StreamConflict, TokenRun
-from pddflow.runtime.route import HANDOFF_MODES, RESUMED, Live, Route, mode_name
 from pddflow.runtime.rpc import FRONTEND, WorkerClient, as_concurrent, grpc_text, serve
 from pddflow.runtime.wiring import Wiring
 from pddflow.scheduler import (

@@ -8,7 +8,7 @@ import re
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 
-from pddflow.runtime.openai_schema import FieldError
+from pddflow.runtime.api.schema import FieldError
 
 MESSAGE_LIMIT = 1000  # characters of an error message: echoed input is cut, never sent back whole
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hmac
 from typing import Any
 
-from pddflow.runtime.api_errors import error_response
+from pddflow.runtime.api.errors import error_response
 
 
 class KeyGuard:

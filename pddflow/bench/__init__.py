@@ -1,0 +1,1 @@
+"""The measured benchmarks behind `pddflow bench` (the runtime never imports this package)."""

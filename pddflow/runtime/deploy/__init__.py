@@ -1,0 +1,1 @@
+"""Deploying a plan: the `Deployment` object and the backends that run its instances."""

@@ -1,0 +1,1 @@
+"""The deployment's router: requests in flight, their routes and token streams, fallbacks."""
