@@ -1,7 +1,8 @@
-"""Decoder memory as the runtime's decoders manage it (runtime/workers/decoder.py: `_adopt_prefix`
-when the job arrives, `_room_for` when the KV lands): the cached prefix is pinned at once, the rest of the
-prompt and the whole output are reserved only when the KV is here, and landed KV that does not fit
-waits, first come first served. Memory is not held while a KV copy crosses the WAN."""
+"""Decoder memory as the runtime's decoders manage it (runtime/workers/decoder.py:
+`_adopt_prefix` when the job arrives, `_room_for` when the KV lands): the cached prefix is pinned at
+once, the rest of the prompt and the whole output are reserved only when the KV is here, and landed
+KV that does not fit waits, first come first served. Memory is not held while a KV copy crosses the
+WAN."""
 
 from __future__ import annotations
 
