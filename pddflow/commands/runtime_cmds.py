@@ -112,7 +112,8 @@ def deploy(
     from pddflow.core.cpu_layout import host_cores, plan_layout
     from pddflow.operators.config import ModelSpecError
     from pddflow.operators.hub import resolve_model
-    from pddflow.runtime.api.app import Admission, make_app
+    from pddflow.runtime.api.admission import Admission
+    from pddflow.runtime.api.app import make_app
     from pddflow.runtime.api.shutdown import DrainingServer
     from pddflow.runtime.deploy.backend import (
         BACKENDS,
@@ -224,7 +225,7 @@ def deploy(
             f"/v1: {'API key required' if api_key else 'open (no --api-key)'}; /admin: "
             f"{'admin key required' if admin_key else 'off (no --admin-key)'}"
         )
-        links = LinkAdmin(plan, frontend.clients)
+        links = LinkAdmin(plan, frontend.fleet.clients, getattr(be, "cut_link", None))
 
         def restarted(instance: str, restarts: int) -> None:
             frontend.worker_restarted(instance, restarts)
@@ -235,7 +236,14 @@ def deploy(
         sys.stderr.flush()
         admission = Admission()
         config = uvicorn.Config(
-            make_app(frontend, be, admission, api_key=api_key, admin_key=admin_key, links=links),
+            make_app(
+                frontend,
+                admission,
+                api_key=api_key,
+                admin_key=admin_key,
+                links=links,
+                placement=be.describe,
+            ),
             host=host,
             port=port,
             log_level=log_level,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,6 +34,15 @@ class TokenLogprob:
 
     logprob: float
     top: tuple[tuple[int, float], ...] = ()
+
+
+class TokenChunk(list):
+    """Token IDs streamed to the client, with their log probabilities (None where not asked): a
+    list still, so a router that reports none can yield plain lists."""
+
+    def __init__(self, ids: Sequence[int], logprobs: list[TokenLogprob | None] | None = None):
+        super().__init__(ids)
+        self.logprobs = logprobs
 
 
 @dataclass

@@ -74,7 +74,7 @@ class Credentials:
 
 # method -> (request type, response type)
 WORKER_METHODS: dict[str, tuple[type, type]] = {
-    "Submit": (pb.Job, pb.Reply),
+    "Submit": (pb.LegOrder, pb.Reply),
     "Feed": (pb.Tokens, pb.Reply),
     "Handoff": (pb.StartHandoff, pb.Reply),
     "Abort": (pb.Cancel, pb.Reply),

@@ -68,7 +68,7 @@ def test_orphaned_leg_is_aborted(pdd, wait_until):
 
     wiring = Wiring.load(pdd.run_dir / "wiring.json")
     client = WorkerClient(wiring.workers["main/0"].rpc, wiring.credentials())
-    job = pb.Job(
+    order = pb.LegOrder(
         seq_id="orphan-1",
         prompt_ids=list(range(3, 67)),
         sampling=pb.Sampling(max_tokens=8),
@@ -80,7 +80,7 @@ def test_orphaned_leg_is_aborted(pdd, wait_until):
     # the forgery drill's victim: main's copy of its turn may still be crossing the slow WAN
     assert pdd.wait_idle(timeout_s=90)["workers"]["main/0"]["legs"] == 0
     try:
-        client.call("Submit", job, timeout_s=5)
+        client.call("Submit", order, timeout_s=5)
         wait_until("main/0 holds the leg", lambda: legs() == 1, 5)
         wait_until("the orphan is aborted", lambda: legs() == 0, 20)
     finally:

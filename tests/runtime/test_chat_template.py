@@ -13,11 +13,12 @@ from pathlib import Path
 import pytest
 
 from pddflow.operators.config import ModelSpecError
-from pddflow.runtime.api.schema import ChatMessage, render_chat
+from pddflow.runtime.api.schema import ChatMessage
 from pddflow.runtime.frontend.chat_template import (
     ChatTemplateError,
     find_template,
     load_chat_renderer,
+    render_chat,
 )
 from pddflow.runtime.frontend.model_info import model_info
 from pddflow.testing.tiny_checkpoints import (

@@ -11,10 +11,12 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from pddflow.core.payloads import SamplingParams, TokenLogprob
+from pddflow.core.payloads import SamplingParams, TokenChunk, TokenLogprob
+from pddflow.graph import load_plan
+from pddflow.graph.shipped import resolve_graph
 from pddflow.runtime.api.app import cached_tokens, make_app
-from pddflow.runtime.api.logprobs import TokenChunk
-from pddflow.runtime.api.schema import render_chat
+from pddflow.runtime.frontend.chat_template import render_chat
+from pddflow.runtime.frontend.link_admin import LinkAdmin
 
 
 class ByteTokenizer:
@@ -55,6 +57,9 @@ class FakeFrontend:
     def stopped(self, request_id: str) -> None:
         pass
 
+    def max_serving_tokens(self) -> int | None:
+        return None
+
     async def generate(self, request_id, prompt_ids, sampling, deadline, variant, handoff):
         self.sampling.append(sampling)
         self.timelines[request_id] = {
@@ -74,6 +79,8 @@ class FakeFrontend:
 
 
 class Backend:
+    """A backend whose relays can cut link A-B (the local backend's `cut_link`)."""
+
     def __init__(self) -> None:
         self.cuts: list[tuple] = []
 
@@ -356,7 +363,8 @@ def test_api_key(fe):
 
 def test_admin_key(fe):
     be = Backend()
-    with TestClient(make_app(fe, be, api_key="sesame", admin_key="root")) as c:
+    links = LinkAdmin(load_plan(str(resolve_graph("pdd"))), {}, be.cut_link)
+    with TestClient(make_app(fe, api_key="sesame", admin_key="root", links=links)) as c:
         cut = {"seconds": 2}
         _assert_openai_error(c.post("/admin/links/A-B/cut", json=cut), 401)
         # the API key is not the admin key

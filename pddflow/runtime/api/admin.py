@@ -1,6 +1,7 @@
 """The admin endpoints on the emulated WAN (docs/runtime.md, Admin endpoints): cut a link (the
-backend's relays) and degrade or restore it (the workers' senders, through `LinkAdmin`). They
-exist only with an admin key; `KeyGuard` checks it before any of them runs."""
+backend's relays, where it has them) and degrade or restore it (the workers' senders), through the
+deployment's `LinkControl`. They exist only with an admin key; `KeyGuard` checks it before any of
+them runs."""
 
 from __future__ import annotations
 
@@ -12,12 +13,8 @@ from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
 from pddflow.runtime.api.errors import error_response
-from pddflow.runtime.frontend.link_admin import (
-    LinkAdmin,
-    LinkNotEmulated,
-    LinkNotFound,
-    LinkTuneFailed,
-)
+from pddflow.runtime.api.router import LinkControl
+from pddflow.runtime.frontend.link_admin import LinkNotEmulated, LinkNotFound, LinkTuneFailed
 
 
 class LinkCut(BaseModel):
@@ -38,21 +35,12 @@ class LinkDegrade(BaseModel):
     )
 
 
-def add_admin_routes(app: FastAPI, backend: Any, links: LinkAdmin | None) -> None:
-    if backend is not None and hasattr(backend, "cut_link"):
+def add_admin_routes(app: FastAPI, links: LinkControl) -> None:
+    if links.can_cut():
 
         @app.post("/admin/links/{name}/cut")
         async def cut_link(name: str, body: LinkCut) -> JSONResponse:
-            try:
-                backend.cut_link(name, body.seconds, body.after_bytes)
-            except KeyError as exc:
-                return error_response(404, str(exc.args[0]), kind="not_found_error", param="name")
-            return JSONResponse(
-                {"link": name, "down_s": body.seconds, "after_bytes": body.after_bytes}
-            )
-
-    if links is None:
-        return
+            return await _tune(lambda: links.cut(name, body.seconds, body.after_bytes))
 
     @app.post("/admin/links/{name}/degrade")
     async def degrade_link(name: str, body: LinkDegrade) -> JSONResponse:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from pddflow.runtime.api.errors import RequestRejected
+from pddflow.runtime.frontend.rejection import RequestRejected
 
 
 class Admission:
@@ -16,20 +16,20 @@ class Admission:
 
     def __init__(self) -> None:
         self.refusal: str | None = None  # why new requests are refused; None while open
-        self.runs: set[Any] = set()  # api_run.Run
+        self.completions: set[Any] = set()  # completion.Completion
         self._changed = asyncio.Event()
 
     @property
     def open(self) -> bool:
         return self.refusal is None
 
-    def admit(self, run: Any) -> None:
+    def admit(self, completion: Any) -> None:
         if self.refusal is not None:
             raise RequestRejected(503, self.refusal)
-        self.runs.add(run)
+        self.completions.add(completion)
 
-    def leave(self, run: Any) -> None:
-        self.runs.discard(run)
+    def leave(self, completion: Any) -> None:
+        self.completions.discard(completion)
         self._changed.set()
 
     async def drain(self, timeout_s: float) -> int:
@@ -38,7 +38,7 @@ class Admission:
         self.refusal = "the server is shutting down; it takes no new requests"
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
-        while self.runs and loop.time() < deadline:
+        while self.completions and loop.time() < deadline:
             await self._changes(deadline - loop.time())
         return await self.abort_all(
             f"the server is shutting down and this request did not finish within its drain "
@@ -49,12 +49,12 @@ class Admission:
         """Abort every running request with a 503 saying `message`; wait up to answer_s for each
         to have told its client."""
         self.refusal = self.refusal or "the server is shutting down; it takes no new requests"
-        left = list(self.runs)
-        for run in left:
-            run.abort(RequestRejected(503, message))
+        left = list(self.completions)
+        for completion in left:
+            completion.abort(RequestRejected(503, message))
         loop = asyncio.get_running_loop()
         deadline = loop.time() + answer_s
-        while self.runs and loop.time() < deadline:
+        while self.completions and loop.time() < deadline:
             await self._changes(deadline - loop.time())
         return len(left)
 

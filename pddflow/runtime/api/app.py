@@ -1,14 +1,14 @@
-"""The OpenAI-compatible HTTP API (docs/runtime.md, API): it only translates HTTP to the `Frontend`
-protocol below, so any backend can serve it."""
+"""The OpenAI-compatible HTTP API (docs/runtime.md, API): it only translates HTTP to the `Router`
+protocol (router.py), so any router can serve it."""
 
 from __future__ import annotations
 
 import asyncio
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any, Protocol
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -19,77 +19,46 @@ from pddflow.core.payloads import SamplingParams
 from pddflow.runtime.api.admin import add_admin_routes
 from pddflow.runtime.api.admission import Admission
 from pddflow.runtime.api.auth import KeyGuard
-from pddflow.runtime.api.completion import ClientGone, Run, RunResponse, on_disconnect, sse
+from pddflow.runtime.api.completion import (
+    ClientGone,
+    Completion,
+    CompletionResponse,
+    on_disconnect,
+    sse,
+)
 from pddflow.runtime.api.errors import (
-    RequestRejected,
     error_response,
     short_repr,
     validation_error,
 )
 from pddflow.runtime.api.logprobs import chat_logprobs, completion_logprobs
-from pddflow.runtime.api.schema import ChatBody, ChatMessage, CompletionBody, _Body
-from pddflow.runtime.deploy.backend import with_placement
-from pddflow.runtime.frontend.link_admin import LinkAdmin
+from pddflow.runtime.api.router import LinkControl, Router
+from pddflow.runtime.api.schema import ChatBody, CompletionBody, _Body
+from pddflow.runtime.frontend.rejection import RequestRejected
 
 DEFAULT_TIMEOUT_S = 300.0
 CLIENT_CLOSED = 499  # no one reads it: the client has gone (nginx's code for that)
 
 
-class Tokenizer(Protocol):
-    eos_token_ids: tuple[int, ...]
-
-    def encode(self, text: str) -> list[int]: ...
-    def decode(self, ids: list[int]) -> str: ...
-
-
-class Frontend(Protocol):
-    model_id: str
-    tokenizer: Tokenizer
-    vocab_size: int
-    max_context: int
-
-    def attach(self, loop: asyncio.AbstractEventLoop) -> None: ...
-    def chat_prompt_ids(self, messages: list[ChatMessage]) -> list[int]: ...
-    def health(self) -> tuple[bool, dict[str, Any]]: ...
-    def metrics_text(self) -> tuple[bytes, str]: ...
-    def timeline(self, request_id: str) -> dict[str, Any] | None: ...
-    def stopped(self, request_id: str) -> None:
-        """The request's output hit a stop string: it finished (`stop`), and the API is about to
-        end its stream, cancelling what still runs."""
-        ...
-
-    def generate(
-        self,
-        request_id: str,
-        prompt_ids: list[int],
-        sampling: SamplingParams,
-        deadline: float,
-        variant: str | None,
-        handoff: str | None,
-    ) -> AsyncIterator[list[int]]:
-        """Chunks of generated IDs; when `sampling.logprobs` asks, a chunk may carry them as
-        `.logprobs` (a `TokenChunk`): a plain list reports none (`null` in the response)."""
-        ...
-
-
 def make_app(
-    frontend: Frontend,
-    backend: Any = None,
+    router: Router,
     admission: Admission | None = None,
     api_key: str | None = None,
     admin_key: str | None = None,
-    links: LinkAdmin | None = None,
+    links: LinkControl | None = None,
+    placement: Callable[[], dict[str, Any]] | None = None,
 ) -> FastAPI:
-    """Given an `admin_key`: `backend`, when it can (the local backend), adds
-    /admin/links/{name}/cut, and `links` /admin/links/{name}/degrade and .../restore: drills on
-    the emulated WAN (api_admin.py). `admission` (app.state.admission) is what a shutdown drains.
-    `api_key` guards /v1/* (docs/openai-api.md)."""
+    """`admission` (app.state.admission) is what a shutdown drains. `api_key` guards /v1/*
+    (docs/openai-api.md). Given an `admin_key`, `links` serves /admin/links/{name}/cut (where it
+    can), .../degrade and .../restore: drills on the emulated WAN (admin.py). `placement` (the
+    backend's `describe`) adds each instance's node and address and each channel's transport to
+    /health."""
     admission = admission or Admission()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         # reports are handled on the server's loop from now on
-        frontend.attach(asyncio.get_running_loop())
+        router.attach(asyncio.get_running_loop())
         yield
 
     app = FastAPI(
@@ -122,27 +91,28 @@ def make_app(
 
     @app.get("/health")
     async def health() -> JSONResponse:
-        ready, detail = frontend.health()
-        detail = with_placement(detail, backend)  # node and address of each instance
+        ready, detail = router.health()
+        if placement is not None:
+            detail = with_placement(detail, placement())
         if not admission.open:
             ready, detail = False, {**detail, "status": "draining"}
         return JSONResponse(detail, status_code=200 if ready else 503)
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        body, ctype = frontend.metrics_text()
+        body, ctype = router.metrics_text()
         return Response(body, media_type=ctype)
 
-    if admin_key:
-        add_admin_routes(app, backend, links)
+    if admin_key and links is not None:
+        add_admin_routes(app, links)
 
     def served_model() -> dict[str, Any]:
         return {
-            "id": frontend.model_id,
+            "id": router.model_id,
             "object": "model",
             "created": 0,
             "owned_by": "pddflow",
-            "max_model_len": frontend.max_context,
+            "max_model_len": router.max_context,
         }
 
     @app.get("/v1/models")
@@ -151,10 +121,10 @@ def make_app(
 
     @app.get("/v1/models/{model:path}")
     async def model(model: str) -> JSONResponse:
-        if model != frontend.model_id:
+        if model != router.model_id:
             return error_response(
                 404,
-                f"model {short_repr(model)} is not served here; it serves {frontend.model_id!r}",
+                f"model {short_repr(model)} is not served here; it serves {router.model_id!r}",
                 kind="not_found_error",
                 param="model",
                 code="model_not_found",
@@ -163,7 +133,7 @@ def make_app(
 
     @app.get("/v1/requests/{request_id}/timeline")
     async def timeline(request_id: str) -> JSONResponse:
-        t = frontend.timeline(request_id)
+        t = router.timeline(request_id)
         if t is None:
             return error_response(
                 404,
@@ -178,64 +148,64 @@ def make_app(
         if not admission.open:
             return error_response(503, admission.refusal or "", kind="server_error")
         try:
-            prompt_ids = _prompt_ids(frontend, body.prompt)
+            prompt_ids = _prompt_ids(router, body.prompt)
         except RequestRejected as exc:
             return error_response(exc.status, str(exc), param="prompt")
-        return await _serve(frontend, admission, request, body, prompt_ids, chat=False)
+        return await _serve(router, admission, request, body, prompt_ids, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatBody, request: Request) -> Response:
         if not admission.open:
             return error_response(503, admission.refusal or "", kind="server_error")
         try:
-            ids = frontend.chat_prompt_ids(body.messages)
+            ids = router.chat_prompt_ids(body.messages)
         except ValueError as exc:
             return error_response(400, str(exc), param="messages")
         except RequestRejected as exc:
             return error_response(exc.status, str(exc), param="messages")
-        return await _serve(frontend, admission, request, body, ids, chat=True)
+        return await _serve(router, admission, request, body, ids, chat=True)
 
     return app
 
 
-def _prompt_ids(frontend: Frontend, prompt: str | list[int]) -> list[int]:
+def _prompt_ids(router: Router, prompt: str | list[int]) -> list[int]:
     if isinstance(prompt, str):
-        return frontend.tokenizer.encode(prompt)
-    bad = [t for t in prompt if not 0 <= t < frontend.vocab_size]
+        return router.tokenizer.encode(prompt)
+    bad = [t for t in prompt if not 0 <= t < router.vocab_size]
     if bad:
         raise RequestRejected(
-            400, f"token id {bad[0]} is outside the vocabulary [0, {frontend.vocab_size})"
+            400, f"token id {bad[0]} is outside the vocabulary [0, {router.vocab_size})"
         )
     return list(prompt)
 
 
 async def _serve(
-    frontend: Frontend,
+    router: Router,
     admission: Admission,
     request: Request,
     body: _Body,
     prompt_ids: list[int],
     chat: bool,
 ) -> Response:
-    if body.model != frontend.model_id:
+    if body.model != router.model_id:
         return error_response(
             404,
-            f"model {short_repr(body.model)} is not served here; it serves {frontend.model_id!r}",
+            f"model {short_repr(body.model)} is not served here; it serves {router.model_id!r}",
             kind="not_found_error",
             param="model",
             code="model_not_found",
         )
     # the context, or what the smallest decoder's KV memory holds if less (admission's limit)
-    room = frontend.max_context
-    kv_room = getattr(frontend, "max_serving_tokens", lambda: None)()
+    room = router.max_context
+    kv_room = router.max_serving_tokens()
     if kv_room is not None:
         room = min(room, kv_room)
     max_tokens = body.token_budget(room - len(prompt_ids))
-    if len(prompt_ids) + max_tokens > frontend.max_context:
+    if len(prompt_ids) + max_tokens > router.max_context:
         return error_response(
             400,
             f"prompt ({len(prompt_ids)} tokens) + max_tokens ({max_tokens}) exceeds the model's "
-            f"context of {frontend.max_context} tokens",
+            f"context of {router.max_context} tokens",
             param="max_tokens",
             code="context_length_exceeded",
         )
@@ -245,38 +215,45 @@ async def _serve(
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
         seed=body.seed,
-        stop_token_ids=tuple(frontend.tokenizer.eos_token_ids),
+        stop_token_ids=tuple(router.tokenizer.eos_token_ids),
         logprobs=body.logprob_count,
     )
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     deadline = time.monotonic() + (body.timeout_s or DEFAULT_TIMEOUT_S)
-    run = Run(frontend, rid, stops, max_tokens, admission)
+    completion = Completion(router, rid, stops, max_tokens, admission)
     try:
-        admission.admit(run)
+        admission.admit(completion)
     except RequestRejected as exc:
         return error_response(exc.status, str(exc), kind="server_error")
     # A client that hangs up cancels the request (every leg aborted, its KV freed). Starlette
     # watches for that while it streams; until then, and for a whole non-streamed answer, this
     # watches the same way (the next ASGI receive after the body is the disconnect).
-    watch = asyncio.create_task(on_disconnect(request, run))
+    watch = asyncio.create_task(on_disconnect(request, completion))
     streaming = False
     try:
-        run.stream = frontend.generate(
+        completion.stream = router.generate(
             rid, prompt_ids, sampling, deadline, body.variant, body.handoff
         )
         # rejections (bad variant, overload) surface before any byte is sent
-        run.first = await run.next_chunk()
+        completion.first = await completion.next_chunk()
         created = int(time.time())
         if body.stream:
             watch.cancel()
             streaming = True
-            return RunResponse(
-                run,
-                sse(run, rid, created, body, chat, lambda: _usage(frontend, rid, prompt_ids, run)),
+            return CompletionResponse(
+                completion,
+                sse(
+                    completion,
+                    rid,
+                    created,
+                    body,
+                    chat,
+                    lambda: _usage(router, rid, prompt_ids, completion),
+                ),
                 media_type="text/event-stream",
                 headers={"X-Request-Id": rid},
             )
-        async for _ in run.text_pieces():
+        async for _ in completion.text_pieces():
             pass
     except RequestRejected as exc:
         out = error_response(
@@ -292,46 +269,52 @@ async def _serve(
     finally:
         watch.cancel()
         if not streaming:
-            await run.close()
-    choice: dict[str, Any] = {"index": 0, "finish_reason": run.finish_reason, "logprobs": None}
+            await completion.close()
+    choice: dict[str, Any] = {
+        "index": 0,
+        "finish_reason": completion.finish_reason,
+        "logprobs": None,
+    }
     if body.logprob_count is not None:
-        tok = frontend.tokenizer
+        tok = router.tokenizer
         choice["logprobs"] = (
-            chat_logprobs(tok, run.ids, run.lps)
+            chat_logprobs(tok, completion.ids, completion.lps)
             if chat
-            else completion_logprobs(tok, run.ids, run.lps, 0)[0]
+            else completion_logprobs(tok, completion.ids, completion.lps, 0)[0]
         )
     if chat:
-        choice["message"] = {"role": "assistant", "content": run.text}
+        choice["message"] = {"role": "assistant", "content": completion.text}
     else:
-        choice["text"] = run.text
+        choice["text"] = completion.text
     if body.return_token_ids:
-        choice["token_ids"] = run.ids
+        choice["token_ids"] = completion.ids
     return JSONResponse(
         {
             "id": rid,
             "object": "chat.completion" if chat else "text_completion",
             "created": created,
-            "model": frontend.model_id,
+            "model": router.model_id,
             "choices": [choice],
-            "usage": _usage(frontend, rid, prompt_ids, run),
+            "usage": _usage(router, rid, prompt_ids, completion),
         },
         headers={"X-Request-Id": rid},
     )
 
 
-def _usage(frontend: Frontend, rid: str, prompt_ids: list[int], run: Run) -> dict[str, Any]:
+def _usage(
+    router: Router, rid: str, prompt_ids: list[int], completion: Completion
+) -> dict[str, Any]:
     return {
         "prompt_tokens": len(prompt_ids),
-        "completion_tokens": len(run.ids),
-        "total_tokens": len(prompt_ids) + len(run.ids),
-        "prompt_tokens_details": {"cached_tokens": cached_tokens(frontend.timeline(rid))},
+        "completion_tokens": len(completion.ids),
+        "total_tokens": len(prompt_ids) + len(completion.ids),
+        "prompt_tokens_details": {"cached_tokens": cached_tokens(router.timeline(rid))},
     }
 
 
 def cached_tokens(timeline: dict[str, Any] | None) -> int:
     """Prompt tokens whose KV came from a prefix cache: what prefill measured (its kv_send
-    events), else, when none reached the frontend (the first token ended the request, or no
+    events), else, when none reached the router (the first token ended the request, or no
     prefill ran apart from the decoder), the scheduler's prediction at arrival."""
     events = (timeline or {}).get("events", [])
     measured = [
@@ -341,3 +324,15 @@ def cached_tokens(timeline: dict[str, Any] | None) -> int:
         return int(max(measured))
     predicted = [e.get("predicted_hit_tokens", 0) for e in events if e["event"] == "arrival"]
     return int(predicted[0]) if predicted else 0
+
+
+def with_placement(detail: dict[str, Any], placed: dict[str, Any]) -> dict[str, Any]:
+    """/health's body with the backend's word on each instance (node, address) and channel."""
+    where = placed.get("workers", {})
+    workers = {i: {**w, **where.get(i, {})} for i, w in detail.get("workers", {}).items()}
+    return {
+        **detail,
+        "backend": placed["backend"],
+        "workers": workers,
+        "channels": placed["channels"],
+    }

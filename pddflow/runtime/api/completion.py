@@ -1,4 +1,4 @@
-"""One generation request as the API serves it: admission to end, the frontend's token stream
+"""One completion as the API serves it: admission to end, the router's token stream
 read so that a disconnect or a shutdown can abort it at any await, text pieces held back for stop
 strings, and the SSE framing of a streamed answer."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import StreamingResponse
@@ -15,59 +15,57 @@ from fastapi.responses import StreamingResponse
 from pddflow.core.payloads import TokenLogprob
 from pddflow.operators.detokenize import detokenizer
 from pddflow.runtime.api.admission import Admission
-from pddflow.runtime.api.errors import RequestRejected
 from pddflow.runtime.api.logprobs import chat_logprobs, completion_logprobs
+from pddflow.runtime.api.router import Router
 from pddflow.runtime.api.schema import _Body
 from pddflow.runtime.api.stop_strings import StopStrings
-
-if TYPE_CHECKING:
-    from pddflow.runtime.api.app import Frontend
+from pddflow.runtime.frontend.rejection import RequestRejected
 
 
 class ClientGone(Exception):
     """The client of a request hung up."""
 
 
-async def on_disconnect(request: Request, run: Run) -> None:
+async def on_disconnect(request: Request, completion: Completion) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
-    run.abort(ClientGone())
+    completion.abort(ClientGone())
 
 
-class RunResponse(StreamingResponse):
-    """An SSE answer that ends its run however the stream ends (finished, failed, cancelled by
-    a disconnect, or never started)."""
+class CompletionResponse(StreamingResponse):
+    """An SSE answer that ends its completion however the stream ends (finished, failed,
+    cancelled by a disconnect, or never started)."""
 
-    def __init__(self, run: Run, content: AsyncIterator[bytes], **kw: Any):
+    def __init__(self, completion: Completion, content: AsyncIterator[bytes], **kw: Any):
         super().__init__(content, **kw)
-        self.run = run
+        self.completion = completion
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         try:
             await super().__call__(scope, receive, send)
         finally:
-            await self.run.close()
+            await self.completion.close()
 
 
-class Run:
-    """One generation request, from admission to its end: reads the frontend's token stream so
-    that a disconnect or a shutdown can abort it at any await (`abort`)."""
+class Completion:
+    """One completion as the API produces it, from admission to its end: reads the router's token
+    stream so that a disconnect or a shutdown can abort it at any await (`abort`)."""
 
     def __init__(
         self,
-        frontend: Frontend,
+        router: Router,
         rid: str,
         stops: list[str],
         max_tokens: int,
         admission: Admission,
     ):
-        self.frontend, self.rid = frontend, rid
+        self.router, self.rid = router, rid
         self.max_tokens, self.admission = max_tokens, admission
         self.stream: AsyncIterator[list[int]] | None = None
         self.first: list[int] | None = None
-        self.decoder = detokenizer(frontend.tokenizer)
+        self.decoder = detokenizer(router.tokenizer)
         self.stops = StopStrings(stops)
-        self.eos = set(frontend.tokenizer.eos_token_ids)
+        self.eos = set(router.tokenizer.eos_token_ids)
         self.ids: list[int] = []
         self.lps: list[TokenLogprob | None] = []  # parallel to ids (None: not reported)
         self._text: list[str] = []
@@ -78,7 +76,7 @@ class Run:
         self._closed = False
 
     def abort(self, exc: Exception) -> None:
-        """End the request with exc: the frontend's stream is cancelled (every leg aborted) and the
+        """End the request with exc: the router's stream is cancelled (every leg aborted) and the
         reader gets exc."""
         if self._stop.done() or self._closed:
             return
@@ -98,7 +96,7 @@ class Run:
         finally:
             if not step.done():  # aborted, or this task was cancelled: cancel the request
                 interrupted = True
-                step.cancel()  # the frontend's generator ends: it aborts every leg
+                step.cancel()  # the router's generator ends: it aborts every leg
                 await asyncio.wait((step,))
             self._step = None
         if interrupted:
@@ -135,7 +133,7 @@ class Run:
                 self._text.append(piece)
                 if hit:
                     self.finish_reason = "stop"
-                    self.frontend.stopped(self.rid)
+                    self.router.stopped(self.rid)
                     yield piece, chunk, lps
                     return
                 yield piece, chunk, lps
@@ -143,7 +141,7 @@ class Run:
             tail, hit = self.stops.feed(self.decoder.flush(), final=True)
             if hit:
                 self.finish_reason = "stop"
-                self.frontend.stopped(self.rid)
+                self.router.stopped(self.rid)
             if tail:
                 self._text.append(tail)
                 yield tail, [], []
@@ -152,14 +150,14 @@ class Run:
 
 
 async def sse(
-    run: Run,
+    completion: Completion,
     rid: str,
     created: int,
     body: _Body,
     chat: bool,
     usage: Callable[[], dict[str, Any]],
 ) -> AsyncIterator[bytes]:
-    tokenizer = run.frontend.tokenizer
+    tokenizer = completion.router.tokenizer
     offset = 0  # completions' text_offset: where the next token's text starts in the output
 
     def frame(
@@ -210,7 +208,7 @@ async def sse(
     if chat:
         yield frame("", [], None, role=True)
     try:
-        async for piece, ids, lps in run.text_pieces():
+        async for piece, ids, lps in completion.text_pieces():
             yield frame(piece, ids, None, lps=lps if ids else None)
     except RequestRejected as exc:
         err = {
@@ -223,7 +221,7 @@ async def sse(
         }
         yield f"data: {json.dumps(err)}\n\n".encode()
         return
-    yield frame(None if chat else "", [], run.finish_reason)
+    yield frame(None if chat else "", [], completion.finish_reason)
     if body.include_usage:  # OpenAI's last chunk: no choices, the whole request's usage
         last = {
             "id": rid,

@@ -13,15 +13,6 @@ from pddflow.runtime.api.schema import FieldError
 MESSAGE_LIMIT = 1000  # characters of an error message: echoed input is cut, never sent back whole
 
 
-class RequestRejected(Exception):
-    """A request the deployment will not run; `status` is the HTTP status to answer with."""
-
-    def __init__(self, status: int, message: str, retry_after_s: int | None = None):
-        super().__init__(message)
-        self.status = status
-        self.retry_after_s = retry_after_s
-
-
 def error_response(
     status: int,
     message: str,

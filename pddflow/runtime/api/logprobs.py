@@ -1,5 +1,4 @@
-"""Log probabilities on their way to the client: in and out of the `Tokens` message, along the
-frontend's token stream, and in the OpenAI shapes of /v1/completions and /v1/chat/completions."""
+"""Log probabilities in the OpenAI shapes of /v1/completions and /v1/chat/completions."""
 
 from __future__ import annotations
 
@@ -7,34 +6,6 @@ from collections.abc import Sequence
 from typing import Any
 
 from pddflow.core.payloads import TokenLogprob
-from pddflow.runtime.proto import runtime_pb2 as pb
-
-
-class TokenChunk(list):
-    """Token IDs the frontend streams, with their log probabilities (None where not asked): a list
-    still, so a backend that reports none can yield plain lists."""
-
-    def __init__(self, ids: Sequence[int], logprobs: list[TokenLogprob | None] | None = None):
-        super().__init__(ids)
-        self.logprobs = logprobs
-
-
-def to_tokens(msg: pb.Tokens, lps: Sequence[TokenLogprob] | None) -> pb.Tokens:
-    """Set msg's logprobs and top (parallel to its ids)."""
-    for lp in lps or ():
-        msg.logprobs.append(lp.logprob)
-        msg.top.append(pb.TopLogprobs(ids=[i for i, _ in lp.top], logprobs=[v for _, v in lp.top]))
-    return msg
-
-
-def from_tokens(msg: pb.Tokens) -> list[TokenLogprob] | None:
-    """msg's log probabilities, one per id, or None when it carries none."""
-    if not msg.logprobs:
-        return None
-    return [
-        TokenLogprob(float(v), tuple(zip(map(int, t.ids), map(float, t.logprobs))))
-        for v, t in zip(msg.logprobs, msg.top)
-    ]
 
 
 def token_text(tokenizer: Any, token_id: int) -> tuple[str, list[int]]:

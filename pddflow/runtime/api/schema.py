@@ -281,10 +281,3 @@ class ChatBody(_Body):
     def token_budget(self, room: int) -> int:
         # OpenAI's chat default: as many as the context has room for
         return self.max_completion_tokens or self.max_tokens or max(room, 1)
-
-
-def render_chat(messages: list[ChatMessage]) -> str:
-    """A plain chat template for models without one of their own: one block per turn, ending
-    with an open assistant turn."""
-    out = [f"<|{m.role}|>\n{m.text()}\n" for m in messages]
-    return "".join(out) + "<|assistant|>\n"

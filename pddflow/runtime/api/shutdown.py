@@ -59,7 +59,7 @@ class DrainingServer(uvicorn.Server):
         self._stopping = asyncio.ensure_future(stop())  # held: the loop keeps weak references
 
     async def _drain(self) -> None:
-        n = len(self.admission.runs)
+        n = len(self.admission.completions)
         self.say(
             f"stopping: new requests get 503; waiting up to {self.drain_timeout_s:g} s for "
             f"{n} running request{'s' if n != 1 else ''} (Ctrl-C again: stop now)"

@@ -9,9 +9,26 @@ import json
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from pddflow.operators.config import ModelSpecError
+
+
+class ChatTurn(Protocol):
+    """One message of a conversation as the API parsed it (`api.schema.ChatMessage`)."""
+
+    role: str
+    content: Any  # a string, a list of parts, or None (a tool-call turn)
+    model_extra: dict[str, Any] | None  # the fields a template may read beyond role and content
+
+    def text(self) -> str: ...
+
+
+def render_chat(messages: list[ChatTurn]) -> str:
+    """A plain chat template for models without one of their own: one block per turn, ending
+    with an open assistant turn."""
+    out = [f"<|{m.role}|>\n{m.text()}\n" for m in messages]
+    return "".join(out) + "<|assistant|>\n"
 
 
 class ChatTemplateError(ValueError):

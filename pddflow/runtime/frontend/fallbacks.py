@@ -1,6 +1,6 @@
-"""The frontend's declared fallbacks: what happens to requests when a leg fails or a worker is
-lost, how new requests are routed around lost workers until they are back, and admission by KV
-memory. A mixin of `Frontend` (frontend.py); everything runs on the frontend's event loop."""
+"""The frontend's declared fallbacks: what happens to flights when a leg fails or a worker is lost,
+how new requests are routed around lost workers until they are back, and admission by KV memory.
+Everything runs on the frontend's event loop."""
 
 from __future__ import annotations
 
@@ -8,33 +8,47 @@ import logging
 import time
 from collections.abc import Iterable
 
-from pddflow.runtime.api.errors import RequestRejected
-from pddflow.runtime.frontend.route import RESUMED, Live, Route, sampling_pb
+from pddflow.graph.plan import Plan
+from pddflow.runtime.frontend.fleet import Fleet
+from pddflow.runtime.frontend.flight import Flight, Flights
+from pddflow.runtime.frontend.link_watch import LinkWatch
+from pddflow.runtime.frontend.metrics import Metrics
+from pddflow.runtime.frontend.rejection import RequestRejected
+from pddflow.runtime.frontend.route import Route
 from pddflow.runtime.proto import runtime_pb2 as pb
-from pddflow.scheduler import InstanceLoad, RequestFeatures
+from pddflow.runtime.wire import sampling_to_pb
+from pddflow.scheduler import InstanceLoad, Policy, RequestFeatures, SchedulerState
 from pddflow.scheduler.decision import Decision
 
 log = logging.getLogger("pddflow.frontend")
 ORPHAN_GRACE_S = 5.0  # a leg whose request ended this long ago, still held, is aborted
-# main's copy of a turn the relay finished still crossing a slow WAN, or queued behind others
-LINGER_MAX_S = 60.0
 RETRY_AFTER_S = 5  # what a 503 tells the client while a lost worker restarts
 # the load a lost instance shows the scheduler: any other replica wins
 LOST_LOAD = InstanceLoad(running=1 << 30, queued=1 << 30, max_batch=1, kv_used=1.0)
-DECODER_TYPES = ("relay_decode", "main_decode", "decode", "colocated")
 
 
 class Fallbacks:
+    def __init__(
+        self,
+        plan: Plan,
+        policy: Policy,
+        sched: SchedulerState,
+        metrics: Metrics,
+        links: LinkWatch,
+        fleet: Fleet,
+        flights: Flights,
+    ):
+        self.plan, self.policy, self.sched, self.metrics = plan, policy, sched, metrics
+        self.links, self.fleet, self.flights = links, fleet, flights
+        self.orphans: dict[str, dict[str, float]] = {}  # instance -> {seq_id: first seen ended}
+
     # ---- failures of one leg -------------------------------------------------------------------
-    def _on_failure(self, inst: str, f: pb.Failure) -> None:
-        if f.kind == pb.FAILURE_KV_TRANSFER and (ch := self._channel(inst, f.peer, f.channel)):
-            if ch.link:  # the transfer's slot on its link is free again
-                self.link_watch.ended(ch.link, (f.seq_id, inst, f.peer), None, None)
-        live = self._live(f.seq_id)
-        if live is None:
-            self._on_lingering_failure(inst, f)
+    def leg_failed(self, inst: str, f: pb.Failure) -> None:
+        flight = self.flights.get(f.seq_id)
+        if flight is None:
+            self._lingering_failed(inst, f)
             return
-        st, r = live.state, live.route
+        st, r = flight.stream, flight.route
         kind = pb.FailureKind.Name(f.kind).removeprefix("FAILURE_").lower()
         where = {"channel": f.channel, "peer": f.peer} if f.peer else {}
         st.event("leg_failed", instance=inst, kind=kind, **where, error=f.error)
@@ -43,12 +57,12 @@ class Fallbacks:
             return
         if f.kind == pb.FAILURE_KV_TRANSFER:
             reason = f"{inst} -> {f.peer}: {f.error}"
-            self._call(f.peer, "Recompute", pb.Cancel(seq_id=f.seq_id, reason=reason))
+            self.fleet.call(f.peer, "Recompute", pb.Cancel(seq_id=f.seq_id, reason=reason))
             return
         if f.kind == pb.FAILURE_HANDOFF:  # main unreachable: the relay keeps decoding to the end
             self.metrics.fallbacks.labels("relay_finishes").inc()
             if r.main in r.legs:
-                self._abort_leg(live, r.main, "handoff failed")
+                self.fleet.abort_leg(flight, r.main, "handoff failed")
             return
         if inst == r.main and r.relay and not r.handed_off and r.relay in r.legs:
             self.metrics.fallbacks.labels("relay_finishes").inc()
@@ -56,23 +70,26 @@ class Fallbacks:
             return
         st.fail(f"{inst}: {kind}: {f.error}")  # a leg's own error: running it elsewhere repeats it
 
-    def _on_lingering_failure(self, inst: str, f: pb.Failure) -> None:
+    def _lingering_failed(self, inst: str, f: pb.Failure) -> None:
         """The request has ended but main still waits to extend over it: the relay's IDs or
         prefill's KV will not come, so main's leg ends now (its cache misses this turn)."""
-        route = self.lingering.get(f.seq_id)
+        route = self.flights.lingering.get(f.seq_id)
         if route is None or f.kind not in (pb.FAILURE_HANDOFF, pb.FAILURE_KV_TRANSFER):
             return
-        del self.lingering[f.seq_id]
-        self._call(route.main, "Abort", pb.Cancel(seq_id=f.seq_id, reason=f"{inst}: {f.error}"))
+        del self.flights.lingering[f.seq_id]
+        cancel = pb.Cancel(seq_id=f.seq_id, reason=f"{inst}: {f.error}")
+        self.fleet.call(route.main, "Abort", cancel)
 
     # ---- orphaned legs -------------------------------------------------------------------------
-    def _reap_orphans(self, inst: str, legs: Iterable[str]) -> None:
+    def reap_orphans(self, inst: str, legs: Iterable[str]) -> None:
         """Abort `inst`'s legs whose request has ended once they outlive a grace period (an abort
         on its way, a leg that lands after its request closed): an abort that was lost must not
         hold KV blocks until the leg's deadline."""
         now = time.monotonic()
         seen = self.orphans.setdefault(inst, {})
-        orphans = {s for s in legs if self._live(s) is None and not self._lingers(s, now)}
+        orphans = {
+            s for s in legs if self.flights.get(s) is None and not self.flights.lingers(s, now)
+        }
         for seq_id in [s for s in seen if s not in orphans]:
             del seen[seq_id]
         for seq_id in orphans:
@@ -80,99 +97,82 @@ class Fallbacks:
                 del seen[seq_id]  # if this abort is lost too, the next sweep sends another
                 self.metrics.orphans_aborted.labels(inst).inc()
                 log.warning("%s holds %s, whose request has ended: aborting it", inst, seq_id)
-                self._call(inst, "Abort", pb.Cancel(seq_id=seq_id, reason="its request ended"))
-
-    def _lingers(self, seq_id: str, now: float) -> bool:
-        """Main may still extend over the ended request `seq_id` (for at most LINGER_MAX_S)."""
-        route = self.lingering.get(seq_id)
-        if route is None or now - route.ended > LINGER_MAX_S:
-            self.lingering.pop(seq_id, None)
-            return False
-        return True
+                cancel = pb.Cancel(seq_id=seq_id, reason="its request ended")
+                self.fleet.call(inst, "Abort", cancel)
 
     # ---- workers lost and back -----------------------------------------------------------------
-    def _on_worker_lost(self, inst: str) -> None:
-        if inst in self.lost:
+    def worker_lost(self, inst: str) -> None:
+        if inst in self.fleet.lost:
             return
-        self.lost.add(inst)
+        self.fleet.lost.add(inst)
         self.sched.set_load(inst, LOST_LOAD)
-        self.link_watch.forget(inst)
+        self.links.forget(inst)
         self.metrics.worker_up.labels(inst).set(0)
         log.error("worker %s is gone", inst)
-        for live in list(self.live.values()):
-            if not live.state.finished:
-                self._without(live, inst)
-        for seq_id, route in list(self.lingering.items()):
+        for flight in self.flights:
+            if not flight.stream.finished:
+                self._without(flight, inst)
+        for seq_id, route in list(self.flights.lingering.items()):
             if inst in (route.relay, route.main):  # main waits for IDs a lost relay never sends
-                self.lingering.pop(seq_id)
-                self._call(route.main, "Abort", pb.Cancel(seq_id=seq_id, reason=f"{inst} lost"))
+                self.flights.lingering.pop(seq_id)
+                cancel = pb.Cancel(seq_id=seq_id, reason=f"{inst} lost")
+                self.fleet.call(route.main, "Abort", cancel)
 
-    def _without(self, live: Live, inst: str) -> None:
-        """Carry `live` on without the lost instance `inst`."""
-        r = live.route
+    def worker_exited(self, inst: str, summary: str) -> None:
+        """The deployer saw the process end."""
+        self.fleet.exits[inst] = summary.splitlines()[0]
+        self.worker_lost(inst)
+
+    def worker_restarted(self, inst: str, restarts: int) -> None:
+        self.fleet.restarts[inst] = restarts
+        self.metrics.worker_restarts.labels(inst).inc()
+
+    def worker_back(self, inst: str) -> None:
+        """A lost worker reports ready again (restarted): its mirror was reset from its own
+        report, and the scheduler may route to it."""
+        self.fleet.lost.discard(inst)
+        self.metrics.worker_up.labels(inst).set(1)
+        log.warning("worker %s is back", inst)
+
+    def _without(self, flight: Flight, inst: str) -> None:
+        """Carry `flight` on without the lost instance `inst`."""
+        r = flight.route
         r.legs.discard(inst)
         if inst == r.prefill and inst not in r.resumed_on:
             if not r.first_fed:  # no first token yet: a decoder prefills the request itself
-                if not self._resume(live, lost=inst):
-                    live.state.fail(f"prefill {inst} was lost and no decoder can take over")
+                if not self._resume(flight, lost=inst):
+                    flight.stream.fail(f"prefill {inst} was lost and no decoder can take over")
                 return
             for d in (r.relay, r.main):  # the KV still on its way will not come: recompute it
                 if d and d in r.legs and d not in r.landed:
                     reason = f"prefill {inst} was lost before the KV landed"
-                    self._call(
-                        d, "Recompute", pb.Cancel(seq_id=live.state.request_id, reason=reason)
-                    )
+                    cancel = pb.Cancel(seq_id=flight.request_id, reason=reason)
+                    self.fleet.call(d, "Recompute", cancel)
             return
         if inst == r.relay and r.handed_off:
             return  # main has taken over
         if inst in (r.relay, r.main) or inst in r.resumed_on:
-            if not self._resume(live, lost=inst):
-                live.state.fail(f"worker {inst} was lost and no other instance can finish it")
+            if not self._resume(flight, lost=inst):
+                flight.stream.fail(f"worker {inst} was lost and no other instance can finish it")
 
-    def worker_exited(self, inst: str, summary: str) -> None:
-        """The deployer saw the process end (any thread)."""
-        self._dispatch(self._on_exit, (inst, summary))
-
-    def worker_restarted(self, inst: str, restarts: int) -> None:
-        self._dispatch(self._on_restart, (inst, restarts))
-
-    def _on_exit(self, args: tuple[str, str]) -> None:
-        inst, summary = args
-        self.exits[inst] = summary.splitlines()[0]
-        self._on_worker_lost(inst)
-
-    def _on_restart(self, args: tuple[str, int]) -> None:
-        inst, restarts = args
-        self.restarts[inst] = restarts
-        self.metrics.worker_restarts.labels(inst).inc()
-
-    def _on_worker_back(self, inst: str) -> None:
-        """A lost worker reports ready again (restarted): its mirror was reset from its own
-        report, and the scheduler may route to it."""
-        self.lost.discard(inst)
-        self.metrics.worker_up.labels(inst).set(1)
-        log.warning("worker %s is back", inst)
-
-    def _resume(self, live: Live, lost: str) -> bool:
+    def _resume(self, flight: Flight, lost: str) -> bool:
         """Resume on a surviving decoder (the route's other one, else any decoder of the plan),
         which prefills prompt + tokens so far locally and continues at the same position."""
-        r, st = live.route, live.state
+        r, st = flight.route, flight.stream
         if r.resumed_seq:
             return False
-        target = next((i for i in self._decoders(prefer=(r.relay, r.main)) if i != lost), None)
+        prefer = (r.relay, r.main)
+        target = next((i for i in self.fleet.decoders(prefer) if i != lost), None)
         if target is None:
             return False
         for inst in list(r.legs):
-            self._abort_leg(live, inst, f"resuming on {target}")
+            self.fleet.abort_leg(flight, inst, f"resuming on {target}")
         done = list(st.tokens)
-        # a new sequence id: the old legs' aborts and this submit may arrive in any order
-        r.resumed_seq = f"{st.request_id}{RESUMED}"
-        self.resumed[r.resumed_seq] = st.request_id
-        s = live.sampling
-        job = live.job(
+        s = flight.sampling
+        order = flight.order(
             self.plan,
-            seq_id=r.resumed_seq,
-            prompt_ids=live.prompt_ids + done,
+            seq_id=self.flights.resume(flight),
+            prompt_ids=flight.prompt_ids + done,
             local_prefill=True,
             output_offset=len(done),
             relay="",
@@ -180,36 +180,28 @@ class Fallbacks:
             handoff=pb.HANDOFF_NONE,
             main_cached_blocks=0,
             singular=False,
-            sampling=sampling_pb(s, s.max_tokens - len(done)),
+            sampling=sampling_to_pb(s, s.max_tokens - len(done)),
         )
         r.legs.add(target)
         r.resumed_on.add(target)
         st.event("resumed", instance=target, from_token=len(done))
         self.metrics.fallbacks.labels("resumed_elsewhere").inc()
-        self._call(target, "Submit", job)
+        self.fleet.call(target, "Submit", order)
         return True
 
-    def _decoders(self, prefer: tuple[str, ...] = ()) -> list[str]:
-        """Live decoding instances, `prefer`red ones first."""
-        alive = [
-            i.id
-            for i in self.plan.instances
-            if i.id not in self.lost and self.plan.operators[i.operator].op_type in DECODER_TYPES
-        ]
-        return [i for i in prefer if i in alive] + [i for i in alive if i not in prefer]
-
     # ---- routing around lost workers -----------------------------------------------------------
-    def _around_lost(self, decision: Decision, feats: RequestFeatures) -> Decision:
+    def around_lost(self, decision: Decision, feats: RequestFeatures) -> Decision:
         """`decision` if its instances are up; else the same request on a path that avoids the
         lost ones (relay lost: P-MD; main lost: the relay finishes it), else 503."""
-        dead = [i for i in decision.instances if i in self.lost]
+        lost = self.fleet.lost
+        dead = [i for i in decision.instances if i in lost]
         if not dead:
             return decision
         why = f"{', '.join(dead)} down"
         paths = self.policy.topo.paths
         for path in paths.values():
             d = self.policy.build(path, feats, self.sched, reason=f"{why}: {path.name}")
-            if not any(i in self.lost for i in d.instances):
+            if not any(i in lost for i in d.instances):
                 return d
         for path in paths.values():
             if path.relay is None:
@@ -218,17 +210,17 @@ class Fallbacks:
                 path, feats, self.sched, singular=True, reason=f"{why}: the relay finishes"
             )
             needed = [inst for op, inst in d.targets if op != path.finisher]
-            if not any(i in self.lost for i in needed):
+            if not any(i in lost for i in needed):
                 return d
         raise RequestRejected(
             503, f"{why}; no path around them (restarting)", retry_after_s=RETRY_AFTER_S
         )
 
-    def _admit(self, route: Route, prompt_tokens: int, max_tokens: int) -> None:
+    def admit(self, route: Route, prompt_tokens: int, max_tokens: int) -> None:
         """400 at once when an instance on the route could never hold the request's KV."""
         bs = self.plan.model.block_size
-        for inst, tokens in self._holds(route, prompt_tokens, max_tokens):
-            s = self.status.get(inst)
+        for inst, tokens in _holds(route, prompt_tokens, max_tokens):
+            s = self.fleet.status.get(inst)
             if s is None or not s.kv_blocks_total:
                 continue
             need = -(-tokens // bs)
@@ -240,22 +232,22 @@ class Fallbacks:
                     f"({s.kv_blocks_total * bs} tokens); lower max_tokens or shorten the prompt",
                 )
 
-    @staticmethod
-    def _holds(route: Route, prompt_tokens: int, max_tokens: int) -> list[tuple[str, int]]:
-        """(instance, tokens of KV it must hold) for every instance on the route."""
-        out = []
-        decoders = [route.relay, "" if route.decision.singular else route.main]
-        if route.prefill and route.prefill not in decoders:
-            colocated = not route.relay and not route.main
-            out.append((route.prefill, prompt_tokens + (max_tokens if colocated else 0)))
-        out += [(d, prompt_tokens + max_tokens) for d in decoders if d]
-        return out
-
     def max_serving_tokens(self) -> int | None:
         """The longest prompt + output every decoder can hold (None before their first status)."""
         caps = [
             s.kv_blocks_total * self.plan.model.block_size
-            for i, s in self.status.items()
-            if self.plan.operator_of(i).op_type in DECODER_TYPES and s.kv_blocks_total
+            for i, s in self.fleet.status.items()
+            if self.plan.operator_of(i).type.decodes and s.kv_blocks_total
         ]
         return min(caps) if caps else None
+
+
+def _holds(route: Route, prompt_tokens: int, max_tokens: int) -> list[tuple[str, int]]:
+    """(instance, tokens of KV it must hold) for every instance on the route."""
+    out = []
+    decoders = [route.relay, "" if route.decision.singular else route.main]
+    if route.prefill and route.prefill not in decoders:
+        colocated = not route.relay and not route.main
+        out.append((route.prefill, prompt_tokens + (max_tokens if colocated else 0)))
+    out += [(d, prompt_tokens + max_tokens) for d in decoders if d]
+    return out

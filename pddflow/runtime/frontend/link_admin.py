@@ -1,12 +1,14 @@
-"""The admin endpoint's link degrade and restore, on the frontend's side. The emulated WAN is
-shaped in the sending processes, so a degrade is a TuneLink call to every worker at either end of
-an emulated channel over the link, each with a deadline; the tuning in force is kept so that a
-worker restarted later is told again."""
+"""The admin endpoints' drills on the emulated WAN, on the frontend's side. A cut is the backend's
+(its relays carry every cross-cluster connection, where it has them). The emulated WAN is shaped in
+the sending processes, so a degrade is a TuneLink call to every worker at either end of an emulated
+channel over the link, each with a deadline; the tuning in force is kept so that a worker restarted
+later is told again."""
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
@@ -39,13 +41,34 @@ class LinkTuneFailed(RuntimeError):
         self.failed, self.applied = failed, applied
 
 
+Cutter = Callable[[str, float, int], None]  # (link, seconds, after_bytes); KeyError: no such link
+
+
 class LinkAdmin:
     def __init__(
-        self, plan: Plan, clients: dict[str, WorkerClient], timeout_s: float = TUNE_TIMEOUT_S
+        self,
+        plan: Plan,
+        clients: dict[str, WorkerClient],
+        cutter: Cutter | None = None,
+        timeout_s: float = TUNE_TIMEOUT_S,
     ):
         self.plan, self.clients, self.timeout_s = plan, clients, timeout_s
+        self.cutter = cutter
         self.in_force: dict[str, pb.LinkTuning] = {}  # link -> the degrade applied, if any
         self._lock = threading.Lock()
+
+    def can_cut(self) -> bool:
+        return self.cutter is not None
+
+    def cut(self, link: str, seconds: float, after_bytes: int = 0) -> dict[str, Any]:
+        """The link down for `seconds` (once `after_bytes` more crossed it)."""
+        if self.cutter is None:
+            raise LinkNotEmulated("this backend cannot cut links")
+        try:
+            self.cutter(link, seconds, after_bytes)
+        except KeyError as exc:
+            raise LinkNotFound(exc.args[0]) from None
+        return {"link": link, "down_s": seconds, "after_bytes": after_bytes}
 
     def shapers(self, link: str) -> list[str]:
         """The instances whose senders (or handoff server's replies) shape `link`."""

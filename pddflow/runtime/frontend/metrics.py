@@ -233,7 +233,7 @@ class VllmMetrics:
         )
         self.queue = hist(
             "vllm:request_queue_time_seconds",
-            "time waiting for prefill (job received -> prefill started)",
+            "time waiting for prefill (leg order received -> prefill started)",
             _LATENCY_BUCKETS,
         )
         self.prefill = hist(

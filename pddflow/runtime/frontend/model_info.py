@@ -11,8 +11,8 @@ from typing import Any
 from pddflow.operators.config import ModelSpecError
 from pddflow.operators.tokenizer import ByteTokenizer, HFTokenizer
 from pddflow.operators.weights import BUILTIN_MODELS, read_config
-from pddflow.runtime.api.schema import ChatMessage, render_chat
-from pddflow.runtime.frontend.chat_template import load_chat_renderer
+from pddflow.runtime.frontend.chat_template import ChatTurn, load_chat_renderer, render_chat
+from pddflow.runtime.frontend.rejection import RequestRejected
 
 
 class _NoTokenizer:
@@ -22,8 +22,6 @@ class _NoTokenizer:
         self.eos_token_ids = eos
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        from pddflow.runtime.api.errors import RequestRejected
-
         raise RequestRejected(
             400, "this model has no tokenizer.json: send `prompt` as a list of token IDs"
         )
@@ -41,7 +39,7 @@ class ModelInfo:
     # the checkpoint's (or --chat-template's) template; None: `render_chat`'s plain rendering
     chat_template: Callable[[list[dict[str, Any]]], str] | None = None
 
-    def chat_prompt_ids(self, messages: list[ChatMessage]) -> list[int]:
+    def chat_prompt_ids(self, messages: list[ChatTurn]) -> list[int]:
         if self.chat_template is None:
             return self.tokenizer.encode(render_chat(messages))
         # content as the client sent it when absent (a tool-call turn): templates test for None

@@ -1,14 +1,11 @@
-"""A request in flight at the frontend: its route and the Job each instance on it receives."""
+"""A flight's route: the instances its legs run on (who prefills, relays and finishes), the handoff
+mode between them, and which legs are open."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
-from typing import Any
 
-from pddflow.core.payloads import SamplingParams
 from pddflow.graph.plan import Plan
-from pddflow.runtime.frontend.token_stream import RequestState
 from pddflow.runtime.proto import runtime_pb2 as pb
 from pddflow.scheduler.decision import Decision
 
@@ -18,18 +15,6 @@ HANDOFF_MODES = {"one_shot": pb.HANDOFF_ONE_SHOT, "catch_up": pb.HANDOFF_CATCH_U
 
 def mode_name(mode: pb.HandoffMode.ValueType) -> str | None:
     return pb.HandoffMode.Name(mode).removeprefix("HANDOFF_").lower() if mode else None
-
-
-def sampling_pb(s: SamplingParams, max_tokens: int) -> pb.Sampling:
-    return pb.Sampling(
-        max_tokens=max_tokens,
-        temperature=s.temperature,
-        top_p=s.top_p,
-        seed=s.seed,
-        stop_token_ids=list(s.stop_token_ids),
-        logprobs=s.logprobs is not None,
-        top_logprobs=s.logprobs or 0,
-    )
 
 
 @dataclass(eq=False)
@@ -60,10 +45,10 @@ class Route:
         re-decided at handoff time when the variant's is adaptive, up to `catch_up_load`)."""
         r = Route(decision)
         for op, inst in decision.targets:
-            t = plan.operators[op].op_type
-            if t in ("prefill", "colocated"):
+            t = plan.operators[op].type
+            if t.prefills:
                 r.prefill = inst
-            elif t == "relay_decode":
+            elif t.relays:
                 r.relay = inst
             else:
                 r.main = inst
@@ -76,34 +61,3 @@ class Route:
     @property
     def adaptive(self) -> bool:
         return self.one_shot_above_load > 0
-
-
-@dataclass(eq=False)
-class Live:
-    state: RequestState
-    route: Route
-    prompt_ids: list[int]
-    sampling: SamplingParams
-    deadline: float
-
-    def job(self, plan: Plan, **over: Any) -> pb.Job:
-        r, s = self.route, self.sampling
-        main_blocks = r.decision.predicted_hit_tokens // plan.model.block_size if r.main else 0
-        fields = dict(
-            seq_id=self.state.request_id,
-            prompt_ids=self.prompt_ids,
-            sampling=sampling_pb(s, s.max_tokens),
-            timeout_s=max(0.1, self.deadline - time.monotonic()),
-            variant=r.decision.variant,
-            prefill=r.prefill,
-            relay=r.relay,
-            main=r.main,
-            handoff=r.handoff,
-            main_cached_blocks=main_blocks,
-            singular=r.decision.singular,
-            catch_up_tokens=plan.variants[r.decision.variant].catch_up_tokens,
-            min_extend_tokens=plan.variants[r.decision.variant].min_extend_tokens,
-            one_shot_above_load=r.one_shot_above_load,
-        )
-        fields.update(over)
-        return pb.Job(**fields)

@@ -1,5 +1,5 @@
-"""One request at the frontend: tokens from several workers merged by position into one stream, no
-token repeated or lost; plus its timeline."""
+"""A flight's token stream at the frontend: tokens from several workers merged by position into one
+stream, no token repeated or lost; plus the flight's timeline."""
 
 from __future__ import annotations
 
@@ -8,8 +8,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from pddflow.core.payloads import TokenLogprob
-from pddflow.runtime.api.logprobs import TokenChunk
+from pddflow.core.payloads import TokenChunk, TokenLogprob
 
 
 @dataclass
@@ -33,7 +32,7 @@ class StreamConflict(Exception):
 
 
 @dataclass
-class RequestState:
+class TokenStream:
     request_id: str
     prompt_len: int
     max_tokens: int

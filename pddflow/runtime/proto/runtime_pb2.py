@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rruntime.proto\x12\x12pddflow.runtime.v1\"\x90\x01\n\x08Sampling\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x12\x16\n\x0estop_token_ids\x18\x05 \x03(\r\x12\x10\n\x08logprobs\x18\x06 \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\x07 \x01(\r\"\x8a\x03\n\x03Job\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12\x12\n\nprompt_ids\x18\x02 \x03(\r\x12.\n\x08sampling\x18\x03 \x01(\x0b\x32\x1c.pddflow.runtime.v1.Sampling\x12\x11\n\ttimeout_s\x18\x04 \x01(\x01\x12\x0f\n\x07variant\x18\x05 \x01(\t\x12\x0f\n\x07prefill\x18\x06 \x01(\t\x12\r\n\x05relay\x18\x07 \x01(\t\x12\x0c\n\x04main\x18\x08 \x01(\t\x12\x30\n\x07handoff\x18\t \x01(\x0e\x32\x1f.pddflow.runtime.v1.HandoffMode\x12\x1a\n\x12main_cached_blocks\x18\n \x01(\r\x12\x10\n\x08singular\x18\x0b \x01(\x08\x12\x17\n\x0f\x63\x61tch_up_tokens\x18\x0c \x01(\r\x12\x15\n\routput_offset\x18\r \x01(\r\x12\x15\n\rlocal_prefill\x18\x0e \x01(\x08\x12\x19\n\x11min_extend_tokens\x18\x0f \x01(\r\x12\x1b\n\x13one_shot_above_load\x18\x10 \x01(\x01\",\n\x0bTopLogprobs\x12\x0b\n\x03ids\x18\x01 \x03(\r\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\"\x9a\x01\n\x06Tokens\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12\r\n\x05start\x18\x02 \x01(\x04\x12\x0b\n\x03ids\x18\x03 \x03(\r\x12\r\n\x05\x66inal\x18\x04 \x01(\x08\x12\x15\n\rfinish_reason\x18\x05 \x01(\t\x12\x10\n\x08logprobs\x18\x06 \x03(\x02\x12,\n\x03top\x18\x07 \x03(\x0b\x32\x1f.pddflow.runtime.v1.TopLogprobs\"(\n\x06\x43\x61ncel\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"M\n\x0cStartHandoff\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12-\n\x04mode\x18\x02 \x01(\x0e\x32\x1f.pddflow.runtime.v1.HandoffMode\"\"\n\x05Reply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\"\x07\n\x05\x45mpty\"\xdf\x02\n\x0cWorkerStatus\x12\x10\n\x08instance\x18\x01 \x01(\t\x12\r\n\x05ready\x18\x02 \x01(\x08\x12\x0f\n\x07running\x18\x03 \x01(\r\x12\x0f\n\x07waiting\x18\x04 \x01(\r\x12\x16\n\x0ekv_blocks_used\x18\x05 \x01(\r\x12\x17\n\x0fkv_blocks_total\x18\x06 \x01(\r\x12\x15\n\rcached_blocks\x18\x07 \x01(\x04\x12\x14\n\x0c\x63\x61\x63he_digest\x18\x08 \x01(\x04\x12\r\n\x05\x65rror\x18\t \x01(\t\x12\x14\n\x0c\x64\x65\x63ode_steps\x18\n \x01(\x04\x12\x14\n\x0c\x64\x65\x63ode_cpu_s\x18\x0b \x01(\x01\x12\x13\n\x0b\x64\x65\x63ode_seqs\x18\x0c \x01(\x04\x12\x1d\n\x15\x64\x65\x63ode_context_tokens\x18\r \x01(\x04\x12\x15\n\rdecode_wall_s\x18\x0e \x01(\x01\x12\x0c\n\x04legs\x18\x0f \x03(\t\x12\x1a\n\x12kv_bytes_per_token\x18\x10 \x01(\x04\"g\n\nLinkTuning\x12\x0c\n\x04link\x18\x01 \x01(\t\x12\x0f\n\x07restore\x18\x02 \x01(\x08\x12\x0c\n\x04gbps\x18\x03 \x01(\x01\x12\x1a\n\rjitter_p99_ms\x18\x04 \x01(\x01H\x00\x88\x01\x01\x42\x10\n\x0e_jitter_p99_ms\"-\n\tLinkTuned\x12\x10\n\x08instance\x18\x01 \x01(\t\x12\x0e\n\x06shaped\x18\x02 \x01(\r\"\xd9\x01\n\x05\x45vent\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12+\n\x04kind\x18\x02 \x01(\x0e\x32\x1d.pddflow.runtime.v1.EventKind\x12\x0e\n\x06t_unix\x18\x03 \x01(\x01\x12\x35\n\x06values\x18\x04 \x03(\x0b\x32%.pddflow.runtime.v1.Event.ValuesEntry\x12\x0f\n\x07\x63hannel\x18\x05 \x01(\t\x12\x0c\n\x04peer\x18\x06 \x01(\t\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"=\n\nCacheDelta\x12\x10\n\x08inserted\x18\x01 \x03(\x04\x12\x0f\n\x07\x65victed\x18\x02 \x03(\x04\x12\x0c\n\x04\x66ull\x18\x03 \x01(\x08\"v\n\x07\x46\x61ilure\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12-\n\x04kind\x18\x02 \x01(\x0e\x32\x1f.pddflow.runtime.v1.FailureKind\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x0c\n\x04peer\x18\x04 \x01(\t\x12\x0f\n\x07\x63hannel\x18\x05 \x01(\t\"\x91\x02\n\x06Report\x12\x10\n\x08instance\x18\x01 \x01(\t\x12,\n\x06tokens\x18\x02 \x01(\x0b\x32\x1a.pddflow.runtime.v1.TokensH\x00\x12*\n\x05\x65vent\x18\x03 \x01(\x0b\x32\x19.pddflow.runtime.v1.EventH\x00\x12/\n\x05\x63\x61\x63he\x18\x04 \x01(\x0b\x32\x1e.pddflow.runtime.v1.CacheDeltaH\x00\x12.\n\x07\x66\x61ilure\x18\x05 \x01(\x0b\x32\x1b.pddflow.runtime.v1.FailureH\x00\x12\x32\n\x06status\x18\x06 \x01(\x0b\x32 .pddflow.runtime.v1.WorkerStatusH\x00\x42\x06\n\x04\x62ody*K\n\x0bHandoffMode\x12\x10\n\x0cHANDOFF_NONE\x10\x00\x12\x14\n\x10HANDOFF_ONE_SHOT\x10\x01\x12\x14\n\x10HANDOFF_CATCH_UP\x10\x02*\xfe\x01\n\tEventKind\x12\x15\n\x11\x45VENT_UNSPECIFIED\x10\x00\x12\x11\n\rEVENT_KV_SEND\x10\x01\x12\x11\n\rEVENT_KV_SENT\x10\x02\x12\x13\n\x0f\x45VENT_KV_LANDED\x10\x03\x12\x1d\n\x19\x45VENT_KV_WAITS_FOR_MEMORY\x10\x04\x12\x17\n\x13\x45VENT_KV_RECOMPUTED\x10\x05\x12\x1f\n\x1b\x45VENT_CACHE_MISS_RECOMPUTED\x10\x06\x12\x16\n\x12\x45VENT_HANDOFF_SENT\x10\x07\x12\x17\n\x13\x45VENT_CATCH_UP_SENT\x10\x08\x12\x15\n\x11\x45VENT_EXTEND_DONE\x10\t*\x99\x01\n\x0b\x46\x61ilureKind\x12\x17\n\x13\x46\x41ILURE_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x46\x41ILURE_COMPUTE\x10\x01\x12\x14\n\x10\x46\x41ILURE_DEADLINE\x10\x02\x12\x17\n\x13\x46\x41ILURE_KV_TRANSFER\x10\x03\x12\x18\n\x14\x46\x41ILURE_KV_RECOVERED\x10\x04\x12\x13\n\x0f\x46\x41ILURE_HANDOFF\x10\x05\x32\xe3\x03\n\x06Worker\x12<\n\x06Submit\x12\x17.pddflow.runtime.v1.Job\x1a\x19.pddflow.runtime.v1.Reply\x12=\n\x04\x46\x65\x65\x64\x12\x1a.pddflow.runtime.v1.Tokens\x1a\x19.pddflow.runtime.v1.Reply\x12\x46\n\x07Handoff\x12 .pddflow.runtime.v1.StartHandoff\x1a\x19.pddflow.runtime.v1.Reply\x12>\n\x05\x41\x62ort\x12\x1a.pddflow.runtime.v1.Cancel\x1a\x19.pddflow.runtime.v1.Reply\x12\x42\n\tRecompute\x12\x1a.pddflow.runtime.v1.Cancel\x1a\x19.pddflow.runtime.v1.Reply\x12\x45\n\x06Status\x12\x19.pddflow.runtime.v1.Empty\x1a .pddflow.runtime.v1.WorkerStatus\x12I\n\x08TuneLink\x12\x1e.pddflow.runtime.v1.LinkTuning\x1a\x1d.pddflow.runtime.v1.LinkTuned2N\n\x08\x46rontend\x12\x42\n\x07Reports\x12\x1a.pddflow.runtime.v1.Report\x1a\x19.pddflow.runtime.v1.Empty(\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\rruntime.proto\x12\x12pddflow.runtime.v1\"\x90\x01\n\x08Sampling\x12\x12\n\nmax_tokens\x18\x01 \x01(\r\x12\x13\n\x0btemperature\x18\x02 \x01(\x02\x12\r\n\x05top_p\x18\x03 \x01(\x02\x12\x0c\n\x04seed\x18\x04 \x01(\x04\x12\x16\n\x0estop_token_ids\x18\x05 \x03(\r\x12\x10\n\x08logprobs\x18\x06 \x01(\x08\x12\x14\n\x0ctop_logprobs\x18\x07 \x01(\r\"\x8f\x03\n\x08LegOrder\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12\x12\n\nprompt_ids\x18\x02 \x03(\r\x12.\n\x08sampling\x18\x03 \x01(\x0b\x32\x1c.pddflow.runtime.v1.Sampling\x12\x11\n\ttimeout_s\x18\x04 \x01(\x01\x12\x0f\n\x07variant\x18\x05 \x01(\t\x12\x0f\n\x07prefill\x18\x06 \x01(\t\x12\r\n\x05relay\x18\x07 \x01(\t\x12\x0c\n\x04main\x18\x08 \x01(\t\x12\x30\n\x07handoff\x18\t \x01(\x0e\x32\x1f.pddflow.runtime.v1.HandoffMode\x12\x1a\n\x12main_cached_blocks\x18\n \x01(\r\x12\x10\n\x08singular\x18\x0b \x01(\x08\x12\x17\n\x0f\x63\x61tch_up_tokens\x18\x0c \x01(\r\x12\x15\n\routput_offset\x18\r \x01(\r\x12\x15\n\rlocal_prefill\x18\x0e \x01(\x08\x12\x19\n\x11min_extend_tokens\x18\x0f \x01(\r\x12\x1b\n\x13one_shot_above_load\x18\x10 \x01(\x01\",\n\x0bTopLogprobs\x12\x0b\n\x03ids\x18\x01 \x03(\r\x12\x10\n\x08logprobs\x18\x02 \x03(\x02\"\x9a\x01\n\x06Tokens\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12\r\n\x05start\x18\x02 \x01(\x04\x12\x0b\n\x03ids\x18\x03 \x03(\r\x12\r\n\x05\x66inal\x18\x04 \x01(\x08\x12\x15\n\rfinish_reason\x18\x05 \x01(\t\x12\x10\n\x08logprobs\x18\x06 \x03(\x02\x12,\n\x03top\x18\x07 \x03(\x0b\x32\x1f.pddflow.runtime.v1.TopLogprobs\"(\n\x06\x43\x61ncel\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12\x0e\n\x06reason\x18\x02 \x01(\t\"M\n\x0cStartHandoff\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12-\n\x04mode\x18\x02 \x01(\x0e\x32\x1f.pddflow.runtime.v1.HandoffMode\"\"\n\x05Reply\x12\n\n\x02ok\x18\x01 \x01(\x08\x12\r\n\x05\x65rror\x18\x02 \x01(\t\"\x07\n\x05\x45mpty\"\xdf\x02\n\x0cWorkerStatus\x12\x10\n\x08instance\x18\x01 \x01(\t\x12\r\n\x05ready\x18\x02 \x01(\x08\x12\x0f\n\x07running\x18\x03 \x01(\r\x12\x0f\n\x07waiting\x18\x04 \x01(\r\x12\x16\n\x0ekv_blocks_used\x18\x05 \x01(\r\x12\x17\n\x0fkv_blocks_total\x18\x06 \x01(\r\x12\x15\n\rcached_blocks\x18\x07 \x01(\x04\x12\x14\n\x0c\x63\x61\x63he_digest\x18\x08 \x01(\x04\x12\r\n\x05\x65rror\x18\t \x01(\t\x12\x14\n\x0c\x64\x65\x63ode_steps\x18\n \x01(\x04\x12\x14\n\x0c\x64\x65\x63ode_cpu_s\x18\x0b \x01(\x01\x12\x13\n\x0b\x64\x65\x63ode_seqs\x18\x0c \x01(\x04\x12\x1d\n\x15\x64\x65\x63ode_context_tokens\x18\r \x01(\x04\x12\x15\n\rdecode_wall_s\x18\x0e \x01(\x01\x12\x0c\n\x04legs\x18\x0f \x03(\t\x12\x1a\n\x12kv_bytes_per_token\x18\x10 \x01(\x04\"g\n\nLinkTuning\x12\x0c\n\x04link\x18\x01 \x01(\t\x12\x0f\n\x07restore\x18\x02 \x01(\x08\x12\x0c\n\x04gbps\x18\x03 \x01(\x01\x12\x1a\n\rjitter_p99_ms\x18\x04 \x01(\x01H\x00\x88\x01\x01\x42\x10\n\x0e_jitter_p99_ms\"-\n\tLinkTuned\x12\x10\n\x08instance\x18\x01 \x01(\t\x12\x0e\n\x06shaped\x18\x02 \x01(\r\"\xd9\x01\n\x05\x45vent\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12+\n\x04kind\x18\x02 \x01(\x0e\x32\x1d.pddflow.runtime.v1.EventKind\x12\x0e\n\x06t_unix\x18\x03 \x01(\x01\x12\x35\n\x06values\x18\x04 \x03(\x0b\x32%.pddflow.runtime.v1.Event.ValuesEntry\x12\x0f\n\x07\x63hannel\x18\x05 \x01(\t\x12\x0c\n\x04peer\x18\x06 \x01(\t\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\"=\n\nCacheDelta\x12\x10\n\x08inserted\x18\x01 \x03(\x04\x12\x0f\n\x07\x65victed\x18\x02 \x03(\x04\x12\x0c\n\x04\x66ull\x18\x03 \x01(\x08\"v\n\x07\x46\x61ilure\x12\x0e\n\x06seq_id\x18\x01 \x01(\t\x12-\n\x04kind\x18\x02 \x01(\x0e\x32\x1f.pddflow.runtime.v1.FailureKind\x12\r\n\x05\x65rror\x18\x03 \x01(\t\x12\x0c\n\x04peer\x18\x04 \x01(\t\x12\x0f\n\x07\x63hannel\x18\x05 \x01(\t\"\x91\x02\n\x06Report\x12\x10\n\x08instance\x18\x01 \x01(\t\x12,\n\x06tokens\x18\x02 \x01(\x0b\x32\x1a.pddflow.runtime.v1.TokensH\x00\x12*\n\x05\x65vent\x18\x03 \x01(\x0b\x32\x19.pddflow.runtime.v1.EventH\x00\x12/\n\x05\x63\x61\x63he\x18\x04 \x01(\x0b\x32\x1e.pddflow.runtime.v1.CacheDeltaH\x00\x12.\n\x07\x66\x61ilure\x18\x05 \x01(\x0b\x32\x1b.pddflow.runtime.v1.FailureH\x00\x12\x32\n\x06status\x18\x06 \x01(\x0b\x32 .pddflow.runtime.v1.WorkerStatusH\x00\x42\x06\n\x04\x62ody*K\n\x0bHandoffMode\x12\x10\n\x0cHANDOFF_NONE\x10\x00\x12\x14\n\x10HANDOFF_ONE_SHOT\x10\x01\x12\x14\n\x10HANDOFF_CATCH_UP\x10\x02*\xfe\x01\n\tEventKind\x12\x15\n\x11\x45VENT_UNSPECIFIED\x10\x00\x12\x11\n\rEVENT_KV_SEND\x10\x01\x12\x11\n\rEVENT_KV_SENT\x10\x02\x12\x13\n\x0f\x45VENT_KV_LANDED\x10\x03\x12\x1d\n\x19\x45VENT_KV_WAITS_FOR_MEMORY\x10\x04\x12\x17\n\x13\x45VENT_KV_RECOMPUTED\x10\x05\x12\x1f\n\x1b\x45VENT_CACHE_MISS_RECOMPUTED\x10\x06\x12\x16\n\x12\x45VENT_HANDOFF_SENT\x10\x07\x12\x17\n\x13\x45VENT_CATCH_UP_SENT\x10\x08\x12\x15\n\x11\x45VENT_EXTEND_DONE\x10\t*\x99\x01\n\x0b\x46\x61ilureKind\x12\x17\n\x13\x46\x41ILURE_UNSPECIFIED\x10\x00\x12\x13\n\x0f\x46\x41ILURE_COMPUTE\x10\x01\x12\x14\n\x10\x46\x41ILURE_DEADLINE\x10\x02\x12\x17\n\x13\x46\x41ILURE_KV_TRANSFER\x10\x03\x12\x18\n\x14\x46\x41ILURE_KV_RECOVERED\x10\x04\x12\x13\n\x0f\x46\x41ILURE_HANDOFF\x10\x05\x32\xe8\x03\n\x06Worker\x12\x41\n\x06Submit\x12\x1c.pddflow.runtime.v1.LegOrder\x1a\x19.pddflow.runtime.v1.Reply\x12=\n\x04\x46\x65\x65\x64\x12\x1a.pddflow.runtime.v1.Tokens\x1a\x19.pddflow.runtime.v1.Reply\x12\x46\n\x07Handoff\x12 .pddflow.runtime.v1.StartHandoff\x1a\x19.pddflow.runtime.v1.Reply\x12>\n\x05\x41\x62ort\x12\x1a.pddflow.runtime.v1.Cancel\x1a\x19.pddflow.runtime.v1.Reply\x12\x42\n\tRecompute\x12\x1a.pddflow.runtime.v1.Cancel\x1a\x19.pddflow.runtime.v1.Reply\x12\x45\n\x06Status\x12\x19.pddflow.runtime.v1.Empty\x1a .pddflow.runtime.v1.WorkerStatus\x12I\n\x08TuneLink\x12\x1e.pddflow.runtime.v1.LinkTuning\x1a\x1d.pddflow.runtime.v1.LinkTuned2N\n\x08\x46rontend\x12\x42\n\x07Reports\x12\x1a.pddflow.runtime.v1.Report\x1a\x19.pddflow.runtime.v1.Empty(\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -33,46 +33,46 @@ if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_EVENT_VALUESENTRY']._loaded_options = None
   _globals['_EVENT_VALUESENTRY']._serialized_options = b'8\001'
-  _globals['_HANDOFFMODE']._serialized_start=2135
-  _globals['_HANDOFFMODE']._serialized_end=2210
-  _globals['_EVENTKIND']._serialized_start=2213
-  _globals['_EVENTKIND']._serialized_end=2467
-  _globals['_FAILUREKIND']._serialized_start=2470
-  _globals['_FAILUREKIND']._serialized_end=2623
+  _globals['_HANDOFFMODE']._serialized_start=2140
+  _globals['_HANDOFFMODE']._serialized_end=2215
+  _globals['_EVENTKIND']._serialized_start=2218
+  _globals['_EVENTKIND']._serialized_end=2472
+  _globals['_FAILUREKIND']._serialized_start=2475
+  _globals['_FAILUREKIND']._serialized_end=2628
   _globals['_SAMPLING']._serialized_start=38
   _globals['_SAMPLING']._serialized_end=182
-  _globals['_JOB']._serialized_start=185
-  _globals['_JOB']._serialized_end=579
-  _globals['_TOPLOGPROBS']._serialized_start=581
-  _globals['_TOPLOGPROBS']._serialized_end=625
-  _globals['_TOKENS']._serialized_start=628
-  _globals['_TOKENS']._serialized_end=782
-  _globals['_CANCEL']._serialized_start=784
-  _globals['_CANCEL']._serialized_end=824
-  _globals['_STARTHANDOFF']._serialized_start=826
-  _globals['_STARTHANDOFF']._serialized_end=903
-  _globals['_REPLY']._serialized_start=905
-  _globals['_REPLY']._serialized_end=939
-  _globals['_EMPTY']._serialized_start=941
-  _globals['_EMPTY']._serialized_end=948
-  _globals['_WORKERSTATUS']._serialized_start=951
-  _globals['_WORKERSTATUS']._serialized_end=1302
-  _globals['_LINKTUNING']._serialized_start=1304
-  _globals['_LINKTUNING']._serialized_end=1407
-  _globals['_LINKTUNED']._serialized_start=1409
-  _globals['_LINKTUNED']._serialized_end=1454
-  _globals['_EVENT']._serialized_start=1457
-  _globals['_EVENT']._serialized_end=1674
-  _globals['_EVENT_VALUESENTRY']._serialized_start=1629
-  _globals['_EVENT_VALUESENTRY']._serialized_end=1674
-  _globals['_CACHEDELTA']._serialized_start=1676
-  _globals['_CACHEDELTA']._serialized_end=1737
-  _globals['_FAILURE']._serialized_start=1739
-  _globals['_FAILURE']._serialized_end=1857
-  _globals['_REPORT']._serialized_start=1860
-  _globals['_REPORT']._serialized_end=2133
-  _globals['_WORKER']._serialized_start=2626
-  _globals['_WORKER']._serialized_end=3109
-  _globals['_FRONTEND']._serialized_start=3111
-  _globals['_FRONTEND']._serialized_end=3189
+  _globals['_LEGORDER']._serialized_start=185
+  _globals['_LEGORDER']._serialized_end=584
+  _globals['_TOPLOGPROBS']._serialized_start=586
+  _globals['_TOPLOGPROBS']._serialized_end=630
+  _globals['_TOKENS']._serialized_start=633
+  _globals['_TOKENS']._serialized_end=787
+  _globals['_CANCEL']._serialized_start=789
+  _globals['_CANCEL']._serialized_end=829
+  _globals['_STARTHANDOFF']._serialized_start=831
+  _globals['_STARTHANDOFF']._serialized_end=908
+  _globals['_REPLY']._serialized_start=910
+  _globals['_REPLY']._serialized_end=944
+  _globals['_EMPTY']._serialized_start=946
+  _globals['_EMPTY']._serialized_end=953
+  _globals['_WORKERSTATUS']._serialized_start=956
+  _globals['_WORKERSTATUS']._serialized_end=1307
+  _globals['_LINKTUNING']._serialized_start=1309
+  _globals['_LINKTUNING']._serialized_end=1412
+  _globals['_LINKTUNED']._serialized_start=1414
+  _globals['_LINKTUNED']._serialized_end=1459
+  _globals['_EVENT']._serialized_start=1462
+  _globals['_EVENT']._serialized_end=1679
+  _globals['_EVENT_VALUESENTRY']._serialized_start=1634
+  _globals['_EVENT_VALUESENTRY']._serialized_end=1679
+  _globals['_CACHEDELTA']._serialized_start=1681
+  _globals['_CACHEDELTA']._serialized_end=1742
+  _globals['_FAILURE']._serialized_start=1744
+  _globals['_FAILURE']._serialized_end=1862
+  _globals['_REPORT']._serialized_start=1865
+  _globals['_REPORT']._serialized_end=2138
+  _globals['_WORKER']._serialized_start=2631
+  _globals['_WORKER']._serialized_end=3119
+  _globals['_FRONTEND']._serialized_start=3121
+  _globals['_FRONTEND']._serialized_end=3199
 # @@protoc_insertion_point(module_scope)

@@ -42,8 +42,8 @@ class DecoderWorker(Worker):
         self.stats = DecodeStats()
         self._decoded = False  # this iteration ran a decode step
 
-    def on_job(self, leg: DecodeLeg) -> None:
-        if leg.job.local_prefill:
+    def on_order(self, leg: DecodeLeg) -> None:
+        if leg.order.local_prefill:
             self.compute_queue.append(leg)
 
     def on_input(self, leg: DecodeLeg, item: InboxItem) -> None:
@@ -242,7 +242,7 @@ class DecoderWorker(Worker):
 
 
 class ColocatedWorker(DecoderWorker):
-    """Prefill and decode on one instance: every job is a local prefill."""
+    """Prefill and decode on one instance: every order is a local prefill."""
 
-    def on_job(self, leg: DecodeLeg) -> None:
+    def on_order(self, leg: DecodeLeg) -> None:
         self.compute_queue.append(leg)

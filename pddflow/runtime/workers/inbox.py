@@ -9,13 +9,13 @@ from pddflow.runtime.proto import runtime_pb2 as pb
 
 
 @dataclass(frozen=True)
-class JobArrived:
-    job: pb.Job
+class LegOrdered:
+    order: pb.LegOrder
     received: float  # monotonic, stamped by the RPC thread: a leg's queue time starts here
 
     @property
     def seq_id(self) -> str:
-        return self.job.seq_id
+        return self.order.seq_id
 
 
 @dataclass(frozen=True)
@@ -24,7 +24,7 @@ class FirstToken:
 
     seq_id: str
     token: int
-    logprob: TokenLogprob | None = None  # prefill's, when the job asked: the decoder reports it
+    logprob: TokenLogprob | None = None  # prefill's, when the order asked: the decoder reports it
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ class HandoffUndeliverable:
 
 
 InboxItem = (
-    JobArrived
+    LegOrdered
     | FirstToken
     | HandoffRequested
     | Abort

@@ -10,11 +10,11 @@ import traceback
 from dataclasses import dataclass
 from typing import Any
 
-from pddflow.core.payloads import SamplingParams, TokenLogprob
+from pddflow.core.payloads import TokenLogprob
 from pddflow.graph.plan import OperatorPlan
-from pddflow.runtime.api.logprobs import from_tokens, to_tokens
 from pddflow.runtime.proto import runtime_pb2 as pb
 from pddflow.runtime.rpc import WORKER, serve
+from pddflow.runtime.wire import logprobs_from_pb, logprobs_to_pb, sampling_from_pb
 from pddflow.runtime.wiring import Wiring
 from pddflow.runtime.workers.connections import WorkerIO
 from pddflow.runtime.workers.inbox import (
@@ -25,18 +25,18 @@ from pddflow.runtime.workers.inbox import (
     HandoffRequested,
     HandoffUndeliverable,
     InboxItem,
-    JobArrived,
     KVLost,
+    LegOrdered,
 )
 
 STATUS_EVERY_S = 0.5
-EARLY_KEEP_S = 60.0  # inputs that arrive before their job are kept this long
+EARLY_KEEP_S = 60.0  # inputs that arrive before their order are kept this long
 AFTER_START = (CaughtUp, HandoffDelivered, HandoffUndeliverable)  # only a running leg makes these
 
 
 def first_token(m: pb.Tokens) -> FirstToken:
-    """Feed: prefill's first token, with its log probability when the job asked."""
-    lps = from_tokens(m)
+    """Feed: prefill's first token, with its log probability when the order asked."""
+    lps = logprobs_from_pb(m)
     return FirstToken(m.seq_id, m.ids[0], lps[0] if lps else None)
 
 
@@ -44,14 +44,14 @@ def first_token(m: pb.Tokens) -> FirstToken:
 class Leg:
     """One request on this worker; each role extends it with what only it needs."""
 
-    job: pb.Job
+    order: pb.LegOrder
     deadline: float
-    received: float  # when the job reached this process
+    received: float  # when the order reached this process
     seq: Any = None  # the engine's Sequence
 
     @property
     def seq_id(self) -> str:
-        return self.job.seq_id
+        return self.order.seq_id
 
 
 class Worker:
@@ -87,7 +87,7 @@ class Worker:
             WORKER,
             wiring.credentials(),
             {
-                "Submit": (pb.Job, pb.Reply, lambda m: put(JobArrived(m, time.monotonic()))),
+                "Submit": (pb.LegOrder, pb.Reply, lambda m: put(LegOrdered(m, time.monotonic()))),
                 "Feed": (pb.Tokens, pb.Reply, lambda m: put(first_token(m))),
                 "Handoff": (
                     pb.StartHandoff,
@@ -145,47 +145,39 @@ class Worker:
                 return
 
     def handle(self, item: InboxItem) -> None:
-        if isinstance(item, JobArrived):
+        if isinstance(item, LegOrdered):
             self._start_leg(item)
             return
         leg = self.legs.get(item.seq_id)
         if leg is None and isinstance(item, AFTER_START):
             return  # its leg has ended
-        if leg is None:  # arrived before its job (or after its end): keep it a while
+        if leg is None:  # arrived before its order (or after its end): keep it a while
             self.early.setdefault(item.seq_id, (time.monotonic(), []))[1].append(item)
         elif isinstance(item, Abort):
             self.finish(leg, reason=item.reason)
         else:
             self.on_input(leg, item)
 
-    def _start_leg(self, arrived: JobArrived) -> None:
-        job = arrived.job
-        s = job.sampling
-        sampling = SamplingParams(
-            max_tokens=s.max_tokens,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            seed=s.seed,
-            stop_token_ids=tuple(s.stop_token_ids),
-            logprobs=s.top_logprobs if s.logprobs else None,
-        )
-        timeout = job.timeout_s or self.wiring.leg_timeout_s
-        leg = self.leg_type(job, arrived.received + timeout, arrived.received)
+    def _start_leg(self, arrived: LegOrdered) -> None:
+        order = arrived.order
+        sampling = sampling_from_pb(order.sampling)
+        timeout = order.timeout_s or self.wiring.leg_timeout_s
+        leg = self.leg_type(order, arrived.received + timeout, arrived.received)
         try:
-            leg.seq = self.engine.add_sequence(list(job.prompt_ids), sampling, job.seq_id)
+            leg.seq = self.engine.add_sequence(list(order.prompt_ids), sampling, order.seq_id)
         except ValueError as exc:
-            self.io.fail(job.seq_id, pb.FAILURE_COMPUTE, str(exc))
+            self.io.fail(order.seq_id, pb.FAILURE_COMPUTE, str(exc))
             return
-        self.legs[job.seq_id] = leg
-        self.on_job(leg)
-        for item in self.early.pop(job.seq_id, (0.0, []))[1]:
+        self.legs[order.seq_id] = leg
+        self.on_order(leg)
+        for item in self.early.pop(order.seq_id, (0.0, []))[1]:
             self.handle(item)
 
-    def on_job(self, leg: Leg) -> None:
+    def on_order(self, leg: Leg) -> None:
         raise NotImplementedError
 
     def on_input(self, leg: Leg, item: InboxItem) -> None:
-        """An input other than the job and an abort (which the loop handles)."""
+        """An input other than the order and an abort (which the loop handles)."""
 
     def compute(self, leg: Leg) -> None:
         raise NotImplementedError
@@ -201,14 +193,14 @@ class Worker:
             final=seq.finished,
             finish_reason=seq.finish_reason or "",
         )
-        self.io.report(tokens=to_tokens(tokens, lps))
+        self.io.report(tokens=logprobs_to_pb(tokens, lps))
 
     def emit_last(self, leg: Leg) -> None:
         """The sequence's newest token (just sampled here), at its position in the client's
-        output, with its log probability when the job asked."""
+        output, with its log probability when the order asked."""
         seq = leg.seq
         lps = [seq.logprobs[-1]] if seq.sampling.logprobs is not None and seq.logprobs else None
-        self.emit(leg, [seq.output_ids[-1]], len(seq.output_ids) - 1 + leg.job.output_offset, lps)
+        self.emit(leg, [seq.output_ids[-1]], len(seq.output_ids) - 1 + leg.order.output_offset, lps)
 
     def finish(self, leg: Leg, reason: str = "") -> None:
         self.legs.pop(leg.seq_id, None)

@@ -23,8 +23,8 @@ class MainLeg(DecodeLeg):
 class MainWorker(DecoderWorker):
     leg_type = MainLeg
 
-    def on_job(self, leg: MainLeg) -> None:
-        if leg.job.local_prefill:
+    def on_order(self, leg: MainLeg) -> None:
+        if leg.order.local_prefill:
             self.compute_queue.append(leg)
         else:
             self.adopt_prefix(leg)
@@ -42,7 +42,7 @@ class MainWorker(DecoderWorker):
         """Take exactly the cached prefix blocks the router counted on (prefill sends the rest);
         blocks evicted since the decision are recomputed from the prompt's token IDs."""
         seq, bs = leg.seq, self.engine.block_size
-        blocks = reused_blocks(leg.job.main_cached_blocks, seq.num_prompt_tokens, bs)
+        blocks = reused_blocks(leg.order.main_cached_blocks, seq.num_prompt_tokens, bs)
         if blocks == 0:
             return
         have = self.engine.radix.match(seq.block_hashes(bs, blocks * bs))
@@ -61,7 +61,7 @@ class MainWorker(DecoderWorker):
             super().maybe_start(leg)
 
     def starts_alone(self, leg: MainLeg) -> bool:
-        return not leg.job.relay or leg.job.singular
+        return not leg.order.relay or leg.order.singular
 
     def step(self) -> None:
         """Handoff extends that fit ride along with the decode batch in one forward (a catch-up

@@ -15,7 +15,7 @@ from pddflow.runtime.workers.loop import Leg, Worker
 
 @dataclass(eq=False)
 class PrefillLeg(Leg):
-    queued_ms: float = 0.0  # job received -> prefill started
+    queued_ms: float = 0.0  # order received -> prefill started
     prefill_ms: float = 0.0
     prefill_cpu_ms: float = 0.0  # wall >> CPU: the prefill waited for its core
     cached_tokens: int = 0  # prompt tokens the prefix cache gave
@@ -24,7 +24,7 @@ class PrefillLeg(Leg):
 class PrefillWorker(Worker):
     leg_type = PrefillLeg
 
-    def on_job(self, leg: PrefillLeg) -> None:
+    def on_order(self, leg: PrefillLeg) -> None:
         self.compute_queue.append(leg)
 
     def compute(self, leg: PrefillLeg) -> None:
@@ -43,15 +43,15 @@ class PrefillWorker(Worker):
             self.fail(leg, pb.FAILURE_COMPUTE, exc)
 
     def _ship_kv(self, leg: PrefillLeg) -> None:
-        job, seq, block_bytes = leg.job, leg.seq, self.engine.block_bytes
+        order, seq, block_bytes = leg.order, leg.seq, self.engine.block_bytes
         targets = []
-        if job.relay:
-            targets.append((job.relay, 0))
-        if job.main and not job.singular:
+        if order.relay:
+            targets.append((order.relay, 0))
+        if order.main and not order.singular:
             reused = reused_blocks(
-                job.main_cached_blocks, seq.num_prompt_tokens, self.engine.block_size
+                order.main_cached_blocks, seq.num_prompt_tokens, self.engine.block_size
             )
-            targets.append((job.main, reused))
+            targets.append((order.main, reused))
         for peer, start_block in targets:
             kind = self.io.kv_kind_to(peer)
             timeout = max(0.1, min(leg.deadline - time.monotonic(), self.io.deadline_s(kind, peer)))

@@ -57,7 +57,7 @@ class RelayWorker(DecoderWorker):
     def on_finished(self, leg: RelayLeg) -> None:
         """Finished before handing off: main still gets every ID, so its radix cache stays aligned
         with prefill's (both PDD pipelines end at main)."""
-        if leg.job.main and not leg.job.singular:
+        if leg.order.main and not leg.order.singular:
             try:
                 self.send_ids(leg, final=True)
             except Exception as exc:  # noqa: BLE001 - the request is done; main misses a turn
@@ -72,8 +72,8 @@ class RelayWorker(DecoderWorker):
 
     def advance(self, leg: RelayLeg) -> None:
         """Send what the cut says now; the rest waits for the next token or main's CaughtUp."""
-        job = leg.job
-        cut = HandoffCut(job.catch_up_tokens, job.min_extend_tokens, job.one_shot_above_load)
+        order = leg.order
+        cut = HandoffCut(order.catch_up_tokens, order.min_extend_tokens, order.one_shot_above_load)
         mode = "one_shot" if leg.handing_off == pb.HANDOFF_ONE_SHOT else "catch_up"
         load = self.running() / max(self.op.max_batch, 1)
         unsent = len(leg.seq.output_ids) - leg.sent_upto
@@ -105,7 +105,7 @@ class RelayWorker(DecoderWorker):
         ids = leg.seq.output_ids[leg.sent_upto :]
         msg = TokenIds(leg.seq_id, leg.sent_upto, list(ids), final=final)
         leg.sent_upto += len(ids)
-        main = self.io.sender("token_ids", leg.job.main)
+        main = self.io.sender("token_ids", leg.order.main)
         fut = main.send_async(msg, timeout_s=max(0.1, leg.deadline - time.monotonic()))
         kind = pb.EVENT_HANDOFF_SENT if final else pb.EVENT_CATCH_UP_SENT
         extra = {"switched": 1.0} if switched else {}

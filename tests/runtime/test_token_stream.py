@@ -4,17 +4,17 @@ from __future__ import annotations
 
 import pytest
 
-from pddflow.runtime.frontend.token_stream import RequestState, StreamConflict, TokenRun
+from pddflow.runtime.frontend.token_stream import StreamConflict, TokenRun, TokenStream
 
 
-def _state(max_tokens: int = 10) -> RequestState:
-    return RequestState(
+def _stream(max_tokens: int = 10) -> TokenStream:
+    return TokenStream(
         "r", prompt_len=5, max_tokens=max_tokens, variant="p_rld_md", handoff="one_shot"
     )
 
 
 def test_handoff_overlap_merges_without_repeat_or_gap():
-    s = _state()
+    s = _stream()
     s.add(TokenRun(0, [7], "prefill"))
     s.add(TokenRun(1, [8, 9, 10], "relay"))
     s.add(TokenRun(6, [13, 14], "main"))  # arrives before the gap is filled
@@ -28,17 +28,17 @@ def test_handoff_overlap_merges_without_repeat_or_gap():
 
 
 def test_disagreement_is_an_error():
-    s = _state()
+    s = _stream()
     s.add(TokenRun(0, [1, 2, 3], "relay"))
     with pytest.raises(StreamConflict, match="position 2 is 3 from relay but 4 from main"):
         s.add(TokenRun(2, [4], "main"))
 
 
 def test_max_tokens_and_final_end_the_stream():
-    s = _state(max_tokens=3)
+    s = _stream(max_tokens=3)
     s.add(TokenRun(0, [1, 2, 3, 4], "main"))
     assert s.finished and s.tokens == [1, 2, 3]
-    t = _state()
+    t = _stream()
     t.add(TokenRun(0, [1, 2], "main", final=True))
     assert t.finished and t.timeline()["tokens_by_operator"] == {"main": 2}
 
@@ -49,13 +49,13 @@ def test_logprobs_merge_by_position_first_writer_wins():
     def lp(v: float) -> TokenLogprob:
         return TokenLogprob(v, ((1, v),))
 
-    s = _state(4)
+    s = _stream(4)
     s.add(TokenRun(2, [3], "main", logprobs=[lp(-3.0)]))  # beyond the gap: kept with its logprob
     s.add(TokenRun(0, [1, 2], "relay", logprobs=[lp(-1.0), lp(-2.0)]))
     s.add(TokenRun(2, [3, 4], "relay", logprobs=[lp(-9.0), lp(-4.0)]))  # position 2 seen: main's
     chunk = s.take_new()
     assert chunk == [1, 2, 3, 4]
     assert [x.logprob for x in chunk.logprobs] == [-1.0, -2.0, -3.0, -4.0]
-    t = _state(2)
+    t = _stream(2)
     t.add(TokenRun(0, [1, 2], "main"))  # a request that did not ask: None per token
     assert t.take_new().logprobs == [None, None]

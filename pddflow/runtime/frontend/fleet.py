@@ -1,0 +1,84 @@
+"""The frontend's view of its workers: a control client to each, the last status each reported,
+which are lost, and the restarts and exits the deployer told of."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from pddflow.graph.plan import Plan
+from pddflow.runtime.frontend.flight import Flight
+from pddflow.runtime.proto import runtime_pb2 as pb
+from pddflow.runtime.rpc import Credentials, WorkerClient, grpc_text
+from pddflow.runtime.wiring import Wiring
+
+log = logging.getLogger("pddflow.frontend")
+
+
+class Fleet:
+    def __init__(self, plan: Plan, wiring: Wiring, credentials: Credentials):
+        self.plan = plan
+        self.clients = {i: WorkerClient(ep.rpc, credentials) for i, ep in wiring.workers.items()}
+        self.status: dict[str, pb.WorkerStatus] = {}
+        self.lost: set[str] = set()
+        self.restarts: dict[str, int] = {}  # instance -> restarts by the deployer
+        self.exits: dict[str, str] = {}  # instance -> why it last died
+
+    def call(self, inst: str, method: str, msg: Any) -> None:
+        """Send and forget (a lost instance is skipped); a failure is logged."""
+        if inst in self.lost:
+            return
+        fut = self.clients[inst].future(method, msg)
+        fut.add_done_callback(
+            lambda f: (
+                f.exception()
+                and log.warning("%s.%s failed: %s", inst, method, grpc_text(f.exception()))
+            )
+        )
+
+    def abort_leg(self, flight: Flight, inst: str, reason: str) -> None:
+        r = flight.route
+        r.legs.discard(inst)
+        if inst not in self.lost:
+            seq_id = r.resumed_seq if inst in r.resumed_on else flight.request_id
+            self.call(inst, "Abort", pb.Cancel(seq_id=seq_id, reason=reason))
+
+    def answers(self, inst: str) -> bool:
+        """A broken report stream alone is not a lost worker: it reconnects if it still runs."""
+        try:
+            self.clients[inst].call("Status", pb.Empty(), timeout_s=2.0)
+            return True
+        except Exception:  # noqa: BLE001 - any failure to answer counts as gone
+            return False
+
+    def up(self) -> dict[str, pb.WorkerStatus]:
+        """The last status of every instance not lost."""
+        return {i: s for i, s in self.status.items() if i not in self.lost}
+
+    def decoders(self, prefer: tuple[str, ...] = ()) -> list[str]:
+        """Live decoding instances, `prefer`red ones first."""
+        alive = [
+            i.id
+            for i in self.plan.instances
+            if i.id not in self.lost and self.plan.operators[i.operator].type.decodes
+        ]
+        return [i for i in prefer if i in alive] + [i for i in alive if i not in prefer]
+
+    def health(self, inst: str) -> dict[str, Any]:
+        s = self.status.get(inst)
+        state = "lost" if inst in self.lost else ("up" if s is not None and s.ready else "starting")
+        out: dict[str, Any] = {"ready": state == "up", "state": state}
+        if state == "up":
+            out.update(
+                kv_blocks_used=s.kv_blocks_used,
+                cached_blocks=s.cached_blocks,
+                running=s.running,
+                legs=len(s.legs),
+            )
+        if inst in self.restarts or inst in self.exits:
+            out.update(restarts=self.restarts.get(inst, 0), last_exit=self.exits.get(inst))
+        return out
+
+    def close(self) -> None:
+        for c in self.clients.values():
+            c.close()
