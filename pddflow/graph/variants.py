@@ -65,8 +65,8 @@ def _variant(
                 f"variant {name} goes {a} -> {b} but no edge joins them; add an edge "
                 f"from {a} to {b} (for KV: `{{from: {a}.kv, to: {b}.kv, channel: ...}}`)",
             )
-    relays = [p for p in v.path if r.types[p].name == "relay_decode"]
-    ends_at_relay = last.name == "relay_decode"
+    relays = [p for p in v.path if r.types[p].relays]
+    ends_at_relay = last.relays
     if ends_at_relay and not v.singular_traffic:
         r.err(
             at + ("path",),
