@@ -1,6 +1,11 @@
-"""The one "does this request's KV fit" arithmetic (pddflow.core.kv_budget)."""
+"""The one "does this request's KV fit" arithmetic (pddflow.core.kv_budget) and the reference
+loop that admits by it (pddflow.operators.continuous_batching)."""
+
+from conftest import small_engine
 
 from pddflow.core.kv_budget import blocks_for, kv_fit
+from pddflow.core.payloads import SamplingParams
+from pddflow.operators import continuous_batching
 
 
 def test_blocks_for_rounds_a_partial_block_up():
@@ -26,3 +31,12 @@ def test_the_refusal_says_what_it_needs_and_what_the_instance_holds():
         "the prompt (100 tokens) and max_tokens (200) need 19 KV blocks on main/0, which holds "
         "10 (160 tokens); lower max_tokens or shorten the prompt"
     )
+
+
+def test_the_reference_loop_runs_on_any_engine_and_matches_engine_generate():
+    prompts = [[1, 5, 9, 80], [7, 7, 7]]
+    params = SamplingParams(max_tokens=6)
+    direct = continuous_batching.generate(small_engine(), prompts, params, max_batch=2)
+    method = small_engine().generate(prompts, params, max_batch=2)
+    assert [s.output_ids for s in direct] == [s.output_ids for s in method]
+    assert all(len(s.output_ids) == 6 for s in direct)
