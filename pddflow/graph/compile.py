@@ -1,5 +1,5 @@
 """Semantic stage and compiler: GraphSpec -> Plan. Edge checks live in edges.py, variant checks
-in variants.py.
+in variants.py; they take what the compiler resolved (`Resolved`), not the compiler.
 
 Every check reports through `Source.error`, so a file gets all its problems at once, each naming
 the line, the evidence on both sides and the fix. A Plan is returned only when nothing is wrong.
@@ -17,7 +17,7 @@ from pddflow.core.model_ref import is_hub_id
 from pddflow.core.operator_types import OPERATOR_TYPES, OperatorType
 from pddflow.core.policies import POLICIES
 from pddflow.core.registry import did_you_mean
-from pddflow.graph.edges import EdgeIndex, check_cycles, check_edges, check_unfed_inputs
+from pddflow.graph.edges import check_cycles, check_edges, check_unfed_inputs
 from pddflow.graph.params import check_params
 from pddflow.graph.plan import (
     ClusterPlan,
@@ -30,6 +30,7 @@ from pddflow.graph.plan import (
     Shape,
     _instances,
 )
+from pddflow.graph.resolved import Resolved
 from pddflow.graph.spec import ArchNumbers, GraphSpec
 from pddflow.graph.variants import check_variants
 from pddflow.graph.yaml_source import Source
@@ -44,9 +45,6 @@ class Compiler:
         self.arch: ModelArch | None = None
         self.types: dict[str, OperatorType] = {}
         self.links: dict[str, LinkModel] = {}
-        self.graph = EdgeIndex()  # the valid edges: what the Plan is built from
-        self.declared = EdgeIndex()  # every edge whose endpoints exist, valid or not
-        self.declared_inputs: set[tuple[str, str]] = set()
 
     def err(self, path: tuple, message: str, key: bool = False, severity: str = "error") -> None:
         self.src.error(path, message, key=key, severity=severity)
@@ -59,10 +57,12 @@ class Compiler:
         clusters = self._clusters(devices)
         self._links(clusters)
         operators = self._operators(clusters, devices)
-        channels = check_edges(self, operators)
-        check_unfed_inputs(self, operators)
-        check_cycles(self)
-        variants = check_variants(self, operators)
+        # the edge and variant checks read what the stages above resolved
+        resolved = Resolved(self.spec, self.src, self.types, self.links)
+        edges = check_edges(resolved, operators)
+        check_unfed_inputs(resolved, operators, edges.fed)
+        check_cycles(resolved, edges.valid)
+        variants = check_variants(resolved, operators, edges)
         scheduler = self._scheduler()
         local = self._local(operators)
         if self._error_count() > before or model is None:
@@ -76,7 +76,7 @@ class Compiler:
             links=self.links,
             operators=operators,
             instances=_instances(operators),
-            channels=tuple(channels),
+            channels=edges.channels,
             variants=variants,
             scheduler=scheduler,
             local_replicas=local,

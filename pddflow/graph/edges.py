@@ -3,16 +3,15 @@ cross-cluster edge takes, inputs nothing feeds, and cycles."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any
 
 from pddflow.core.channel_kinds import CHANNEL_KINDS
 from pddflow.core.payloads import Payload
 from pddflow.core.registry import did_you_mean
 from pddflow.graph.params import check_params
 from pddflow.graph.plan import ChannelPlan, OperatorPlan
-
-if TYPE_CHECKING:
-    from pddflow.graph.compile import Compiler
+from pddflow.graph.resolved import Resolved
 
 
 class EdgeIndex:
@@ -52,17 +51,29 @@ class EdgeIndex:
         return found
 
 
-def check_edges(comp: Compiler, ops: dict[str, OperatorPlan]) -> list[ChannelPlan]:
-    """Every edge checked and bound to its channel kind and link; valid ones go to comp.graph."""
+@dataclass(frozen=True)
+class Edges:
+    """What the edge checks found."""
+
+    channels: tuple[ChannelPlan, ...]  # the valid edges, bound to their kind and link
+    valid: EdgeIndex  # the same as an index: what the Plan and the variants' channels use
+    declared: EdgeIndex  # every edge whose endpoints exist, valid or not
+    fed: frozenset[tuple[str, str]]  # (operator, input port) some edge declares it feeds
+
+
+def check_edges(r: Resolved, ops: dict[str, OperatorPlan]) -> Edges:
+    """Every edge checked and bound to its channel kind and link."""
     out: list[ChannelPlan] = []
     seen: set[str] = set()
-    for i, e in enumerate(comp.spec.edges):
+    valid, declared = EdgeIndex(), EdgeIndex()
+    fed: set[tuple[str, str]] = set()
+    for i, e in enumerate(r.spec.edges):
         at = ("edges", i)
-        src = _endpoint(comp, at + ("from",), e.from_, "outputs")
-        dst = _endpoint(comp, at + ("to",), e.to, "inputs")
+        src = _endpoint(r, at + ("from",), e.from_, "outputs")
+        dst = _endpoint(r, at + ("to",), e.to, "inputs")
         kind = None
         if e.channel not in CHANNEL_KINDS:
-            comp.err(
+            r.err(
                 at + ("channel",),
                 f"unknown channel kind {e.channel!r}"
                 f"{did_you_mean(e.channel, CHANNEL_KINDS.names())}; "
@@ -71,14 +82,14 @@ def check_edges(comp: Compiler, ops: dict[str, OperatorPlan]) -> list[ChannelPla
         else:
             kind = CHANNEL_KINDS.get(e.channel)
         if dst:
-            comp.declared_inputs.add((dst[0], dst[1]))
+            fed.add((dst[0], dst[1]))
         if src and dst:
-            comp.declared.add(src[0], dst[0], f"{e.from_}->{e.to}", payload=str(src[2]))
+            declared.add(src[0], dst[0], f"{e.from_}->{e.to}", payload=str(src[2]))
         if not (src and dst and kind):
             continue
         (s_op, s_port, s_type), (d_op, d_port, d_type) = src, dst
         if s_type != d_type:
-            comp.err(
+            r.err(
                 at + ("to",),
                 f"type mismatch: {e.from_} sends {s_type} but {e.to} takes {d_type}",
             )
@@ -89,7 +100,7 @@ def check_edges(comp: Compiler, ops: dict[str, OperatorPlan]) -> list[ChannelPla
                 for k in CHANNEL_KINDS.names()
                 if s_type in CHANNEL_KINDS.get(k).carries and k != "local"
             ]
-            comp.err(
+            r.err(
                 at + ("channel",),
                 f"channel {kind.name} carries {', '.join(sorted(map(str, kind.carries)))} but "
                 f"{e.from_} sends {s_type}; use {' or '.join(fits)}",
@@ -99,7 +110,7 @@ def check_edges(comp: Compiler, ops: dict[str, OperatorPlan]) -> list[ChannelPla
         cross = a != b
         link_name = None
         if cross and not kind.can_cross_clusters():
-            comp.err(
+            r.err(
                 at + ("channel",),
                 f"{kind.name} cannot cross clusters ({kind.scope} scope), but {s_op} is in "
                 f"cluster {a} and {d_op} in cluster {b}; "
@@ -107,27 +118,27 @@ def check_edges(comp: Compiler, ops: dict[str, OperatorPlan]) -> list[ChannelPla
             )
             continue
         if kind.scope == "process" and s_op != d_op:
-            comp.err(
+            r.err(
                 at + ("channel",),
                 f"channel local only joins ports inside one process, but {s_op} and {d_op} "
                 "are separate operators; use rdma_tensor, wan_flight or token_ids",
             )
             continue
         if cross:
-            link_name = _edge_link(comp, at, e.link, a, b)
+            link_name = _edge_link(r, at, e.link, a, b)
             if link_name is None:
                 continue
         elif e.link is not None:
-            comp.err(
+            r.err(
                 at + ("link",),
                 f"{s_op} and {d_op} are both in cluster {a}; an intra-cluster edge crosses no link",
             )
         params = check_params(
-            comp.src, at + ("params",), kind.params, e.params, f"channel {kind.name}"
+            r.src, at + ("params",), kind.params, e.params, f"channel {kind.name}"
         )
         cid = f"{s_op}.{s_port}->{d_op}.{d_port}"
         if cid in seen:
-            comp.err(at, f"edge {cid} is declared twice; delete one", key=False)
+            r.err(at, f"edge {cid} is declared twice; delete one", key=False)
             continue
         seen.add(cid)
         out.append(
@@ -144,23 +155,23 @@ def check_edges(comp: Compiler, ops: dict[str, OperatorPlan]) -> list[ChannelPla
                 params,
             )
         )
-        comp.graph.add(s_op, d_op, cid, kind=kind.name, payload=str(s_type))
-    return out
+        valid.add(s_op, d_op, cid, kind=kind.name, payload=str(s_type))
+    return Edges(tuple(out), valid, declared, frozenset(fed))
 
 
-def _endpoint(comp: Compiler, at: tuple, ref: str, side: str) -> tuple[str, str, Payload] | None:
+def _endpoint(r: Resolved, at: tuple, ref: str, side: str) -> tuple[str, str, Payload] | None:
     if ref.count(".") != 1 or not all(ref.split(".")):
-        comp.err(at, f"{ref!r} is not `operator.port` (for example `prefill.kv`)")
+        r.err(at, f"{ref!r} is not `operator.port` (for example `prefill.kv`)")
         return None
     op, port = ref.split(".")
-    if op not in comp.spec.operators:
-        comp.err(
+    if op not in r.spec.operators:
+        r.err(
             at,
-            f"no operator named {op!r}{did_you_mean(op, comp.spec.operators)}; operators: "
-            f"{', '.join(comp.spec.operators)}",
+            f"no operator named {op!r}{did_you_mean(op, r.spec.operators)}; operators: "
+            f"{', '.join(r.spec.operators)}",
         )
         return None
-    optype = comp.types.get(op)
+    optype = r.types.get(op)
     if optype is None:  # its own definition is already reported
         return None
     ports = getattr(optype, side)
@@ -168,13 +179,13 @@ def _endpoint(comp: Compiler, at: tuple, ref: str, side: str) -> tuple[str, str,
         other = optype.inputs if side == "outputs" else optype.outputs
         if port in other:
             where = "an input" if side == "outputs" else "an output"
-            comp.err(
+            r.err(
                 at,
                 f"{op}.{port} is {where} of {optype.name}; edges go from an output to an input",
             )
         else:
             listed = ", ".join(f"{p} ({t})" for p, t in ports.items())
-            comp.err(
+            r.err(
                 at,
                 f"{optype.name} operator {op} has no {side[:-1]} port {port!r}"
                 f"{did_you_mean(port, ports)}; its {side}: {listed}",
@@ -183,26 +194,24 @@ def _endpoint(comp: Compiler, at: tuple, ref: str, side: str) -> tuple[str, str,
     return op, port, ports[port]
 
 
-def _edge_link(comp: Compiler, at: tuple, declared: str | None, a: str, b: str) -> str | None:
+def _edge_link(r: Resolved, at: tuple, declared: str | None, a: str, b: str) -> str | None:
     if declared is not None:
-        link = comp.links.get(declared)
+        link = r.links.get(declared)
         if link is None:
-            if declared not in comp.spec.links:
-                comp.err(
+            if declared not in r.spec.links:
+                r.err(
                     at + ("link",),
-                    f"no link named {declared!r}{did_you_mean(declared, comp.spec.links)}",
+                    f"no link named {declared!r}{did_you_mean(declared, r.spec.links)}",
                 )
             return None
         if not link.connects(a, b):
-            comp.err(
-                at + ("link",), f"link {declared} joins {link.a} and {link.b}, not {a} and {b}"
-            )
+            r.err(at + ("link",), f"link {declared} joins {link.a} and {link.b}, not {a} and {b}")
             return None
         return declared
-    for name, link in comp.links.items():
+    for name, link in r.links.items():
         if link.connects(a, b):
             return name
-    comp.err(
+    r.err(
         at,
         f"this edge crosses from cluster {a} to cluster {b} but no link joins them; add "
         f"`links: {{{a}-{b}: {{gbps: 100, rtt_ms: 30}}}}`",
@@ -210,12 +219,13 @@ def _edge_link(comp: Compiler, at: tuple, declared: str | None, a: str, b: str) 
     return None
 
 
-def check_unfed_inputs(comp: Compiler, ops: dict[str, OperatorPlan]) -> None:
-    fed = comp.declared_inputs
+def check_unfed_inputs(
+    r: Resolved, ops: dict[str, OperatorPlan], fed: frozenset[tuple[str, str]]
+) -> None:
     for name in ops:
-        for port, payload in comp.types[name].inputs.items():
+        for port, payload in r.types[name].inputs.items():
             if payload == Payload.KV_BLOCKS and (name, port) not in fed:
-                comp.err(
+                r.err(
                     ("operators", name),
                     f"{name}.{port} takes {payload} but no edge feeds it; add an edge "
                     f"`{{from: <prefill>.kv, to: {name}.{port}, channel: ...}}` "
@@ -224,10 +234,10 @@ def check_unfed_inputs(comp: Compiler, ops: dict[str, OperatorPlan]) -> None:
                 )
 
 
-def check_cycles(comp: Compiler) -> None:
-    for cycle in comp.graph.cycles():
-        first = next(i for i, e in enumerate(comp.spec.edges) if e.from_.split(".")[0] == cycle[0])
-        comp.err(
+def check_cycles(r: Resolved, valid: EdgeIndex) -> None:
+    for cycle in valid.cycles():
+        first = next(i for i, e in enumerate(r.spec.edges) if e.from_.split(".")[0] == cycle[0])
+        r.err(
             ("edges", first),
             f"edges form a cycle {' -> '.join(cycle + [cycle[0]])}; a pipeline flows one way "
             "(prefill -> relay -> main)",

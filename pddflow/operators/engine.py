@@ -1,11 +1,11 @@
 """The engine: a model, a paged KV pool, a radix prefix cache and the entry points the runtime
-calls (docs/engine.md, What the runtime calls). No scheduler lives here."""
+calls (docs/engine.md, What the runtime calls). No scheduler lives here: the runtime's workers
+decide what runs when, and `generate` hands the colocated reference to continuous_batching.py."""
 
 from __future__ import annotations
 
 import itertools
 import random
-from collections import deque
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import dataclass
@@ -14,6 +14,7 @@ import torch
 
 from pddflow.core.block_hash import partial_block_hash
 from pddflow.core.host_memory import keep_freed_memory
+from pddflow.core.kv_budget import blocks_for
 from pddflow.core.payloads import KVBlocks, Request, SamplingParams
 from pddflow.kernels.kv_copy import gather_blocks, scatter_blocks
 from pddflow.kernels.paged_attention import (
@@ -23,6 +24,7 @@ from pddflow.kernels.paged_attention import (
     calibrate,
     plan_attention,
 )
+from pddflow.operators import continuous_batching
 from pddflow.operators.block_allocator import BlockAllocator, KVCacheFull
 from pddflow.operators.config import ModelConfig
 from pddflow.operators.kv_cache import KVPool, block_bytes, blocks_for_budget
@@ -280,7 +282,7 @@ class Engine:
     ) -> KVBlocks:
         """Blocks [start_block, end_block) as one KVBlocks (the last may be partial)."""
         bs = self.block_size
-        n_blocks = -(-seq.num_computed // bs)
+        n_blocks = blocks_for(seq.num_computed, bs)
         end_block = n_blocks if end_block is None else min(end_block, n_blocks)
         if not 0 <= start_block <= end_block:
             raise ValueError(
@@ -309,7 +311,7 @@ class Engine:
             raise ValueError(
                 f"KV covers tokens up to {kv.token_end}, the sequence knows {len(seq.token_ids)}"
             )
-        want = -(-kv.token_end // bs) - kv.token_start // bs
+        want = blocks_for(kv.token_end, bs) - kv.token_start // bs
         if kv.num_blocks != want or (want and kv.data.shape[0] != want):
             raise ValueError(
                 f"KV range [{kv.token_start}, {kv.token_end}) needs {want} blocks, "
@@ -337,72 +339,9 @@ class Engine:
         max_batch: int = 8,
         on_step: Callable[[list[Sequence]], None] | None = None,
     ) -> list[Sequence]:
-        """The colocated reference loop: admit while the batch has room and the KV cache holds the
-        request's worst case, then one decode step. Finished sequences in request order."""
-        reqs = [
-            r
-            if isinstance(r, Request)
-            else Request(f"req-{i}", list(r), sampling or SamplingParams())
-            for i, r in enumerate(requests)
-        ]
-        waiting = deque(enumerate(reqs))
-        done: dict[int, Sequence] = {}
-        running: list[tuple[int, Sequence]] = []
-        while waiting or running:
-            while (
-                waiting
-                and len(running) < max_batch
-                and self._fits(waiting[0][1], [s for _, s in running])
-            ):
-                i, r = waiting.popleft()
-                seq = self.add_sequence(r.prompt_ids, r.sampling, r.request_id)
-                if r.sampling.max_tokens <= 0:
-                    seq.finished, seq.finish_reason = True, "length"
-                    done[i] = seq
-                    continue
-                self.prefill(seq)
-                if seq.finished:
-                    self.free(seq)
-                    done[i] = seq
-                else:
-                    running.append((i, seq))
-            if not running:
-                if not waiting:
-                    break  # everything admitted finished during prefill
-                r = waiting[0][1]
-                raise self._full(self._blocks_needed(r), f"request {r.request_id}")
-            self.decode([s for _, s in running])
-            if on_step is not None:
-                on_step([s for _, s in running])
-            still: list[tuple[int, Sequence]] = []
-            for i, s in running:
-                if s.finished:
-                    self.free(s)
-                    done[i] = s
-                else:
-                    still.append((i, s))
-            running = still
-        return [done[i] for i in range(len(reqs))]
-
-    def _blocks_needed(self, r: Request) -> int:
-        return -(-(len(r.prompt_ids) + max(r.sampling.max_tokens, 0)) // self.block_size)
-
-    def _fits(self, r: Request, running: list[Sequence]) -> bool:
-        need = self._blocks_needed(r)
-        if need > self.allocator.num_blocks:
-            raise self._full(need, f"request {r.request_id}")
-        reserved = sum(
-            max(
-                0,
-                -(-(s.num_prompt_tokens + s.sampling.max_tokens) // self.block_size)
-                - len(s.block_table),
-            )
-            for s in running
-        )
-        free = self.allocator.num_free
-        if need + reserved <= free:
-            return True
-        return need + reserved <= free + self.radix.evictable_count()
+        """The colocated reference: continuous batching over this engine's steps, scheduled by
+        `continuous_batching.generate`. Finished sequences in request order."""
+        return continuous_batching.generate(self, requests, sampling, max_batch, on_step)
 
     def _allocate(self, n: int, what: str) -> list[int]:
         short = n - self.allocator.num_free
@@ -421,7 +360,7 @@ class Engine:
         self._ensure_blocks(seq, tokens)
 
     def _ensure_blocks(self, seq: Sequence, upto_tokens: int) -> None:
-        need = -(-upto_tokens // self.block_size) - len(seq.block_table)
+        need = blocks_for(upto_tokens, self.block_size) - len(seq.block_table)
         if need > 0:
             seq.block_table += self._allocate(need, seq.seq_id)
 

@@ -4,7 +4,7 @@ with the edges that cross it. `--variant` marks that pipeline's operators and ed
 from __future__ import annotations
 
 from pddflow.graph.plan import Plan
-from pddflow.graph.render import edge_label, on_variant, operator_summary
+from pddflow.graph.render.common import edge_label, on_variant, operator_summary
 
 
 def render(plan: Plan, variant: str | None = None) -> str:

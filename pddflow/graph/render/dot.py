@@ -6,7 +6,7 @@ import shutil
 import subprocess
 
 from pddflow.graph.plan import Plan
-from pddflow.graph.render import RenderError, edge_label, on_variant, operator_summary
+from pddflow.graph.render.common import RenderError, edge_label, on_variant, operator_summary
 
 NEWLINE = "\\n"  # DOT's line break inside a label
 

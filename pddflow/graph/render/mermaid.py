@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from pddflow.graph.plan import Plan
-from pddflow.graph.render import edge_label, on_variant, operator_summary
+from pddflow.graph.render.common import edge_label, on_variant, operator_summary
 
 
 def _id(s: str) -> str:
