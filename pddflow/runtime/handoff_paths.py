@@ -13,7 +13,9 @@ from dataclasses import dataclass, replace
 from pddflow.channels.codec_tokens import envelope
 from pddflow.channels.link_relay import LinkRelay
 from pddflow.channels.token_ids import TokenIdsClient, TokenIdsParams, TokenIdsServer
-from pddflow.channels.wan_flight import WanFlightParams, WanFlightReceiver, WanFlightSender
+from pddflow.channels.wan_flight.params import WanFlightParams
+from pddflow.channels.wan_flight.receiver import WanFlightReceiver
+from pddflow.channels.wan_flight.sender import WanFlightSender
 from pddflow.core.link import Jitter, LinkModel
 from pddflow.core.payloads import KVBlocks, TokenIds
 from pddflow.operators.engine import Engine

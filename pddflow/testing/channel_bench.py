@@ -81,7 +81,8 @@ def raw_tcp_runner(stack: ExitStack, kv: Any) -> Callable[[], float]:
 def wan_flight_runner(
     stack: ExitStack, kv: Any, streams: int, emulate: Any = None
 ) -> Callable[[], float]:
-    from pddflow.channels.wan_flight import WanFlightParams, WanFlightSender
+    from pddflow.channels.wan_flight.params import WanFlightParams
+    from pddflow.channels.wan_flight.sender import WanFlightSender
     from pddflow.testing.peer import PeerProcess
 
     params = WanFlightParams(streams=streams, emulate=emulate, deadline_s=600)

@@ -134,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     stop = _stdin_closed()
 
     if args.role == "wan-recv":
-        from pddflow.channels.wan_flight import WanFlightParams, WanFlightReceiver
+        from pddflow.channels.wan_flight.params import WanFlightParams
+        from pddflow.channels.wan_flight.receiver import WanFlightReceiver
 
         rx = WanFlightReceiver(
             params=WanFlightParams(token=args.token, tls=_tls(args)),

@@ -166,7 +166,8 @@ def test_wan_edge_crosses_nodes_with_tls_and_the_token(dep):
 
     from pddflow.channels.errors import ChannelAuthError, ChannelError
     from pddflow.channels.security import TLSConfig, self_signed
-    from pddflow.channels.wan_flight import WanFlightParams, WanFlightSender
+    from pddflow.channels.wan_flight.params import WanFlightParams
+    from pddflow.channels.wan_flight.sender import WanFlightSender
 
     h = dep.health()["workers"]
     assert h["prefill/0"]["node"] != h["main/0"]["node"]

@@ -20,7 +20,9 @@ from pddflow.channels.shm_kv import (
     SharedMemoryKVSender,
 )
 from pddflow.channels.token_ids import TokenIdsClient, TokenIdsParams, TokenIdsServer
-from pddflow.channels.wan_flight import WanFlightParams, WanFlightReceiver, WanFlightSender
+from pddflow.channels.wan_flight.params import WanFlightParams
+from pddflow.channels.wan_flight.receiver import WanFlightReceiver
+from pddflow.channels.wan_flight.sender import WanFlightSender
 from pddflow.core.link import Jitter, LinkModel
 from pddflow.core.payloads import TokenIds
 from pddflow.graph.plan import ChannelPlan, Plan
