@@ -18,9 +18,9 @@ _EXPORTS = {
     "KVSource": "codec_kv",
     "encode_ipc": "codec_kv",
     "decode_ipc": "kv_landing",
-    "Control": "codec_tokens",
-    "ControlKind": "codec_tokens",
-    "Message": "codec_tokens",
+    "Control": "token_ids.codec",
+    "ControlKind": "token_ids.codec",
+    "Message": "token_ids.codec",
     "TLSConfig": "security",
     "self_signed": "security",
     "EmulatedLink": "emulation",
@@ -31,9 +31,9 @@ _EXPORTS = {
     "SharedMemoryKVParams": "shm_kv",
     "SharedMemoryKVSender": "shm_kv",
     "SharedMemoryKVReceiver": "shm_kv",
-    "TokenIdsParams": "token_ids",
-    "TokenIdsClient": "token_ids",
-    "TokenIdsServer": "token_ids",
+    "TokenIdsParams": "token_ids.protocol",
+    "TokenIdsClient": "token_ids.client",
+    "TokenIdsServer": "token_ids.server",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -151,9 +151,9 @@ def memcpy_runner(kv: Any) -> Callable[[], float]:
 
 
 def bench_token_ids(samples: int) -> dict:
-    from pddflow.channels.codec_tokens import envelope
     from pddflow.channels.link_relay import LinkRelay
-    from pddflow.channels.token_ids import TokenIdsClient
+    from pddflow.channels.token_ids.client import TokenIdsClient
+    from pddflow.channels.token_ids.codec import envelope
     from pddflow.core.payloads import TokenIds
     from pddflow.testing.peer import PeerProcess
 

@@ -157,9 +157,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         _serve_receiver(rx, rx.address, args, stop)
     elif args.role == "tok-server":
-        from pddflow.channels.codec_tokens import Control
         from pddflow.channels.errors import ChannelTimeout
-        from pddflow.channels.token_ids import TokenIdsParams, TokenIdsServer
+        from pddflow.channels.token_ids.codec import Control
+        from pddflow.channels.token_ids.protocol import TokenIdsParams
+        from pddflow.channels.token_ids.server import TokenIdsServer
 
         srv = TokenIdsServer(
             params=TokenIdsParams(token=args.token, tls=_tls(args)), name="peer-server"

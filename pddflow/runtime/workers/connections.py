@@ -10,7 +10,6 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
-from pddflow.channels.codec_tokens import Control, ControlKind
 from pddflow.channels.emulation import degraded
 from pddflow.channels.errors import ChannelClosed, ChannelError, ChannelTimeout
 from pddflow.channels.security import TLSConfig
@@ -19,7 +18,10 @@ from pddflow.channels.shm_kv import (
     SharedMemoryKVReceiver,
     SharedMemoryKVSender,
 )
-from pddflow.channels.token_ids import TokenIdsClient, TokenIdsParams, TokenIdsServer
+from pddflow.channels.token_ids.client import TokenIdsClient
+from pddflow.channels.token_ids.codec import Control, ControlKind
+from pddflow.channels.token_ids.protocol import TokenIdsParams
+from pddflow.channels.token_ids.server import TokenIdsServer
 from pddflow.channels.wan_flight.params import WanFlightParams
 from pddflow.channels.wan_flight.receiver import WanFlightReceiver
 from pddflow.channels.wan_flight.sender import WanFlightSender
