@@ -105,7 +105,8 @@ def rdma_tensor_runner(
 ) -> Callable[[], float]:
     """direct: the receiver's landing arena (the default); else the ring into a warm destination.
     transport tcp: the network path over 127.0.0.1 (checksums on, its default)."""
-    from pddflow.channels.shm_kv import SharedMemoryKVParams, SharedMemoryKVSender
+    from pddflow.channels.rdma_tensor.protocol import SharedMemoryKVParams
+    from pddflow.channels.rdma_tensor.sender import SharedMemoryKVSender
     from pddflow.testing.peer import PeerProcess
 
     arena_mb = max(512.0, 2 * kv.data.nbytes / (1 << 20)) if direct else 0.0

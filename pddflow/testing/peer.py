@@ -143,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         _serve_receiver(rx, rx.location, args, stop)
     elif args.role == "rdma-recv":
-        from pddflow.channels.shm_kv import SharedMemoryKVParams, SharedMemoryKVReceiver
+        from pddflow.channels.rdma_tensor.protocol import SharedMemoryKVParams
+        from pddflow.channels.rdma_tensor.receiver import SharedMemoryKVReceiver
 
         params = SharedMemoryKVParams(
             ring_slots=args.ring_slots,

@@ -196,7 +196,8 @@ def test_rdma_edge_across_hosts_wants_the_deployment_token(dep):
     import numpy as np
 
     from pddflow.channels.errors import ChannelAuthError
-    from pddflow.channels.shm_kv import SharedMemoryKVParams, SharedMemoryKVSender
+    from pddflow.channels.rdma_tensor.protocol import SharedMemoryKVParams
+    from pddflow.channels.rdma_tensor.sender import SharedMemoryKVSender
     from pddflow.core.payloads import KVBlocks
 
     address = dep.health()["workers"]["relay/0"]["endpoints"]["kv_rdma_net"]

@@ -12,12 +12,10 @@ from typing import Any
 
 from pddflow.channels.emulation import degraded
 from pddflow.channels.errors import ChannelClosed, ChannelError, ChannelTimeout
+from pddflow.channels.rdma_tensor.protocol import SharedMemoryKVParams
+from pddflow.channels.rdma_tensor.receiver import SharedMemoryKVReceiver
+from pddflow.channels.rdma_tensor.sender import SharedMemoryKVSender
 from pddflow.channels.security import TLSConfig
-from pddflow.channels.shm_kv import (
-    SharedMemoryKVParams,
-    SharedMemoryKVReceiver,
-    SharedMemoryKVSender,
-)
 from pddflow.channels.token_ids.client import TokenIdsClient
 from pddflow.channels.token_ids.codec import Control, ControlKind
 from pddflow.channels.token_ids.protocol import TokenIdsParams
