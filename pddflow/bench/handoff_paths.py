@@ -10,10 +10,14 @@ import secrets
 import time
 from dataclasses import dataclass, replace
 
-from pddflow.channels.codec_tokens import envelope
 from pddflow.channels.link_relay import LinkRelay
-from pddflow.channels.token_ids import TokenIdsClient, TokenIdsParams, TokenIdsServer
-from pddflow.channels.wan_flight import WanFlightParams, WanFlightReceiver, WanFlightSender
+from pddflow.channels.token_ids.client import TokenIdsClient
+from pddflow.channels.token_ids.codec import envelope
+from pddflow.channels.token_ids.protocol import TokenIdsParams
+from pddflow.channels.token_ids.server import TokenIdsServer
+from pddflow.channels.wan_flight.params import WanFlightParams
+from pddflow.channels.wan_flight.receiver import WanFlightReceiver
+from pddflow.channels.wan_flight.sender import WanFlightSender
 from pddflow.core.link import Jitter, LinkModel
 from pddflow.core.payloads import KVBlocks, TokenIds
 from pddflow.operators.engine import Engine

@@ -81,7 +81,8 @@ def raw_tcp_runner(stack: ExitStack, kv: Any) -> Callable[[], float]:
 def wan_flight_runner(
     stack: ExitStack, kv: Any, streams: int, emulate: Any = None
 ) -> Callable[[], float]:
-    from pddflow.channels.wan_flight import WanFlightParams, WanFlightSender
+    from pddflow.channels.wan_flight.params import WanFlightParams
+    from pddflow.channels.wan_flight.sender import WanFlightSender
     from pddflow.testing.peer import PeerProcess
 
     params = WanFlightParams(streams=streams, emulate=emulate, deadline_s=600)
@@ -104,7 +105,8 @@ def rdma_tensor_runner(
 ) -> Callable[[], float]:
     """direct: the receiver's landing arena (the default); else the ring into a warm destination.
     transport tcp: the network path over 127.0.0.1 (checksums on, its default)."""
-    from pddflow.channels.shm_kv import SharedMemoryKVParams, SharedMemoryKVSender
+    from pddflow.channels.rdma_tensor.protocol import SharedMemoryKVParams
+    from pddflow.channels.rdma_tensor.sender import SharedMemoryKVSender
     from pddflow.testing.peer import PeerProcess
 
     arena_mb = max(512.0, 2 * kv.data.nbytes / (1 << 20)) if direct else 0.0
@@ -150,9 +152,9 @@ def memcpy_runner(kv: Any) -> Callable[[], float]:
 
 
 def bench_token_ids(samples: int) -> dict:
-    from pddflow.channels.codec_tokens import envelope
     from pddflow.channels.link_relay import LinkRelay
-    from pddflow.channels.token_ids import TokenIdsClient
+    from pddflow.channels.token_ids.client import TokenIdsClient
+    from pddflow.channels.token_ids.codec import envelope
     from pddflow.core.payloads import TokenIds
     from pddflow.testing.peer import PeerProcess
 

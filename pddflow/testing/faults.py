@@ -12,7 +12,8 @@ import numpy as np
 
 from pddflow.channels.deadline import Deadline
 from pddflow.channels.link_relay import LinkRelay
-from pddflow.channels.shm_kv import SharedMemoryKVParams, SharedMemoryKVSender
+from pddflow.channels.rdma_tensor.protocol import SharedMemoryKVParams
+from pddflow.channels.rdma_tensor.sender import SharedMemoryKVSender
 
 # (byte offset of the piece in the KV set, the piece) -> a piece to write instead, or None
 WriteFault = Callable[[int, np.ndarray], "np.ndarray | None"]

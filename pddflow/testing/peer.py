@@ -134,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     stop = _stdin_closed()
 
     if args.role == "wan-recv":
-        from pddflow.channels.wan_flight import WanFlightParams, WanFlightReceiver
+        from pddflow.channels.wan_flight.params import WanFlightParams
+        from pddflow.channels.wan_flight.receiver import WanFlightReceiver
 
         rx = WanFlightReceiver(
             params=WanFlightParams(token=args.token, tls=_tls(args)),
@@ -142,7 +143,8 @@ def main(argv: list[str] | None = None) -> int:
         )
         _serve_receiver(rx, rx.location, args, stop)
     elif args.role == "rdma-recv":
-        from pddflow.channels.shm_kv import SharedMemoryKVParams, SharedMemoryKVReceiver
+        from pddflow.channels.rdma_tensor.protocol import SharedMemoryKVParams
+        from pddflow.channels.rdma_tensor.receiver import SharedMemoryKVReceiver
 
         params = SharedMemoryKVParams(
             ring_slots=args.ring_slots,
@@ -156,9 +158,10 @@ def main(argv: list[str] | None = None) -> int:
         )
         _serve_receiver(rx, rx.address, args, stop)
     elif args.role == "tok-server":
-        from pddflow.channels.codec_tokens import Control
         from pddflow.channels.errors import ChannelTimeout
-        from pddflow.channels.token_ids import TokenIdsParams, TokenIdsServer
+        from pddflow.channels.token_ids.codec import Control
+        from pddflow.channels.token_ids.protocol import TokenIdsParams
+        from pddflow.channels.token_ids.server import TokenIdsServer
 
         srv = TokenIdsServer(
             params=TokenIdsParams(token=args.token, tls=_tls(args)), name="peer-server"

@@ -7,9 +7,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pddflow.channels import codec_kv, codec_tokens, kv_checksum, kv_landing, kv_layout
+from pddflow.channels import codec_kv, kv_checksum, kv_landing, kv_layout
 from pddflow.channels.errors import ChannelCorrupt, ChannelError
 from pddflow.channels.proto import pddflow_pb2 as pb
+from pddflow.channels.token_ids import codec as token_codec
 from pddflow.core.payloads import KVBlocks, TokenIds
 
 # kv_factory's default block: 4 layers x (K, V) x 16 tokens x 2 heads x 32 dims x 2 bytes
@@ -166,19 +167,19 @@ def test_non_contiguous_tensor_is_refused(kv_factory):
 
 def test_token_ids_and_control_protobuf_round_trip(no_pickle):
     t = TokenIds("req-000042", 70000, list(range(128000, 128100)), final=True)
-    env = codec_tokens.envelope(t, 7)
+    env = token_codec.envelope(t, 7)
     back = pb.Envelope.FromString(env.SerializeToString())
-    assert back.msg_no == 7 and codec_tokens.payload_of(back) == t
-    for kind in codec_tokens.ControlKind:
-        c = codec_tokens.Control(kind, "req-000042", "md lost")
-        back = pb.Envelope.FromString(codec_tokens.envelope(c, 0).SerializeToString())
-        assert codec_tokens.payload_of(back) == c
+    assert back.msg_no == 7 and token_codec.payload_of(back) == t
+    for kind in token_codec.ControlKind:
+        c = token_codec.Control(kind, "req-000042", "md lost")
+        back = pb.Envelope.FromString(token_codec.envelope(c, 0).SerializeToString())
+        assert token_codec.payload_of(back) == c
 
 
 def test_100_token_handoff_fits_pdd_budget():
     """PDD: a 100-token handoff is about 1.5 KB; ours is far below even with 17-bit token IDs."""
     t = TokenIds("req-0123456789abcdef", 65536, list(range(150000, 150100)))
-    assert codec_tokens.handoff_size(t) <= 1536
+    assert token_codec.handoff_size(t) <= 1536
 
 
 def test_generated_proto_imports_with_installed_runtime():

@@ -8,7 +8,8 @@ import pytest
 from pddflow.channels.deadline import Deadline
 from pddflow.channels.emulation import EmulatedLink, link_from_params
 from pddflow.channels.errors import ChannelTimeout
-from pddflow.channels.wan_flight import WanFlightParams, WanFlightSender
+from pddflow.channels.wan_flight.params import WanFlightParams
+from pddflow.channels.wan_flight.sender import WanFlightSender
 from pddflow.core.link import Jitter, LinkModel
 from pddflow.testing.peer import PeerProcess
 

@@ -22,12 +22,10 @@ from pddflow.channels.errors import (
     ChannelError,
     ChannelTimeout,
 )
-from pddflow.channels.nixl_region import NixlBackend
-from pddflow.channels.shm_kv import (
-    SharedMemoryKVParams,
-    SharedMemoryKVReceiver,
-    SharedMemoryKVSender,
-)
+from pddflow.channels.rdma_tensor.nixl_region import NixlBackend
+from pddflow.channels.rdma_tensor.protocol import SharedMemoryKVParams
+from pddflow.channels.rdma_tensor.receiver import SharedMemoryKVReceiver
+from pddflow.channels.rdma_tensor.sender import SharedMemoryKVSender
 from pddflow.testing.faults import BlackHole, FaultyKVSender, FaultyRelay
 from pddflow.testing.peer import PeerProcess
 

@@ -8,10 +8,12 @@ import time
 
 import pytest
 
-from pddflow.channels.codec_tokens import Control, ControlKind
 from pddflow.channels.errors import ChannelAuthError, ChannelTimeout
 from pddflow.channels.link_relay import LinkRelay
-from pddflow.channels.token_ids import TokenIdsClient, TokenIdsParams, TokenIdsServer
+from pddflow.channels.token_ids.client import TokenIdsClient
+from pddflow.channels.token_ids.codec import Control, ControlKind
+from pddflow.channels.token_ids.protocol import TokenIdsParams
+from pddflow.channels.token_ids.server import TokenIdsServer
 from pddflow.core.link import Jitter, LinkModel
 from pddflow.core.payloads import TokenIds
 from pddflow.testing.faults import BlackHole

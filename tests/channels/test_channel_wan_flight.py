@@ -9,7 +9,9 @@ import pytest
 
 from pddflow.channels.errors import ChannelAuthError, ChannelCancelled, ChannelError, ChannelTimeout
 from pddflow.channels.link_relay import LinkRelay
-from pddflow.channels.wan_flight import WanFlightParams, WanFlightReceiver, WanFlightSender
+from pddflow.channels.wan_flight.params import WanFlightParams
+from pddflow.channels.wan_flight.receiver import WanFlightReceiver
+from pddflow.channels.wan_flight.sender import WanFlightSender
 from pddflow.testing.faults import BlackHole, FaultyRelay
 from pddflow.testing.peer import PeerProcess
 

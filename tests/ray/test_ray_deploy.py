@@ -166,7 +166,8 @@ def test_wan_edge_crosses_nodes_with_tls_and_the_token(dep):
 
     from pddflow.channels.errors import ChannelAuthError, ChannelError
     from pddflow.channels.security import TLSConfig, self_signed
-    from pddflow.channels.wan_flight import WanFlightParams, WanFlightSender
+    from pddflow.channels.wan_flight.params import WanFlightParams
+    from pddflow.channels.wan_flight.sender import WanFlightSender
 
     h = dep.health()["workers"]
     assert h["prefill/0"]["node"] != h["main/0"]["node"]
@@ -195,7 +196,8 @@ def test_rdma_edge_across_hosts_wants_the_deployment_token(dep):
     import numpy as np
 
     from pddflow.channels.errors import ChannelAuthError
-    from pddflow.channels.shm_kv import SharedMemoryKVParams, SharedMemoryKVSender
+    from pddflow.channels.rdma_tensor.protocol import SharedMemoryKVParams
+    from pddflow.channels.rdma_tensor.sender import SharedMemoryKVSender
     from pddflow.core.payloads import KVBlocks
 
     address = dep.health()["workers"]["relay/0"]["endpoints"]["kv_rdma_net"]

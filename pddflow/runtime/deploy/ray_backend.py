@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from pddflow.channels.nixl_region import NixlBackend
+from pddflow.channels.rdma_tensor.nixl_region import NixlBackend
 from pddflow.graph.plan import Plan
 from pddflow.runtime.deploy.backend import WIRING_FILE, DeployError, private_file
 from pddflow.runtime.deploy.processes import WorkerProcess

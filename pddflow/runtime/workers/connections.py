@@ -10,17 +10,19 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
-from pddflow.channels.codec_tokens import Control, ControlKind
 from pddflow.channels.emulation import degraded
 from pddflow.channels.errors import ChannelClosed, ChannelError, ChannelTimeout
+from pddflow.channels.rdma_tensor.protocol import SharedMemoryKVParams
+from pddflow.channels.rdma_tensor.receiver import SharedMemoryKVReceiver
+from pddflow.channels.rdma_tensor.sender import SharedMemoryKVSender
 from pddflow.channels.security import TLSConfig
-from pddflow.channels.shm_kv import (
-    SharedMemoryKVParams,
-    SharedMemoryKVReceiver,
-    SharedMemoryKVSender,
-)
-from pddflow.channels.token_ids import TokenIdsClient, TokenIdsParams, TokenIdsServer
-from pddflow.channels.wan_flight import WanFlightParams, WanFlightReceiver, WanFlightSender
+from pddflow.channels.token_ids.client import TokenIdsClient
+from pddflow.channels.token_ids.codec import Control, ControlKind
+from pddflow.channels.token_ids.protocol import TokenIdsParams
+from pddflow.channels.token_ids.server import TokenIdsServer
+from pddflow.channels.wan_flight.params import WanFlightParams
+from pddflow.channels.wan_flight.receiver import WanFlightReceiver
+from pddflow.channels.wan_flight.sender import WanFlightSender
 from pddflow.core.link import Jitter, LinkModel
 from pddflow.core.payloads import TokenIds
 from pddflow.graph.plan import ChannelPlan, Plan

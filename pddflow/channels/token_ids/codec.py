@@ -1,4 +1,5 @@
-"""`TokenIds` and control messages <-> protobuf (`proto/pddflow.proto`): their one wire form."""
+"""`TokenIds` and control messages <-> protobuf (`channels/proto/pddflow.proto`): their one wire
+form."""
 
 from __future__ import annotations
 

@@ -15,11 +15,11 @@ import threading
 
 import numpy as np
 
-from pddflow.channels.control_socket import ControlSocket, dial
 from pddflow.channels.deadline import Deadline
 from pddflow.channels.errors import ChannelClosed, ChannelError
-from pddflow.channels.memory_region import Region, RegionBackend, RegionWriter
-from pddflow.channels.shm_kv_frames import Frame, refusal
+from pddflow.channels.rdma_tensor.control_socket import ControlSocket, dial
+from pddflow.channels.rdma_tensor.frames import Frame, refusal
+from pddflow.channels.rdma_tensor.memory_region import Region, RegionBackend, RegionWriter
 
 WRITE = struct.Struct("<QQ")  # writer -> receiver: offset in the region, length; then the bytes
 DONE = struct.Struct("<Q")  # receiver -> writer: the length, once the bytes are in the region

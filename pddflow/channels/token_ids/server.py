@@ -1,5 +1,5 @@
 """The listening end of a token_ids channel (MainDecode for handoffs); peers are named by their
-Hello (protocol: `token_ids.py`)."""
+Hello (protocol: `protocol.py`)."""
 
 from __future__ import annotations
 
@@ -10,19 +10,14 @@ from typing import Any
 
 import grpc
 
-from pddflow.channels.codec_tokens import Control, Message
 from pddflow.channels.deadline import Deadline
 from pddflow.channels.emulation import EmulatedLink
 from pddflow.channels.errors import ChannelClosed, ChannelError
 from pddflow.channels.proto import pddflow_pb2 as pb
 from pddflow.channels.security import AUTH_HEADER, check_bearer
-from pddflow.channels.token_ids_delivery import AckWatchdog, Mailbox, Outbox, PeerDelivery, wait_ack
-from pddflow.channels.token_ids_protocol import (
-    SERVICE,
-    VERSION,
-    TokenIdsParams,
-    grpc_options,
-)
+from pddflow.channels.token_ids.codec import Control, Message
+from pddflow.channels.token_ids.delivery import AckWatchdog, Mailbox, Outbox, PeerDelivery, wait_ack
+from pddflow.channels.token_ids.protocol import SERVICE, VERSION, TokenIdsParams, grpc_options
 from pddflow.core.payloads import TokenIds
 
 

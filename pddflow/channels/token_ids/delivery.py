@@ -11,7 +11,11 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 
-from pddflow.channels.codec_tokens import (
+from pddflow.channels.deadline import Deadline
+from pddflow.channels.emulation import EmulatedLink
+from pddflow.channels.errors import ChannelError
+from pddflow.channels.proto import pddflow_pb2 as pb
+from pddflow.channels.token_ids.codec import (
     GRPC_MESSAGE_PREFIX,
     HTTP2_FRAME_HEADER,
     Control,
@@ -20,10 +24,6 @@ from pddflow.channels.codec_tokens import (
     payload_of,
     seq_of,
 )
-from pddflow.channels.deadline import Deadline
-from pddflow.channels.emulation import EmulatedLink
-from pddflow.channels.errors import ChannelError
-from pddflow.channels.proto import pddflow_pb2 as pb
 from pddflow.core.payloads import TokenIds
 
 # what gRPC and HTTP/2 add to each message, counted in its emulated size

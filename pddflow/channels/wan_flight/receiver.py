@@ -1,5 +1,5 @@
 """The receiving end of a wan_flight channel: a Flight server that lands KV sets pushed with DoPut
-and hands them out per sequence (protocol: `wan_flight.py`)."""
+and hands them out per sequence (protocol: docs/channels.md)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from pddflow.channels.kv_landing import KVLanding
 from pddflow.channels.kv_layout import KVLayout
 from pddflow.channels.proto import pddflow_pb2 as pb
 from pddflow.channels.security import AUTH_HEADER, TLSConfig, check_bearer
-from pddflow.channels.wan_flight_params import WanFlightParams
+from pddflow.channels.wan_flight.params import WanFlightParams
 from pddflow.core.host_memory import keep_freed_memory
 from pddflow.core.payloads import KVBlocks
 

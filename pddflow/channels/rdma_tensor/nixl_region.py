@@ -12,7 +12,7 @@ import numpy as np
 
 from pddflow.channels.deadline import Deadline
 from pddflow.channels.errors import ChannelError
-from pddflow.channels.memory_region import Region, RegionBackend, RegionWriter
+from pddflow.channels.rdma_tensor.memory_region import Region, RegionBackend, RegionWriter
 
 
 def _api() -> Any:

@@ -9,11 +9,10 @@ from dataclasses import dataclass
 
 from pddflow.channels.errors import ChannelError
 from pddflow.channels.kv_checksum import DEFAULT_CHECKSUM, check_algorithm
-from pddflow.channels.memory_region import RegionBackend
-from pddflow.channels.nixl_region import NixlBackend
-from pddflow.channels.shm_kv_frames import Frame as Frame  # re-exported: both ends import it here
-from pddflow.channels.shm_region import SharedMemoryBackend
-from pddflow.channels.tcp_region import TcpBackend
+from pddflow.channels.rdma_tensor.memory_region import RegionBackend
+from pddflow.channels.rdma_tensor.nixl_region import NixlBackend
+from pddflow.channels.rdma_tensor.shm_region import SharedMemoryBackend
+from pddflow.channels.rdma_tensor.tcp_region import TcpBackend
 
 VERSION = 2
 NO_PLACE = (1 << 64) - 1

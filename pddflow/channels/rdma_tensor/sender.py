@@ -1,5 +1,5 @@
 """The sending end of an rdma_tensor channel: attaches to the receiver's ring and arena and writes
-each KV set into them (protocol: `shm_kv_protocol.py`)."""
+each KV set into them (protocol: `protocol.py`)."""
 
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ from typing import Any
 import numpy as np
 
 from pddflow.channels.codec_kv import KVSource
-from pddflow.channels.control_socket import ControlSocket, close_fds, dial
 from pddflow.channels.deadline import Deadline
 from pddflow.channels.errors import ChannelCancelled, ChannelClosed, ChannelCorrupt, ChannelError
 from pddflow.channels.kv_checksum import DEFAULT_CHECKSUM
-from pddflow.channels.memory_region import RegionWriter
 from pddflow.channels.proto import pddflow_pb2 as pb
-from pddflow.channels.shm_kv_frames import refusal
-from pddflow.channels.shm_kv_protocol import (
+from pddflow.channels.rdma_tensor.control_socket import ControlSocket, close_fds, dial
+from pddflow.channels.rdma_tensor.frames import Frame, refusal
+from pddflow.channels.rdma_tensor.memory_region import RegionWriter
+from pddflow.channels.rdma_tensor.protocol import (
     CHUNK_FORMAT,
     DIRECT_PIECE,
     FREE_FORMAT,
@@ -30,7 +30,6 @@ from pddflow.channels.shm_kv_protocol import (
     PLACE_FORMAT,
     RING_FORMAT,
     VERSION,
-    Frame,
     SharedMemoryKVParams,
     region_backends,
 )

@@ -1,5 +1,5 @@
 """The receiving end of an rdma_tensor channel: a listening control socket, a ring per sender
-connection and one landing arena shared by all of them (protocol: `shm_kv_protocol.py`)."""
+connection and one landing arena shared by all of them (protocol: `protocol.py`)."""
 
 from __future__ import annotations
 
@@ -17,22 +17,27 @@ from typing import Any
 
 import numpy as np
 
-from pddflow.channels.control_socket import ControlSocket, close_fds, format_address, parse_address
 from pddflow.channels.deadline import Deadline
 from pddflow.channels.errors import ChannelClosed, ChannelError, ChannelTimeout
 from pddflow.channels.inbox import Inbox
 from pddflow.channels.kv_landing import KVLanding
 from pddflow.channels.kv_layout import KVLayout
-from pddflow.channels.memory_region import Region
 from pddflow.channels.proto import pddflow_pb2 as pb
-from pddflow.channels.shm_kv_protocol import (
+from pddflow.channels.rdma_tensor.control_socket import (
+    ControlSocket,
+    close_fds,
+    format_address,
+    parse_address,
+)
+from pddflow.channels.rdma_tensor.frames import Frame
+from pddflow.channels.rdma_tensor.memory_region import Region
+from pddflow.channels.rdma_tensor.protocol import (
     CHUNK_FORMAT,
     FREE_FORMAT,
     NO_PLACE,
     PLACE_FORMAT,
     RING_FORMAT,
     VERSION,
-    Frame,
     SharedMemoryKVParams,
     pick_backend,
 )

@@ -10,7 +10,7 @@ import numpy as np
 
 from pddflow.channels.deadline import Deadline
 from pddflow.channels.errors import ChannelError
-from pddflow.channels.memory_region import Region, RegionBackend, RegionWriter
+from pddflow.channels.rdma_tensor.memory_region import Region, RegionBackend, RegionWriter
 
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 

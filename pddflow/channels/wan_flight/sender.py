@@ -1,5 +1,5 @@
 """The sending end of a wan_flight channel: pushes KV sets to a receiver over several DoPut
-streams and resumes them after a dropped connection (protocol: `wan_flight.py`)."""
+streams and resumes them after a dropped connection (protocol: docs/channels.md)."""
 
 from __future__ import annotations
 
@@ -26,9 +26,9 @@ from pddflow.channels.kv_landing import bitmap_indices
 from pddflow.channels.proto import pddflow_pb2 as pb
 from pddflow.channels.security import AUTH_HEADER, bearer
 from pddflow.channels.transfer import TransferReport
-from pddflow.channels.wan_flight_errors import RETRYABLE, AcksEnded, first_line, translate
-from pddflow.channels.wan_flight_params import WanFlightParams
-from pddflow.channels.wan_flight_send_job import SendJob
+from pddflow.channels.wan_flight.errors import RETRYABLE, AcksEnded, first_line, translate
+from pddflow.channels.wan_flight.params import WanFlightParams
+from pddflow.channels.wan_flight.send_job import SendJob
 from pddflow.core.link import kv_link_seed
 from pddflow.core.payloads import KVBlocks
 

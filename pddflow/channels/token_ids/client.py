@@ -1,6 +1,6 @@
 """The connecting end of a token_ids channel (RelayDecode for handoffs): connects on first use,
 and reconnects and resends in the background while messages await their ack (protocol:
-`token_ids.py`)."""
+`protocol.py`)."""
 
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ from typing import Any
 
 import grpc
 
-from pddflow.channels.codec_tokens import Control, Message
 from pddflow.channels.deadline import Deadline
 from pddflow.channels.emulation import EmulatedLink
 from pddflow.channels.errors import ChannelAuthError, ChannelClosed, ChannelError
 from pddflow.channels.proto import pddflow_pb2 as pb
 from pddflow.channels.security import AUTH_HEADER, bearer
-from pddflow.channels.token_ids_delivery import AckWatchdog, Mailbox, Outbox, PeerDelivery, wait_ack
-from pddflow.channels.token_ids_protocol import (
+from pddflow.channels.token_ids.codec import Control, Message
+from pddflow.channels.token_ids.delivery import AckWatchdog, Mailbox, Outbox, PeerDelivery, wait_ack
+from pddflow.channels.token_ids.protocol import (
     METHOD,
     VERSION,
     TokenIdsParams,

@@ -15,7 +15,7 @@ from pddflow.channels.errors import ChannelError
 if TYPE_CHECKING:
     import threading
 
-    from pddflow.channels.control_socket import ControlSocket
+    from pddflow.channels.rdma_tensor.control_socket import ControlSocket
 
 
 class Region(ABC):
