@@ -128,7 +128,7 @@ class Deployment:
         raise LaunchError(f"deployment of {graph} did not become ready within {startup_s:g} s")
 
     def _own_run_dir(self, tmpdir: Path | None) -> Path | None:
-        from pddflow.runtime.deploy.backend import OWNER_FILE, RUN_DIR_PREFIX
+        from pddflow.runtime.deploy.run_dir import OWNER_FILE, RUN_DIR_PREFIX
 
         parent = Path(tmpdir) if tmpdir is not None else Path(tempfile.gettempdir())
         for d in parent.glob(f"{RUN_DIR_PREFIX}*"):

@@ -166,7 +166,7 @@ def plan(
     without a decode-side radix cache), KV transfer time P50/P99 per request class, and a
     verdict (exit 0; with --check, exit 1 on NOT FEASIBLE)."""
     from pddflow.graph.feasibility import Load, analyze
-    from pddflow.runtime.deploy.ray_placement import planned_transports
+    from pddflow.runtime.transports import planned_transports
 
     p = load_or_exit(graph)
     report = analyze(p, Load(rps, prompt_tokens, output_tokens, hit_rate))
@@ -298,7 +298,7 @@ def _print_plan(p, placement, report) -> None:
         if op.choices:
             other = ", ".join(f"{c.devices_per_replica} x {c.device}" for c in op.choices)
             con.print(f"{name}: `pddflow size` may also give each replica {other}")
-    from pddflow.runtime.deploy.ray_placement import planned_transports
+    from pddflow.runtime.transports import planned_transports
 
     tt = Table(title="channels: how `pddflow deploy` carries each edge")
     for col in ("channel", "kind", "--backend local", "--backend ray"):

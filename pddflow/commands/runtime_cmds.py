@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import atexit
 import logging
 import signal
-import socket
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -107,184 +104,54 @@ def deploy(
     clusters emulated on this machine and the WAN shaped by the graph's link model; serve the
     OpenAI-compatible API (/v1/completions, /v1/chat/completions, /v1/models), /health and
     /metrics until Ctrl-C or SIGTERM; then drain (--drain-timeout) and stop every worker."""
-    import uvicorn
-
-    from pddflow.core.cpu_layout import host_cores, plan_layout
-    from pddflow.operators.config import ModelSpecError
-    from pddflow.operators.hub import resolve_model
-    from pddflow.runtime.api.admission import Admission
-    from pddflow.runtime.api.app import make_app
-    from pddflow.runtime.api.shutdown import DrainingServer
-    from pddflow.runtime.deploy.backend import (
-        BACKENDS,
+    from pddflow.runtime.deploy.deployment import (
         DeployError,
-        make_run_dir,
-        remove_run_dir,
-        wait_ready,
+        Deployment,
+        DeployOptions,
+        OptionError,
     )
-    from pddflow.runtime.deploy.supervisor import Supervisor
-    from pddflow.runtime.frontend.frontend import Frontend
-    from pddflow.runtime.frontend.link_admin import LinkAdmin
-    from pddflow.runtime.frontend.model_info import model_info
-    from pddflow.runtime.wiring import wire
 
     logging.basicConfig(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
-    plan = load_or_exit(graph).scaled_to_local()
-    settings = _deploy_settings(graph)  # the graph's deploy: section; the CLI wins
-    backend = backend or settings.backend
-    if backend not in BACKENDS:
-        fail(f"unknown backend {backend!r}; backends: {', '.join(BACKENDS)}", code=2)
-    if backend == "ray":
-        from pddflow.runtime.deploy.ray_backend import secure_cross_cluster
-
-        # TLS and the token on every cross-cluster edge; the WAN is real unless --wan-gbps
-        plan = secure_cross_cluster(plan, emulate=wan_gbps is not None)
-    elif address is not None:
-        fail("--address is for --backend ray", code=2)
-    if wan_gbps is not None:
-        plan = replace(
-            plan, links={n: replace(link, gbps=wan_gbps) for n, link in plan.links.items()}
-        )
-    if model is not None:
-        plan = replace(plan, model=replace(plan.model, weights=model))
+    options = DeployOptions(
+        host, port, backend, address, kv_cache_mb, startup_timeout, leg_timeout, seed, wan_gbps,
+        run_dir, drain_timeout, api_key, admin_key, log_level, model, chat_template,
+        check_cpu_pinning(cpu_pinning),
+    )  # fmt: skip
     try:
-        # resolved here, once: every worker and the frontend read the same local directory
-        weights = resolve_model(plan.model.weights)
-        info = model_info(weights, chat_template)
-    except ModelSpecError as exc:
-        fail(f"--model: {exc}" if model is not None else f"{graph}: model.weights: {exc}")
-    plan = replace(plan, model=replace(plan.model, weights=weights))
+        d = Deployment(load_or_exit(graph), options)
+    except DeployError as exc:
+        fail(str(exc), code=2 if isinstance(exc, OptionError) else 1)
     err = console(stderr=True)  # a log line is not wrapped at 80 columns when piped
-    cpus = plan_layout(plan, host_cores(), check_cpu_pinning(cpu_pinning))
-    api_socket = _listen(host, port)  # before any worker starts: a taken port fails now
-    port = api_socket.getsockname()[1]
-    wiring = wire(
-        plan, seed=seed, kv_cache_bytes=kv_cache_mb << 20, leg_timeout_s=leg_timeout, cpus=cpus
-    )
     signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM during startup cleans up like Ctrl-C
-    rd = make_run_dir(run_dir)
-    # also when an exception or a second signal cuts the cleanup below short
-    atexit.register(remove_run_dir, rd, run_dir is not None)
-    if backend == "ray":
-        be = BACKENDS[backend](
-            address=address or settings.address,
-            namespace=settings.namespace,
-            bind_all=settings.bind == "all",
-            accelerators=settings.accelerators,
-        )
-    else:
-        be = BACKENDS[backend]()
-    frontend = supervisor = None
     try:
-        if any(c.cross_cluster and c.params.get("tls") for c in plan.channels):
-            from pddflow.channels.security import self_signed
-
-            # the emulated datacenters trust one self-signed certificate
-            tls = self_signed(rd / "tls")
-            wiring.tls_cert, wiring.tls_key = tls.cert_chain, tls.private_key
-        be.start(plan, wiring, rd)  # before any gRPC thread exists here: the children fork cleanly
-        frontend = Frontend(plan, wiring, info)
-        total = len(plan.instances)
+        d.listen()
+        n = len(d.plan.instances)
         with progress_bar(err) as bar:
-            task = bar.add_task(f"starting {total} workers of {plan.name}")
-
-            def progress(msg: str, ready: int, n: int) -> None:
-                bar.update(task, description=f"{msg}: {ready}/{n} ready")
-
-            wait_ready(
-                lambda: (
-                    sum(
-                        1
-                        for ok in (w["ready"] for w in frontend.health()[1]["workers"].values())
-                        if ok
-                    ),
-                    total,
-                ),
-                be,
-                startup_timeout,
-                progress,
-            )
+            task = bar.add_task(f"starting {n} workers of {d.plan.name}")
+            d.start(lambda msg, ready, n: bar.update(task, description=f"{msg}: {ready}/{n} ready"))
+        names = ", ".join(i.id for i in d.plan.instances)
         err.print(
-            f"[green]{plan.name}[/green]: {total} workers ready "
-            f"({', '.join(i.id for i in plan.instances)}); serving http://{host}:{port}/v1 "
-            f"(model {frontend.model_id!r}); logs in {rd}"
+            f"[green]{d.plan.name}[/green]: {n} workers ready ({names}); serving {d.url} "
+            f"(model {d.frontend.model_id!r}); logs in {d.run_dir}"
         )
-        if backend == "ray":
-            err.print(
-                "placement: "
-                + "; ".join(
-                    f"{i} on {p['node_ip']} (node {p['node'][:12]})"
-                    for i, p in be.placement().items()
-                )
-            )
-        else:
-            err.print(f"cpus: {cpus.describe()}")
+        err.print(d.placement())
         err.print(
             f"/v1: {'API key required' if api_key else 'open (no --api-key)'}; /admin: "
             f"{'admin key required' if admin_key else 'off (no --admin-key)'}"
         )
-        links = LinkAdmin(plan, frontend.fleet.clients, getattr(be, "cut_link", None))
-
-        def restarted(instance: str, restarts: int) -> None:
-            frontend.worker_restarted(instance, restarts)
-            links.restarted(instance)  # it shapes its links as declared: re-tell a degrade
-
-        # a worker that dies is restarted; until it is back, requests go around it
-        supervisor = Supervisor(be, frontend.worker_exited, restarted).start()
         sys.stderr.flush()
-        admission = Admission()
-        config = uvicorn.Config(
-            make_app(
-                frontend,
-                admission,
-                api_key=api_key,
-                admin_key=admin_key,
-                links=links,
-                placement=be.describe,
-            ),
-            host=host,
-            port=port,
-            log_level=log_level,
-            access_log=False,
-            timeout_graceful_shutdown=5,  # the drain has ended every request by then
-        )
-        DrainingServer(config, admission, drain_timeout, err.print).run(sockets=[api_socket])
+        d.serve(err.print)
         err.print("stopping workers")
+    except OptionError as exc:
+        fail(str(exc), code=2)
     except DeployError as exc:
         fail(f"deployment failed: {exc}")
     except KeyboardInterrupt:
         err.print("interrupted; stopping workers")
     finally:
-        if supervisor is not None:
-            supervisor.stop()
-        be.stop()
-        if frontend is not None:
-            frontend.close()
-        remove_run_dir(rd, kept=run_dir is not None)
-
-
-def _deploy_settings(graph: Path):
-    """The graph's `deploy:` section (defaults when it has none)."""
-    from pddflow.graph.schema_check import check_schema
-    from pddflow.graph.spec import DeploySpec
-    from pddflow.graph.yaml_source import read_yaml
-
-    spec = check_schema(read_yaml(str(resolve_or_exit(graph))))
-    return spec.deploy if spec is not None else DeploySpec()
-
-
-def _listen(host: str, port: int) -> socket.socket:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: TIME_WAIT is no owner
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        fail(f"cannot listen on {host}:{port}: {exc.strerror}; choose another --port", code=2)
-    return sock
+        d.stop()
 
 
 def bench_serve(

@@ -1,12 +1,15 @@
-"""Which transport each rdma_tensor sender -> receiver pair of instances gets once every instance
-has a host: shared memory when both ends share a host (the same node IP; on the local backend
-always), else the edge's network transport (NIXL where installed, else tcp), unless the edge's
-`transport` param names one. And how /health and `pddflow plan` say it.
+"""How each channel is carried once every instance has a host. Each rdma_tensor sender -> receiver
+pair of instances gets shared memory when both ends share a host (the same node IP; on the local
+backend always), else the edge's network transport (NIXL where installed, else tcp), unless the
+edge's `transport` param names one; the others go over TCP, with TLS where the channel asks (the
+ray backend asks it on every cross-cluster edge). And how /health and `pddflow plan` say it.
 
 Pure functions of the plan and a table instance -> host IP: unit-tested without any process.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from pddflow.graph.plan import ChannelPlan, Plan
 
@@ -93,3 +96,55 @@ def planned(ch: ChannelPlan, backend: str) -> str:
     if want in NETWORK:
         return want + (" (checksummed)" if ch.params.get("checksum", "auto") else "")
     return "shared memory" if backend == "local" else PLANNED_RAY_AUTO
+
+
+def transports(
+    plan: Plan, host_of: dict[str, str], rdma: dict[str, str] | None = None
+) -> dict[str, str]:
+    """How each channel is carried once every instance has a host (its node IP; none: one host):
+    rdma_tensor as `rdma` routed each pair (`routes`), the others TCP, with TLS where the
+    channel asks."""
+    out = {}
+    if rdma is None:
+        rdma = routes(plan, host_of, nixl=False)
+    for ch in plan.channels:
+        tls = "+TLS" if ch.params.get("tls") else ""
+        token = " + token" if ch.cross_cluster else ""
+        if ch.kind == "rdma_tensor":
+            out[ch.id] = channel_label(plan, ch, rdma, host_of)
+        elif ch.kind == "wan_flight":
+            out[ch.id] = f"arrow flight over TCP{tls}{token}"
+        elif ch.kind == "token_ids":
+            out[ch.id] = f"TCP{tls}{token}"
+        else:
+            out[ch.id] = ch.kind
+    return out
+
+
+def secure_cross_cluster(plan: Plan, emulate: bool) -> Plan:
+    """The ray backend's defaults: TLS on every cross-cluster edge (the deployment's token is
+    always on them); the WAN emulated only when asked (--wan-gbps), the network being real."""
+    chans = tuple(
+        replace(ch, params={**ch.params, "tls": True, "emulate": emulate and ch.params["emulate"]})
+        if ch.cross_cluster
+        else ch
+        for ch in plan.channels
+    )
+    return replace(plan, channels=chans)
+
+
+def planned_transports(plan: Plan) -> list[dict[str, str]]:
+    """For `pddflow plan`: how each channel is carried by each backend."""
+    local = transports(plan, {})
+    ray = transports(secure_cross_cluster(plan, emulate=False), {})
+    return [
+        {
+            "channel": ch.id,
+            "kind": ch.kind,
+            "local": planned(ch, "local")
+            if ch.kind == "rdma_tensor"
+            else local[ch.id] + (" (emulated link)" if ch.params.get("emulate") else ""),
+            "ray": planned(ch, "ray") if ch.kind == "rdma_tensor" else ray[ch.id],
+        }
+        for ch in plan.channels
+    ]

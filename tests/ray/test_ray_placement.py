@@ -8,7 +8,8 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from pddflow.graph import load_plan
-from pddflow.runtime.deploy.ray_placement import Node, diagnostics, groups, problems, transports
+from pddflow.runtime.deploy.ray_placement import Node, diagnostics, groups, problems
+from pddflow.runtime.transports import transports
 
 ROOT = Path(__file__).resolve().parents[2]
 PDD = str(ROOT / "graphs" / "pdd.yaml")
@@ -98,7 +99,7 @@ def test_transports_per_channel():
 
 
 def test_secure_cross_cluster_turns_on_tls_and_off_emulation():
-    from pddflow.runtime.deploy.ray_backend import secure_cross_cluster
+    from pddflow.runtime.transports import secure_cross_cluster
 
     plan = secure_cross_cluster(_plan(), emulate=False)
     for ch in plan.channels:

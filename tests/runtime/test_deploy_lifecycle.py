@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from pddflow.bench.deploy_process import Deployment, get_json, post_json
-from pddflow.runtime.deploy.backend import OWNER_FILE, RUN_DIR_PREFIX, WIRING_FILE
+from pddflow.runtime.deploy.run_dir import OWNER_FILE, RUN_DIR_PREFIX, WIRING_FILE
 
 pytestmark = pytest.mark.slow  # starts deployments: worker processes
 

@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from pddflow.runtime.deploy.backend import (
+from pddflow.runtime.deploy.run_dir import (
     OWNER_FILE,
     RUN_DIR_PREFIX,
     WIRING_FILE,

@@ -6,8 +6,8 @@ resource `pddflow_cluster_X` (any positive amount). An instance of cluster X ask
 it, so it lands on one of X's nodes, plus its devices: `GPU: devices` where X's nodes have GPUs,
 one CPU otherwise. Instances joined by an `rdma_tensor` edge go wherever their cluster has room:
 the backend then gives each pair shared memory when both ends share a host, else a network
-transport (`rdma_routes.py`). Only an edge that asks for `transport: shm` keeps its ends on one
-node (a STRICT_PACK placement group).
+transport (`runtime/transports.py`). Only an edge that asks for `transport: shm` keeps its ends on
+one node (a STRICT_PACK placement group).
 
 Pure functions of the plan and a table of nodes: unit-tested without Ray.
 """
@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 
 from pddflow.graph.diagnostics import Diagnostic
 from pddflow.graph.plan import Plan
-from pddflow.runtime.transports import channel_label, planned, routes
 
 CLUSTER_SHARE = 0.001  # of `pddflow_cluster_X` per instance: a node with N carries 1000*N
 ACCELERATOR_SHARE = 0.001
@@ -173,57 +172,3 @@ def diagnostics(plan: Plan, found: list[tuple[str, str]]) -> list[Diagnostic]:
                 line, col = 1, 1
         out.append(Diagnostic(plan.source or "<graph>", line, col, msg))
     return out
-
-
-def transports(
-    plan: Plan, host_of: dict[str, str], rdma: dict[str, str] | None = None
-) -> dict[str, str]:
-    """How each channel is carried once every instance has a host (its node IP; none: one host):
-    rdma_tensor as `rdma` routed each pair (`rdma_routes.py`), the others TCP, with TLS where the
-    channel asks."""
-    out = {}
-    if rdma is None:
-        rdma = routes(plan, host_of, nixl=False)
-    for ch in plan.channels:
-        tls = "+TLS" if ch.params.get("tls") else ""
-        token = " + token" if ch.cross_cluster else ""
-        if ch.kind == "rdma_tensor":
-            out[ch.id] = channel_label(plan, ch, rdma, host_of)
-        elif ch.kind == "wan_flight":
-            out[ch.id] = f"arrow flight over TCP{tls}{token}"
-        elif ch.kind == "token_ids":
-            out[ch.id] = f"TCP{tls}{token}"
-        else:
-            out[ch.id] = ch.kind
-    return out
-
-
-def secure_cross_cluster(plan: Plan, emulate: bool) -> Plan:
-    """The ray backend's defaults: TLS on every cross-cluster edge (the deployment's token is
-    always on them); the WAN emulated only when asked (--wan-gbps), the network being real."""
-    from dataclasses import replace
-
-    chans = tuple(
-        replace(ch, params={**ch.params, "tls": True, "emulate": emulate and ch.params["emulate"]})
-        if ch.cross_cluster
-        else ch
-        for ch in plan.channels
-    )
-    return replace(plan, channels=chans)
-
-
-def planned_transports(plan: Plan) -> list[dict[str, str]]:
-    """For `pddflow plan`: how each channel is carried by each backend."""
-    local = transports(plan, {})
-    ray = transports(secure_cross_cluster(plan, emulate=False), {})
-    return [
-        {
-            "channel": ch.id,
-            "kind": ch.kind,
-            "local": planned(ch, "local")
-            if ch.kind == "rdma_tensor"
-            else local[ch.id] + (" (emulated link)" if ch.params.get("emulate") else ""),
-            "ray": planned(ch, "ray") if ch.kind == "rdma_tensor" else ray[ch.id],
-        }
-        for ch in plan.channels
-    ]

@@ -8,6 +8,7 @@ import logging
 import time
 from collections.abc import Iterable
 
+from pddflow.core.kv_budget import kv_fit
 from pddflow.graph.plan import Plan
 from pddflow.runtime.frontend.fleet import Fleet
 from pddflow.runtime.frontend.flight import Flight, Flights
@@ -219,18 +220,15 @@ class Fallbacks:
     def admit(self, route: Route, prompt_tokens: int, max_tokens: int) -> None:
         """400 at once when an instance on the route could never hold the request's KV."""
         bs = self.plan.model.block_size
-        for inst, tokens in _holds(route, prompt_tokens, max_tokens):
+        for inst, holds_output in _holds(route):
             s = self.fleet.status.get(inst)
             if s is None or not s.kv_blocks_total:
                 continue
-            need = -(-tokens // bs)
-            if need > s.kv_blocks_total:
-                raise RequestRejected(
-                    400,
-                    f"the prompt ({prompt_tokens} tokens) and max_tokens ({max_tokens}) need "
-                    f"{need} KV blocks on {inst}, which holds {s.kv_blocks_total} "
-                    f"({s.kv_blocks_total * bs} tokens); lower max_tokens or shorten the prompt",
-                )
+            fit = kv_fit(
+                prompt_tokens, max_tokens, bs, s.kv_blocks_total, holds_output=holds_output
+            )
+            if not fit.fits:
+                raise RequestRejected(400, fit.refusal(inst))
 
     def max_serving_tokens(self) -> int | None:
         """The longest prompt + output every decoder can hold (None before their first status)."""
@@ -242,12 +240,12 @@ class Fallbacks:
         return min(caps) if caps else None
 
 
-def _holds(route: Route, prompt_tokens: int, max_tokens: int) -> list[tuple[str, int]]:
-    """(instance, tokens of KV it must hold) for every instance on the route."""
+def _holds(route: Route) -> list[tuple[str, bool]]:
+    """(instance, whether it holds the output's KV too) for every instance on the route: a
+    prefill instance hands the output to its decoders unless it decodes itself (colocated)."""
     out = []
     decoders = [route.relay, "" if route.decision.singular else route.main]
     if route.prefill and route.prefill not in decoders:
-        colocated = not route.relay and not route.main
-        out.append((route.prefill, prompt_tokens + (max_tokens if colocated else 0)))
-    out += [(d, prompt_tokens + max_tokens) for d in decoders if d]
+        out.append((route.prefill, not route.relay and not route.main))
+    out += [(d, True) for d in decoders if d]
     return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from pddflow.core.kv_budget import kv_fit
 from pddflow.core.payloads import KVBlocks, TokenLogprob
 from pddflow.operators.block_allocator import KVCacheFull
 from pddflow.runtime.proto import runtime_pb2 as pb
@@ -149,10 +150,13 @@ class DecoderWorker(Worker):
     def room_for(self, leg: DecodeLeg) -> bool:
         """Whether the request's prompt and whole output fit now; if not, it waits in line (a
         request that could never fit fails now, saying so)."""
-        alloc, bs = self.engine.allocator, self.engine.block_size
-        held = len(leg.seq.block_table)
-        need = max(0, -(-self.total_tokens(leg) // bs) - held)
-        if need > alloc.num_blocks - held:
+        alloc, seq = self.engine.allocator, leg.seq
+        held = len(seq.block_table)
+        fit = kv_fit(
+            seq.num_prompt_tokens, seq.sampling.max_tokens, self.engine.block_size, alloc.num_blocks
+        )
+        need = max(0, fit.blocks - held)
+        if not fit.fits:
             what = f"{leg.seq_id} (its prompt and max_tokens)"
             full = KVCacheFull(
                 need, alloc.num_free, alloc.num_blocks, self.engine.block_bytes, what

@@ -1,0 +1,259 @@
+"""A deployment of a plan (docs/runtime.md): it owns the backend that runs the instances, their
+wiring, the frontend, the supervisor, the API server and the run directory. `pddflow deploy` is a
+thin shell over it; a test or a benchmark drives the same object:
+
+    d = Deployment(plan, DeployOptions(port=0))
+    d.start()       # the API's port taken, every instance ready; or DeployError
+    d.serve()       # the OpenAI API until a signal (or stop() from another thread), then drained
+    d.stop()        # every instance stopped, the run directory cleaned
+"""
+
+from __future__ import annotations
+
+import atexit
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from pddflow.core.device import LOCAL_KV_CACHE_MIB
+from pddflow.graph.plan import Plan
+from pddflow.runtime.deploy.backend import Backend, DeployError, Progress, wait_ready
+from pddflow.runtime.deploy.run_dir import make_run_dir, remove_run_dir
+from pddflow.runtime.deploy.supervisor import Supervisor
+from pddflow.runtime.frontend.frontend import Frontend
+from pddflow.runtime.frontend.link_admin import LinkAdmin
+from pddflow.runtime.frontend.model_info import ModelInfo, model_info
+from pddflow.runtime.transports import secure_cross_cluster
+from pddflow.runtime.wiring import Wiring, wire
+
+BACKENDS = ("local", "ray")
+
+
+class OptionError(DeployError):
+    """An option that cannot work as given (the CLI's usage error); nothing has started."""
+
+
+@dataclass(frozen=True)
+class DeployOptions:
+    """What `pddflow deploy`'s options set; each default is the option's (docs/cli.md)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000  # 0: any free port (`Deployment.port` says which)
+    backend: str | None = None  # None: the graph's deploy.backend
+    address: str | None = None  # ray: the cluster's (None: the graph's, RAY_ADDRESS, 'auto')
+    kv_cache_mb: int = LOCAL_KV_CACHE_MIB
+    startup_timeout_s: float = 180.0
+    leg_timeout_s: float = 60.0
+    seed: int = 0  # of the WAN emulation's jitter
+    wan_gbps: float | None = None  # every link emulated at this bandwidth instead
+    run_dir: str | None = None  # kept there (default: a private temp dir, removed at stop)
+    drain_timeout_s: float = 30.0
+    api_key: str | None = None
+    admin_key: str | None = None
+    log_level: str = "warning"
+    model: str | None = None  # instead of the graph's model.weights
+    chat_template: Path | None = None
+    cpu_pinning: str = "auto"  # cpu_layout.MODES: auto | none
+
+
+class Deployment:
+    def __init__(self, plan: Plan, options: DeployOptions | None = None):
+        """`plan` as compiled (production scale); everything that can be refused is refused here,
+        before anything starts: the backend, the options, the model (DeployError)."""
+        self.options = o = options or DeployOptions()
+        self.backend_name = o.backend or plan.deploy.backend
+        if self.backend_name not in BACKENDS:
+            raise OptionError(
+                f"unknown backend {self.backend_name!r}; backends: {', '.join(BACKENDS)}"
+            )
+        if self.backend_name != "ray" and o.address is not None:
+            raise OptionError("--address is for --backend ray")
+        self.plan = self._local_plan(plan)
+        self.model: ModelInfo = self._resolve_model()
+        self.wiring: Wiring | None = None
+        self.backend: Backend | None = None
+        self.frontend: Frontend | None = None
+        self.links: LinkAdmin | None = None
+        self.supervisor: Supervisor | None = None
+        self.run_dir: Path | None = None
+        self.cpus = None  # the host's cores as the instances got them (core.cpu_layout)
+        self.port = o.port
+        self._socket: socket.socket | None = None
+        self._server = None  # the API server while it serves (api.shutdown.DrainingServer)
+
+    def _local_plan(self, plan: Plan) -> Plan:
+        """The plan as this deployment runs it: the local profile's replicas, TLS on every
+        cross-cluster edge on Ray (the WAN real unless --wan-gbps), the options' link and model."""
+        o = self.options
+        plan = plan.scaled_to_local()
+        if self.backend_name == "ray":
+            plan = secure_cross_cluster(plan, emulate=o.wan_gbps is not None)
+        if o.wan_gbps is not None:
+            links = {n: replace(link, gbps=o.wan_gbps) for n, link in plan.links.items()}
+            plan = replace(plan, links=links)
+        if o.model is not None:
+            plan = replace(plan, model=replace(plan.model, weights=o.model))
+        return plan
+
+    def _resolve_model(self) -> ModelInfo:
+        """Resolved once, here: every worker and the frontend read the same local directory."""
+        from pddflow.operators.config import ModelSpecError
+        from pddflow.operators.hub import resolve_model
+
+        try:
+            weights = resolve_model(self.plan.model.weights)
+            info = model_info(weights, self.options.chat_template)
+        except ModelSpecError as exc:
+            where = (
+                "--model"
+                if self.options.model is not None
+                else f"{self.plan.source}: model.weights"
+            )
+            raise DeployError(f"{where}: {exc}") from None
+        self.plan = replace(self.plan, model=replace(self.plan.model, weights=weights))
+        return info
+
+    def listen(self) -> None:
+        """Take the API's address (OptionError when it is taken); `start` does it first, so that a
+        taken port fails before any worker starts."""
+        if self._socket is None:
+            self._socket = _listen(self.options.host, self.options.port)
+            self.port = self._socket.getsockname()[1]
+
+    # ---- start --------------------------------------------------------------------------------
+    def start(self, progress: Progress | None = None) -> None:
+        """Listen, start every instance and wait until each is ready (DeployError: which one did
+        not, and why); the supervisor then restarts any that dies. On failure whatever started is
+        stopped."""
+        from pddflow.core.cpu_layout import host_cores, plan_layout
+
+        o = self.options
+        cpus = self.cpus = plan_layout(self.plan, host_cores(), o.cpu_pinning)
+        self.listen()
+        kv_bytes = o.kv_cache_mb << 20
+        self.wiring = wire(self.plan, o.seed, kv_bytes, o.leg_timeout_s, cpus)
+        self.run_dir = make_run_dir(o.run_dir)
+        # also when an exception or a second signal cuts stop() short
+        atexit.register(remove_run_dir, self.run_dir, o.run_dir is not None)
+        self.backend = self._make_backend()
+        try:
+            self._start_instances(progress)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _make_backend(self) -> Backend:
+        if self.backend_name == "ray":
+            from pddflow.runtime.deploy.ray_backend import RayBackend
+
+            d = self.plan.deploy
+            return RayBackend(
+                address=self.options.address or d.address,
+                namespace=d.namespace,
+                bind_all=d.bind == "all",
+                accelerators=d.accelerators,
+            )
+        from pddflow.runtime.deploy.local import LocalBackend
+
+        return LocalBackend()
+
+    def _start_instances(self, progress: Progress | None) -> None:
+        plan, wiring, be = self.plan, self.wiring, self.backend
+        if any(c.cross_cluster and c.params.get("tls") for c in plan.channels):
+            from pddflow.channels.security import self_signed
+
+            # the emulated datacenters trust one self-signed certificate
+            tls = self_signed(self.run_dir / "tls")
+            wiring.tls_cert, wiring.tls_key = tls.cert_chain, tls.private_key
+        be.start(plan, wiring, self.run_dir)  # before any gRPC thread here: children fork cleanly
+        self.frontend = Frontend(plan, wiring, self.model)
+        wait_ready(self.frontend.ready_count, be, self.options.startup_timeout_s, progress)
+        self.links = LinkAdmin(plan, self.frontend.fleet.clients, be.cutter())
+        # a worker that dies is restarted; until it is back, requests go around it
+        self.supervisor = Supervisor(be, self.frontend.worker_exited, self._restarted).start()
+
+    def _restarted(self, instance: str, restarts: int) -> None:
+        self.frontend.worker_restarted(instance, restarts)
+        self.links.restarted(instance)  # it shapes its links as declared: re-tell a degrade
+
+    def placement(self) -> str:
+        """Where the instances run, in one line: their nodes (ray), or their cores (local)."""
+        if self.backend_name == "ray":
+            placed = self.backend.placement()
+            return "placement: " + "; ".join(
+                f"{i} on {p['node_ip']} (node {p['node'][:12]})" for i, p in placed.items()
+            )
+        return f"cpus: {self.cpus.describe()}"
+
+    # ---- serve --------------------------------------------------------------------------------
+    @property
+    def url(self) -> str:
+        return f"http://{self.options.host}:{self.port}/v1"
+
+    def serve(self, say: Callable[[str], None] = print) -> None:
+        """The OpenAI API on the deployment's socket until SIGINT / SIGTERM (in the main thread)
+        or `stop_serving()`; then new requests get 503 and running ones have --drain-timeout to
+        finish. `say` hears the drain's progress."""
+        import uvicorn
+
+        from pddflow.runtime.api.admission import Admission
+        from pddflow.runtime.api.app import make_app
+        from pddflow.runtime.api.shutdown import DrainingServer
+
+        o, admission = self.options, Admission()
+        app = make_app(
+            self.frontend,
+            admission,
+            api_key=o.api_key,
+            admin_key=o.admin_key,
+            links=self.links,
+            placement=self.backend.describe,
+        )
+        config = uvicorn.Config(
+            app,
+            host=o.host,
+            port=self.port,
+            log_level=o.log_level,
+            access_log=False,
+            timeout_graceful_shutdown=5,  # the drain has ended every request by then
+        )
+        self._server = DrainingServer(config, admission, o.drain_timeout_s, say)
+        self._server.run(sockets=[self._socket])
+
+    def stop_serving(self) -> None:
+        """From another thread: drain and end `serve()` as a signal would."""
+        if self._server is not None:
+            self._server.handle_exit(0, None)
+
+    # ---- stop ---------------------------------------------------------------------------------
+    def stop(self) -> None:
+        """Every instance stopped, the frontend closed, the run directory removed (or, kept, its
+        secrets); safe to call twice."""
+        if self.supervisor is not None:
+            self.supervisor.stop()
+            self.supervisor = None
+        if self.backend is not None:
+            self.backend.stop()
+            self.backend = None
+        if self.frontend is not None:
+            self.frontend.close()
+            self.frontend = None
+        if self.run_dir is not None:
+            remove_run_dir(self.run_dir, kept=self.options.run_dir is not None)
+        if self._socket is not None:
+            self._socket.close()
+            self._socket = None
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: TIME_WAIT is no owner
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        msg = f"cannot listen on {host}:{port}: {exc.strerror}; choose another --port"
+        raise OptionError(msg) from None
+    return sock
