@@ -13,7 +13,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from pddflow.bench.deploy_process import Deployment
+from pddflow.bench.deploy_process import DeployProcess
 from pddflow.testing.chaos import FAULTS, drill, greedy_reference
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,7 +29,7 @@ def main() -> None:
     reference = greedy_reference()
     rows = []
     with tempfile.TemporaryDirectory(prefix="pddflow-chaos-") as tmp:
-        dep = Deployment(ROOT / "graphs" / "pdd.yaml", Path(tmp), "--wan-gbps", str(a.wan_gbps))
+        dep = DeployProcess(ROOT / "graphs" / "pdd.yaml", Path(tmp), "--wan-gbps", str(a.wan_gbps))
         try:
             for name, fault in FAULTS.items():
                 print(f"drill: {name}", file=sys.stderr)

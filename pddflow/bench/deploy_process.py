@@ -68,7 +68,7 @@ class LaunchError(RuntimeError):
     pass
 
 
-class Deployment:
+class DeployProcess:
     """run_dir None: the deployer makes its own (under tmpdir, when given: its TMPDIR). The
     deployment always gets a fresh admin key (`cut_link`, `degrade_link` send it); api_key, when
     given, guards its /v1 API (default: open, whatever PDDFLOW_API_KEY says here)."""

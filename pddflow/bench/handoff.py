@@ -13,6 +13,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from pddflow.core.channel_kinds import Kind
 from pddflow.core.link import LinkModel
 from pddflow.core.stats import percentile
 from pddflow.graph.plan import ChannelPlan, Plan
@@ -63,7 +64,7 @@ class HandoffEdges:
 
 
 def handoff_edges(plan: Plan) -> HandoffEdges:
-    tok = [c for c in plan.channels if c.kind == "token_ids"]
+    tok = [c for c in plan.channels if c.kind == Kind.TOKEN_IDS]
     if not tok:
         raise HandoffBenchError(
             f"graph {plan.name!r} has no token_ids edge (relay.handoff -> main.handoff): "
@@ -78,7 +79,7 @@ def handoff_edges(plan: Plan) -> HandoffEdges:
     link = plan.links[ch.link]
     if link.gbps <= 0:
         raise HandoffBenchError(f"link {link.name!r} has {link.gbps} Gbps: cannot emulate it")
-    kv = [c for c in plan.channels if c.kind == "wan_flight" and c.dst == ch.dst]
+    kv = [c for c in plan.channels if c.kind == Kind.WAN_FLIGHT and c.dst == ch.dst]
     return HandoffEdges(ch, link, kv[0] if kv else None)
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from pddflow.bench.deploy_process import Deployment
+from pddflow.bench.deploy_process import DeployProcess
 from pddflow.bench.wan_degrade import WanDegrade, after, degrade_at, variant_counts
 from pddflow.core.serve_sessions import WorkloadSpec
 from pddflow.core.stats import percentile
@@ -207,7 +207,7 @@ def run_graph(
         res.degrade = {**degrade.as_json(), "applied_at_s": None}
     args = list(extra) + (["--wan-gbps", str(wan_gbps)] if wan_gbps else [])
     with tempfile.TemporaryDirectory(prefix="pddflow-bench-") as rd:
-        dep = Deployment(graph, Path(rd), *args)
+        dep = DeployProcess(graph, Path(rd), *args)
         try:
             model = httpx.get(f"{dep.base}/v1/models", timeout=10).json()["data"][0]["id"]
 

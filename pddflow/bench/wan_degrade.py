@@ -13,7 +13,7 @@ from typing import Any
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
-from pddflow.bench.deploy_process import Deployment
+from pddflow.bench.deploy_process import DeployProcess
 
 FLAG = "--wan-degrade"
 FORM = f"{FLAG} AT_S:GBPS[:JITTER_P99_MS], e.g. {FLAG} 20:0.01 or {FLAG} 20:0.01:500"
@@ -62,7 +62,7 @@ class WanDegrade:
 
 
 async def degrade_at(
-    dep: Deployment, scenario: WanDegrade, t0: float, record: dict[str, Any]
+    dep: DeployProcess, scenario: WanDegrade, t0: float, record: dict[str, Any]
 ) -> None:
     """At t0 + at_s (perf_counter), degrade every link of the deployment; `record` gets when it
     was applied (s from t0) and each link's answer, or the error. Cancelled when the run ended

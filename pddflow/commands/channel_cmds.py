@@ -33,8 +33,8 @@ def bench_channels(
     Receivers run in their own processes; everything stays on 127.0.0.1."""
     from rich.console import Console
 
+    from pddflow.bench.channels import run_all
     from pddflow.commands.progress import progress_bar
-    from pddflow.testing.channel_bench import run_all
 
     err = Console(stderr=True)
     with progress_bar(err) as bar:

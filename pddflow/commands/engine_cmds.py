@@ -151,9 +151,9 @@ def bench_engine(
 
     from rich.console import Console
 
+    from pddflow.bench.engine import QUICK, BenchSizes, run_bench
     from pddflow.commands.progress import progress_bar
     from pddflow.operators.config import ModelSpecError
-    from pddflow.operators.engine_bench import QUICK, BenchSizes, run_bench
 
     err = Console(stderr=True)
     with progress_bar(err) as bar:

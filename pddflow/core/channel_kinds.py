@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
 
 from pddflow.core.operator_types import Param
@@ -23,6 +24,17 @@ class ChannelKind:
 
 CHANNEL_KINDS: Registry[ChannelKind] = Registry("channel kind", "pddflow.channels")
 
+
+class Kind(enum.StrEnum):
+    """The built-in kinds, the ones the runtime's transports implement (a plugin kind is a
+    declaration `validate`, `plan` and `simulate` use: docs/plugins.md)."""
+
+    LOCAL = "local"
+    RDMA_TENSOR = "rdma_tensor"
+    WAN_FLIGHT = "wan_flight"
+    TOKEN_IDS = "token_ids"
+
+
 _TLS = Param(bool, False, "encrypt with TLS (certificates from the deployment's tls section)")
 _TOKEN = Param(str, "", "bearer token the receiver requires; empty = no auth (loopback only)")
 _DEADLINE = Param(float, 30.0, "seconds a transfer may take before it fails and cancels its pair")
@@ -31,13 +43,13 @@ CHECKSUM_ALGORITHMS = ("xxh3_64", "crc32")
 
 for _k in (
     ChannelKind(
-        "local",
+        Kind.LOCAL,
         "in-process queue (tests and single-process deployments)",
         frozenset(Payload),
         "process",
     ),
     ChannelKind(
-        "rdma_tensor",
+        Kind.RDMA_TENSOR,
         "KV blocks inside a cluster: shared memory on one host, else NIXL/UCX where installed, "
         "else TCP",
         frozenset({Payload.KV_BLOCKS}),
@@ -68,7 +80,7 @@ for _k in (
         },
     ),
     ChannelKind(
-        "wan_flight",
+        Kind.WAN_FLIGHT,
         "KV blocks across clusters: Arrow Flight over gRPC/TCP, parallel streams, resumable",
         frozenset({Payload.KV_BLOCKS}),
         "any",
@@ -86,7 +98,7 @@ for _k in (
         },
     ),
     ChannelKind(
-        "token_ids",
+        Kind.TOKEN_IDS,
         "token IDs and control messages: gRPC streaming protobuf",
         frozenset({Payload.TOKEN_IDS, Payload.CONTROL}),
         "any",
@@ -100,4 +112,4 @@ for _k in (
         },
     ),
 ):
-    CHANNEL_KINDS.register(_k.name, _k)
+    CHANNEL_KINDS.register(str(_k.name), _k)

@@ -11,6 +11,7 @@ from functools import cached_property
 from typing import Any
 
 from pddflow.core.arch import ModelArch
+from pddflow.core.channel_kinds import Kind
 from pddflow.core.device import DeviceClass
 from pddflow.core.link import Jitter, LinkModel
 from pddflow.core.operator_types import (
@@ -226,7 +227,7 @@ class Plan:
             (
                 int(c.params.get("streams", 1))
                 for c in self.channels
-                if c.link == link and c.kind == "wan_flight"
+                if c.link == link and c.kind == Kind.WAN_FLIGHT
             ),
             default=1,
         )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from pddflow.core.channel_kinds import Kind
 from pddflow.graph.plan import ChannelPlan, Plan
 
 SHM, TCP, NIXL = "shm", "tcp", "nixl"
@@ -44,7 +45,7 @@ def routes(plan: Plan, host_of: dict[str, str], nixl: bool) -> dict[str, str]:
     """pair(src, dst) -> transport for every pair of instances an rdma_tensor edge joins."""
     out: dict[str, str] = {}
     for ch in plan.channels:
-        if ch.kind != "rdma_tensor":
+        if ch.kind != Kind.RDMA_TENSOR:
             continue
         for a in plan.operators[ch.src].instances:
             for b in plan.operators[ch.dst].instances:
@@ -110,11 +111,11 @@ def transports(
     for ch in plan.channels:
         tls = "+TLS" if ch.params.get("tls") else ""
         token = " + token" if ch.cross_cluster else ""
-        if ch.kind == "rdma_tensor":
+        if ch.kind == Kind.RDMA_TENSOR:
             out[ch.id] = channel_label(plan, ch, rdma, host_of)
-        elif ch.kind == "wan_flight":
+        elif ch.kind == Kind.WAN_FLIGHT:
             out[ch.id] = f"arrow flight over TCP{tls}{token}"
-        elif ch.kind == "token_ids":
+        elif ch.kind == Kind.TOKEN_IDS:
             out[ch.id] = f"TCP{tls}{token}"
         else:
             out[ch.id] = ch.kind
@@ -142,9 +143,9 @@ def planned_transports(plan: Plan) -> list[dict[str, str]]:
             "channel": ch.id,
             "kind": ch.kind,
             "local": planned(ch, "local")
-            if ch.kind == "rdma_tensor"
+            if ch.kind == Kind.RDMA_TENSOR
             else local[ch.id] + (" (emulated link)" if ch.params.get("emulate") else ""),
-            "ray": planned(ch, "ray") if ch.kind == "rdma_tensor" else ray[ch.id],
+            "ray": planned(ch, "ray") if ch.kind == Kind.RDMA_TENSOR else ray[ch.id],
         }
         for ch in plan.channels
     ]

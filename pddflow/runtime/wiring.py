@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from pddflow.channels.security import TLSConfig
+from pddflow.core.channel_kinds import Kind
 from pddflow.core.cpu_layout import CpuLayout, host_cores, plan_layout
 from pddflow.core.device import LOCAL_KV_CACHE_MIB
 from pddflow.graph.plan import Plan
@@ -148,15 +149,15 @@ def wire(
         for ch in plan.channels:
             if ch.dst != inst.operator:
                 continue
-            if ch.kind == "wan_flight" and not ep.kv_flight:
+            if ch.kind == Kind.WAN_FLIGHT and not ep.kv_flight:
                 ep.kv_flight = f"grpc://127.0.0.1:{free_port()}"
-            elif ch.kind == "token_ids" and not ep.handoff:
+            elif ch.kind == Kind.TOKEN_IDS and not ep.handoff:
                 ep.handoff = f"127.0.0.1:{free_port()}"
             if ch.cross_cluster and ch.link:
                 addr = (
                     ep.kv_flight
-                    if ch.kind == "wan_flight"
-                    else (ep.handoff if ch.kind == "token_ids" else "")
+                    if ch.kind == Kind.WAN_FLIGHT
+                    else (ep.handoff if ch.kind == Kind.TOKEN_IDS else "")
                 )
                 if addr and addr not in w.links.setdefault(ch.link, []):
                     w.links[ch.link].append(addr)

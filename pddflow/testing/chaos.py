@@ -15,7 +15,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 
-from pddflow.bench.deploy_process import Deployment, post_json
+from pddflow.bench.deploy_process import DeployProcess, post_json
 
 Reference = Callable[[str, int], list[int]]
 ROUTES = (("p_md", None), ("p_rld_md", "one_shot"), ("p_rld_md", "catch_up"), (None, None))
@@ -37,7 +37,7 @@ class DrillResult:
         return asdict(self)
 
 
-def ask(dep: Deployment, prompt: str, n: int, timeout_s: float, **extra) -> tuple[str, object]:
+def ask(dep: DeployProcess, prompt: str, n: int, timeout_s: float, **extra) -> tuple[str, object]:
     """("exact"/"wrong" with the tokens, "error" with the message, or "hung")."""
     body = {"model": "pdd", "prompt": prompt, "max_tokens": n, "temperature": 0}
     try:
@@ -53,15 +53,15 @@ def ask(dep: Deployment, prompt: str, n: int, timeout_s: float, **extra) -> tupl
     return "error", f"{code}: {out.get('error', {}).get('message', out)}"
 
 
-def kill(instance: str) -> Callable[[Deployment], None]:
-    def fault(dep: Deployment) -> None:
+def kill(instance: str) -> Callable[[DeployProcess], None]:
+    def fault(dep: DeployProcess) -> None:
         os.kill(dep.worker_pid(instance), signal.SIGKILL)
 
     return fault
 
 
-def cut_link(link: str, seconds: float, after_bytes: int = 0) -> Callable[[Deployment], None]:
-    def fault(dep: Deployment) -> None:
+def cut_link(link: str, seconds: float, after_bytes: int = 0) -> Callable[[DeployProcess], None]:
+    def fault(dep: DeployProcess) -> None:
         code, out = dep.cut_link(link, seconds, after_bytes)
         assert code == 200, out
 
@@ -94,9 +94,9 @@ def greedy_reference(spec: str = "builtin:tiny-llama") -> Reference:
 
 
 def drill(
-    dep: Deployment,
+    dep: DeployProcess,
     name: str,
-    fault: Callable[[Deployment], None],
+    fault: Callable[[DeployProcess], None],
     reference: Reference,
     *,
     burst: int = 6,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pddflow.bench.deploy_process import Deployment
+from pddflow.bench.deploy_process import DeployProcess
 from pddflow.testing import chaos
 from pddflow.testing.chaos import greedy_reference
 
@@ -17,7 +17,7 @@ WAN_GBPS = "0.05"  # a 360-token prompt's KV (11 MB) takes about 2 s to cross
 
 @pytest.fixture(scope="module")
 def pdd(tmp_path_factory):
-    dep = Deployment(
+    dep = DeployProcess(
         ROOT / "graphs" / "pdd.yaml", tmp_path_factory.mktemp("chaos"), "--wan-gbps", WAN_GBPS
     )
     yield dep

@@ -129,7 +129,7 @@ def test_bench_engine_quick_json(tiny_llama_dir):
     assert (out["extend_long"]["tokens"], out["extend_long"]["context"]) == (128, 768)
     grid = out["prefill_grid"]["points"]  # prompts over a cached prefix, the prefix really reused
     assert {(p["tokens"], p["cached"]) for p in grid} >= {(32, 0), (128, 256), (256, 768)}
-    from pddflow.operators.corun_bench import cores_for_corun
+    from pddflow.bench.corun import cores_for_corun
 
     if cores_for_corun() is None:
         assert "corun" not in out
@@ -139,7 +139,7 @@ def test_bench_engine_quick_json(tiny_llama_dir):
         assert co["cores"][0] != co["cores"][1]
         assert len(os.sched_getaffinity(0)) >= 2
         ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-        assert "pddflow.operators.corun_bench" not in ps
+        assert "pddflow.bench.corun" not in ps
 
 
 def test_module_import_is_light():
@@ -159,7 +159,7 @@ def test_corun_companion_start_has_a_deadline():
     import sys
     import time
 
-    from pddflow.operators.corun_bench import _started
+    from pddflow.bench.corun import _started
 
     silent = subprocess.Popen(
         [sys.executable, "-c", "import time; time.sleep(30)"], stdout=subprocess.PIPE, text=True

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from pddflow.bench.deploy_process import Deployment, post, post_json
+from pddflow.bench.deploy_process import DeployProcess, post, post_json
 from pddflow.testing.chaos import greedy_reference, wait_until
 from pddflow.testing.ray_cluster import NetNamespace, RayCluster, RayNode, unshare_refused
 
@@ -80,7 +80,7 @@ def cluster():
 
 @pytest.fixture(scope="module")
 def dep(cluster):
-    d = Deployment(
+    d = DeployProcess(
         ROOT / "graphs" / "pdd.yaml",
         None,
         "--backend",

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from pddflow.bench.deploy_process import Deployment, get_json, post_json
+from pddflow.bench.deploy_process import DeployProcess, get_json, post_json
 
 pytestmark = pytest.mark.slow  # starts a deployment: worker processes
 
@@ -48,7 +48,7 @@ def _tls_graph(tmp: Path) -> Path:
 @pytest.mark.parametrize("graph", ["cross_dc_pd.yaml", "same_dc_pd.yaml", "colocated.yaml", "tls"])
 def test_graph_deploys_and_matches_reference(graph, reference, tmp_path):
     path = _tls_graph(tmp_path) if graph == "tls" else ROOT / "graphs" / graph
-    dep = Deployment(path, tmp_path / "run")
+    dep = DeployProcess(path, tmp_path / "run")
     try:
         model = get_json(f"{dep.base}/v1/models")[1]["data"][0]["id"]
         body = {

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from pddflow.bench.deploy_process import Deployment
+from pddflow.bench.deploy_process import DeployProcess
 
 pytestmark = pytest.mark.slow  # starts a deployment: worker processes
 
@@ -38,13 +38,13 @@ def _reference(prompt: str, n: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def pdd(tmp_path_factory):
-    dep = Deployment(ROOT / "graphs" / "pdd.yaml", tmp_path_factory.mktemp("pdd-fail"))
+    dep = DeployProcess(ROOT / "graphs" / "pdd.yaml", tmp_path_factory.mktemp("pdd-fail"))
     yield dep
     out = dep.stop()
     assert dep.leftover_children() == [], out
 
 
-def _timeline(dep: Deployment, rid: str) -> dict:
+def _timeline(dep: DeployProcess, rid: str) -> dict:
     return json.loads(
         urllib.request.urlopen(f"{dep.base}/v1/requests/{rid}/timeline", timeout=5).read()
     )

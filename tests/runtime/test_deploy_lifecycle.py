@@ -23,7 +23,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from pddflow.bench.deploy_process import Deployment, get_json, post_json
+from pddflow.bench.deploy_process import DeployProcess, get_json, post_json
 from pddflow.runtime.deploy.run_dir import OWNER_FILE, RUN_DIR_PREFIX, WIRING_FILE
 
 pytestmark = pytest.mark.slow  # starts deployments: worker processes
@@ -39,7 +39,7 @@ def _dead_pid() -> int:
     return p.pid
 
 
-def _requests_total(dep: Deployment, outcome: str, variant: str) -> float:
+def _requests_total(dep: DeployProcess, outcome: str, variant: str) -> float:
     text = urllib.request.urlopen(f"{dep.base}/metrics", timeout=5).read().decode()
     total = 0.0
     for line in text.splitlines():
@@ -49,19 +49,19 @@ def _requests_total(dep: Deployment, outcome: str, variant: str) -> float:
     return total
 
 
-def _cut_link(dep: Deployment) -> None:
+def _cut_link(dep: DeployProcess) -> None:
     code, out = dep.cut_link("A-B", 600)
     assert code == 200, out
 
 
-def _wait_live(dep: Deployment, n: int, timeout_s: float = 30.0) -> None:
+def _wait_live(dep: DeployProcess, n: int, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
     while dep.health()["live_requests"] < n:
         assert time.monotonic() < deadline, dep.health()
         time.sleep(0.05)
 
 
-def _exit(dep: Deployment, timeout_s: float = 60.0) -> tuple[int, str]:
+def _exit(dep: DeployProcess, timeout_s: float = 60.0) -> tuple[int, str]:
     out, _ = dep.proc.communicate(timeout=timeout_s)
     return dep.proc.returncode, out.decode(errors="replace")
 
@@ -99,7 +99,7 @@ def stale(tmpdir_) -> dict[str, Path]:
 
 @pytest.fixture(scope="module")
 def dep(tmpdir_, stale):
-    d = Deployment(GRAPH, None, "--drain-timeout", "3", tmpdir=tmpdir_)
+    d = DeployProcess(GRAPH, None, "--drain-timeout", "3", tmpdir=tmpdir_)
     yield d
     if d.proc.poll() is None:  # a test failed before it stopped the deployment
         d.stop()
@@ -189,7 +189,7 @@ def test_sigterm_drains_then_aborts_what_is_left(dep):
 
 
 def test_second_interrupt_stops_at_once(tmp_path):
-    dep = Deployment(GRAPH, None, "--drain-timeout", "600", tmpdir=tmp_path)
+    dep = DeployProcess(GRAPH, None, "--drain-timeout", "600", tmpdir=tmp_path)
     try:
         rd = dep.run_dir
         _cut_link(dep)

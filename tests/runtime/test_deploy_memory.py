@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from pddflow.bench.deploy_process import Deployment, get_json, post_json
+from pddflow.bench.deploy_process import DeployProcess, get_json, post_json
 
 pytestmark = pytest.mark.slow  # starts a deployment: worker processes
 
@@ -21,7 +21,9 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_requests_wait_for_kv_memory_instead_of_failing(tmp_path):
     # 8 MiB per worker: 16 blocks of 16 tokens (32 KiB of KV per token). Each request needs
     # ceil((64 + 40) / 16) = 7 blocks on main, so main holds two at a time.
-    dep = Deployment(ROOT / "graphs" / "cross_dc_pd.yaml", tmp_path / "run", "--kv-cache-mb", "8")
+    dep = DeployProcess(
+        ROOT / "graphs" / "cross_dc_pd.yaml", tmp_path / "run", "--kv-cache-mb", "8"
+    )
     try:
         model = get_json(f"{dep.base}/v1/models")[1]["data"][0]["id"]
 

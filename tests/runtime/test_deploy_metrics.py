@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pddflow.bench.deploy_process import Deployment
+from pddflow.bench.deploy_process import DeployProcess
 
 pytestmark = pytest.mark.slow  # starts a deployment: worker processes
 
@@ -21,7 +21,7 @@ openai = pytest.importorskip("openai")
 
 @pytest.fixture(scope="module")
 def pdd(tmp_path_factory):
-    dep = Deployment(ROOT / "graphs" / "pdd.yaml", tmp_path_factory.mktemp("metrics-run"))
+    dep = DeployProcess(ROOT / "graphs" / "pdd.yaml", tmp_path_factory.mktemp("metrics-run"))
     yield dep
     dep.stop()
     assert dep.leftover_children() == []

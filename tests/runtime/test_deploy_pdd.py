@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pddflow.bench.deploy_process import Deployment, post_json
+from pddflow.bench.deploy_process import DeployProcess, post_json
 
 pytestmark = pytest.mark.slow  # starts a deployment: worker processes
 
@@ -45,7 +45,7 @@ def reference() -> dict[str, list[int]]:
 @pytest.fixture(scope="module")
 def pdd(tmp_path_factory):
     shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-    dep = Deployment(ROOT / "graphs" / "pdd.yaml", tmp_path_factory.mktemp("pdd-run"))
+    dep = DeployProcess(ROOT / "graphs" / "pdd.yaml", tmp_path_factory.mktemp("pdd-run"))
     yield dep
     dep.stop()
     assert dep.leftover_children() == []

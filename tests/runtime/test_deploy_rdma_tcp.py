@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pddflow.bench.deploy_process import Deployment, post_json
+from pddflow.bench.deploy_process import DeployProcess, post_json
 from pddflow.testing.chaos import greedy_reference
 
 pytestmark = pytest.mark.slow  # starts a deployment: worker processes
@@ -24,7 +24,7 @@ def dep(tmp_path_factory):
     assert EDGE in text
     graph = tmp_path_factory.mktemp("graph") / "pdd_tcp.yaml"
     graph.write_text(text.replace(EDGE, EDGE[:-1] + ", params: {transport: tcp}}"))
-    d = Deployment(graph, tmp_path_factory.mktemp("run"))
+    d = DeployProcess(graph, tmp_path_factory.mktemp("run"))
     yield d
     d.stop()
     assert d.leftover_children() == []

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pddflow.bench.deploy_process import Deployment
+from pddflow.bench.deploy_process import DeployProcess
 
 pytestmark = pytest.mark.slow  # starts deployments: worker processes
 
@@ -76,7 +76,9 @@ def test_deploy_serves_a_real_checkpoint_exactly(arch, tmp_path):
     refs = [_reference(path, chat, template) for chat in CHATS]
     assert any(len(set(r)) > 3 for r in refs), "degenerate test model"
 
-    dep = Deployment(ROOT / "graphs" / "pdd.yaml", tmp_path / "run", "--model", str(path), *extra)
+    dep = DeployProcess(
+        ROOT / "graphs" / "pdd.yaml", tmp_path / "run", "--model", str(path), *extra
+    )
     try:
         client = openai.OpenAI(
             base_url=f"{dep.base}/v1", api_key="unused", timeout=60, max_retries=0

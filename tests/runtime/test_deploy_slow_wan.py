@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pddflow.bench.deploy_process import Deployment
+from pddflow.bench.deploy_process import DeployProcess
 
 pytestmark = pytest.mark.slow  # starts a deployment: worker processes
 
@@ -36,7 +36,7 @@ def singular(tmp_path_factory):
     )
     assert graph.read_text() != text
     # 1100 tokens x 32 KiB over 0.05 Gbps: 5.8 s, over TTFT 5 s
-    dep = Deployment(graph, d / "run", "--wan-gbps", "0.05")
+    dep = DeployProcess(graph, d / "run", "--wan-gbps", "0.05")
     yield dep
     dep.stop()
     assert dep.leftover_children() == []
@@ -54,13 +54,13 @@ def reference_ids(max_tokens: int, prompt: list[int] = PROMPT) -> tuple[list[int
     return ids, eng.tokenizer.decode(ids)
 
 
-def timeline(dep: Deployment, rid: str) -> dict:
+def timeline(dep: DeployProcess, rid: str) -> dict:
     url = f"{dep.base}/v1/requests/{rid}/timeline"
     return json.loads(urllib.request.urlopen(url, timeout=5).read())
 
 
 def complete(
-    dep: Deployment, max_tokens: int, prompt: list[int] = PROMPT, **extra: str
+    dep: DeployProcess, max_tokens: int, prompt: list[int] = PROMPT, **extra: str
 ) -> tuple[str, dict]:
     client = openai.OpenAI(base_url=f"{dep.base}/v1", api_key="unused", timeout=90, max_retries=0)
     r = client.completions.with_raw_response.create(

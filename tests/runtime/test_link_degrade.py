@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pddflow.bench.deploy_process import Deployment, get_json, post_json
+from pddflow.bench.deploy_process import DeployProcess, get_json, post_json
 
 pytestmark = pytest.mark.slow  # starts a deployment: worker processes
 
@@ -26,7 +26,7 @@ SLA_TTFT_S = 2.0
 
 
 @pytest.fixture(scope="module")
-def pdd(tmp_path_factory) -> Iterator[Deployment]:
+def pdd(tmp_path_factory) -> Iterator[DeployProcess]:
     d = tmp_path_factory.mktemp("degrade")
     graph = yaml.safe_load((ROOT / "graphs" / "pdd.yaml").read_text())
     # the declared lognormal tail (P99 2 s) would be measured as a slow rate on short transfers
@@ -36,7 +36,7 @@ def pdd(tmp_path_factory) -> Iterator[Deployment]:
     # machine slows the emulated link's sender (it measured 0.18 of the declared 0.4 Gbps in CI)
     graph["scheduler"]["params"] = {"relay_if_transfer_over_s": 0.0}
     (d / "pdd.yaml").write_text(yaml.safe_dump(graph))
-    dep = Deployment(d / "pdd.yaml", d / "run", "--wan-gbps", str(DECLARED_GBPS))
+    dep = DeployProcess(d / "pdd.yaml", d / "run", "--wan-gbps", str(DECLARED_GBPS))
     yield dep
     out = dep.stop()
     assert dep.leftover_children() == [], out
@@ -45,7 +45,7 @@ def pdd(tmp_path_factory) -> Iterator[Deployment]:
 _numbers = itertools.count()
 
 
-def ask(dep: Deployment, prompt_tokens: int, **extra: object) -> str:
+def ask(dep: DeployProcess, prompt_tokens: int, **extra: object) -> str:
     """One cold request (a fresh prefix: nothing cached anywhere); returns its variant and, after
     a colon, the scheduler's reason (for the assertion messages)."""
     prompt = f"Request {next(_numbers)} of the degrade drill. ".ljust(prompt_tokens, "x")
@@ -58,7 +58,7 @@ def ask(dep: Deployment, prompt_tokens: int, **extra: object) -> str:
     return f"{timeline['variant']}: {why[0] if why else ''}"
 
 
-def estimate(dep: Deployment) -> float:
+def estimate(dep: DeployProcess) -> float:
     return dep.health()["links"]["A-B"]["estimated_gbps"]
 
 
@@ -121,7 +121,7 @@ def test_requests_move_to_the_relay_when_the_link_slows_and_back_after(pdd):
     assert back[-1].startswith("p_md:"), (back, pdd.health()["links"])
 
 
-def _until(dep: Deployment, variant: str) -> list[str]:
+def _until(dep: DeployProcess, variant: str) -> list[str]:
     """Requests, at most WITHIN, until one takes `variant`: each one's variant and reason."""
     seen: list[str] = []
     while len(seen) < WITHIN and not (seen and seen[-1].startswith(f"{variant}:")):

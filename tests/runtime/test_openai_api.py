@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pddflow.bench.deploy_process import Deployment, get_json, post_json
+from pddflow.bench.deploy_process import DeployProcess, get_json, post_json
 
 pytestmark = pytest.mark.slow  # starts a deployment: worker processes
 
@@ -24,7 +24,7 @@ KEY = "test-api-key"
 
 @pytest.fixture(scope="module")
 def dep(tmp_path_factory):
-    d = Deployment(ROOT / "graphs" / "pdd.yaml", tmp_path_factory.mktemp("api-run"), api_key=KEY)
+    d = DeployProcess(ROOT / "graphs" / "pdd.yaml", tmp_path_factory.mktemp("api-run"), api_key=KEY)
     yield d
     out = d.stop()
     assert d.leftover_children() == [], out
@@ -225,7 +225,7 @@ def test_api_and_admin_keys(dep):
     # /health and /metrics stay open
     assert get_json(f"{dep.base}/health")[0] == 200
     assert dep.metric("pddflow_requests_total") >= 0
-    # the admin endpoint takes the admin key only (Deployment generated and sends it)
+    # the admin endpoint takes the admin key only (DeployProcess generated and sends it)
     cut = json.dumps({"seconds": 0.1}).encode()
     assert _raw(dep, "/admin/links/A-B/cut", cut, key=None)[0] == 401
     assert _raw(dep, "/admin/links/A-B/cut", cut, key=KEY)[0] == 401

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pddflow.bench.deploy_process import Deployment, get_json
+from pddflow.bench.deploy_process import DeployProcess, get_json
 from pddflow.core.payloads import SamplingParams
 from pddflow.operators.engine import Engine
 from pddflow.runtime.api.schema import ChatMessage
@@ -33,7 +33,7 @@ TOL = 1e-4
 
 @pytest.fixture(scope="module")
 def dep(tmp_path_factory):
-    d = Deployment(ROOT / "graphs" / "pdd.yaml", tmp_path_factory.mktemp("logprobs-run"))
+    d = DeployProcess(ROOT / "graphs" / "pdd.yaml", tmp_path_factory.mktemp("logprobs-run"))
     yield d
     out = d.stop()
     assert d.leftover_children() == [], out

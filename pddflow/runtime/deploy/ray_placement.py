@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from pddflow.core.channel_kinds import Kind
 from pddflow.graph.diagnostics import Diagnostic
 from pddflow.graph.plan import Plan
 
@@ -81,7 +82,7 @@ def groups(plan: Plan, nodes: list[Node], accelerators: dict[str, str]) -> list[
         return x
 
     for ch in plan.channels:
-        if ch.kind != "rdma_tensor" or ch.params.get("transport") != "shm":
+        if ch.kind != Kind.RDMA_TENSOR or ch.params.get("transport") != "shm":
             continue
         for a in plan.operators[ch.src].instances:
             for b in plan.operators[ch.dst].instances:

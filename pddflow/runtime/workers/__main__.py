@@ -9,27 +9,7 @@ from pathlib import Path
 
 from pddflow.core.cpu_layout import pin_self
 from pddflow.runtime.wiring import Wiring
-
-
-def worker_class(op_type: str) -> type:
-    """The class that runs an operator type; a type without one is refused before anything runs."""
-    from pddflow.runtime.workers.decoder import ColocatedWorker
-    from pddflow.runtime.workers.main_decode import MainWorker
-    from pddflow.runtime.workers.prefill import PrefillWorker
-    from pddflow.runtime.workers.relay import RelayWorker
-
-    roles = {
-        "prefill": PrefillWorker,
-        "relay_decode": RelayWorker,
-        "main_decode": MainWorker,
-        "decode": MainWorker,
-        "colocated": ColocatedWorker,
-    }
-    if op_type not in roles:
-        raise ValueError(
-            f"operator type {op_type!r} has no worker in this runtime (it runs {', '.join(roles)})"
-        )
-    return roles[op_type]
+from pddflow.runtime.workers.roster import worker_class
 
 
 def main(argv: list[str] | None = None) -> int:

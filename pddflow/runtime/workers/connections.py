@@ -23,6 +23,7 @@ from pddflow.channels.token_ids.server import TokenIdsServer
 from pddflow.channels.wan_flight.params import WanFlightParams
 from pddflow.channels.wan_flight.receiver import WanFlightReceiver
 from pddflow.channels.wan_flight.sender import WanFlightSender
+from pddflow.core.channel_kinds import Kind
 from pddflow.core.link import Jitter, LinkModel
 from pddflow.core.payloads import TokenIds
 from pddflow.graph.plan import ChannelPlan, Plan
@@ -33,7 +34,8 @@ from pddflow.runtime.wiring import Wiring
 from pddflow.runtime.workers.inbox import Abort, CaughtUp, HandoffTokens, KVArrived, KVLost
 
 POLL_S = 0.2  # receive loops wake this often to notice shutdown
-TRANSPORTS = ("rdma_tensor", "wan_flight", "token_ids")  # the channel kinds this runtime opens
+# the channel kinds this runtime opens
+TRANSPORTS = (Kind.RDMA_TENSOR, Kind.WAN_FLIGHT, Kind.TOKEN_IDS)
 
 
 class WorkerIO:
@@ -62,11 +64,11 @@ class WorkerIO:
                     f"{instance}: channel {ch.id} is of kind {ch.kind!r}, which this runtime "
                     f"cannot open (it has {', '.join(TRANSPORTS)})"
                 )
-            if ch.kind == "rdma_tensor" and not any(
+            if ch.kind == Kind.RDMA_TENSOR and not any(
                 isinstance(r, SharedMemoryKVReceiver) for r in self.kv_receivers
             ):
                 self.kv_receivers += self._rdma_receivers(ch, ep.kv_rdma, ep.kv_rdma_net)
-            elif ch.kind == "wan_flight" and not any(
+            elif ch.kind == Kind.WAN_FLIGHT and not any(
                 isinstance(r, WanFlightReceiver) for r in self.kv_receivers
             ):
                 port = int(ep.kv_flight.rsplit(":", 1)[1])
@@ -78,7 +80,7 @@ class WorkerIO:
                         tensor_lib="torch",
                     )
                 )
-            elif ch.kind == "token_ids" and self.handoff_server is None:
+            elif ch.kind == Kind.TOKEN_IDS and self.handoff_server is None:
                 port = int(ep.handoff.rsplit(":", 1)[1])
                 self.handoff_server = TokenIdsServer(
                     wiring.bind_host(ep.handoff), port, params=self._token_params(ch), name=instance
@@ -179,7 +181,7 @@ class WorkerIO:
                 link = end.emulated_link
                 if ch.link != tuning.link or link is None:
                     continue
-                link.retune(self._token_link(model) if ch.kind == "token_ids" else model)
+                link.retune(self._token_link(model) if ch.kind == Kind.TOKEN_IDS else model)
                 shaped += 1
         return pb.LinkTuned(instance=self.instance, shaped=shaped)
 
@@ -191,12 +193,12 @@ class WorkerIO:
                 return self._senders[key]
             ch = self._channel(kind, dst_instance)
             ep = self.wiring.workers[dst_instance]
-            if kind == "rdma_tensor":
+            if kind == Kind.RDMA_TENSOR:
                 # per receiver: shared memory to one on this host, its network address otherwise
                 transport = self.wiring.rdma.get(pair(self.instance, dst_instance), SHM)
                 address = ep.kv_rdma if transport == SHM else ep.kv_rdma_net
                 s = SharedMemoryKVSender(address, params=self._rdma_params(ch, transport))
-            elif kind == "wan_flight":
+            elif kind == Kind.WAN_FLIGHT:
                 params = self._flight_params(ch)
                 target = self.wiring.reach(ep.kv_flight)
                 if params.tls is not None:

@@ -12,6 +12,7 @@ from pddflow.operators.block_allocator import KVCacheFull
 from pddflow.runtime.proto import runtime_pb2 as pb
 from pddflow.runtime.workers.inbox import FirstToken, InboxItem, KVArrived, KVLost
 from pddflow.runtime.workers.loop import Leg, Worker
+from pddflow.runtime.workers.registry import runs
 
 
 @dataclass(eq=False)
@@ -36,6 +37,8 @@ class DecodeStats:
 
 class DecoderWorker(Worker):
     leg_type = DecodeLeg
+    prefills = True  # a resumed leg's prompt and output so far, locally (local_prefill)
+    decodes = True
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -245,6 +248,7 @@ class DecoderWorker(Worker):
         return status
 
 
+@runs("colocated")
 class ColocatedWorker(DecoderWorker):
     """Prefill and decode on one instance: every order is a local prefill."""
 

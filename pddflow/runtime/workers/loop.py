@@ -56,6 +56,8 @@ class Leg:
 
 class Worker:
     leg_type: type[Leg] = Leg
+    # what the class can do (workers/registry.py checks them against the operator types it runs)
+    prefills = decodes = relays = takes_handoff = False
 
     def __init__(self, wiring: Wiring, instance: str):
         import torch

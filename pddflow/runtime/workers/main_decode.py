@@ -12,6 +12,7 @@ from pddflow.core.payloads import TokenIds
 from pddflow.runtime.proto import runtime_pb2 as pb
 from pddflow.runtime.workers.decoder import DecodeLeg, DecoderWorker
 from pddflow.runtime.workers.inbox import HandoffTokens, InboxItem
+from pddflow.runtime.workers.registry import runs
 
 
 @dataclass(eq=False)
@@ -20,8 +21,10 @@ class MainLeg(DecodeLeg):
     relay: str = ""  # the relay instance that sends them
 
 
+@runs("main_decode", "decode")
 class MainWorker(DecoderWorker):
     leg_type = MainLeg
+    takes_handoff = True
 
     def on_order(self, leg: MainLeg) -> None:
         if leg.order.local_prefill:

@@ -11,6 +11,7 @@ from typing import Any
 from pddflow.core.kv_reuse import reused_blocks
 from pddflow.runtime.proto import runtime_pb2 as pb
 from pddflow.runtime.workers.loop import Leg, Worker
+from pddflow.runtime.workers.registry import runs
 
 
 @dataclass(eq=False)
@@ -21,8 +22,10 @@ class PrefillLeg(Leg):
     cached_tokens: int = 0  # prompt tokens the prefix cache gave
 
 
+@runs("prefill")
 class PrefillWorker(Worker):
     leg_type = PrefillLeg
+    prefills = True
 
     def on_order(self, leg: PrefillLeg) -> None:
         self.compute_queue.append(leg)

@@ -8,6 +8,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from pddflow.core.channel_kinds import Kind
 from pddflow.core.handoff_cut import HandoffCut, HandoffStep
 from pddflow.core.payloads import TokenIds
 from pddflow.runtime.proto import runtime_pb2 as pb
@@ -19,6 +20,7 @@ from pddflow.runtime.workers.inbox import (
     HandoffUndeliverable,
     InboxItem,
 )
+from pddflow.runtime.workers.registry import runs
 
 
 @dataclass(eq=False)
@@ -29,8 +31,10 @@ class RelayLeg(DecodeLeg):
     main_waiting: bool = False  # main has extended every ID sent (so far)
 
 
+@runs("relay_decode")
 class RelayWorker(DecoderWorker):
     leg_type = RelayLeg
+    relays = True
 
     def on_input(self, leg: RelayLeg, item: InboxItem) -> None:
         if isinstance(item, HandoffRequested):
@@ -105,7 +109,7 @@ class RelayWorker(DecoderWorker):
         ids = leg.seq.output_ids[leg.sent_upto :]
         msg = TokenIds(leg.seq_id, leg.sent_upto, list(ids), final=final)
         leg.sent_upto += len(ids)
-        main = self.io.sender("token_ids", leg.order.main)
+        main = self.io.sender(Kind.TOKEN_IDS, leg.order.main)
         fut = main.send_async(msg, timeout_s=max(0.1, leg.deadline - time.monotonic()))
         kind = pb.EVENT_HANDOFF_SENT if final else pb.EVENT_CATCH_UP_SENT
         extra = {"switched": 1.0} if switched else {}

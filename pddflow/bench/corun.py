@@ -45,7 +45,7 @@ def measure(
         [
             sys.executable,
             "-m",
-            "pddflow.operators.corun_bench",
+            "pddflow.bench.corun",
             spec,
             str(other),
             str(threads),

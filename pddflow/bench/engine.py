@@ -45,7 +45,7 @@ class BenchSizes:
         (128, 2048),
         (512, 2048),
     )
-    corun: bool = True  # engine only: steps alone and beside a decoding process (corun_bench)
+    corun: bool = True  # engine only: steps alone and beside a decoding process (bench/corun.py)
     mixed_requests: int = 32
     mixed_prompt: tuple[int, int] = (16, 1024)
     mixed_output: tuple[int, int] = (8, 256)
@@ -241,7 +241,7 @@ def run_bench(
         out["prefill_grid"] = _prefill_grid(source, sizes, prompt, kv_bytes, progress)
 
     if sizes.corun:
-        from pddflow.operators.corun_bench import measure
+        from pddflow.bench.corun import measure
 
         n_pre, b_dec = max(sizes.prefill_lengths), max(sizes.decode_batches)
         dec_prompts = [prompt(sizes.decode_context) for _ in range(b_dec)]
