@@ -19,7 +19,7 @@ import numpy as np
 
 from pddflow.channels.deadline import Deadline
 from pddflow.channels.errors import ChannelClosed, ChannelError, ChannelTimeout
-from pddflow.channels.inbox import Inbox
+from pddflow.channels.kv_inbox import KVInbox
 from pddflow.channels.kv_landing import KVLanding
 from pddflow.channels.kv_layout import KVLayout
 from pddflow.channels.proto import pddflow_pb2 as pb
@@ -144,7 +144,7 @@ class SharedMemoryKVReceiver:
             if params.arena_bytes and alloc is None
             else None
         )
-        self._inbox = Inbox("rdma_tensor")
+        self._inbox = KVInbox("rdma_tensor")
         self._closed = threading.Event()
         self._conns: list[_SenderConnection] = []
         self._lock = threading.Lock()

@@ -14,7 +14,7 @@ import pyarrow.flight as fl
 
 from pddflow.channels.codec_kv import BatchBlocks
 from pddflow.channels.deadline import Deadline
-from pddflow.channels.inbox import Inbox
+from pddflow.channels.kv_inbox import KVInbox
 from pddflow.channels.kv_landing import KVLanding
 from pddflow.channels.kv_layout import KVLayout
 from pddflow.channels.proto import pddflow_pb2 as pb
@@ -126,7 +126,7 @@ class WanFlightReceiver:
         self._lock = threading.Lock()
         self._create_lock = threading.Lock()
         self._inbound: dict[str, _InboundTransfer] = {}
-        self._inbox = Inbox("wan_flight")
+        self._inbox = KVInbox("wan_flight")
         self._closed = False
         scheme = "grpc+tls" if params.tls is not None else "grpc"
         self._server = _FlightServer(self, f"{scheme}://{host}:{port}", params.tls, params.token)

@@ -14,7 +14,7 @@ from pddflow.core.payloads import KVBlocks
 CANCEL_MEMORY_S = 60.0  # how long a cancelled seq_id stays refused
 
 
-class Inbox:
+class KVInbox:
     def __init__(self, name: str):
         self.name = name
         self._cond = threading.Condition()
