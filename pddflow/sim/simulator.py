@@ -10,7 +10,6 @@ from dataclasses import replace
 
 from pddflow.core.kv_reuse import reused_blocks
 from pddflow.core.link import jitter_stream, kv_link_seed
-from pddflow.core.operator_types import OPERATOR_TYPES
 from pddflow.graph.plan import Plan
 from pddflow.scheduler import (
     InstanceLoad,
@@ -66,7 +65,7 @@ class Simulation(DecodeLegs, Handoffs):
         self.prefill_rates = {
             i.id: PrefillRate(lambda: self.loop.now)
             for i in plan.instances
-            if OPERATOR_TYPES.get(plan.operators[i.operator].op_type).entry
+            if plan.operators[i.operator].type.entry
         }
         self.block_tokens = workload.block_tokens
         self.kv_bytes_per_token = plan.model.arch.kv_bytes_per_token
