@@ -254,5 +254,5 @@ def test_pdd_trace_slice_with_a_tiered_main_never_drifts():
         replace(p, operators=ops), load_trace(trace, limit=400), seed=3, strict_mirrors=True
     )
     sim.run()
-    assert all(r.done for r in sim.runs)
+    assert all(r.done for r in sim.flights)
     assert sum(st.host.loaded_blocks for st in sim.stores.values() if st.host) > 0
