@@ -1,5 +1,6 @@
-"""One request in flight and what happened to it: the prefill, the relay's copy and the
-finisher's copy of its KV, each a small record of its own."""
+"""A flight: one request from the scheduler's decision to its end, the simulator's twin of the
+runtime's `Flight` (docs/structure.md, glossary), and its legs: the prefill's, the relay's and the
+finisher's part (each instance's copy of the KV), each a small record of its own."""
 
 from __future__ import annotations
 
