@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import nullcontext
 from pathlib import Path
 
 import typer
@@ -269,16 +270,8 @@ def _count(s, name: str, varied: set[str]) -> str:
     return f"{s.replicas[name]}x{k} {dev}"
 
 
-class _NoProgress:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *a):
-        return False
-
-
 def _progress(quiet: bool, err):
-    return _NoProgress() if quiet else progress_bar(err, transient=False)
+    return nullcontext() if quiet else progress_bar(err, transient=False)
 
 
 def register(app: typer.Typer, bench_app: typer.Typer) -> None:
