@@ -1,4 +1,4 @@
-"""`pddflow size`: capacity planning with the simulator (pddflow/sim/sizing.py): the replicas per
+"""`pddflow size`: capacity planning with the simulator (pddflow/sim/sizing/): the replicas per
 operator with the most SLA goodput within a budget, or the cheapest that sustain a target rate;
 several graphs side by side, each at its best."""
 
@@ -79,14 +79,9 @@ def size(
     dollar within the search's precision), or the cheapest meeting a target rate. Prints the
     winner, the frontier of candidates evaluated, and writes the winner's graph file."""
     from pddflow.sim.agentic import AgenticConfig, pdd_conditions
-    from pddflow.sim.sizing import (
-        AgenticSource,
-        Cache,
-        Search,
-        size,
-        trace_source,
-        write_graph,
-    )
+    from pddflow.sim.sizing.cache import Cache
+    from pddflow.sim.sizing.search import Search, size, write_graph
+    from pddflow.sim.sizing.workloads import AgenticSource, trace_source
 
     if (budget is None) == (target_rps is None):
         fail("give one of --budget-usd-per-hour and --target-rps", code=2)
