@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from contextlib import nullcontext
 from pathlib import Path
 
 import typer
@@ -371,17 +372,9 @@ def _workload(kind, trace, base, rate_scale, input_scale, output_scale, requests
         fail(str(exc))
 
 
-class _NoProgress:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *a):
-        return False
-
-
 def _progress(quiet: bool):
     if quiet:
-        return _NoProgress()
+        return nullcontext()
     from rich.console import Console
 
     return progress_bar(Console(stderr=True), counted=True, transient=False)

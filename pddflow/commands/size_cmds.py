@@ -1,4 +1,4 @@
-"""`pddflow size`: capacity planning with the simulator (pddflow/sim/sizing.py): the replicas per
+"""`pddflow size`: capacity planning with the simulator (pddflow/sim/sizing/): the replicas per
 operator with the most SLA goodput within a budget, or the cheapest that sustain a target rate;
 several graphs side by side, each at its best."""
 
@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from contextlib import nullcontext
 from pathlib import Path
 
 import typer
@@ -78,14 +79,9 @@ def size(
     dollar within the search's precision), or the cheapest meeting a target rate. Prints the
     winner, the frontier of candidates evaluated, and writes the winner's graph file."""
     from pddflow.sim.agentic import AgenticConfig, pdd_conditions
-    from pddflow.sim.sizing import (
-        AgenticSource,
-        Cache,
-        Search,
-        size,
-        trace_source,
-        write_graph,
-    )
+    from pddflow.sim.sizing.cache import Cache
+    from pddflow.sim.sizing.search import Search, size, write_graph
+    from pddflow.sim.sizing.workloads import AgenticSource, trace_source
 
     if (budget is None) == (target_rps is None):
         fail("give one of --budget-usd-per-hour and --target-rps", code=2)
@@ -269,16 +265,8 @@ def _count(s, name: str, varied: set[str]) -> str:
     return f"{s.replicas[name]}x{k} {dev}"
 
 
-class _NoProgress:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *a):
-        return False
-
-
 def _progress(quiet: bool, err):
-    return _NoProgress() if quiet else progress_bar(err, transient=False)
+    return nullcontext() if quiet else progress_bar(err, transient=False)
 
 
 def register(app: typer.Typer, bench_app: typer.Typer) -> None:

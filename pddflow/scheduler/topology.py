@@ -56,7 +56,7 @@ class Topology:
     def _path(self, v: VariantPlan) -> PathInfo:
         ops = self.plan.operators
         entry, last = v.path[0], v.path[-1]
-        relays = [p for p in v.path[1:] if ops[p].op_type == "relay_decode"]
+        relays = [p for p in v.path[1:] if ops[p].type.relays]
         relay = relays[0] if relays else None
         handoff = None
         if relay is not None and relay != last:

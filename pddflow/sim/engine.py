@@ -28,7 +28,7 @@ class Job:
     """`tokens` new tokens to compute over `ctx` tokens already held."""
 
     __slots__ = (
-        "run",
+        "flight",
         "tokens",
         "ctx",
         "sched",
@@ -42,7 +42,7 @@ class Job:
 
     def __init__(
         self,
-        run,
+        flight,
         tokens: int,
         ctx: int,
         on_done: Callable,
@@ -50,8 +50,8 @@ class Job:
         factor: float = 1.0,
         after_s: float = 0.0,
     ):
-        self.run, self.tokens, self.ctx, self.on_done, self.kind = (
-            run,
+        self.flight, self.tokens, self.ctx, self.on_done, self.kind = (
+            flight,
             max(1, tokens),
             ctx,
             on_done,
@@ -68,7 +68,7 @@ class Seq:
     """`tokens0` output tokens already emitted when it joined, `output` in all."""
 
     __slots__ = (
-        "run",
+        "flight",
         "rid",
         "ctx0",
         "tokens0",
@@ -81,7 +81,7 @@ class Seq:
 
     def __init__(
         self,
-        run,
+        flight,
         rid: int,
         ctx0: int,
         tokens0: int,
@@ -89,13 +89,19 @@ class Seq:
         on_first: Callable | None,
         on_finish: Callable,
     ):
-        self.run, self.rid, self.ctx0, self.tokens0, self.output = run, rid, ctx0, tokens0, output
+        self.flight, self.rid, self.ctx0, self.tokens0, self.output = (
+            flight,
+            rid,
+            ctx0,
+            tokens0,
+            output,
+        )
         self.on_first, self.on_finish = on_first, on_finish
         self.join_step = -1
         self.finish_step = -1
 
 
-class Engine:
+class SimEngine:
     def __init__(
         self,
         loop: EventLoop,
@@ -130,7 +136,7 @@ class Engine:
         self.job_tokens = 0
         # on a shared host (calibration/host.py) a step takes slowdown(kind) x the model's time
         self.slowdown: Callable[[StepKind], float] | None = None
-        self.on_busy: Callable[[Engine], None] | None = None
+        self.on_busy: Callable[[SimEngine], None] | None = None
         # per StepKind: simulated seconds, and the same steps at the model's time
         self.wall_s = [0.0, 0.0, 0.0]
         self.model_s = [0.0, 0.0, 0.0]

@@ -5,44 +5,61 @@ extended every batch it was sent."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from pddflow.core.handoff_cut import HandoffCut, HandoffStep
+from pddflow.scheduler import Policy, SchedulerState
 from pddflow.sim.engine import Job, StepKind
+from pddflow.sim.fleet import SimFleet
+from pddflow.sim.flight import SimFlight
 from pddflow.sim.network import IDS_BYTES_PER_TOKEN, RDMA_LATENCY_S
-from pddflow.sim.run import Run
-
-if TYPE_CHECKING:
-    from pddflow.sim.simulator import Simulation
-
-    _Base = Simulation
-else:
-    _Base = object
 
 
-class Handoffs(_Base):
-    def _handoff(self, run: Run, now: float) -> None:
+class HandoffLegs(Protocol):
+    """What a handoff does to the flight's decode legs (sim/decode_legs.py's `DecodeLegs`)."""
+
+    def relay_release(self, flight: SimFlight) -> None: ...
+
+    def finisher_release(self, flight: SimFlight) -> None: ...
+
+    def finisher_decode(self, flight: SimFlight, tokens0: int, t_emitted: float | None) -> None:
+        """The finisher decodes on from `tokens0` output tokens (emitted at `t_emitted`)."""
+
+
+class Handoffs:
+    """Every flight's handoff, on `fleet`; an adaptive handoff's mode is the policy's, read from
+    the scheduler's `state` as the router would."""
+
+    def __init__(
+        self, fleet: SimFleet, policy: Policy, state: SchedulerState, legs: HandoffLegs
+    ) -> None:
+        self.fleet, self.policy, self.state, self.legs = fleet, policy, state, legs
+        self.loop, self.engines, self.links = fleet.loop, fleet.engines, fleet.links
+
+    def start(self, flight: SimFlight, now: float) -> None:
         """The finisher holds the prompt's KV: the handoff starts (an adaptive one's mode is
         decided now, from the relay's load now)."""
-        if run.done:
-            self._finisher_release(run)
+        if flight.done:
+            self.legs.finisher_release(flight)
             return
-        relay = self.engines[run.relay.instance]
-        if not relay.is_running(run.relay.seq):  # still queued for a batch slot: take it over
-            relay.remove(run.relay.seq)
-            run.handoff = "takeover"
-            self._relay_release(run)
-            self._finisher_decode(run, 0, None)
+        relay = self.engines[flight.relay.instance]
+        if not relay.is_running(flight.relay.seq):  # still queued for a batch slot: take it over
+            relay.remove(flight.relay.seq)
+            flight.handoff = "takeover"
+            self.legs.relay_release(flight)
+            self.legs.finisher_decode(flight, 0, None)
             return
-        mode = run.decision.handoff or "one_shot"
-        if run.path.variant.handoff == "adaptive":
-            self.state.set_load(run.relay.instance, self._instance_load(run.relay.instance))
-            mode = self.policy.handoff_mode(run.path, run.relay.instance, self.state) or mode
-        run.handing_off, run.main_waiting = mode, True
-        self._advance(run, now)
+        mode = flight.decision.handoff or "one_shot"
+        if flight.path.variant.handoff == "adaptive":
+            self.state.set_load(
+                flight.relay.instance, self.fleet.instance_load(flight.relay.instance)
+            )
+            mode = self.policy.handoff_mode(flight.path, flight.relay.instance, self.state) or mode
+        flight.handing_off, flight.main_waiting = mode, True
+        self._advance(flight, now)
 
-    def _cut(self, run: Run) -> HandoffCut:
-        v = run.path.variant
+    def _cut(self, flight: SimFlight) -> HandoffCut:
+        v = flight.path.variant
         adaptive = v.handoff == "adaptive"
         return HandoffCut(
             v.catch_up_tokens,
@@ -50,58 +67,60 @@ class Handoffs(_Base):
             self.policy.params.get("catch_up_load", 0.0) if adaptive else 0.0,
         )
 
-    def _poll(self, run: Run) -> None:
+    def _poll(self, flight: SimFlight) -> None:
         """Check again after the relay's next step (one check queued at a time)."""
-        if not run.polling:
-            run.polling = True
-            relay = self.engines[run.relay.instance]
-            relay.submit_after_step(lambda now: self._advance(run, now))
+        if not flight.polling:
+            flight.polling = True
+            relay = self.engines[flight.relay.instance]
+            relay.submit_after_step(lambda now: self._advance(flight, now))
 
-    def _advance(self, run: Run, now: float) -> None:
-        run.polling = False
-        if run.done:
-            self._finisher_release(run)
+    def _advance(self, flight: SimFlight, now: float) -> None:
+        flight.polling = False
+        if flight.done:
+            self.legs.finisher_release(flight)
             return
-        if run.handing_off is None or run.relay_tokens:  # not started, or the final batch went
+        if (
+            flight.handing_off is None or flight.relay_tokens
+        ):  # not started, or the final batch went
             return
-        relay = self.engines[run.relay.instance]
-        seq = run.relay.seq
+        relay = self.engines[flight.relay.instance]
+        seq = flight.relay.seq
         n = relay.generated(seq)
-        unsent = n - run.ids_sent
-        cut, load = self._cut(run), self._instance_load(run.relay.instance).load
+        unsent = n - flight.ids_sent
+        cut, load = self._cut(flight), self.fleet.instance_load(flight.relay.instance).load
         step = cut.step(
-            run.handing_off,
+            flight.handing_off,
             unsent,
             finished=False,
-            main_waiting=run.main_waiting,
+            main_waiting=flight.main_waiting,
             relay_load=load,
         )
         if step is HandoffStep.WAIT:
-            self._poll(run)
+            self._poll(flight)
             return
-        ctx = run.req.prompt_tokens + run.ids_sent
-        run.ids_sent = n
-        run.rounds += 1
-        finisher = self.engines[run.finisher.instance]
+        ctx = flight.req.prompt_tokens + flight.ids_sent
+        flight.ids_sent = n
+        flight.rounds += 1
+        finisher = self.engines[flight.finisher.instance]
         if step is HandoffStep.FINAL:
-            run.switched = cut.switched(
-                run.handing_off, unsent, main_waiting=run.main_waiting, relay_load=load
+            flight.switched = cut.switched(
+                flight.handing_off, unsent, main_waiting=flight.main_waiting, relay_load=load
             )
             relay.remove(seq)
-            run.relay_tokens = n
-            run.handoff = "one_shot" if run.switched else run.handing_off
-            self._relay_release(run)
-            job = Job(run, unsent, ctx, self._extended_final, StepKind.EXTEND)
-            self._ids(run, unsent, lambda t: finisher.submit_job(job))
+            flight.relay_tokens = n
+            flight.handoff = "one_shot" if flight.switched else flight.handing_off
+            self.legs.relay_release(flight)
+            job = Job(flight, unsent, ctx, self._extended_final, StepKind.EXTEND)
+            self._ids(flight, unsent, lambda t: finisher.submit_job(job))
             return
-        run.main_waiting = False
-        run.extends_pending += 1
-        job = Job(run, unsent, ctx, self._extended_round, StepKind.EXTEND)
-        self._ids(run, unsent, lambda t: finisher.submit_job(job))
-        self._poll(run)
+        flight.main_waiting = False
+        flight.extends_pending += 1
+        job = Job(flight, unsent, ctx, self._extended_round, StepKind.EXTEND)
+        self._ids(flight, unsent, lambda t: finisher.submit_job(job))
+        self._poll(flight)
 
-    def _ids(self, run: Run, ntokens: int, then: Callable[[float], None]) -> None:
-        ch = run.path.handoff
+    def _ids(self, flight: SimFlight, ntokens: int, then: Callable[[float], None]) -> None:
+        ch = flight.path.handoff
         nbytes = max(ntokens, 1) * IDS_BYTES_PER_TOKEN
         if ch is not None and ch.link is not None:
             self.links[ch.link].message(nbytes, then)
@@ -109,22 +128,22 @@ class Handoffs(_Base):
             self.loop.after(RDMA_LATENCY_S, lambda: then(self.loop.now))
 
     def _extended_round(self, job: Job, t: float) -> None:
-        run = job.run
-        if run.done:
-            self._finisher_release(run)
+        flight = job.flight
+        if flight.done:
+            self.legs.finisher_release(flight)
             return
-        run.extends_pending -= 1
-        if run.extends_pending or run.relay_tokens:
+        flight.extends_pending -= 1
+        if flight.extends_pending or flight.relay_tokens:
             return
 
         # caught up: the finisher says so; the relay reads it at its next step boundary
         def caught_up(_t: float) -> None:
-            run.main_waiting = True
-            self._poll(run)
+            flight.main_waiting = True
+            self._poll(flight)
 
-        self._ids(run, 1, caught_up)
+        self._ids(flight, 1, caught_up)
 
     def _extended_final(self, job: Job, t: float) -> None:
         """The extend over the last handed-off IDs also yields the next token."""
-        run = job.run
-        self._finisher_decode(run, run.relay_tokens + 1, t)
+        flight = job.flight
+        self.legs.finisher_decode(flight, flight.relay_tokens + 1, t)

@@ -1,4 +1,4 @@
-"""From finished runs to the report (JSON-ready dicts): percentiles, goodput, cost, BCR, bytes."""
+"""Finished flights to the report (JSON-ready dicts): percentiles, goodput, cost, BCR, bytes."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from pddflow.core.stats import percentile
 from pddflow.graph.load_split import pool_of, pool_shares
-from pddflow.sim.run import LegState, Run
+from pddflow.sim.flight import LegState, SimFlight
 
 if TYPE_CHECKING:
     from pddflow.sim.simulator import Simulation
@@ -21,23 +21,23 @@ def _pcts(values: list[float], scale: float = 1.0, digits: int = 4) -> dict[str,
     return out
 
 
-def ttft(run: Run) -> float:
-    return run.first_token_at - run.arrival
+def ttft(f: SimFlight) -> float:
+    return f.first_token_at - f.arrival
 
 
-def tpot(run: Run) -> float:
+def tpot(f: SimFlight) -> float:
     """Seconds per output token after the first, handoff stalls included."""
-    n = run.req.output_tokens
-    return (run.finished_at - run.first_token_at) / (n - 1) if n > 1 else 0.0
+    n = f.req.output_tokens
+    return (f.finished_at - f.first_token_at) / (n - 1) if n > 1 else 0.0
 
 
 def summarize(sim: Simulation, pricing: dict | None = None) -> dict:
     plan, wl = sim.plan, sim.workload
-    runs = sim.runs
-    done = [r for r in runs if r.done and not r.failed]
+    flights = sim.flights
+    done = [r for r in flights if r.done and not r.failed]
     sla_ttft, sla_tpot = plan.scheduler.ttft_s, plan.scheduler.tpot_ms / 1e3
     ok = [r for r in done if ttft(r) <= sla_ttft and tpot(r) <= sla_tpot]
-    lo, hi = steady_window(runs)
+    lo, hi = steady_window(flights)
     span = max(hi - lo, 1e-9)
     ok_in = [r for r in ok if lo <= r.arrival <= hi]
     cost = plan.cost_per_hour()
@@ -46,9 +46,9 @@ def summarize(sim: Simulation, pricing: dict | None = None) -> dict:
     relay_tokens = sum(r.relay_tokens for r in done)
     wan_bytes = sum(link.bytes_sent for link in sim.links.values())
     full_kv = sum(
-        r.req.prompt_tokens * sim.kv_bytes_per_token for r in runs if r.path.wan_link is not None
+        r.req.prompt_tokens * sim.kv_bytes_per_token for r in flights if r.path.wan_link is not None
     )
-    variants = Counter(r.decision.variant for r in runs)
+    variants = Counter(r.decision.variant for r in flights)
     handoffs = Counter(r.handoff for r in done if r.handoff)
     relay_only = sum(
         1 for r in done if r.path.has_handoff and r.handoff is None and not r.decision.singular
@@ -58,10 +58,10 @@ def summarize(sim: Simulation, pricing: dict | None = None) -> dict:
     switched = sum(1 for r in done if r.switched)
     if switched:
         handoffs["switched_to_one_shot"] = switched  # counted under one_shot as well
-    hit_pred = [r.decision.predicted_hit for r in runs]
+    hit_pred = [r.decision.predicted_hit for r in flights]
     hit_real = [
         min(r.finisher.hit_blocks * sim.block_tokens, r.req.prompt_tokens) / r.req.prompt_tokens
-        for r in runs
+        for r in flights
         if r.finisher.state in (LegState.LANDED, LegState.RELEASED)
     ]
     busy = Counter()
@@ -75,16 +75,16 @@ def summarize(sim: Simulation, pricing: dict | None = None) -> dict:
         "graph": plan.name,
         "source": plan.source,
         "workload": wl.name,
-        "requests": len(runs),
+        "requests": len(flights),
         "completed": len(done),
-        "failed": len(runs) - len(done),
+        "failed": len(flights) - len(done),
         "wall_s": round(sim.wall_s, 3),
         "events": sim.loop.processed,
         "simulated_s": round(horizon, 3),
         "ttft_s": _pcts([ttft(r) for r in done]),
         "tpot_ms": _pcts([tpot(r) for r in done], 1e3, 3),
         "sla": {"ttft_s": sla_ttft, "tpot_ms": plan.scheduler.tpot_ms},
-        "sla_attainment": round(len(ok) / max(len(runs), 1), 4),
+        "sla_attainment": round(len(ok) / max(len(flights), 1), 4),
         "throughput_rps": round(sum(1 for r in done if lo <= r.arrival <= hi) / span, 4),
         "rate_window_s": [round(lo, 3), round(hi, 3)],
         "slo_goodput_rps": round(goodput, 4),
@@ -99,7 +99,7 @@ def summarize(sim: Simulation, pricing: dict | None = None) -> dict:
         "wan_transfer_s": _pcts(
             [
                 r.finisher.transfer_s
-                for r in runs
+                for r in flights
                 if r.finisher.transfer_s is not None and r.path.wan_link
             ]
         ),
@@ -107,7 +107,7 @@ def summarize(sim: Simulation, pricing: dict | None = None) -> dict:
         "variants": dict(sorted(variants.items())),
         "pools": _pools(plan, variants),
         "handoffs": dict(sorted(handoffs.items())),
-        "singular": sum(1 for r in runs if r.decision.singular),
+        "singular": sum(1 for r in flights if r.decision.singular),
         "hit_rate": {
             "predicted_mean": round(sum(hit_pred) / max(len(hit_pred), 1), 4),
             "at_transfer_mean": round(sum(hit_real) / len(hit_real), 4) if hit_real else None,
@@ -167,11 +167,11 @@ def request_rows(sim: Simulation) -> list[dict]:
     def t(x: float | None) -> float | None:
         return None if x is None else round(x, 4)
 
-    def since(r: Run, x: float | None) -> float | None:
+    def since(r: SimFlight, x: float | None) -> float | None:
         return None if x is None else round(x - r.arrival, 4)
 
     rows = []
-    for r in sorted(sim.runs, key=lambda r: (r.req.session, r.req.turn, r.req.rid)):
+    for r in sorted(sim.flights, key=lambda r: (r.req.session, r.req.turn, r.req.rid)):
         fin, relay = r.finisher, r.relay
         started = r.prefill_started_at
         rows.append(
@@ -208,9 +208,9 @@ def request_rows(sim: Simulation) -> list[dict]:
     return rows
 
 
-def steady_window(runs: list[Run], trim: float = 0.05) -> tuple[float, float]:
+def steady_window(flights: list[SimFlight], trim: float = 0.05) -> tuple[float, float]:
     """Arrival window of the rates, without the first and last `trim` (ramp-up, drain)."""
-    arr = sorted(r.arrival for r in runs)
+    arr = sorted(r.arrival for r in flights)
     if not arr:
         return 0.0, 0.0
     if len(arr) < 40:
@@ -218,7 +218,7 @@ def steady_window(runs: list[Run], trim: float = 0.05) -> tuple[float, float]:
     return arr[int(trim * len(arr))], arr[int((1 - trim) * len(arr)) - 1]
 
 
-def revenue(sim: Simulation, ok: list[Run], span_s: float, pricing: dict) -> dict:
+def revenue(sim: Simulation, ok: list[SimFlight], span_s: float, pricing: dict) -> dict:
     """Revenue of the SLA-compliant requests `ok`; cached prompt tokens at `cached_ratio`."""
     pin, pout, ratio = (
         pricing["input_per_mtok"],

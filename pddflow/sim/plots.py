@@ -24,7 +24,7 @@ def ttft_cdf(sims: list[Simulation], path: Path) -> Path:
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     for sim in sims:
-        v = np.sort([r.first_token_at - r.arrival for r in sim.runs if r.done and not r.failed])
+        v = np.sort([r.first_token_at - r.arrival for r in sim.flights if r.done and not r.failed])
         if len(v):
             ax.plot(v, np.arange(1, len(v) + 1) / len(v), label=sim.plan.name)
     sla = sims[0].plan.scheduler.ttft_s if sims else None
@@ -46,8 +46,8 @@ def variant_timeline(sim: Simulation, path: Path, bin_s: float | None = None) ->
     import numpy as np
 
     plt = _plt()
-    runs = [r for r in sim.runs if r.done and not r.failed]
-    t_end = max((r.arrival for r in sim.runs), default=1.0)
+    flights = [r for r in sim.flights if r.done and not r.failed]
+    t_end = max((r.arrival for r in sim.flights), default=1.0)
     bin_s = bin_s or max(1.0, t_end / 60)
     edges = np.arange(0, t_end + bin_s, bin_s)
     fig, (a1, a2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
@@ -55,11 +55,11 @@ def variant_timeline(sim: Simulation, path: Path, bin_s: float | None = None) ->
     def label(r) -> str:
         return r.decision.variant + (" (singular)" if r.decision.singular else "")
 
-    for lab in sorted({label(r) for r in sim.runs}):
-        ts = [r.arrival for r in sim.runs if label(r) == lab]
+    for lab in sorted({label(r) for r in sim.flights}):
+        ts = [r.arrival for r in sim.flights if label(r) == lab]
         h, _ = np.histogram(ts, edges)
         a1.plot(edges[:-1], h / bin_s, label=lab, drawstyle="steps-post")
-        pts = [(r.arrival, r.first_token_at - r.arrival) for r in runs if label(r) == lab]
+        pts = [(r.arrival, r.first_token_at - r.arrival) for r in flights if label(r) == lab]
         if pts:
             x, y = zip(*pts)
             a2.scatter(x, y, s=3, alpha=0.5, label=lab)

@@ -1,45 +1,41 @@
 """The simulation of one Plan on one workload: the runtime's scheduler objects, engines, KV stores
-and links, and every request's life as events (docs/simulator.md, Request life)."""
+and links, and every request's life as events (docs/simulator.md, Request life). This module holds
+a flight's arrival, decision, prefill and end; its decode legs and handoff are `DecodeLegs`
+(sim/decode_legs.py) and `Handoffs` (sim/handoff.py), on the `SimFleet` (sim/fleet.py)."""
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from pddflow.core.kv_reuse import reused_blocks
-from pddflow.core.link import jitter_stream, kv_link_seed
-from pddflow.core.operator_types import OPERATOR_TYPES
 from pddflow.graph.plan import Plan
 from pddflow.scheduler import (
     InstanceLoad,
     LinkEstimate,
     RequestFeatures,
     SchedulerState,
-    Topology,
     make_policy,
 )
 from pddflow.scheduler.base import Policy
 from pddflow.scheduler.prefill_rate import PrefillRate
-from pddflow.sim.calibration.host import HostCpus
 from pddflow.sim.calibration.terms import Calibration, Draws
 from pddflow.sim.decode_legs import DecodeLegs
-from pddflow.sim.engine import Engine, Job, Seq
-from pddflow.sim.events import EventLoop
-from pddflow.sim.handoff import Handoffs
-from pddflow.sim.host_tier import HostTier
-from pddflow.sim.kvstore import Hold, KVStore
-from pddflow.sim.network import SharedLink
-from pddflow.sim.run import LegState, Run
+from pddflow.sim.engine import Job, Seq
+from pddflow.sim.fleet import SimFleet
+from pddflow.sim.flight import LegState, SimFlight
+from pddflow.sim.kvstore import Hold
 from pddflow.sim.workload import SimRequest, Workload
 
 
-class Simulation(DecodeLegs, Handoffs):
+class Simulation:
     """`embedded`: replay the embedded runtime's worker loop (prefill samples the first token; one
     model call at a time). `wan_jitter_seed`: a deployment's `--seed`, so WAN transfers draw the
     delays its emulated KV link draws, in send order. `stream_gbps`: every link's per-stream rate
-    instead of the one the graph declares (0: no cap)."""
+    instead of the one the graph declares (0: no cap).
+
+    It is the legs' `FlightEnds` (sim/decode_legs.py): `first_token`, `seq_finished`, `finish`,
+    `finish_and_release`, `fail`."""
 
     def __init__(
         self,
@@ -58,55 +54,32 @@ class Simulation(DecodeLegs, Handoffs):
         self.calibration = cal = calibration or Calibration()
         self.draws = Draws(cal, seed)
         self.embedded = embedded
-        self.loop = EventLoop()
-        self.topo = Topology(plan)
         self.policy = policy or make_policy(plan)
         self.state = SchedulerState.for_plan(plan)
         # the entry instances' prefill rates, measured as the runtime's frontend measures them
         self.prefill_rates = {
             i.id: PrefillRate(lambda: self.loop.now)
             for i in plan.instances
-            if OPERATOR_TYPES.get(plan.operators[i.operator].op_type).entry
+            if plan.operators[i.operator].type.entry
         }
-        self.block_tokens = workload.block_tokens
-        self.kv_bytes_per_token = plan.model.arch.kv_bytes_per_token
-        self.page = plan.model.block_size  # KV travels in whole pages, as the runtime's blocks do
-        self.links = {
-            name: SharedLink(
-                self.loop,
-                link,
-                random.Random(f"{seed}/{name}")
-                if wan_jitter_seed is None
-                else jitter_stream(kv_link_seed(wan_jitter_seed), 0),
-                plan.flow_cap_gbps(name)
-                if stream_gbps is None
-                else replace(link, stream_gbps=stream_gbps).flow_cap_gbps(plan.streams(name)),
-            )
-            for name, link in plan.links.items()
-        }
-        self.host = HostCpus(plan, cal.host) if cal.host is not None else None
-        self.engines: dict[str, Engine] = {}
-        self.stores: dict[str, KVStore] = {}
-        for inst in plan.instances:
-            op = plan.operators[inst.operator]
-            model = cal.device_model(
-                plan.device_classes[inst.device], inst.devices, plan.model.arch
-            )
-            eng = Engine(self.loop, inst.id, model, op.max_batch, op.chunk_tokens, embedded)
-            self.engines[inst.id] = eng
-            if self.host is not None:
-                self.host.attach(inst.id, eng)
-            block_bytes = self.kv_bytes_per_token * self.block_tokens
-            cap = int(op.kv_budget_bytes // block_bytes)
-            self.stores[inst.id] = KVStore(
-                inst.id,
-                cap,
-                op.caches_prefixes,
-                self.state.mirrors.get(inst.id),
-                strict_mirrors,
-                self._host_tier(op, block_bytes),
-            )
-        self.runs: list[Run] = []
+        self.fleet = fleet = SimFleet(
+            plan,
+            cal,
+            self.state.mirrors,
+            block_tokens=workload.block_tokens,
+            seed=seed,
+            embedded=embedded,
+            strict_mirrors=strict_mirrors,
+            stream_gbps=stream_gbps,
+            wan_jitter_seed=wan_jitter_seed,
+        )
+        # the fleet's parts under the names the reports and the calibration read them by
+        self.loop, self.topo, self.host = fleet.loop, fleet.topo, fleet.host
+        self.engines, self.stores, self.links = fleet.engines, fleet.stores, fleet.links
+        self.block_tokens = fleet.block_tokens
+        self.kv_bytes_per_token = fleet.kv_bytes_per_token
+        self.legs = DecodeLegs(fleet, self, self.policy, self.state)
+        self.flights: list[SimFlight] = []
         self.wall_s = 0.0
         self._next = 0
         self._roots = [r for r in workload.requests if r.parent < 0]
@@ -116,16 +89,7 @@ class Simulation(DecodeLegs, Handoffs):
                 self._children.setdefault(r.parent, []).append(r)
         self._arrived = 0
 
-    def _host_tier(self, op, block_bytes: int) -> HostTier | None:
-        hc = op.host_cache
-        if hc is None or not op.caches_prefixes:
-            return None
-        blocks = int(hc.bytes // block_bytes)
-        if blocks <= 0:
-            return None  # declared but none bought (or less than one block)
-        return HostTier(blocks, block_bytes / (hc.gbytes_per_s * 1e9), lambda: self.loop.now)
-
-    def run(self, progress: Callable[[int, int], None] | None = None) -> list[Run]:
+    def run(self, progress: Callable[[int, int], None] | None = None) -> list[SimFlight]:
         t0 = time.perf_counter()
         self._warm_caches()
         reqs = self.workload.requests
@@ -137,7 +101,7 @@ class Simulation(DecodeLegs, Handoffs):
             progress(len(reqs), len(reqs))
         self.wall_s = time.perf_counter() - t0
         self._check_end()
-        return self.runs
+        return self.flights
 
     def _warm_caches(self) -> None:
         """Place every warm prefix through the policy (placement counts stand in for load, so
@@ -172,7 +136,7 @@ class Simulation(DecodeLegs, Handoffs):
                 store.host.settle()
 
     def _check_end(self) -> None:
-        stuck = [r for r in self.runs if not r.done and not r.failed]
+        stuck = [r for r in self.flights if not r.done and not r.failed]
         if stuck:
             r = stuck[0]
             raise RuntimeError(
@@ -201,51 +165,41 @@ class Simulation(DecodeLegs, Handoffs):
         # a trace carries no max_tokens: the policy's output-length estimate is all it knows
         feats = RequestFeatures(str(req.rid), req.prompt_tokens, req.hashes, 0, self.block_tokens)
         dec = self.policy.decide(feats, self.state)
-        run = Run(req, dec, self.topo.paths[dec.variant], self.loop.now)
-        self.runs.append(run)
-        path = run.path
+        flight = SimFlight(req, dec, self.topo.paths[dec.variant], self.loop.now)
+        self.flights.append(flight)
+        path = flight.path
         if not path.colocated and path.finisher != path.relay:
             # the finisher adopts its cached prefix when the job arrives (runtime: _adopt_prefix)
-            store = self.stores[run.finisher.instance]
-            run.finisher.hold = store.pin(req.hashes, defer=True)
-        self._prefill(run)
+            store = self.stores[flight.finisher.instance]
+            flight.finisher.hold = store.pin(req.hashes, defer=True)
+        self._prefill(flight)
 
     def _refresh_state(self) -> None:
         for iid in self.engines:
-            self.state.loads[iid] = self._instance_load(iid)
+            self.state.loads[iid] = self.fleet.instance_load(iid)
         for name, link in self.links.items():
             est = LinkEstimate.from_model(link.model, link.in_flight)
             self.state.links[name] = replace(est, bytes_per_s=link.new_flow_rate())
 
-    def _instance_load(self, iid: str) -> InstanceLoad:
-        eng, st = self.engines[iid], self.stores[iid]
-        return InstanceLoad(
-            len(eng.running),
-            eng.queued() + len(st.waiters),
-            eng.max_batch,
-            st.locked_or_reserved() / max(st.capacity, 1),
-            eng.queued_tokens() if eng.jobs else 0,
-        )
-
     def _acquire(
-        self, run: Run, inst: str, extra_tokens: int, then: Callable[[Hold], None]
+        self, flight: SimFlight, inst: str, extra_tokens: int, then: Callable[[Hold], None]
     ) -> None:
         """Reserve KV on `inst` now or when memory frees (FIFO); fail if it can never fit."""
         store = self.stores[inst]
         extra = -(-extra_tokens // self.block_tokens)
         try:
-            hold = store.acquire(run.req.hashes, extra)
+            hold = store.acquire(flight.req.hashes, extra)
         except ValueError as exc:
-            self._fail(run, str(exc))
+            self.fail(flight, str(exc))
             return
         if hold is not None:
             then(hold)
             return
 
         def retry() -> bool:
-            if run.done or run.failed:
+            if flight.done or flight.failed:
                 return True
-            h = store.acquire(run.req.hashes, extra)
+            h = store.acquire(flight.req.hashes, extra)
             if h is None:
                 return False
             then(h)
@@ -253,129 +207,120 @@ class Simulation(DecodeLegs, Handoffs):
 
         store.wait(retry)
 
-    def _prefill(self, run: Run) -> None:
-        extra = run.req.output_tokens if run.path.colocated else 0
-        self._acquire(run, run.prefill.instance, extra, lambda h: self._prefill_start(run, h))
+    def _prefill(self, flight: SimFlight) -> None:
+        extra = flight.req.output_tokens if flight.path.colocated else 0
+        self._acquire(
+            flight, flight.prefill.instance, extra, lambda h: self._prefill_start(flight, h)
+        )
 
-    def _prefill_start(self, run: Run, hold: Hold) -> None:
-        leg = run.prefill
+    def _prefill_start(self, flight: SimFlight, hold: Hold) -> None:
+        leg = flight.prefill
         leg.hold = hold
-        cached = min(hold.hit * self.block_tokens, run.req.prompt_tokens)
+        cached = min(hold.hit * self.block_tokens, flight.req.prompt_tokens)
         leg.hit_tokens = cached
-        new = run.req.prompt_tokens - cached
+        new = flight.req.prompt_tokens - cached
         factor = self.draws.prefill_factor()
         per_byte = self.draws.shipping_s_per_byte()
         if per_byte:
-            leg.shipping_s = per_byte * self._shipped_bytes(run)
-        job = Job(run, new, cached, self._prefill_done, factor=factor, after_s=leg.shipping_s)
+            leg.shipping_s = per_byte * self._shipped_bytes(flight)
+        job = Job(flight, new, cached, self._prefill_done, factor=factor, after_s=leg.shipping_s)
         if hold.ready_at > self.loop.now:
             # part of the cached prefix is still loading from the host tier
             self.loop.at(hold.ready_at, self.engines[leg.instance].submit_job, job)
             return
         self.engines[leg.instance].submit_job(job)
 
-    def _shipped_bytes(self, run: Run) -> float:
-        path = run.path
+    def _shipped_bytes(self, flight: SimFlight) -> float:
+        path = flight.path
         if path.colocated:
             return 0.0
-        out = self._kv_bytes(run.req.prompt_tokens, 0) if path.relay is not None else 0.0
-        if path.finisher != path.relay and run.finisher.hold is not None:
-            out += self._kv_bytes(run.req.prompt_tokens, run.finisher.hold.hit)
+        out = self.fleet.kv_bytes(flight.req.prompt_tokens, 0) if path.relay is not None else 0.0
+        if path.finisher != path.relay and flight.finisher.hold is not None:
+            out += self.fleet.kv_bytes(flight.req.prompt_tokens, flight.finisher.hold.hit)
         return out
 
-    def _kv_bytes(self, prompt_tokens: int, hit_blocks: int) -> float:
-        """As the runtime: whole pages from the first not reused (see `reused_blocks`)."""
-        reused = reused_blocks(hit_blocks, prompt_tokens, self.block_tokens) * self.block_tokens
-        end = -(-prompt_tokens // self.page) * self.page
-        return float(max(end - reused, 0) * self.kv_bytes_per_token)
-
     def _prefill_done(self, job: Job, t: float) -> None:
-        run = job.run
-        run.prefill_done_at, run.prefill_started_at = t, job.started
-        leg = run.prefill
+        flight = job.flight
+        flight.prefill_done_at, flight.prefill_started_at = t, job.started
+        leg = flight.prefill
         rate = self.prefill_rates.get(leg.instance)
         if rate is not None and job.started is not None:
             rate.finished(job.tokens, t - job.started)
             self.state.prefill_s_per_token[leg.instance] = rate.s_per_token()
-        self.stores[leg.instance].commit(leg.hold, run.req.hashes)
-        path = run.path
+        self.stores[leg.instance].commit(leg.hold, flight.req.hashes)
+        path = flight.path
         if path.colocated:
             first = 1 if self.embedded else 0
             if self.embedded:
-                run.first_token_at = t
-                if run.req.output_tokens <= 1:
-                    self._finished_at(run, t)
+                flight.first_token_at = t
+                if flight.req.output_tokens <= 1:
+                    self.finish_and_release(flight, t)
                     return
             self.engines[leg.instance].submit_seq(
                 Seq(
-                    run,
-                    run.req.rid,
-                    run.req.prompt_tokens + first,
+                    flight,
+                    flight.req.rid,
+                    flight.req.prompt_tokens + first,
                     first,
-                    run.req.output_tokens,
-                    None if self.embedded else self._first,
-                    self._finished,
+                    flight.req.output_tokens,
+                    None if self.embedded else self.first_token,
+                    self.seq_finished,
                 )
             )
             return
         if path.relay is not None:
             leg.copies += 1
-            run.relay.hold = self.stores[run.relay.instance].pin(run.req.hashes, defer=True)
-            self._relay_send(run)
+            flight.relay.hold = self.stores[flight.relay.instance].pin(
+                flight.req.hashes, defer=True
+            )
+            self.legs.relay_send(flight)
         if path.finisher != path.relay:
             leg.copies += 1
-            self._finisher_send(run)
+            self.legs.finisher_send(flight)
 
-    def _copy_left(self, run: Run) -> None:
-        leg = run.prefill
-        leg.copies -= 1
-        if leg.copies == 0 and leg.hold is not None:
-            self.stores[leg.instance].release(leg.hold)
-            leg.hold = None
+    def first_token(self, seq: Seq, t: float) -> None:
+        flight = seq.flight
+        if flight.first_token_at is None:
+            flight.first_token_at = t
 
-    def _first(self, seq: Seq, t: float) -> None:
-        run = seq.run
-        if run.first_token_at is None:
-            run.first_token_at = t
+    def seq_finished(self, seq: Seq, t: float) -> None:
+        self.finish_and_release(seq.flight, t)
 
-    def _finished(self, seq: Seq, t: float) -> None:
-        self._finished_at(seq.run, t)
-
-    def _finished_at(self, run: Run, t: float) -> None:
-        self._finish(run, t)
-        if run.path.colocated:
-            leg = run.prefill
-            if run.req.done_hashes and leg.hold is not None:
-                self.stores[leg.instance].commit_more(leg.hold, run.req.done_hashes)
+    def finish_and_release(self, flight: SimFlight, t: float) -> None:
+        self.finish(flight, t)
+        if flight.path.colocated:
+            leg = flight.prefill
+            if flight.req.done_hashes and leg.hold is not None:
+                self.stores[leg.instance].commit_more(leg.hold, flight.req.done_hashes)
             self.stores[leg.instance].release(leg.hold)
             leg.hold = None
         else:
-            fin = run.finisher
-            if run.req.done_hashes and fin.hold is not None and fin.state is LegState.LANDED:
-                self.stores[fin.instance].commit_more(fin.hold, run.req.done_hashes)
-            self._finisher_release(run)
+            fin = flight.finisher
+            if flight.req.done_hashes and fin.hold is not None and fin.state is LegState.LANDED:
+                self.stores[fin.instance].commit_more(fin.hold, flight.req.done_hashes)
+            self.legs.finisher_release(flight)
 
-    def _finish(self, run: Run, t: float) -> None:
-        if run.done:
+    def finish(self, flight: SimFlight, t: float) -> None:
+        if flight.done:
             return
-        run.done = True
-        run.finished_at = t
-        self.policy.finished(run.req.prompt_tokens, run.req.output_tokens)
-        if run.first_token_at is None:
-            run.first_token_at = t
-        self._release_children(run, t)
+        flight.done = True
+        flight.finished_at = t
+        self.policy.finished(flight.req.prompt_tokens, flight.req.output_tokens)
+        if flight.first_token_at is None:
+            flight.first_token_at = t
+        self._release_children(flight, t)
 
-    def _release_children(self, run: Run, t: float) -> None:
-        for child in self._children.pop(run.req.rid, ()):
+    def _release_children(self, flight: SimFlight, t: float) -> None:
+        for child in self._children.pop(flight.req.rid, ()):
             self.loop.at(t + child.gap_s, self._arrive, child)
 
-    def _fail(self, run: Run, why: str) -> None:
-        if run.failed is None:
-            run.failed = why
-            self._release_children(run, self.loop.now)
-        leg = run.prefill
+    def fail(self, flight: SimFlight, why: str) -> None:
+        if flight.failed is None:
+            flight.failed = why
+            self._release_children(flight, self.loop.now)
+        leg = flight.prefill
         if leg.hold is not None:
             self.stores[leg.instance].release(leg.hold)
             leg.hold = None
-        self._relay_release(run)
-        self._finisher_release(run)
+        self.legs.relay_release(flight)
+        self.legs.finisher_release(flight)

@@ -79,14 +79,17 @@ def _point(
 ) -> dict:
     """One simulated point: hits, load and revenue per GPU-hour and per dollar of cost."""
     wl = sim.workload
-    runs = sim.runs
+    flights = sim.flights
     row = {
         "workload_hit": wl.meta.get("hit_rate_unbounded"),
         "offered_rps": round(offered, 3),
         # the entry instances' realised prefix hit: what the revenue prices as cached
         "prefill_hit": round(
-            sum(min(r.prefill.hit_tokens, r.req.prompt_tokens) / r.req.prompt_tokens for r in runs)
-            / max(len(runs), 1),
+            sum(
+                min(r.prefill.hit_tokens, r.req.prompt_tokens) / r.req.prompt_tokens
+                for r in flights
+            )
+            / max(len(flights), 1),
             4,
         ),
         "cost_per_hour": round(plan.cost_per_hour(), 4),

@@ -32,8 +32,10 @@ def test_prefill_spread_is_drawn_per_prefill(serve_trace):
     wl = serve_workload(serve_trace, 3, 2, plan.model.block_size, seed=0, rps=2.0, think_s=1.0)
 
     def prefills(spread: tuple[float, ...], seed: int = 0) -> list[float]:
-        runs = sorted(_replay(plan, wl, seed, prefill_spread=spread).runs, key=lambda r: r.req.rid)
-        return [r.prefill_done_at - r.prefill_started_at for r in runs]
+        flights = sorted(
+            _replay(plan, wl, seed, prefill_spread=spread).flights, key=lambda r: r.req.rid
+        )
+        return [r.prefill_done_at - r.prefill_started_at for r in flights]
 
     base, doubled = prefills(()), prefills((2.0,))
     assert doubled == pytest.approx([2 * x for x in base], rel=1e-9)
@@ -49,10 +51,10 @@ def test_prefill_shipping_holds_the_prefill_engine(serve_trace):
     wl = serve_workload(serve_trace, 4, 2, plan.model.block_size, seed=0, rps=20.0, think_s=1.0)
 
     def prefills(shipping: tuple[float, ...]) -> list[tuple[float, float, float, float]]:
-        runs = _replay(plan, wl, prefill_shipping=shipping).runs
+        flights = _replay(plan, wl, prefill_shipping=shipping).flights
         return sorted(
             (r.prefill_started_at, r.prefill_done_at, r.prefill.shipping_s, r.finisher.bytes)
-            for r in runs
+            for r in flights
         )
 
     rate = 20e-9  # 20 ms per MB

@@ -56,9 +56,9 @@ def _one_request_fits_main() -> tuple[Simulation, list]:
 
 
 def test_landed_kv_waits_for_room_but_its_transfer_does_not():
-    sim, runs = _one_request_fits_main()
-    assert all(r.done and not r.failed for r in runs)
-    a, b = sorted(runs, key=lambda r: r.first_token_at)
+    sim, flights = _one_request_fits_main()
+    assert all(r.done and not r.failed for r in flights)
+    a, b = sorted(flights, key=lambda r: r.first_token_at)
     assert a.memory_waits == 0 and b.memory_waits == 1
     # b's KV crossed the WAN while a decoded (its memory was not reserved before sending) ...
     landed = b.finisher.sent_at + b.finisher.transfer_s
@@ -79,5 +79,5 @@ def test_a_request_that_can_never_fit_fails_with_the_budget_named():
     sim = Simulation(
         plan, Workload("big", [SimRequest(0, 0.0, 160, 32, tuple(range(1, 11)))], block_tokens=16)
     )
-    (run,) = sim.run()
-    assert run.failed and "budget holds 8" in run.failed
+    (flight,) = sim.run()
+    assert flight.failed and "budget holds 8" in flight.failed

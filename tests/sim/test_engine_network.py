@@ -10,7 +10,7 @@ from pddflow.core.arch import ARCHS
 from pddflow.core.device import DeviceClass
 from pddflow.core.link import Jitter, LinkModel
 from pddflow.sim.device import DeviceModel
-from pddflow.sim.engine import Engine, Job, Seq, StepKind
+from pddflow.sim.engine import Job, Seq, SimEngine, StepKind
 from pddflow.sim.events import EventLoop
 from pddflow.sim.network import SharedLink
 
@@ -32,7 +32,7 @@ def test_planned_decode_steps_equal_one_event_per_step():
         (1.5, 100, 20),
     ]
     loop = EventLoop()
-    eng = Engine(loop, "e", _model(), max_batch=64, chunk_tokens=512)
+    eng = SimEngine(loop, "e", _model(), max_batch=64, chunk_tokens=512)
     got = {}
     for i, (t, ctx, out) in enumerate(arrivals):
         seq = Seq(None, i, ctx, 0, out, None, lambda s, t: got.__setitem__(s.rid, t))
@@ -62,7 +62,7 @@ def test_planned_decode_steps_equal_one_event_per_step():
 
 def test_prefill_chunks_and_first_token():
     loop = EventLoop()
-    eng = Engine(loop, "p", _model(), max_batch=8, chunk_tokens=2048)
+    eng = SimEngine(loop, "p", _model(), max_batch=8, chunk_tokens=2048)
     done = []
     eng.submit_job(Job("a", 5000, 0, lambda j, t: done.append(("a", t))))
     eng.submit_job(Job("b", 100, 1000, lambda j, t: done.append(("b", t))))
@@ -80,7 +80,7 @@ def test_exclusive_jobs_run_alone_and_whole_as_the_runtime_loop():
     no progress while a job runs, and a job's shipping time keeps the engine busy after it."""
     m = _model()
     loop = EventLoop()
-    eng = Engine(loop, "p", m, max_batch=8, chunk_tokens=512, exclusive_jobs=True)
+    eng = SimEngine(loop, "p", m, max_batch=8, chunk_tokens=512, exclusive_jobs=True)
     done, finished = {}, {}
     eng.submit_seq(Seq(None, 0, 1000, 0, 3, None, lambda s, t: finished.__setitem__(s.rid, t)))
     loop.at(
@@ -98,7 +98,7 @@ def test_exclusive_jobs_run_alone_and_whole_as_the_runtime_loop():
     assert eng.decode_tokens == 3 and eng.steps == 3
 
     packed = EventLoop()
-    mixed = Engine(packed, "p", m, max_batch=8, chunk_tokens=512)
+    mixed = SimEngine(packed, "p", m, max_batch=8, chunk_tokens=512)
     ends = {}
     mixed.submit_job(Job("a", 300, 0, lambda j, t: ends.__setitem__("a", t)))
     mixed.submit_job(Job("b", 200, 100, lambda j, t: ends.__setitem__("b", t)))
@@ -112,7 +112,7 @@ def test_slowdown_stretches_each_kind_of_step():
     calibration's settling reads them."""
     m = _model()
     loop = EventLoop()
-    eng = Engine(loop, "p", m, max_batch=8, chunk_tokens=512, exclusive_jobs=True)
+    eng = SimEngine(loop, "p", m, max_batch=8, chunk_tokens=512, exclusive_jobs=True)
     eng.slowdown = {StepKind.DECODE: 2.0, StepKind.PREFILL: 1.5, StepKind.EXTEND: 1.0}.get
     done, finished = {}, {}
     eng.submit_job(Job("a", 300, 0, lambda j, t: done.__setitem__("a", t)))

@@ -132,9 +132,9 @@ def _three_requests() -> Workload:
 def test_the_load_delays_the_prefill_by_blocks_times_block_bytes_over_bandwidth():
     plan, block_bytes = _tiered_same_dc(gib=1.0, gbytes_per_s=0.5)
     sim = Simulation(plan, _three_requests(), strict_mirrors=True)
-    runs = {r.req.rid: r for r in sim.run()}
-    assert all(r.done and not r.failed for r in runs.values())
-    third = runs[2]
+    flights = {r.req.rid: r for r in sim.run()}
+    assert all(r.done and not r.failed for r in flights.values())
+    third = flights[2]
     assert third.prefill.hit_tokens == 4 * BT  # a's blocks came back from host memory
     load_s = 4 * block_bytes / 0.5e9  # 4 blocks over 0.5 GB/s
     assert third.prefill_started_at == pytest.approx(40.0 + load_s, abs=1e-9)
@@ -176,8 +176,8 @@ def test_the_decoders_host_blocks_load_when_its_kv_lands_and_delay_its_decode():
     d = replace(plan.operators["decode"], kv_budget_bytes=6 * BT * kvb, host_cache=slow)
     plan = replace(plan, operators={**plan.operators, "decode": d})
     sim = Simulation(plan, _three_requests(), strict_mirrors=True)
-    runs = {r.req.rid: r for r in sim.run()}
-    third = runs[2]
+    flights = {r.req.rid: r for r in sim.run()}
+    third = flights[2]
     assert third.finisher.hit_blocks == 4  # a's four blocks did not travel again
     landed = third.finisher.sent_at + third.finisher.transfer_s
     load_s = 4 * BT * kvb / 1e6
@@ -203,9 +203,9 @@ def test_a_tiered_agentic_run_keeps_strict_mirrors_and_gains_hits():
             for n, op in plan.operators.items()
         }
         sim = Simulation(replace(plan, operators=ops), wl, strict_mirrors=True)
-        runs = sim.run()  # raises on mirror drift or leaked blocks
-        assert all(r.done and not r.failed for r in runs)
-        hits.append(sum(r.prefill.hit_tokens for r in runs))
+        flights = sim.run()  # raises on mirror drift or leaked blocks
+        assert all(r.done and not r.failed for r in flights)
+        hits.append(sum(r.prefill.hit_tokens for r in flights))
         if gib:
             assert sim.stores["prefill/0"].host.loaded_blocks > 0
     assert hits[1] > hits[0]
@@ -254,5 +254,5 @@ def test_pdd_trace_slice_with_a_tiered_main_never_drifts():
         replace(p, operators=ops), load_trace(trace, limit=400), seed=3, strict_mirrors=True
     )
     sim.run()
-    assert all(r.done for r in sim.runs)
+    assert all(r.done for r in sim.flights)
     assert sum(st.host.loaded_blocks for st in sim.stores.values() if st.host) > 0

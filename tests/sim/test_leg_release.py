@@ -12,7 +12,7 @@ from pddflow.graph import load_plan
 from pddflow.sim.agentic import generate, pdd_conditions
 from pddflow.sim.metrics import summarize
 from pddflow.sim.simulator import Simulation
-from pddflow.sim.sizing import with_replicas
+from pddflow.sim.sizing.space import with_replicas
 
 ROOT = Path(__file__).resolve().parents[2]
 

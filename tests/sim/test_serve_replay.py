@@ -71,12 +71,13 @@ def test_replay_runs_on_the_local_profile_with_a_shared_cpu(serve_trace):
         ["main/0"],
         ["prefill/0", "relay/0"],
     ]
-    runs = sim.run()
-    assert len(runs) == 6 and all(r.done and not r.failed for r in runs)
+    flights = sim.run()
+    assert len(flights) == 6 and all(r.done and not r.failed for r in flights)
     # as the runtime's reused_blocks: the block holding the prompt's last token always travels
     page = plan.model.block_size * plan.model.arch.kv_bytes_per_token
-    assert sim._kv_bytes(32, hit_blocks=2) == page and sim._kv_bytes(33, hit_blocks=2) == page
-    assert sim._kv_bytes(33, hit_blocks=0) == 3 * page
+    kv_bytes = sim.fleet.kv_bytes
+    assert kv_bytes(32, hit_blocks=2) == page and kv_bytes(33, hit_blocks=2) == page
+    assert kv_bytes(33, hit_blocks=0) == 3 * page
 
 
 def _local_plan():

@@ -14,8 +14,8 @@ from pddflow.data import MOONCAKE_TRACE
 from pddflow.graph import load_plan
 from pddflow.scheduler import make_policy
 from pddflow.sim.agentic import AgenticConfig, generate
+from pddflow.sim.flight import LegState
 from pddflow.sim.metrics import summarize
-from pddflow.sim.run import LegState
 from pddflow.sim.simulator import Simulation
 from pddflow.sim.trace import load_trace
 
@@ -85,7 +85,7 @@ def test_trace_slice_with_tight_caches_never_drifts():
     )
     sim.run()
     assert sum(st.evicted_blocks for st in sim.stores.values() if st.mirror is not None) > 0
-    assert all(r.done for r in sim.runs)
+    assert all(r.done for r in sim.flights)
 
 
 @pytest.mark.slow
@@ -106,24 +106,24 @@ def test_same_seed_same_result_different_seed_differs():
 def test_handoff_modes_and_singular_traffic():
     wl = generate(AgenticConfig(requests=800, rps=8, hit_rate=0.5, output_tokens=300, seed=2))
     p = load_plan(str(ROOT / "graphs" / "sim" / "pdd_88.yaml"))
-    runs = {}
+    sims = {}
     for name, params in (
         ("one_shot", {"catch_up_load": 0.0}),
         ("catch_up", {"catch_up_load": 99.0}),
     ):
         sim = Simulation(p, wl, seed=1, policy=make_policy(p, params))
         sim.run()
-        runs[name] = sim
+        sims[name] = sim
         m = summarize(sim)
         assert set(m["handoffs"]) - {"relay_finished", "takeover"} == {name}
-        handed = [r for r in sim.runs if r.handoff == name]
+        handed = [r for r in sim.flights if r.handoff == name]
         assert handed and all(0 < r.relay_tokens < r.req.output_tokens for r in handed)
-        assert all(r.finished_at >= r.first_token_at for r in sim.runs)
-    rounds = [r.rounds for r in runs["catch_up"].runs if r.handoff == "catch_up"]
+        assert all(r.finished_at >= r.first_token_at for r in sim.flights)
+    rounds = [r.rounds for r in sims["catch_up"].flights if r.handoff == "catch_up"]
     assert max(rounds) >= 2 and all(
-        r.rounds == 1 for r in runs["one_shot"].runs if r.handoff == "one_shot"
+        r.rounds == 1 for r in sims["one_shot"].flights if r.handoff == "one_shot"
     )
-    sing = [r for r in runs["catch_up"].runs if r.decision.singular]
+    sing = [r for r in sims["catch_up"].flights if r.decision.singular]
     assert sing and len(sing) <= 0.04 * len(wl.requests) + 1
     for r in sing:  # finished on the relay; the WAN leg stopped early (or it was short anyway)
         assert r.relay_tokens == r.req.output_tokens

@@ -1,4 +1,4 @@
-"""`pddflow size` (pddflow/sim/sizing.py): the search finds a hand-computed optimum, more budget
+"""`pddflow size` (pddflow/sim/sizing/): the search finds a hand-computed optimum, more budget
 never gives less goodput, the simulator-backed search is deterministic and cached, and the PDD
 workload preset matches PDD's published conditions."""
 
@@ -16,18 +16,11 @@ from pddflow.graph import load_plan
 from pddflow.sim.agentic import AgenticConfig, generate, pdd_conditions
 from pddflow.sim.metrics import summarize
 from pddflow.sim.simulator import Simulation
-from pddflow.sim.sizing import (
-    AgenticSource,
-    Cache,
-    Score,
-    Search,
-    Space,
-    size,
-    size_budget,
-    size_target,
-    with_replicas,
-    write_graph,
-)
+from pddflow.sim.sizing.cache import Cache
+from pddflow.sim.sizing.scores import Score
+from pddflow.sim.sizing.search import Search, size, size_budget, size_target, write_graph
+from pddflow.sim.sizing.space import Space, with_replicas
+from pddflow.sim.sizing.workloads import AgenticSource
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -11,7 +11,9 @@ import pytest
 
 from pddflow.graph import load_plan
 from pddflow.sim.host_tier import ladder, with_host_gib
-from pddflow.sim.sizing import Score, Search, Space, size_budget, with_replicas, write_graph
+from pddflow.sim.sizing.scores import Score
+from pddflow.sim.sizing.search import Search, size_budget, write_graph
+from pddflow.sim.sizing.space import Space, with_replicas
 
 ROOT = Path(__file__).resolve().parents[2]
 

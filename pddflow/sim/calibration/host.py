@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from pddflow.core.cpu_layout import plan_layout
 from pddflow.graph.plan import Plan
-from pddflow.sim.engine import Engine, StepKind
+from pddflow.sim.engine import SimEngine, StepKind
 
 CFS_NICE_STEP = 1.25  # Linux CFS: one nice level is about 1.25x less CPU weight
 
@@ -29,21 +29,21 @@ class CpuShare:
 
     def __init__(self, cores: float, threads: int, host: HostCpus):
         self.cores, self.threads = max(cores, 1e-9), max(1, threads)
-        self.engines: list[Engine] = []
+        self.engines: list[SimEngine] = []
         self.nice: dict[str, int] = {}
         self.weight: dict[str, float] = {}
         self.walls: dict[str, tuple[float, float, float]] = {}  # by StepKind
         self.busy = 0
         self.host = host
 
-    def attach(self, eng: Engine, nice: int = 0, walls: tuple[float, float, float] = (1, 1, 1)):
+    def attach(self, eng: SimEngine, nice: int = 0, walls: tuple[float, float, float] = (1, 1, 1)):
         self.engines.append(eng)
         self.nice[eng.name], self.weight[eng.name] = nice, CFS_NICE_STEP**-nice
         self.walls[eng.name] = walls
         eng.slowdown = lambda kind, e=eng: self.factor(e, kind)
         eng.on_busy = self._changed
 
-    def factor(self, eng: Engine, kind: StepKind) -> float:
+    def factor(self, eng: SimEngine, kind: StepKind) -> float:
         mine = self.weight[eng.name] * self.threads
         demand = sum(self.weight[e.name] for e in self.engines if e.busy) * self.threads
         given = min(self.threads, self.cores * mine / max(demand, mine))  # cores this engine gets
@@ -52,7 +52,7 @@ class CpuShare:
             f *= self.host.corun[0] if kind is not StepKind.DECODE else self.host.corun[1]
         return f * self.walls[eng.name][kind]
 
-    def _changed(self, eng: Engine) -> None:
+    def _changed(self, eng: SimEngine) -> None:
         busy = sum(1 for e in self.engines if e.busy)
         if busy == self.busy:
             return
@@ -88,7 +88,7 @@ class HostCpus:
             self.share[inst.id] = groups[key]
         self.groups = list(groups.values())
 
-    def attach(self, instance: str, eng: Engine) -> None:
+    def attach(self, instance: str, eng: SimEngine) -> None:
         walls = (
             self.spec.decode_wall.get(instance, 1.0),
             self.spec.prefill_wall.get(instance, 1.0),

@@ -1,5 +1,6 @@
-"""One request in flight and what happened to it: the prefill, the relay's copy and the
-finisher's copy of its KV, each a small record of its own."""
+"""A flight: one request from the scheduler's decision to its end, the simulator's twin of the
+runtime's `Flight` (docs/structure.md, glossary), and its legs: the prefill's, the relay's and the
+finisher's part (each instance's copy of the KV), each a small record of its own."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ class LegState(Enum):
     CANCELLED = "cancelled"
 
 
-class PrefillLeg:
+class SimPrefillLeg:
     __slots__ = ("instance", "hold", "copies", "hit_tokens", "shipping_s")
 
     def __init__(self, instance: str):
@@ -34,7 +35,7 @@ class PrefillLeg:
         self.shipping_s = 0.0  # the engine's time exporting this prompt's KV after it
 
 
-class RelayLeg:
+class SimRelayLeg:
     __slots__ = ("instance", "hold", "seq", "state", "landed_at", "started_at")
 
     def __init__(self, instance: str | None):
@@ -46,7 +47,7 @@ class RelayLeg:
         self.started_at: float | None = None  # the relay's loop took it
 
 
-class FinisherLeg:
+class SimFinisherLeg:
     __slots__ = (
         "instance",
         "hold",
@@ -69,7 +70,7 @@ class FinisherLeg:
         self.transfer_s: float | None = None
 
 
-class Run:
+class SimFlight:
     __slots__ = (
         "req",
         "decision",
@@ -106,9 +107,9 @@ class Run:
         self.finished_at: float | None = None
         self.done = False
         self.failed: str | None = None
-        self.prefill = PrefillLeg(decision.target(path.entry))
-        self.relay = RelayLeg(decision.target(path.relay) if path.relay else None)
-        self.finisher = FinisherLeg(decision.target(path.finisher))
+        self.prefill = SimPrefillLeg(decision.target(path.entry))
+        self.relay = SimRelayLeg(decision.target(path.relay) if path.relay else None)
+        self.finisher = SimFinisherLeg(decision.target(path.finisher))
         self.ids_sent = 0
         self.relay_tokens = 0
         self.handoff: str | None = None  # one_shot | catch_up | takeover, once it happened
