@@ -1,0 +1,104 @@
+"""The `Deployment` object driven from a test, as `pddflow deploy` drives it: refusals before
+anything starts, then start, serve (in a thread), a request whose greedy tokens are the colocated
+reference's, the drain, and a stop that leaves no worker and no run directory."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import httpx
+import pytest
+
+from pddflow.graph import load_plan
+from pddflow.graph.shipped import resolve_graph
+from pddflow.runtime.deploy.deployment import (
+    DeployError,
+    Deployment,
+    DeployOptions,
+    OptionError,
+)
+
+PROMPT = "The Deployment object serves this."
+MAX_TOKENS = 12
+
+
+@pytest.fixture(scope="module")
+def plan():
+    return load_plan(str(resolve_graph("pdd")))
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        (DeployOptions(backend="k8s"), "unknown backend 'k8s'; backends: local, ray"),
+        (DeployOptions(address="ray://x:10001"), "--address is for --backend ray"),
+    ],
+)
+def test_an_option_that_cannot_work_is_refused_before_anything_starts(plan, options, named):
+    with pytest.raises(OptionError, match=named):
+        Deployment(plan, options)
+
+
+def test_a_model_that_cannot_load_is_refused_naming_the_option(plan, tmp_path):
+    with pytest.raises(DeployError, match="--model: ") as exc:
+        Deployment(plan, DeployOptions(model=str(tmp_path / "nowhere")))
+    assert not isinstance(exc.value, OptionError)
+
+
+def test_the_plan_is_what_runs_here(plan):
+    d = Deployment(plan, DeployOptions(wan_gbps=0.25))
+    assert d.plan.profile == "local" and len(d.plan.instances) == 3
+    assert {link.gbps for link in d.plan.links.values()} == {0.25}
+    assert d.plan.model.weights == "builtin:tiny-llama" and d.model.vocab_size > 0
+    assert d.backend_name == "local" == plan.deploy.backend
+
+
+@pytest.mark.slow  # starts three worker processes
+def test_start_serve_and_stop(plan, tmp_path):
+    from pddflow.core.payloads import SamplingParams
+    from pddflow.operators.engine import Engine
+
+    eng = Engine.from_spec("builtin:tiny-llama")
+    ids = eng.tokenizer.encode(PROMPT)
+    greedy = SamplingParams(max_tokens=MAX_TOKENS, stop_token_ids=eng.tokenizer.eos_token_ids)
+    want = eng.generate([ids], greedy)[0].output_ids
+
+    d = Deployment(plan, DeployOptions(port=0, drain_timeout_s=5.0))
+    d.start()
+    pids = list(d.backend.pids().values())
+    run_dir = d.run_dir
+    server = threading.Thread(target=d.serve, kwargs={"say": lambda _: None}, daemon=True)
+    server.start()
+    try:
+        base = d.url.removesuffix("/v1")
+        deadline = time.monotonic() + 30
+        while True:  # the server thread binds nothing new: the socket listens already
+            try:
+                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            assert time.monotonic() < deadline, "the API did not come up"
+            time.sleep(0.1)
+        for variant in ("p_rld_md", "p_md"):
+            body = {
+                "model": "pdd",
+                "prompt": ids,
+                "max_tokens": MAX_TOKENS,
+                "temperature": 0,
+                "return_token_ids": True,
+                "variant": variant,
+            }
+            r = httpx.post(f"{base}/v1/completions", json=body, timeout=60)
+            assert r.status_code == 200, r.text
+            assert r.json()["choices"][0]["token_ids"] == want, variant
+        d.stop_serving()
+        server.join(timeout=30)
+        assert not server.is_alive(), "serve() did not return after stop_serving()"
+    finally:
+        d.stop()
+    assert not run_dir.exists()
+    # the workers were this process's children, stopped and reaped
+    assert [pid for pid in pids if os.path.exists(f"/proc/{pid}")] == []
