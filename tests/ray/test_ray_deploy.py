@@ -47,13 +47,24 @@ NODES = [
 BYSTANDER = """
 import ray
 from ray.util.placement_group import placement_group
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 @ray.remote(num_cpus=0)
 class Bystander:
     def ping(self):
         return 1
 
-a = Bystander.options(name="bystander", namespace="not-pddflow", lifetime="detached").remote()
+# on the head, as its placement group: Ray would put a resourceless actor anywhere, and the
+# node-loss test below takes B's node down with whatever runs there
+head = next(
+    n["NodeID"] for n in ray.nodes() if n["Alive"] and "pddflow_cluster_G" in n["Resources"]
+)
+a = Bystander.options(
+    name="bystander",
+    namespace="not-pddflow",
+    lifetime="detached",
+    scheduling_strategy=NodeAffinitySchedulingStrategy(head, soft=False),
+).remote()
 ray.get(a.ping.remote())
 pg = placement_group([{"GPU": 0.1}], name="bystander", lifetime="detached")  # on the head
 ray.get(pg.ready())
