@@ -3,21 +3,7 @@ torch (the graph layer and the CLI import them), and every lazily exported name 
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
-HEAVY = ("torch", "pyarrow", "grpc")
-
-
-def _heavy_after(code: str) -> set[str]:
-    probe = code + (
-        "\nimport sys\nsys.stderr.write('HEAVY:' + ' '.join(sorted("
-        f"m for m in sys.modules if m.split('.')[0] in {HEAVY!r})))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
-    )
-    return set(out.stderr.rsplit("HEAVY:", 1)[1].split())
+from pddflow.testing.imports import heavy_after
 
 
 def test_package_and_kind_subpackages_are_light():
@@ -28,7 +14,7 @@ def test_package_and_kind_subpackages_are_light():
         "import pddflow.channels.rdma_tensor.protocol, pddflow.channels.wan_flight.params, "
         "pddflow.channels.token_ids.codec"
     )
-    assert _heavy_after(code) == set()
+    assert heavy_after(code) == set()
 
 
 def test_every_lazy_export_resolves():

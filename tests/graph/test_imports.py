@@ -2,30 +2,18 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from pddflow.testing.imports import heavy_after
+
 ROOT = Path(__file__).resolve().parents[2]
-HEAVY = ("torch", "pyarrow", "grpc")
-
-
-def _loaded_after(code: str) -> set[str]:
-    probe = code + (
-        "\nimport sys\nsys.stderr.write('HEAVY:' + ' '.join(sorted("
-        f"m for m in sys.modules if m.split('.')[0] in {HEAVY!r})))"
-    )
-    out = subprocess.run(
-        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
-    )
-    return set(out.stderr.rsplit("HEAVY:", 1)[1].split())
 
 
 def test_import_graph_is_light():
     assert (
-        _loaded_after("import pddflow.graph, pddflow.graph.render, pddflow.graph.feasibility")
+        heavy_after("import pddflow.graph, pddflow.graph.render, pddflow.graph.feasibility")
         == set()
     )
 
@@ -37,4 +25,4 @@ def test_validate_command_is_light():
         f"sys.argv = ['pddflow', 'validate', {str(ROOT / 'graphs' / 'pdd.yaml')!r}]\n"
         "try:\n    app()\nexcept SystemExit as e:\n    assert e.code == 0, e.code\n"
     )
-    assert _loaded_after(code) == set()
+    assert heavy_after(code) == set()
