@@ -36,7 +36,8 @@ def host_cores() -> list[int]:
 def layout(
     instances: list[tuple[str, str, str]], cores: list[int], pinning: str = "auto"
 ) -> CpuLayout:
-    """instances: (instance id, cluster, role: prefill | decode | both) in plan order."""
+    """instances: (process name, cluster, role: prefill | decode | both) in plan order: one entry
+    an instance, or one each of its rank processes."""
     if pinning not in MODES:
         raise ValueError(f"cpu pinning must be one of {', '.join(MODES)}, not {pinning!r}")
     ids = [i for i, _, _ in instances]
@@ -72,8 +73,15 @@ def layout(
 
 
 def plan_layout(plan, cores: list[int], pinning: str = "auto") -> CpuLayout:
+    """Every rank process of every instance (`Plan.rank_processes`) gets its share."""
     return layout(
-        [(i.id, i.cluster, plan.operators[i.operator].role) for i in plan.instances], cores, pinning
+        [
+            (name, i.cluster, plan.operators[i.operator].role)
+            for i in plan.instances
+            for name in plan.rank_processes(i.id)
+        ],
+        cores,
+        pinning,
     )
 
 

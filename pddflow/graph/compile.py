@@ -64,7 +64,8 @@ class Compiler:
         check_cycles(resolved, edges.valid)
         variants = check_variants(resolved, operators, edges)
         scheduler = self._scheduler()
-        local = self._local(operators)
+        local = self._local("replicas")
+        local_devices = self._local_devices()
         if self._error_count() > before or model is None:
             return None
         return Plan(
@@ -80,6 +81,7 @@ class Compiler:
             variants=variants,
             scheduler=scheduler,
             local_replicas=local,
+            local_devices=local_devices,
             local_scheduler_params=self._local_scheduler(scheduler),
             deploy=DeployPlan(**self.spec.deploy.model_dump()),
         )
@@ -432,18 +434,34 @@ class Compiler:
         )
         return {k: checked[k] for k in given if k in declared}
 
-    def _local(self, ops: dict[str, OperatorPlan]) -> dict[str, int]:
+    def _local(self, section: str) -> dict[str, int]:
+        """The local profile's `replicas` or `devices_per_replica`: operator -> a count >= 1."""
         out = {}
-        for name, n in self.spec.local.replicas.items():
+        for name, n in getattr(self.spec.local, section).items():
+            at = ("local", section, name)
             if name not in self.spec.operators:
                 self.err(
-                    ("local", "replicas", name),
+                    at,
                     f"local profile names operator {name!r}, which is not defined"
                     f"{did_you_mean(name, self.spec.operators)}",
                     key=True,
                 )
             elif n < 1:
-                self.err(("local", "replicas", name), f"local replicas must be >= 1, got {n}")
+                self.err(at, f"local {section} must be >= 1, got {n}")
             else:
                 out[name] = n
+        return out
+
+    def _local_devices(self) -> dict[str, int]:
+        """The layout the local profile deploys: a replica's devices, or fewer."""
+        out = self._local("devices_per_replica")
+        for name, n in out.items():
+            declared = self.spec.operators[name].devices_per_replica
+            if n > declared:
+                self.err(
+                    ("local", "devices_per_replica", name),
+                    f"local devices_per_replica of {name} is {n} but a replica of it has "
+                    f"{declared} devices (operators.{name}.devices_per_replica); the local profile "
+                    f"may shrink a layout, not grow it: set at most {declared}",
+                )
         return out

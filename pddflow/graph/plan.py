@@ -22,6 +22,11 @@ from pddflow.core.operator_types import (
 )
 
 
+def rank_name(instance: str, rank: int) -> str:
+    """One rank process of an instance: the leader (rank 0) goes by the instance's name."""
+    return instance if rank == 0 else f"{instance}#{rank}"
+
+
 @dataclass(frozen=True)
 class ModelPlan:
     weights: str
@@ -88,6 +93,13 @@ class OperatorPlan:
     instances: tuple[str, ...] = ()
     choices: tuple[Shape, ...] = ()  # other shapes `pddflow size` may pick (the graph's `choices`)
     host_cache: HostCachePlan | None = None
+    local_ranks: int = 0  # the local profile's layout (set by Plan.scaled_to_local; 0: none)
+
+    @property
+    def ranks(self) -> int:
+        """Rank processes (the tensor-parallel degree) one instance runs as when deployed: the
+        local profile's layout, else devices_per_replica."""
+        return self.local_ranks or self.devices_per_replica
 
     @property
     def type(self) -> OperatorType:
@@ -195,6 +207,7 @@ class Plan:
     scheduler: SchedulerPlan
     local_replicas: dict[str, int] = field(default_factory=dict)
     local_scheduler_params: dict[str, Any] = field(default_factory=dict)
+    local_devices: dict[str, int] = field(default_factory=dict)  # the local profile's layout
     profile: str = "production"  # or "local" after scaled_to_local()
     deploy: DeployPlan = field(default_factory=DeployPlan)
 
@@ -220,6 +233,10 @@ class Plan:
 
     def operator_of(self, instance_id: str) -> OperatorPlan:
         return self.operators[self.instance(instance_id).operator]
+
+    def rank_processes(self, instance_id: str) -> list[str]:
+        """The names of an instance's rank processes, its leader (rank 0) first."""
+        return [rank_name(instance_id, r) for r in range(self.operator_of(instance_id).ranks)]
 
     def streams(self, link: str) -> int:
         """The most `streams` any wan_flight channel across `link` declares (1 without one)."""
@@ -256,12 +273,15 @@ class Plan:
         )
 
     def scaled_to_local(self) -> Plan:
-        """The same plan with the `local` profile's replica counts (default 1 per operator) and
-        scheduler parameters."""
+        """The same plan with the `local` profile's replica counts (default 1 per operator), rank
+        processes per instance (default: the operator's devices_per_replica) and scheduler
+        parameters; devices_per_replica itself stays the production shape the simulator times."""
         ops = {}
         for name, op in self.operators.items():
             n = self.local_replicas.get(name, 1)
-            ops[name] = replace(op, replicas=n, instances=tuple(f"{name}/{i}" for i in range(n)))
+            ranks = self.local_devices.get(name, op.devices_per_replica)
+            ids = tuple(f"{name}/{i}" for i in range(n))
+            ops[name] = replace(op, replicas=n, instances=ids, local_ranks=ranks)
         params = {**self.scheduler.params, **self.local_scheduler_params}
         return replace(
             self,
@@ -342,6 +362,7 @@ class Plan:
             scheduler=SchedulerPlan(**d["scheduler"]),
             local_replicas=dict(d.get("local_replicas", {})),
             local_scheduler_params=dict(d.get("local_scheduler_params", {})),
+            local_devices=dict(d.get("local_devices", {})),
             profile=d.get("profile", "production"),
             deploy=DeployPlan(**d.get("deploy", {})),
         )

@@ -48,6 +48,11 @@ class LocalProfile(_Strict):
         default_factory=dict,
         description="operator name -> processes on one machine (default 1 each)",
     )
+    devices_per_replica: dict[str, int] = Field(
+        default_factory=dict,
+        description="operator name -> rank processes (tensor-parallel degree) of each instance "
+        "deployed, at most the operator's devices_per_replica (default: that, all of them)",
+    )
     scheduler: dict[str, Any] = Field(
         default_factory=dict,
         description="policy parameters on one machine, over scheduler.params (thresholds in "

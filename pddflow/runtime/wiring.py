@@ -28,6 +28,7 @@ class Endpoints:
     kv_rdma: str = ""  # rdma_tensor receiver for senders on its host (unix:@name, shared memory)
     kv_rdma_net: str = ""  # and for the others (tcp:host:port; tcp or nixl regions)
     handoff: str = ""  # token_ids server (127.0.0.1:port)
+    tp_init: str = ""  # host:port where rank 0 gathers the instance's ranks (tensor parallel)
 
 
 @dataclass
@@ -40,6 +41,7 @@ class Wiring:
     seed: int = 0
     kv_cache_bytes: int = LOCAL_KV_CACHE_MIB << 20  # per worker, local profile
     leg_timeout_s: float = 60.0  # a leg's default deadline
+    tp_timeout_s: float = 60.0  # a collective between an instance's ranks; then the rank is lost
     # real address -> the emulated link's relay, so the link can be cut
     via: dict[str, str] = field(default_factory=dict)
     cpus: dict[str, list[int]] = field(default_factory=dict)  # instance -> cores it is pinned to
@@ -146,6 +148,8 @@ def wire(
     w.threads, w.nice = dict(cpus.threads), dict(cpus.nice)
     for inst in plan.instances:
         ep = Endpoints(rpc=f"127.0.0.1:{free_port()}")
+        if plan.operators[inst.operator].ranks > 1:
+            ep.tp_init = f"127.0.0.1:{free_port()}"
         for ch in plan.channels:
             if ch.dst != inst.operator:
                 continue

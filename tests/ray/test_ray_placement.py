@@ -15,8 +15,14 @@ ROOT = Path(__file__).resolve().parents[2]
 PDD = str(ROOT / "graphs" / "pdd.yaml")
 
 
-def _plan():
-    return load_plan(PDD).scaled_to_local()
+def _plan(ranks: int | None = None):
+    """pdd.yaml's local plan (one rank an instance), or with `ranks` per instance."""
+    from dataclasses import replace
+
+    plan = load_plan(PDD)
+    if ranks is not None:
+        plan = replace(plan, local_devices=dict.fromkeys(plan.operators, ranks))
+    return plan.scaled_to_local()
 
 
 def _node(name: str, **res: float) -> Node:
@@ -47,19 +53,30 @@ def test_cpu_only_cluster_asks_one_cpu_per_instance_and_does_not_pack_the_rdma_p
     assert [g.instances for g in packed] == [["prefill/0", "relay/0"], ["main/0"]]
 
 
-def test_gpu_nodes_turn_devices_into_gpus_and_accelerator_types():
+def test_gpu_nodes_turn_ranks_into_gpus_and_accelerator_types():
     nodes = [_node("a", CPU=8, GPU=8, pddflow_cluster_A=1), _node("b", CPU=8, pddflow_cluster_B=1)]
-    gs = groups(_plan(), nodes, {"gpu_a": "H100"})
+    gs = groups(_plan(ranks=4), nodes, {"gpu_a": "H100"})
     assert gs[0].bundles[0] == {
         "pddflow_cluster_A": 0.001,
         "GPU": 4.0,
         "accelerator_type:H100": 0.001,
     }
-    assert gs[2].bundles[0] == {"pddflow_cluster_B": 0.001, "CPU": 1.0}
+    assert gs[2].bundles[0] == {"pddflow_cluster_B": 0.001, "CPU": 4.0}  # a CPU each rank
+    # the shipped local profile: one rank an instance
+    assert groups(_plan(), nodes, {})[0].bundles[0] == {"pddflow_cluster_A": 0.001, "GPU": 1.0}
+
+
+def test_an_instance_whose_ranks_fit_no_one_node_is_named():
+    nodes = [_node(n, CPU=8, GPU=2, pddflow_cluster_A=1) for n in "abcd"] + [
+        _node("c", CPU=8, pddflow_cluster_B=1)
+    ]
+    plan = _plan(ranks=4)
+    msgs = [m for _, m in problems(plan, nodes, {}) if "cluster 'A'" in m]
+    assert any("prefill/0's 4 ranks must run on one node" in m for m in msgs), msgs
 
 
 def test_missing_cluster_and_too_few_gpus_are_named_at_the_clusters_line():
-    plan = _plan()
+    plan = _plan(ranks=4)
     nodes = [_node("a", CPU=8, GPU=2, pddflow_cluster_A=1)]
     found = problems(plan, nodes, {})
     msgs = [m for _, m in found]

@@ -62,7 +62,7 @@ class FakeActor:
 
     def _start(self, *_):
         self.starts += 1
-        return Ref(100 + self.starts)
+        return Ref([100 + self.starts])  # every rank's pid: one rank here
 
 
 @pytest.fixture

@@ -19,12 +19,13 @@ from pddflow.runtime.wiring import Wiring
 
 
 class LocalBackend:
-    """Every instance of the plan as a child process of this one."""
+    """Every rank process of every instance of the plan a child process of this one."""
 
     name = "local"
 
     def __init__(self) -> None:
-        self.workers: list[WorkerProcess] = []
+        # instance -> its rank processes, the leader (rank 0) first
+        self.ranks: dict[str, list[WorkerProcess]] = {}
         self.relays: dict[str, list[LinkRelay]] = {}  # link name -> relays of its endpoints
         self.wiring: Wiring | None = None
 
@@ -45,53 +46,64 @@ class LocalBackend:
         private_file(path)  # it holds the deployment's bearer token
         wiring.save(path)
         for inst in plan.instances:
-            log = run_dir / f"{inst.id.replace('/', '-')}.log"
-            argv = [sys.executable, "-m", "pddflow.runtime.workers", str(path), inst.id]
-            w = WorkerProcess(inst.id, argv, log)
-            w.start()
-            self.workers.append(w)
+            procs = self.ranks[inst.id] = []
+            for rank, name in enumerate(plan.rank_processes(inst.id)):
+                argv = [sys.executable, "-m", "pddflow.runtime.workers", str(path), inst.id]
+                w = WorkerProcess(
+                    name, argv + ([str(rank)] if rank else []), run_dir / log_name(name)
+                )
+                w.start()
+                procs.append(w)
 
     def check(self) -> str | None:
-        for w in self.workers:
-            if not w.alive():
-                return w.exit_summary()
+        for inst in self.ranks:
+            if not self.alive(inst):
+                return self.exit_summary(inst)
         return None
 
     def instances(self) -> list[str]:
-        return [w.name for w in self.workers]
+        return list(self.ranks)
 
     def describe(self) -> dict[str, Any]:
         w = self.wiring
         host = socket.gethostname()
+        workers = {}
+        for inst, procs in self.ranks.items():
+            workers[inst] = {"node": host, "address": w.workers[inst].rpc if w else ""}
+            workers[inst]["pid"] = procs[0].pid
+            if len(procs) > 1:
+                workers[inst]["ranks"] = [
+                    {"rank": r, "pid": p.pid, "node": host} for r, p in enumerate(procs)
+                ]
         return {
             "backend": self.name,
-            "workers": {
-                x.name: {"node": host, "address": w.workers[x.name].rpc if w else "", "pid": x.pid}
-                for x in self.workers
-            },
+            "workers": workers,
             "channels": dict(w.transports) if w else {},
         }
 
     def alive(self, instance: str) -> bool:
-        return self._worker(instance).alive()
+        """Every rank runs: one rank lost is the instance lost."""
+        return all(p.alive() for p in self.ranks[instance])
 
     def exit_summary(self, instance: str) -> str:
-        return self._worker(instance).exit_summary()
+        procs = self.ranks[instance]
+        return next((p for p in procs if not p.alive()), procs[0]).exit_summary()
 
     def restart(self, instance: str) -> None:
-        self._worker(instance).start()
-
-    def _worker(self, instance: str) -> WorkerProcess:
-        return next(w for w in self.workers if w.name == instance)
+        """All its ranks together: the survivors of a lost rank are stopped first (a tensor
+        parallel group cannot take a new member)."""
+        procs = self.ranks[instance]
+        stop_all([p for p in procs if p.alive()])
+        for p in procs:
+            p.start()
 
     def pids(self) -> dict[str, int]:
-        return {w.name: w.pid for w in self.workers if w.pid}
+        """Rank process -> its pid."""
+        return {p.name: p.pid for procs in self.ranks.values() for p in procs if p.pid}
 
-    def kill(self, instance: str) -> None:
+    def kill(self, instance: str, rank: int = 0) -> None:
         """For failure drills and tests."""
-        for w in self.workers:
-            if w.name == instance:
-                w.signal(signal.SIGKILL)
+        self.ranks[instance][rank].signal(signal.SIGKILL)
 
     def cutter(self) -> Callable[[str, float, int], None]:
         return self.cut_link
@@ -102,7 +114,12 @@ class LocalBackend:
         self.relays[link][0].link.cut(seconds, after_bytes)
 
     def stop(self) -> None:
-        stop_all(self.workers)
+        stop_all([p for procs in self.ranks.values() for p in procs])
         for relays in self.relays.values():
             for r in relays:
                 r.close()
+
+
+def log_name(process: str) -> str:
+    """The log file of a rank process in the run directory (`main/0#1` -> `main-0#1.log`)."""
+    return f"{process.replace('/', '-')}.log"

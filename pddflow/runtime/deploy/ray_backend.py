@@ -67,6 +67,7 @@ class RayBackend:
         self.bind_all = bind_all
         self.accelerators = dict(accelerators or {})
         self.hosts: dict[str, Hosted] = {}
+        self.ranks: dict[str, int] = {}  # instance -> its rank processes
         self.transports: dict[str, str] = {}
         self.endpoints: dict[str, dict[str, str]] = {}  # instance -> its published addresses
         self.pgs: list[Any] = []
@@ -121,6 +122,7 @@ class RayBackend:
 
         self.connect()
         self.groups = self.check_placement(plan)  # before anything starts
+        self.ranks = {i.id: plan.operator_of(i.id).ranks for i in plan.instances}
         self.deployment = wiring.deployment
         for gi, g in enumerate(self.groups):
             pg = placement_group(
@@ -158,8 +160,8 @@ class RayBackend:
             timeout=CALL_TIMEOUT_S,
         )
         now = time.monotonic()
-        for h, pid in zip(self.hosts.values(), pids):
-            h.alive, h.pid, h.last_answer = True, pid, now
+        for h, ranks in zip(self.hosts.values(), pids):
+            h.alive, h.pid, h.ranks, h.last_answer = True, ranks[0], ranks, now
         self._watch = threading.Thread(target=self._watch_loop, name="ray-watch", daemon=True)
         self._watch.start()
 
@@ -181,7 +183,7 @@ class RayBackend:
                     placement_group=self.pgs[h.group], placement_group_bundle_index=h.bundle
                 ),
             )
-            .remote(self.deployment, h.instance)
+            .remote(self.deployment, h.instance, self.ranks[h.instance])
         )
 
     def _wire(self, plan: Plan, wiring: Wiring, run_dir: Path) -> None:
@@ -200,7 +202,9 @@ class RayBackend:
         for inst, ep in wiring.workers.items():
             # a network receiver's address waits for a port free on its node (below)
             place_rdma_receivers(wiring, inst, ep, lambda: "tcp:pending")
+            ep.tp_init = "pending" if self.ranks[inst] > 1 else ""  # a port on its node, below
             need[inst] = 1 + bool(ep.kv_flight) + bool(ep.handoff) + bool(ep.kv_rdma_net)
+            need[inst] += bool(ep.tp_init)
         got = ray.get(
             [self.hosts[i].actor.ports.remote(n, bind or host_of[i]) for i, n in need.items()],
             timeout=CALL_TIMEOUT_S,
@@ -214,6 +218,8 @@ class RayBackend:
                 ep.handoff = f"{ip}:{ports.pop(0)}"
             if ep.kv_rdma_net:
                 ep.kv_rdma_net = f"tcp:{ip}:{ports.pop(0)}"
+            if ep.tp_init:  # the ranks share the actor's node: its own address
+                ep.tp_init = f"{ip}:{ports.pop(0)}"
             self.endpoints[inst] = {k: v for k, v in asdict(ep).items() if v}
         wiring.frontend = f"{self.driver_ip}:{free_port(bind or self.driver_ip)}"
         wiring.bind_all = self.bind_all
@@ -342,10 +348,11 @@ class RayBackend:
             h.where = where
             if self.ca is not None:
                 self._certify_hosts([h])  # a new actor made a new key
-        h.pid = ray.get(
+        h.ranks = ray.get(
             h.actor.start.remote(self.wiring_json, self.files.get(instance, {})),
             timeout=CALL_TIMEOUT_S,
         )
+        h.pid = h.ranks[0]
         h.alive, h.last_answer = True, time.monotonic()
 
     def _kill(self, h: Hosted) -> None:
@@ -377,6 +384,16 @@ class RayBackend:
                 "actor": f"{self.namespace}/{self.deployment}:{i}",
                 "actor_pid": h.where.get("actor_pid", 0),
                 "pid": h.pid,
+                **(
+                    {
+                        "ranks": [
+                            {"rank": r, "pid": pid, "node": h.where.get("ip", "")}
+                            for r, pid in enumerate(h.ranks)
+                        ]
+                    }
+                    if len(h.ranks) > 1
+                    else {}
+                ),
             }
             for i, h in self.hosts.items()
         }

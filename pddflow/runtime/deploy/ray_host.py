@@ -13,18 +13,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pddflow.graph.plan import rank_name
 from pddflow.runtime.deploy.processes import WorkerProcess
 from pddflow.runtime.wiring import free_port
 
 
 class InstanceHost:
-    """The Ray actor of one instance: runs `python -m pddflow.runtime.workers` on its node, keeps
-    its log there, says whether it runs. Made a Ray actor class by RayBackend."""
+    """The Ray actor of one instance: runs its rank processes (`python -m pddflow.runtime.workers`,
+    one per rank, on the devices Ray gave the actor) on its node, keeps their logs there, says
+    whether they all run. Made a Ray actor class by RayBackend."""
 
-    def __init__(self, deployment: str, instance: str):
-        self.deployment, self.instance = deployment, instance
+    def __init__(self, deployment: str, instance: str, ranks: int = 1):
+        self.deployment, self.instance, self.ranks = deployment, instance, ranks
         self.dir = Path(tempfile.mkdtemp(prefix=f"pddflow-{deployment}-"))  # 0700
-        self.worker: WorkerProcess | None = None
+        self.workers: list[WorkerProcess] = []  # the leader (rank 0) first
         self.tls_key = ""
 
     def where(self) -> dict[str, Any]:
@@ -49,9 +51,10 @@ class InstanceHost:
         self.tls_key, csr = key_and_request(self.dir, self.instance)
         return csr
 
-    def start(self, wiring_json: str, files: dict[str, bytes]) -> int:
-        """(Re)start the worker; the wiring's TLS paths are this node's: its own key, the
-        certificate the deployment signed for it (`cert`) and the deployment's CA (`roots`)."""
+    def start(self, wiring_json: str, files: dict[str, bytes]) -> list[int]:
+        """(Re)start every rank (together: a tensor-parallel group takes no new member); the
+        wiring's TLS paths are this node's: its own key, the certificate the deployment signed for
+        it (`cert`) and the deployment's CA (`roots`). Every rank's pid, the leader first."""
         d = json.loads(wiring_json)
         for name, data in files.items():
             path = self.dir / f"{name}.pem"
@@ -67,29 +70,32 @@ class InstanceHost:
         fd = os.open(wiring, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
         with os.fdopen(fd, "w") as f:
             json.dump(d, f)
-        if self.worker is not None and self.worker.alive():
-            self.worker.stop()
-        name = self.instance.replace("/", "-")
-        self.worker = WorkerProcess(
-            self.instance,
-            [sys.executable, "-m", "pddflow.runtime.workers", str(wiring), self.instance],
-            self.dir / f"{name}.log",
-        )
-        self.worker.start()
-        return self.worker.pid or 0
+        for w in self.workers:
+            if w.alive():
+                w.stop()
+        argv = [sys.executable, "-m", "pddflow.runtime.workers", str(wiring), self.instance]
+        self.workers = []
+        for rank in range(self.ranks):
+            name = rank_name(self.instance, rank)
+            log = self.dir / f"{name.replace('/', '-')}.log"
+            w = WorkerProcess(name, argv + ([str(rank)] if rank else []), log)
+            w.start()
+            self.workers.append(w)
+        return [w.pid or 0 for w in self.workers]
 
     def poll(self) -> tuple[bool, str, int]:
-        """(the worker runs, why it ended if it did, its pid)"""
-        w = self.worker
-        if w is None:
+        """(every rank runs, why the first one that ended did, the leader's pid)"""
+        if not self.workers:
             return False, f"{self.instance} was never started", 0
-        if w.alive():
-            return True, "", w.pid or 0
-        return False, f"{w.exit_summary()} (on {socket.gethostname()})", w.pid or 0
+        pid = self.workers[0].pid or 0
+        dead = next((w for w in self.workers if not w.alive()), None)
+        if dead is None:
+            return True, "", pid
+        return False, f"{dead.exit_summary()} (on {socket.gethostname()})", pid
 
     def stop(self, grace_s: float = 5.0) -> None:
-        if self.worker is not None:
-            self.worker.stop(grace_s)
+        for w in self.workers:
+            w.stop(grace_s)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
@@ -104,7 +110,8 @@ class Hosted:
     where: dict[str, Any] = field(default_factory=dict)
     alive: bool = False
     summary: str = ""
-    pid: int = 0
+    pid: int = 0  # the leader's
+    ranks: list[int] = field(default_factory=list)  # every rank's pid, the leader first
     last_answer: float = 0.0
     pending: Any = None  # the poll in flight
     generation: int = 0  # restarts so far: a poll sent before the last one is not believed

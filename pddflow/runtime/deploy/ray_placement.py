@@ -59,13 +59,15 @@ def nodes_of(cluster: str, nodes: list[Node]) -> list[Node]:
 def demand(
     plan: Plan, instance: str, nodes: list[Node], accelerators: dict[str, str]
 ) -> dict[str, float]:
-    """The Ray resources one instance asks for."""
+    """The Ray resources one instance asks for, in one bundle (one node): a device per rank
+    process, GPUs where its cluster's nodes have them, else CPUs."""
     inst = plan.instance(instance)
+    ranks = float(plan.operator_of(instance).ranks)
     out = {cluster_resource(inst.cluster): CLUSTER_SHARE}
     if any(n.resources.get("GPU", 0) > 0 for n in nodes_of(inst.cluster, nodes)):
-        out["GPU"] = float(inst.devices)
+        out["GPU"] = ranks
     else:
-        out["CPU"] = 1.0
+        out["CPU"] = ranks
     if inst.device in accelerators:
         out[f"accelerator_type:{accelerators[inst.device]}"] = ACCELERATOR_SHARE
     return out
@@ -142,14 +144,20 @@ def problems(plan: Plan, nodes: list[Node], accelerators: dict[str, str]) -> lis
                 all(n.resources.get(k, 0.0) + 1e-9 >= v for k, v in want.items()) for n in carriers
             ):
                 what = ", ".join(f"{k}: {_fmt(v)}" for k, v in sorted(want.items()))
-                out.append(
-                    (
-                        cluster,
-                        f"cluster {cluster!r}: {', '.join(g.instances)} share rdma_tensor edges "
-                        f"with transport: shm and must run on one node, but no Ray node with "
-                        f"{res!r} has {what} (transport: auto lets them use tcp between nodes)",
+                if len(g.instances) == 1:  # one instance's ranks: a tensor-parallel group
+                    inst = g.instances[0]
+                    why = (
+                        f"{inst}'s {plan.operator_of(inst).ranks} ranks must run on one node, but "
+                        f"no Ray node with {res!r} has {what} (set fewer with the graph's local: "
+                        "{devices_per_replica: ...})"
                     )
-                )
+                else:
+                    why = (
+                        f"{', '.join(g.instances)} share rdma_tensor edges with transport: shm "
+                        f"and must run on one node, but no Ray node with {res!r} has {what} "
+                        "(transport: auto lets them use tcp between nodes)"
+                    )
+                out.append((cluster, f"cluster {cluster!r}: {why}"))
     return out
 
 

@@ -28,6 +28,7 @@ from pddflow.runtime.workers.inbox import (
     KVLost,
     LegOrdered,
 )
+from pddflow.runtime.workers.ranks import build_engine
 
 STATUS_EVERY_S = 0.5
 EARLY_KEEP_S = 60.0  # inputs that arrive before their order are kept this long
@@ -60,25 +61,13 @@ class Worker:
     prefills = decodes = relays = takes_handoff = False
 
     def __init__(self, wiring: Wiring, instance: str):
-        import torch
-
-        from pddflow.operators.engine import Engine, EngineConfig
-
-        if wiring.threads.get(instance):
-            torch.set_num_threads(wiring.threads[instance])  # this worker's share of the host
         self.wiring, self.instance = wiring, instance
         self.plan = wiring.plan()
         self.op: OperatorPlan = self.plan.operator_of(instance)
         self.inbox: queue.Queue[InboxItem] = queue.Queue()
         self.stopping = threading.Event()
         self.io = WorkerIO(wiring, self.plan, instance, self.inbox)
-        config = EngineConfig(
-            block_size=self.plan.model.block_size,
-            kv_cache_bytes=wiring.kv_cache_bytes,
-            chunk_size=self.op.chunk_tokens,
-            prefix_cache=self.op.caches_prefixes,
-        )
-        self.engine = Engine.from_spec(self.plan.model.weights, config)
+        self.engine = build_engine(wiring, instance, 0)  # the leader of the instance's ranks
         self.legs: dict[str, Leg] = {}
         self.early: dict[str, tuple[float, list[InboxItem]]] = {}  # seq_id -> (first seen, items)
         self.compute_queue: list[Leg] = []  # prefills and extends, in arrival order
@@ -110,6 +99,10 @@ class Worker:
         return pb.Reply(ok=True)
 
     def run(self) -> None:
+        """Until stopped; a rank of the instance lost ends it (TPPeerLost): the instance is lost,
+        and the deployer restarts all its ranks."""
+        from pddflow.operators.tensor_parallel import TPPeerLost
+
         self.publish()  # the whole (empty) cache listing, then the status: the mirror starts exact
         while not self.stopping.is_set():
             try:
@@ -121,6 +114,8 @@ class Worker:
                 self.expire()
                 self.publish()
                 self.iterated(time.monotonic() - started)
+            except TPPeerLost:
+                raise
             except Exception:  # noqa: BLE001 - one request's bug must not take the worker down
                 traceback.print_exc()
 
@@ -268,3 +263,4 @@ class Worker:
         self.stopping.set()
         self.rpc.stop(grace=0.5)
         self.io.close()
+        self.engine.close()  # its follower ranks stop too

@@ -1,0 +1,47 @@
+"""The engine of one rank process of an instance. Every rank builds it the same way (its shard of
+the weights and of the KV pool); the leader (rank 0) runs the worker's loop over it, the others
+follow the leader's steps until it stops or a rank is lost."""
+
+from __future__ import annotations
+
+import os
+
+from pddflow.graph.plan import rank_name
+from pddflow.runtime.wiring import Wiring
+
+
+def build_engine(wiring: Wiring, instance: str, rank: int):
+    """The engine of rank `rank` of `instance`, joined to its ranks' group when it has several."""
+    import torch
+
+    from pddflow.operators.engine import Engine, EngineConfig
+    from pddflow.operators.tensor_parallel import TPConfig, join, rank_device
+
+    name = rank_name(instance, rank)
+    if wiring.threads.get(name):
+        torch.set_num_threads(wiring.threads[name])  # this rank's share of the host
+    plan = wiring.plan()
+    op = plan.operator_of(instance)
+    config = EngineConfig(
+        block_size=plan.model.block_size,
+        kv_cache_bytes=wiring.kv_cache_bytes,
+        chunk_size=op.chunk_tokens,
+        prefix_cache=op.caches_prefixes,
+    )
+    tp = TPConfig(op.ranks, rank, wiring.workers[instance].tp_init, wiring.tp_timeout_s)
+    group = join(tp, rank_device(rank)) if op.ranks > 1 else None
+    return Engine.from_spec(plan.model.weights, config, tp=group)
+
+
+def follow(wiring: Wiring, instance: str, rank: int) -> int:
+    """A follower rank's whole life: 0 when its leader stopped it, 1 when a rank was lost."""
+    from pddflow.operators.tensor_parallel import TPPeerLost
+
+    engine = build_engine(wiring, instance, rank)
+    print(f"{rank_name(instance, rank)} ready (pid {os.getpid()})", flush=True)
+    try:
+        engine.follow()
+    except TPPeerLost as exc:
+        print(f"{rank_name(instance, rank)}: {exc}", flush=True)
+        return 1
+    return 0
