@@ -229,6 +229,7 @@ def plan(
                         {"pool": q.pool, "share": q.share, "why": q.why} for q in report.pools
                     ],
                     "transports": planned_transports(p),
+                    "deployed": deployed_layout(p),
                     "feasible": report.feasible,
                     "problems": report.problems,
                     "notes": report.notes,
@@ -300,6 +301,13 @@ def _print_plan(p, placement, report) -> None:
             con.print(f"{name}: `pddflow size` may also give each replica {other}")
     from pddflow.runtime.transports import planned_transports
 
+    dt = Table(title="what `pddflow deploy` runs (the local profile)")
+    for col in ("operator", "instances", "ranks (tensor parallel) each", "processes"):
+        dt.add_column(col, justify="left" if col == "operator" else "right")
+    for row in deployed_layout(p):
+        n, ranks = row["instances"], row["ranks_per_instance"]
+        dt.add_row(row["operator"], str(n), str(ranks), str(n * ranks))
+    con.print(dt)
     tt = Table(title="channels: how `pddflow deploy` carries each edge")
     for col in ("channel", "kind", "--backend local", "--backend ray"):
         tt.add_column(col)
@@ -359,3 +367,12 @@ def register(app: typer.Typer, bench_app: typer.Typer) -> None:
     app.command("schema")(schema)
     app.command("viz")(viz)
     app.command("plan")(plan)
+
+
+def deployed_layout(plan) -> list[dict]:
+    """What `pddflow deploy` starts of each operator: instances and rank processes each."""
+    local = plan.scaled_to_local()
+    return [
+        {"operator": op.name, "instances": op.replicas, "ranks_per_instance": op.ranks}
+        for op in local.operators.values()
+    ]

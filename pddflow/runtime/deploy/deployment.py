@@ -112,7 +112,23 @@ class Deployment:
             )
             raise DeployError(f"{where}: {exc}") from None
         self.plan = replace(self.plan, model=replace(self.plan.model, weights=weights))
+        self._check_layouts(info)
         return info
+
+    def _check_layouts(self, info: ModelInfo) -> None:
+        """Every tensor-parallel layout splits the served model's heads (before anything starts)."""
+        for op in self.plan.operators.values():
+            if op.ranks == 1:
+                continue
+            from pddflow.operators.tensor_parallel import check_layout
+
+            try:
+                check_layout(info.config, op.ranks)
+            except ValueError as exc:
+                where = f"{self.plan.source}: {op.name} deploys {op.ranks} ranks an instance"
+                raise DeployError(
+                    f"{where}: {exc} (the graph's local: {{devices_per_replica: ...}} sets them)"
+                ) from None
 
     def listen(self) -> None:
         """Take the API's address (OptionError when it is taken); `start` does it first, so that a

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pddflow.operators.config import ModelSpecError
+from pddflow.operators.config import ModelConfig, ModelSpecError
 from pddflow.operators.tokenizer import ByteTokenizer, HFTokenizer
 from pddflow.operators.weights import BUILTIN_MODELS, read_config
 from pddflow.runtime.frontend.chat_template import ChatTurn, load_chat_renderer, render_chat
@@ -36,6 +36,9 @@ class ModelInfo:
     vocab_size: int
     max_context: int
     eos_token_ids: tuple[int, ...]
+    config: (
+        ModelConfig  # the architecture: heads, layers, sizes (a layout's split is checked on it)
+    )
     # the checkpoint's (or --chat-template's) template; None: `render_chat`'s plain rendering
     chat_template: Callable[[list[dict[str, Any]]], str] | None = None
 
@@ -75,5 +78,5 @@ def model_info(spec: str, chat_template: Path | None = None) -> ModelInfo:
         )
         renderer = load_chat_renderer(path, chat_template)
     return ModelInfo(
-        tok, cfg.vocab_size, cfg.max_position_embeddings, tuple(tok.eos_token_ids), renderer
+        tok, cfg.vocab_size, cfg.max_position_embeddings, tuple(tok.eos_token_ids), cfg, renderer
     )
