@@ -329,6 +329,10 @@ def test_graph_needing_more_gpus_than_its_cluster_fails_before_starting(cluster,
     """Cluster G (the head node: one GPU) is asked for prefill's and relay's 4 GPUs each."""
     text = (ROOT / "graphs" / "pdd.yaml").read_text()
     text = text.replace("  A: {devices", "  G: {devices").replace("cluster: A", "cluster: G")
+    # the production layout, 4 ranks an instance: the local profile's one-rank line goes
+    one_rank = "  devices_per_replica: {prefill: 1, relay: 1, main: 1}\n"
+    assert one_rank in text
+    text = text.replace(one_rank, "")
     graph = tmp_path / "pdd_on_g.yaml"
     graph.write_text(text.replace("A-B:", "G-B:"))
     before = cluster.actors_and_groups()
