@@ -120,3 +120,40 @@ def test_checkpoint_path_is_resolved_relative_to_the_graph(tmp_path: Path):
     g = tmp_path / "g.yaml"
     g.write_text(text)
     assert load_plan(str(g)).model.weights == str(tmp_path / "ckpt")
+
+
+def test_the_local_profile_sets_the_deployed_layout(tmp_path: Path):
+    """local.devices_per_replica: rank processes per instance as deployed (default: the
+    operator's devices_per_replica); the production shape the simulator times stays."""
+    plan = load_plan(str(ROOT / "graphs" / "pdd.yaml"))
+    assert {op.ranks for op in plan.operators.values()} == {4}  # production: every device
+    local = plan.scaled_to_local()
+    assert {op.ranks for op in local.operators.values()} == {1}  # the shipped local profile
+    assert {op.devices_per_replica for op in local.operators.values()} == {4}
+    text = (ROOT / "graphs" / "pdd.yaml").read_text()
+    two = tmp_path / "two.yaml"
+    one = "devices_per_replica: {prefill: 1, relay: 1, main: 1}"
+    two.write_text(text.replace(one, "devices_per_replica: {prefill: 2, main: 4}"))
+    local = load_plan(str(two)).scaled_to_local()
+    ops = local.operators
+    assert (ops["prefill"].ranks, ops["relay"].ranks, ops["main"].ranks) == (2, 4, 4)
+    assert len(local.instances) == 3 and local.rank_processes("main/0")[-1] == "main/0#3"
+
+
+@pytest.mark.parametrize(
+    ("layout", "message"),
+    [
+        ("{prefill: 8}", "local devices_per_replica of prefill is 8 but a replica of it has 4"),
+        ("{prefill: 0}", "local devices_per_replica must be >= 1, got 0"),
+        ("{prefil: 1}", "local profile names operator 'prefil', which is not defined"),
+    ],
+)
+def test_a_local_layout_that_cannot_run_is_refused(tmp_path: Path, layout: str, message: str):
+    text = (ROOT / "graphs" / "pdd.yaml").read_text()
+    bad = tmp_path / "bad.yaml"
+    one = "devices_per_replica: {prefill: 1, relay: 1, main: 1}"
+    assert one in text
+    bad.write_text(text.replace(one, f"devices_per_replica: {layout}"))
+    with pytest.raises(GraphError) as exc:
+        load_plan(str(bad))
+    assert any(message in str(d) for d in exc.value.diagnostics), exc.value.diagnostics

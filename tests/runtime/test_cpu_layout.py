@@ -56,3 +56,23 @@ def test_unknown_mode_is_refused():
 def test_two_decoders_sharing_cores_without_prefill_keep_their_priority():
     lay = layout([("a/0", "A", "decode"), ("a/1", "A", "decode"), ("b/0", "B", "decode")], [0, 1])
     assert lay.mode == "cluster" and set(lay.nice.values()) == {0}
+
+
+def test_every_rank_process_of_a_tensor_parallel_instance_gets_its_share():
+    """The local profile's layout: prefill 2 ranks, main 2; each rank is pinned like an instance
+    (the leader goes by the instance's name, a follower by `instance#rank`)."""
+    from dataclasses import replace
+
+    from pddflow.core.cpu_layout import plan_layout
+    from pddflow.graph import load_plan
+    from pddflow.graph.shipped import resolve_graph
+
+    plan = load_plan(str(resolve_graph("pdd")))
+    plan = replace(plan, local_devices={"prefill": 2, "relay": 1, "main": 2}).scaled_to_local()
+    assert plan.rank_processes("prefill/0") == ["prefill/0", "prefill/0#1"]
+    assert plan.rank_processes("relay/0") == ["relay/0"]
+    lay = plan_layout(plan, list(range(6)))
+    assert list(lay.cpus) == ["prefill/0", "prefill/0#1", "relay/0", "main/0", "main/0#1"]
+    assert lay.mode == "instance" and all(lay.cpus.values())
+    a = _cores_of(lay, ["prefill/0", "prefill/0#1", "relay/0"])
+    assert a.isdisjoint(_cores_of(lay, ["main/0", "main/0#1"]))
