@@ -36,13 +36,16 @@ TOKENS = 16
 CLIENT_TIMEOUT_S = 60
 
 # the head carries cluster G (one GPU, for the shortfall test); A two one-CPU nodes on hosts of
-# their own (prefill and relay, one CPU each, cannot share one), B one node
+# their own (prefill and relay, one CPU each, cannot share one), B one node; T one node of two
+# CPUs, for an instance of two ranks
 A_IPS = ("127.0.0.2", "127.0.0.3")
 B_IP = "127.0.0.4"  # a host of its own, so that it can be lost alone
+T_IP = "127.0.0.5"
 NODES = [
     RayNode({"pddflow_cluster_G": 1}, num_cpus=1, num_gpus=1),
     *(RayNode({"pddflow_cluster_A": 1}, num_cpus=1, ip=ip) for ip in A_IPS),
     RayNode({"pddflow_cluster_B": 1}, num_cpus=1, ip=B_IP),
+    RayNode({"pddflow_cluster_T": 1}, num_cpus=2, ip=T_IP),
 ]
 BYSTANDER = """
 import ray
@@ -349,6 +352,44 @@ def test_graph_needing_more_gpus_than_its_cluster_fails_before_starting(cluster,
     assert line.startswith(where), r.stderr
     assert "cluster 'G' needs GPU: 8" in line and "have 1: 7 missing" in line, line
     assert cluster.actors_and_groups() == before  # nothing was started
+
+
+def test_an_instance_of_two_ranks_runs_on_one_node_exactly(cluster, reference, tmp_path):
+    """colocated.yaml on cluster T with the local layout {engine: 2}: one bundle of 2 CPUs, both
+    ranks on T's node, the tokens of `generate` at TP 1, and a stop that leaves nothing."""
+    text = (ROOT / "graphs" / "colocated.yaml").read_text()
+    one = "devices_per_replica: {engine: 1}"
+    assert one in text
+    text = text.replace(one, "devices_per_replica: {engine: 2}")
+    text = text.replace("  A: {devices", "  T: {devices").replace("cluster: A", "cluster: T")
+    graph = tmp_path / "colocated_tp2.yaml"
+    graph.write_text(text)
+    d = DeployProcess(graph, None, "--backend", "ray", "--address", cluster.address, startup_s=240)
+    try:
+        w = d.health()["workers"]["engine/0"]
+        assert [r["rank"] for r in w["ranks"]] == [0, 1], w
+        assert {r["node"] for r in w["ranks"]} == {T_IP} and all(r["pid"] for r in w["ranks"])
+        deployment = w["actor"].split("/", 1)[1].split(":")[0]
+        for prompt in PROMPTS:
+            code, out = post_json(
+                f"{d.base}/v1/completions",
+                {
+                    "model": "colocated",
+                    "prompt": prompt,
+                    "max_tokens": TOKENS,
+                    "temperature": 0,
+                    "return_token_ids": True,
+                },
+                timeout=CLIENT_TIMEOUT_S,
+            )
+            assert code == 200, out
+            assert out["choices"][0]["token_ids"] == reference(prompt, TOKENS)
+    finally:
+        out = d.stop()
+    assert d.proc.returncode == 0, out
+    left = cluster.actors_and_groups()
+    assert not [a for a in left["actors"] if deployment in a["name"]], left
+    assert not [g for g in left["groups"] if deployment in g["name"]], left
 
 
 def test_stop_removes_every_actor_group_and_process_it_made_and_nothing_else(dep, cluster):
