@@ -94,6 +94,12 @@ class Wiring:
         return Wiring(**d)
 
 
+def rank_device(rank: int, cuda: bool) -> str:
+    """The device a rank process computes on: the rank-th GPU its process sees (the local backend
+    on a GPU host; Ray gives each instance's actor its GPUs), else the CPU."""
+    return f"cuda:{rank}" if cuda else "cpu"
+
+
 _handed_out: set[int] = set()
 
 

@@ -93,9 +93,10 @@ def test_health_lists_every_rank(deployment):
     for inst, ranks in zip(("prefill/0", "relay/0", "main/0"), deployment.layout):
         w = workers[inst]
         assert w["ready"], w
-        listed = w.get("ranks", [{"rank": 0, "pid": w["pid"]}])
+        listed = w["ranks"]
         assert [r["rank"] for r in listed] == list(range(ranks)), w
-        assert all(r["pid"] > 0 for r in listed)
+        assert all(r["pid"] > 0 and r["device"] == "cpu" and r["node"] for r in listed), w
+        assert listed[0]["pid"] == w["pid"]  # the leader is the instance's worker
 
 
 @pytest.mark.parametrize("route", ROUTES, ids=[f"{v}-{h}" for v, h in ROUTES])

@@ -15,7 +15,7 @@ from pddflow.graph.plan import Plan
 from pddflow.runtime.deploy.processes import WorkerProcess, stop_all
 from pddflow.runtime.deploy.run_dir import WIRING_FILE, private_file
 from pddflow.runtime.transports import transports
-from pddflow.runtime.wiring import Wiring
+from pddflow.runtime.wiring import Wiring, rank_device
 
 
 class LocalBackend:
@@ -28,8 +28,12 @@ class LocalBackend:
         self.ranks: dict[str, list[WorkerProcess]] = {}
         self.relays: dict[str, list[LinkRelay]] = {}  # link name -> relays of its endpoints
         self.wiring: Wiring | None = None
+        self.cuda = False
 
     def start(self, plan: Plan, wiring: Wiring, run_dir: Path) -> None:
+        import torch  # loaded already (the model's facts); says where the ranks compute
+
+        self.cuda = torch.cuda.is_available()
         self.wiring = wiring
         # one host: rdma_tensor is shared memory unless an edge asked for a network transport
         wiring.transports = transports(plan, {}, wiring.rdma)
@@ -71,10 +75,10 @@ class LocalBackend:
         for inst, procs in self.ranks.items():
             workers[inst] = {"node": host, "address": w.workers[inst].rpc if w else ""}
             workers[inst]["pid"] = procs[0].pid
-            if len(procs) > 1:
-                workers[inst]["ranks"] = [
-                    {"rank": r, "pid": p.pid, "node": host} for r, p in enumerate(procs)
-                ]
+            workers[inst]["ranks"] = [
+                {"rank": r, "pid": p.pid, "device": rank_device(r, self.cuda), "node": host}
+                for r, p in enumerate(procs)
+            ]
         return {
             "backend": self.name,
             "workers": workers,

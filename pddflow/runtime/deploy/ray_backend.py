@@ -32,7 +32,7 @@ from pddflow.runtime.deploy.ray_placement import (
 )
 from pddflow.runtime.deploy.run_dir import WIRING_FILE, private_file
 from pddflow.runtime.transports import routes, transports
-from pddflow.runtime.wiring import Wiring, free_port, place_rdma_receivers
+from pddflow.runtime.wiring import Wiring, free_port, place_rdma_receivers, rank_device
 
 log = logging.getLogger("pddflow.ray")
 
@@ -384,16 +384,15 @@ class RayBackend:
                 "actor": f"{self.namespace}/{self.deployment}:{i}",
                 "actor_pid": h.where.get("actor_pid", 0),
                 "pid": h.pid,
-                **(
+                "ranks": [
                     {
-                        "ranks": [
-                            {"rank": r, "pid": pid, "node": h.where.get("ip", "")}
-                            for r, pid in enumerate(h.ranks)
-                        ]
+                        "rank": r,
+                        "pid": pid,
+                        "device": rank_device(r, h.where.get("gpus", 0) > 0),
+                        "node": h.where.get("ip", ""),
                     }
-                    if len(h.ranks) > 1
-                    else {}
-                ),
+                    for r, pid in enumerate(h.ranks)
+                ],
             }
             for i, h in self.hosts.items()
         }

@@ -38,6 +38,7 @@ class InstanceHost:
             "ip": ray.util.get_node_ip_address(),
             "hostname": socket.gethostname(),
             "actor_pid": os.getpid(),
+            "gpus": len(ray.get_gpu_ids()),  # its ranks take them in rank order
             "log_dir": str(self.dir),
         }
 

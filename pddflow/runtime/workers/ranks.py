@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 
 from pddflow.graph.plan import rank_name
-from pddflow.runtime.wiring import Wiring
+from pddflow.runtime.wiring import Wiring, rank_device
 
 
 def build_engine(wiring: Wiring, instance: str, rank: int):
@@ -15,7 +15,7 @@ def build_engine(wiring: Wiring, instance: str, rank: int):
     import torch
 
     from pddflow.operators.engine import Engine, EngineConfig
-    from pddflow.operators.tensor_parallel import TPConfig, join, rank_device
+    from pddflow.operators.tensor_parallel import TPConfig, join
 
     name = rank_name(instance, rank)
     if wiring.threads.get(name):
@@ -29,7 +29,8 @@ def build_engine(wiring: Wiring, instance: str, rank: int):
         prefix_cache=op.caches_prefixes,
     )
     tp = TPConfig(op.ranks, rank, wiring.workers[instance].tp_init, wiring.tp_timeout_s)
-    group = join(tp, rank_device(rank)) if op.ranks > 1 else None
+    device = torch.device(rank_device(rank, torch.cuda.is_available()))
+    group = join(tp, device) if op.ranks > 1 else None
     return Engine.from_spec(plan.model.weights, config, tp=group)
 
 
