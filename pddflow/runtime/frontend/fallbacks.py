@@ -120,17 +120,22 @@ class Fallbacks:
                 self.fleet.call(route.main, "Abort", cancel)
 
     def worker_exited(self, inst: str, summary: str) -> None:
-        """The deployer saw the process end."""
+        """The deployer saw a process of the instance end: it is lost until the deployer has
+        restarted it (a surviving rank's leader still reports ready meanwhile)."""
         self.fleet.exits[inst] = summary.splitlines()[0]
+        self.fleet.restarting.add(inst)
         self.worker_lost(inst)
 
     def worker_restarted(self, inst: str, restarts: int) -> None:
         self.fleet.restarts[inst] = restarts
+        self.fleet.restarting.discard(inst)
         self.metrics.worker_restarts.labels(inst).inc()
 
     def worker_back(self, inst: str) -> None:
         """A lost worker reports ready again (restarted): its mirror was reset from its own
         report, and the scheduler may route to it."""
+        if inst in self.fleet.restarting:
+            return  # a survivor of the instance that the deployer is about to restart
         self.fleet.lost.discard(inst)
         self.metrics.worker_up.labels(inst).set(1)
         log.warning("worker %s is back", inst)

@@ -21,6 +21,7 @@ class Fleet:
         self.clients = {i: WorkerClient(ep.rpc, credentials) for i, ep in wiring.workers.items()}
         self.status: dict[str, pb.WorkerStatus] = {}
         self.lost: set[str] = set()
+        self.restarting: set[str] = set()  # lost, and not back before the deployer restarts it
         self.restarts: dict[str, int] = {}  # instance -> restarts by the deployer
         self.exits: dict[str, str] = {}  # instance -> why it last died
 
