@@ -41,10 +41,11 @@ CLIENT_TIMEOUT_S = 60
 A_IPS = ("127.0.0.2", "127.0.0.3")
 B_IP = "127.0.0.4"  # a host of its own, so that it can be lost alone
 T_IP = "127.0.0.5"
+B_NODE = RayNode({"pddflow_cluster_B": 1}, num_cpus=1, ip=B_IP)
 NODES = [
     RayNode({"pddflow_cluster_G": 1}, num_cpus=1, num_gpus=1),
     *(RayNode({"pddflow_cluster_A": 1}, num_cpus=1, ip=ip) for ip in A_IPS),
-    RayNode({"pddflow_cluster_B": 1}, num_cpus=1, ip=B_IP),
+    B_NODE,
     RayNode({"pddflow_cluster_T": 1}, num_cpus=2, ip=T_IP),
 ]
 BYSTANDER = """
@@ -315,7 +316,7 @@ def test_main_node_lost_the_relay_finishes_and_main_returns_with_a_new_node(
         code, out, _ = _complete(dep, prompt, 10, **({"variant": variant} if variant else {}))
         assert code == 200, out
         assert out["choices"][0]["token_ids"] == reference(prompt, 10)
-    cluster.start_node(NODES[-1])  # the machine is back: a new Ray node on the same address
+    cluster.start_node(B_NODE)  # the machine is back: a new Ray node on the same address
 
     def back() -> dict | None:
         m = _state(dep, "main/0")
