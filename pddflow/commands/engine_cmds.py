@@ -55,12 +55,20 @@ def generate(
     ),
     seed: int | None = typer.Option(None, "--seed", help="sampling seed (same seed, same tokens)"),
     json_out: bool = typer.Option(False, "--json", help='print {"token_ids": [...], "text": ...}'),
+    tensor_parallel: int = typer.Option(
+        1,
+        "--tensor-parallel",
+        "--tp",
+        help="ranks of the instance: N-1 follower processes on this machine, rank 0 here",
+    ),
 ) -> None:
     """Generate with the colocated reference engine (prefill + decode on one instance)."""
     if (prompt is None) == (prompt_ids is None):
         raise _fail("give exactly one of --prompt TEXT or --prompt-ids 1,2,3")
     if max_tokens < 1:
         raise _fail(f"--max-tokens must be >= 1, got {max_tokens}")
+    if tensor_parallel < 1:
+        raise _fail(f"--tensor-parallel must be >= 1, got {tensor_parallel}")
     if temperature < 0 or not 0 < top_p <= 1:
         raise _fail("--temperature must be >= 0 and --top-p in (0, 1]")
     ids: list[int] = []
@@ -74,6 +82,8 @@ def generate(
     from pddflow.operators.block_allocator import KVCacheFull
     from pddflow.operators.config import ModelSpecError
     from pddflow.operators.engine import Engine, EngineConfig
+    from pddflow.operators.follower import local_group
+    from pddflow.operators.tensor_parallel import TPPeerLost, check_layout
     from pddflow.operators.weights import load_model_source
 
     # stderr lines, not a live bar: the loading and the generation are single calls
@@ -94,23 +104,39 @@ def generate(
     if bad:
         raise _fail(f"--prompt-ids {bad[:5]} are outside the vocabulary [0, {vocab})")
     stop = tuple(tok.eos_token_ids if tok is not None else source.config.eos_token_ids)
-    cfg = EngineConfig()
-    tokens_needed = len(ids) + max_tokens + cfg.block_size
-    kv_bytes = max(tokens_needed * source.config.kv_bytes_per_token(4), 2**20)
     try:
-        engine = Engine(source, EngineConfig(kv_cache_bytes=kv_bytes))
-        params = SamplingParams(
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            seed=seed,
-            stop_token_ids=stop,
-        )
-        typer.echo(f"generating up to {max_tokens} tokens after {len(ids)} prompt tokens", err=True)
-        started = time.monotonic()
-        seq = engine.generate([ids], params)[0]
+        check_layout(source.config, tensor_parallel)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    tokens_needed = len(ids) + max_tokens + EngineConfig().block_size
+    kv_bytes = max(tokens_needed * source.config.kv_bytes_per_token(4), 2**20)
+    cfg = EngineConfig(kv_cache_bytes=kv_bytes)
+    params = SamplingParams(
+        max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, stop_token_ids=stop
+    )
+    try:
+        with local_group(model, cfg, tensor_parallel) as group:
+            try:
+                engine = Engine(source, cfg, group.tp)
+                try:
+                    ranks = f" on {tensor_parallel} ranks" if tensor_parallel > 1 else ""
+                    typer.echo(
+                        f"generating up to {max_tokens} tokens after {len(ids)} prompt "
+                        f"tokens{ranks}",
+                        err=True,
+                    )
+                    started = time.monotonic()
+                    seq = engine.generate([ids], params)[0]
+                finally:
+                    engine.close()
+            except TPPeerLost as exc:
+                logs = group.follower_logs()
+                raise TPPeerLost(f"{exc}" + (f"; {logs}" if logs else "")) from None
     except (KVCacheFull, ValueError) as exc:
         raise _fail(str(exc)) from None
+    except TPPeerLost as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
     out_ids = seq.output_ids
     took = time.monotonic() - started
     typer.echo(f"{len(out_ids)} tokens in {took:.1f} s", err=True)
