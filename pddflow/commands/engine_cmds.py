@@ -168,11 +168,28 @@ def bench_engine(
         help="short sizes, medians of 3 (about 30 s): what "
         "`pddflow simulate --calibrate` fits; not a comparison with HF",
     ),
+    tensor_parallel: str | None = typer.Option(
+        None,
+        "--tensor-parallel",
+        help="degrees to measure the same steps at on this machine, e.g. 1,2 (default: 1,2; "
+        "none with --quick); 0 skips",
+    ),
     json_out: bool = typer.Option(False, "--json", help="print results as JSON"),
 ) -> None:
     """Engine vs HF transformers on the same weights: prefill, decode, extend, mixed serving."""
     if batch < 1 or mixed_repeats < 1 or (threads is not None and threads < 1):
         raise _fail("--batch, --mixed-repeats and --threads must be >= 1")
+    degrees: tuple[int, ...] | None = None
+    if tensor_parallel is not None:
+        try:
+            degrees = tuple(int(d) for d in tensor_parallel.split(",") if d.strip())
+        except ValueError:
+            raise _fail(
+                f"--tensor-parallel: expected degrees like 1,2, got {tensor_parallel!r}"
+            ) from None
+        degrees = tuple(d for d in degrees if d != 0)
+        if any(d < 1 for d in degrees):
+            raise _fail("--tensor-parallel degrees must be >= 1")
     import dataclasses
 
     from rich.console import Console
@@ -188,6 +205,8 @@ def bench_engine(
             sizes = dataclasses.replace(
                 QUICK if quick else BenchSizes(), mixed_repeats=mixed_repeats
             )
+            if degrees is not None:
+                sizes = dataclasses.replace(sizes, tensor_parallel=degrees)
             res = run_bench(
                 model,
                 sizes,
@@ -254,6 +273,26 @@ def _print_table(res: dict) -> None:
         f"{m['hf_cpu_s']:.1f}",
         f"{m['cpu_ratio']:.2f}x",
     )
+    tp = res.get("tensor_parallel")
+    if tp:
+        for n, r in tp["degrees"].items():
+            if "skipped" in r:
+                t.add_row(f"TP {n}", "skipped", "", r["skipped"])
+                continue
+            ranks = f"{n} rank{'s' if n != '1' else ''} x {r['threads_per_rank']} threads"
+            t.add_row(
+                f"TP {n} ({ranks}): prefill {tp['prefill_tokens']} tokens (ms)",
+                f"{r['prefill_ms']:.1f}",
+                "",
+                f"{r['prefill_vs_tp1']:.2f}x TP 1" if "prefill_vs_tp1" in r else "",
+            )
+            t.add_row(
+                f"TP {n}: decode step, batch {tp['decode_batch']} @ ctx "
+                f"{tp['decode_context']} (ms)",
+                f"{r['decode_step_ms']:.1f}",
+                "",
+                f"{r['decode_vs_tp1']:.2f}x TP 1" if "decode_vs_tp1" in r else "",
+            )
     console().print(t)
 
 

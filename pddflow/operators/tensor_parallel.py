@@ -42,10 +42,10 @@ class TPPeerLost(RuntimeError):
 
 
 def valid_degrees(config: ModelConfig) -> list[int]:
-    return [n for n in range(1, config.num_heads + 1) if not _layout_problems(config, n)]
+    return [n for n in range(1, config.num_heads + 1) if not layout_problems(config, n)]
 
 
-def _layout_problems(config: ModelConfig, size: int) -> list[str]:
+def layout_problems(config: ModelConfig, size: int) -> list[str]:
     h, kv, inter = config.num_heads, config.num_kv_heads, config.intermediate_size
     out = []
     if h % size:
@@ -66,7 +66,7 @@ def check_layout(config: ModelConfig, size: int) -> None:
     """ValueError naming the numbers and the fix when the model does not split over `size`."""
     if size < 1:
         raise ValueError(f"tensor parallelism must be >= 1, got {size}")
-    problems = _layout_problems(config, size)
+    problems = layout_problems(config, size)
     if problems:
         ok = ", ".join(map(str, valid_degrees(config)))
         raise ValueError(
@@ -290,6 +290,9 @@ class TPGroup:
         self._closed = True
         if dist.is_initialized():
             dist.destroy_process_group()
+        # drop the process groups now: one destroyed at interpreter exit can abort the process
+        # (its threads still joinable)
+        self._data = self._ctrl = None
 
 
 def resolve_backend(cfg: TPConfig, device: torch.device) -> str:
