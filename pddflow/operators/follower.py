@@ -150,6 +150,11 @@ def local_group(
     if size == 1:
         yield LocalGroup(None, [], Path("."))
         return
+    if rank_device(config, 0).type == "cuda" and size > torch.cuda.device_count():
+        raise ValueError(
+            f"tensor parallelism {size} needs {size} CUDA devices (one per rank), "
+            f"{torch.cuda.device_count()} here"
+        )
     cfg = TPConfig(size=size, init_address=f"127.0.0.1:{free_port()}", timeout_s=timeout_s)
     with tempfile.TemporaryDirectory(prefix="pddflow-tp-") as tmp:
         procs = start_followers(spec, config, cfg, Path(tmp))
