@@ -46,6 +46,8 @@ class BenchSizes:
         (512, 2048),
     )
     corun: bool = True  # engine only: steps alone and beside a decoding process (bench/corun.py)
+    # engine only: the same steps at these tensor-parallel degrees on this machine (engine_tp.py)
+    tensor_parallel: tuple[int, ...] = (1, 2)
     mixed_requests: int = 32
     mixed_prompt: tuple[int, int] = (16, 1024)
     mixed_output: tuple[int, int] = (8, 256)
@@ -81,6 +83,7 @@ QUICK = BenchSizes(
     mixed_output=(2, 12),
     repeats=3,
     statistic="median",
+    tensor_parallel=(),
 )
 
 
@@ -261,6 +264,22 @@ def run_bench(
             if "skipped" not in corun:
                 corun["prefill_tokens"], corun["decode_batch"] = n_pre, b_dec
             out["corun"] = corun
+
+    if sizes.tensor_parallel:
+        from pddflow.bench.engine_tp import measure_tp
+
+        out["tensor_parallel"] = measure_tp(
+            spec,
+            source,
+            sizes.tensor_parallel,
+            prompt,
+            min(max(sizes.prefill_lengths), 512),
+            min(max(sizes.decode_batches), 8),
+            sizes.decode_context,
+            sizes.decode_steps,
+            sizes.repeats,
+            progress,
+        )
 
     workload_rng = random.Random(seed + 1)
     reqs = []

@@ -55,12 +55,20 @@ def generate(
     ),
     seed: int | None = typer.Option(None, "--seed", help="sampling seed (same seed, same tokens)"),
     json_out: bool = typer.Option(False, "--json", help='print {"token_ids": [...], "text": ...}'),
+    tensor_parallel: int = typer.Option(
+        1,
+        "--tensor-parallel",
+        "--tp",
+        help="ranks of the instance: N-1 follower processes on this machine, rank 0 here",
+    ),
 ) -> None:
     """Generate with the colocated reference engine (prefill + decode on one instance)."""
     if (prompt is None) == (prompt_ids is None):
         raise _fail("give exactly one of --prompt TEXT or --prompt-ids 1,2,3")
     if max_tokens < 1:
         raise _fail(f"--max-tokens must be >= 1, got {max_tokens}")
+    if tensor_parallel < 1:
+        raise _fail(f"--tensor-parallel must be >= 1, got {tensor_parallel}")
     if temperature < 0 or not 0 < top_p <= 1:
         raise _fail("--temperature must be >= 0 and --top-p in (0, 1]")
     ids: list[int] = []
@@ -74,6 +82,8 @@ def generate(
     from pddflow.operators.block_allocator import KVCacheFull
     from pddflow.operators.config import ModelSpecError
     from pddflow.operators.engine import Engine, EngineConfig
+    from pddflow.operators.follower import local_group
+    from pddflow.operators.tensor_parallel import TPPeerLost, check_layout
     from pddflow.operators.weights import load_model_source
 
     # stderr lines, not a live bar: the loading and the generation are single calls
@@ -94,23 +104,39 @@ def generate(
     if bad:
         raise _fail(f"--prompt-ids {bad[:5]} are outside the vocabulary [0, {vocab})")
     stop = tuple(tok.eos_token_ids if tok is not None else source.config.eos_token_ids)
-    cfg = EngineConfig()
-    tokens_needed = len(ids) + max_tokens + cfg.block_size
-    kv_bytes = max(tokens_needed * source.config.kv_bytes_per_token(4), 2**20)
     try:
-        engine = Engine(source, EngineConfig(kv_cache_bytes=kv_bytes))
-        params = SamplingParams(
-            max_tokens=max_tokens,
-            temperature=temperature,
-            top_p=top_p,
-            seed=seed,
-            stop_token_ids=stop,
-        )
-        typer.echo(f"generating up to {max_tokens} tokens after {len(ids)} prompt tokens", err=True)
-        started = time.monotonic()
-        seq = engine.generate([ids], params)[0]
+        check_layout(source.config, tensor_parallel)
+    except ValueError as exc:
+        raise _fail(str(exc)) from None
+    tokens_needed = len(ids) + max_tokens + EngineConfig().block_size
+    kv_bytes = max(tokens_needed * source.config.kv_bytes_per_token(4), 2**20)
+    cfg = EngineConfig(kv_cache_bytes=kv_bytes)
+    params = SamplingParams(
+        max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, stop_token_ids=stop
+    )
+    try:
+        with local_group(model, cfg, tensor_parallel) as group:
+            try:
+                engine = Engine(source, cfg, group.tp)
+                try:
+                    ranks = f" on {tensor_parallel} ranks" if tensor_parallel > 1 else ""
+                    typer.echo(
+                        f"generating up to {max_tokens} tokens after {len(ids)} prompt "
+                        f"tokens{ranks}",
+                        err=True,
+                    )
+                    started = time.monotonic()
+                    seq = engine.generate([ids], params)[0]
+                finally:
+                    engine.close()
+            except TPPeerLost as exc:
+                logs = group.follower_logs()
+                raise TPPeerLost(f"{exc}" + (f"; {logs}" if logs else "")) from None
     except (KVCacheFull, ValueError) as exc:
         raise _fail(str(exc)) from None
+    except TPPeerLost as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from None
     out_ids = seq.output_ids
     took = time.monotonic() - started
     typer.echo(f"{len(out_ids)} tokens in {took:.1f} s", err=True)
@@ -142,11 +168,28 @@ def bench_engine(
         help="short sizes, medians of 3 (about 30 s): what "
         "`pddflow simulate --calibrate` fits; not a comparison with HF",
     ),
+    tensor_parallel: str | None = typer.Option(
+        None,
+        "--tensor-parallel",
+        help="degrees to measure the same steps at on this machine, e.g. 1,2 (default: 1,2; "
+        "none with --quick); 0 skips",
+    ),
     json_out: bool = typer.Option(False, "--json", help="print results as JSON"),
 ) -> None:
     """Engine vs HF transformers on the same weights: prefill, decode, extend, mixed serving."""
     if batch < 1 or mixed_repeats < 1 or (threads is not None and threads < 1):
         raise _fail("--batch, --mixed-repeats and --threads must be >= 1")
+    degrees: tuple[int, ...] | None = None
+    if tensor_parallel is not None:
+        try:
+            degrees = tuple(int(d) for d in tensor_parallel.split(",") if d.strip())
+        except ValueError:
+            raise _fail(
+                f"--tensor-parallel: expected degrees like 1,2, got {tensor_parallel!r}"
+            ) from None
+        degrees = tuple(d for d in degrees if d != 0)
+        if any(d < 1 for d in degrees):
+            raise _fail("--tensor-parallel degrees must be >= 1")
     import dataclasses
 
     from rich.console import Console
@@ -162,6 +205,8 @@ def bench_engine(
             sizes = dataclasses.replace(
                 QUICK if quick else BenchSizes(), mixed_repeats=mixed_repeats
             )
+            if degrees is not None:
+                sizes = dataclasses.replace(sizes, tensor_parallel=degrees)
             res = run_bench(
                 model,
                 sizes,
@@ -228,6 +273,26 @@ def _print_table(res: dict) -> None:
         f"{m['hf_cpu_s']:.1f}",
         f"{m['cpu_ratio']:.2f}x",
     )
+    tp = res.get("tensor_parallel")
+    if tp:
+        for n, r in tp["degrees"].items():
+            if "skipped" in r:
+                t.add_row(f"TP {n}", "skipped", "", r["skipped"])
+                continue
+            ranks = f"{n} rank{'s' if n != '1' else ''} x {r['threads_per_rank']} threads"
+            t.add_row(
+                f"TP {n} ({ranks}): prefill {tp['prefill_tokens']} tokens (ms)",
+                f"{r['prefill_ms']:.1f}",
+                "",
+                f"{r['prefill_vs_tp1']:.2f}x TP 1" if "prefill_vs_tp1" in r else "",
+            )
+            t.add_row(
+                f"TP {n}: decode step, batch {tp['decode_batch']} @ ctx "
+                f"{tp['decode_context']} (ms)",
+                f"{r['decode_step_ms']:.1f}",
+                "",
+                f"{r['decode_vs_tp1']:.2f}x TP 1" if "decode_vs_tp1" in r else "",
+            )
     console().print(t)
 
 

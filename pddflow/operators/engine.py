@@ -8,97 +8,67 @@ import itertools
 import random
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
+from dataclasses import replace
 
 import torch
 
 from pddflow.core.block_hash import partial_block_hash
-from pddflow.core.host_memory import keep_freed_memory
 from pddflow.core.kv_budget import blocks_for
 from pddflow.core.payloads import KVBlocks, Request, SamplingParams
 from pddflow.kernels.kv_copy import gather_blocks, scatter_blocks
-from pddflow.kernels.paged_attention import (
-    DEFAULT_TILE,
-    Numerics,
-    SeqSpan,
-    calibrate,
-    plan_attention,
-)
+from pddflow.kernels.paged_attention import Numerics, calibrate, plan_attention
 from pddflow.operators import continuous_batching
 from pddflow.operators.block_allocator import BlockAllocator, KVCacheFull
 from pddflow.operators.config import ModelConfig
+from pddflow.operators.engine_config import EngineConfig, prepare
 from pddflow.operators.kv_cache import KVPool, block_bytes, blocks_for_budget
 from pddflow.operators.model import LlamaModel
 from pddflow.operators.radix_cache import RadixCache
-from pddflow.operators.sampling import sample_batch, token_logprobs
+from pddflow.operators.sampling import sample_sequences
 from pddflow.operators.sequence import Sequence
+from pddflow.operators.tensor_parallel import Shard, TPGroup, TPPeerLost
+from pddflow.operators.tp_steps import FORWARD, ForwardBatch, export_blocks, follow, import_blocks
 from pddflow.operators.weights import ModelSource, load_model_source
 
-
-@dataclass(frozen=True)
-class EngineConfig:
-    block_size: int = 16  # tokens per KV block: the unit of paging, caching and transfer
-    kv_cache_bytes: int = 512 * 2**20
-    chunk_size: int = 512  # most token rows per prefill/extend forward
-    max_decode_rows: int = 256  # most sequences per decode forward (bigger batches split)
-    attention_tile: int = DEFAULT_TILE
-    prefix_cache: bool = True
-    device: str = "auto"  # auto | cpu | cuda
-    tune_host_malloc: bool = True  # CPU: let glibc recycle large freed buffers (host_memory)
-    # torch threads, process-wide; set it when workers share a machine (OpenMP stalls otherwise)
-    num_threads: int | None = None
-    dtype: str | None = None  # None: fp32 on CPU, bf16 on CUDA; or float32/bfloat16/float16
-
-
-_DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-}
+__all__ = ["Engine", "EngineConfig", "KVCacheFull", "TPPeerLost"]
 
 
 class Engine:
-    def __init__(self, source: ModelSource, config: EngineConfig = EngineConfig()):
+    """`tp`: this process's rank of a tensor-parallel instance (tensor_parallel.join). The leader
+    (rank 0, and every TP 1 engine) owns the allocator, radix cache, sequences and sampling and
+    runs every entry point; a follower holds its shard of the weights and of the KV pool (the
+    leader's block ids) and mirrors the leader's steps in `follow()`."""
+
+    def __init__(
+        self, source: ModelSource, config: EngineConfig = EngineConfig(), tp: TPGroup | None = None
+    ):
         self.config = config
         self.source = source
         self.model_config: ModelConfig = source.config
         self.tokenizer = source.tokenizer
-        self.device = torch.device(
-            "cuda"
-            if config.device == "auto" and torch.cuda.is_available()
-            else ("cpu" if config.device == "auto" else config.device)
-        )
-        if config.dtype is None:
-            self.dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
-        elif config.dtype in _DTYPES:
-            self.dtype = _DTYPES[config.dtype]
-        else:
-            raise ValueError(f"unknown dtype {config.dtype!r}; valid: {', '.join(sorted(_DTYPES))}")
-        if self.device.type == "cpu" and self.dtype != torch.float32:
-            raise ValueError("the CPU path computes in float32 only")
-        if self.device.type == "cpu" and config.tune_host_malloc:
-            keep_freed_memory()
-        if config.num_threads is not None:
-            if config.num_threads < 1:
-                raise ValueError(f"num_threads must be >= 1, got {config.num_threads}")
-            torch.set_num_threads(config.num_threads)
+        self._tp = tp
+        self._closed = False
+        self.device, self.dtype = prepare(config, tp.device if tp else None, tp.size if tp else 1)
         bs = config.block_size
-        if bs <= 0 or config.attention_tile % bs:
-            raise ValueError(
-                f"attention_tile ({config.attention_tile}) must be a positive multiple of "
-                f"block_size ({bs})"
-            )
         mc = self.model_config
+        self._shard = Shard.of(mc, tp.size, tp.rank) if tp is not None else None
+        local = self._shard.local if self._shard is not None else mc
         self._max_rows = max(config.chunk_size, config.max_decode_rows)
-        self.model = LlamaModel(mc, source.weights, self.device, self.dtype, self._max_rows)
+        self.model = LlamaModel(
+            mc,
+            source.weights,
+            self.device,
+            self.dtype,
+            self._max_rows,
+            self._shard,
+            tp.sum_partials if tp is not None else None,
+        )
+        # the pool's capacity and a block's bytes are the whole model's, at any TP degree
         num_blocks = blocks_for_budget(mc, bs, self.dtype, config.kv_cache_bytes)
         self.block_bytes = block_bytes(mc, bs, self.dtype)
         if num_blocks < 1:
             raise KVCacheFull(1, 0, 0, self.block_bytes, "a single block")
-        self.pool = KVPool(mc, num_blocks, bs, self.dtype, self.device)
+        self.pool = KVPool(local, num_blocks, bs, self.dtype, self.device)
         self.allocator = BlockAllocator(num_blocks)
         self.radix = RadixCache(
             on_evict=lambda b: self.allocator.decref([b]),
@@ -106,9 +76,9 @@ class Engine:
         )
         self.numerics = (
             calibrate(
-                mc.head_dim,
-                mc.num_kv_heads,
-                mc.group_size,
+                local.head_dim,
+                local.num_kv_heads,
+                local.group_size,
                 config.attention_tile,
                 torch.get_num_threads(),
             )
@@ -116,10 +86,70 @@ class Engine:
             else Numerics(1, True, False)
         )
         self._ids = itertools.count()
+        if tp is not None:
+            self._handshake(num_blocks)
+            self.source = replace(source, weights={})  # the shards are all a rank keeps
+
+    def _handshake(self, num_blocks: int) -> None:
+        """Every rank loaded the same model with the same settings (else ValueError on all)."""
+        assert self._tp is not None
+        c, cfg = self.model_config, self.config
+        self._tp.check_same(
+            {
+                "layers": c.num_layers,
+                "hidden": c.hidden_size,
+                "heads": c.num_heads,
+                "KV heads": c.num_kv_heads,
+                "head dim": c.head_dim,
+                "intermediate": c.intermediate_size,
+                "vocab": c.vocab_size,
+                "KV blocks": num_blocks,
+                "block size": cfg.block_size,
+                "chunk size": cfg.chunk_size,
+                "decode rows": cfg.max_decode_rows,
+                "attention tile": cfg.attention_tile,
+                "dtype bytes": self.pool.tensor.element_size(),
+            }
+        )
+
+    @property
+    def is_leader(self) -> bool:
+        """True at TP 1 and on rank 0: the rank the runtime drives."""
+        return self._tp is None or self._tp.is_leader
+
+    def follow(self) -> None:
+        """Rank > 0: run the leader's steps until it closes (returns) or a rank is lost
+        (TPPeerLost)."""
+        if self.is_leader or self._tp is None:
+            raise RuntimeError("follow() is for tensor-parallel ranks > 0; the leader drives steps")
+        follow(self._tp, self.pool.tensor, lambda batch: self._run(batch, logits=False))
+
+    def close(self) -> None:
+        """Leader: tell the followers to stop (their follow() returns); idempotent; a no-op at TP
+        1 and on followers. The group itself is closed by whoever joined it."""
+        if self._tp is None or not self._tp.is_leader or self._closed:
+            return
+        self._closed = True
+        try:
+            self._tp.stop_followers()
+        except TPPeerLost:
+            pass  # they are gone already
+
+    def _leads(self) -> TPGroup | None:
+        """The group when this engine leads one; raises on a follower or after close()."""
+        if self._tp is None:
+            return None
+        if not self._tp.is_leader:
+            raise RuntimeError(f"rank {self._tp.rank} follows the leader's steps: call follow()")
+        if self._closed:
+            raise RuntimeError("this tensor-parallel engine is closed")
+        return self._tp
 
     @classmethod
-    def from_spec(cls, spec: str, config: EngineConfig = EngineConfig()) -> Engine:
-        return cls(load_model_source(spec), config)
+    def from_spec(
+        cls, spec: str, config: EngineConfig = EngineConfig(), tp: TPGroup | None = None
+    ) -> Engine:
+        return cls(load_model_source(spec), config, tp)
 
     @property
     def max_step_tokens(self) -> int:
@@ -294,7 +324,15 @@ class Engine:
         if end_block > len(full) and end_block > start_block:
             parent = full[-1] if full else None
             hashes.append(partial_block_hash(seq.token_ids[len(full) * bs : token_end], parent))
-        data = gather_blocks(self.pool.tensor, seq.block_table[start_block:end_block])
+        blocks = seq.block_table[start_block:end_block]
+        tp = self._leads()
+        if tp is None:
+            data = gather_blocks(self.pool.tensor, blocks)
+        elif blocks:
+            assert self._shard is not None
+            data = export_blocks(tp, self._shard, self.pool.tensor, blocks)
+        else:
+            data = self.pool.tensor.new_empty((0, *self._block_shape()))
         return KVBlocks(seq.seq_id, hashes, token_start, token_end, bs, data)
 
     def import_kv(self, seq: Sequence, kv: KVBlocks, cache: bool = True) -> None:
@@ -324,9 +362,19 @@ class Engine:
             )
         if want == 0:
             return
-        blocks = self._allocate(want, f"importing {want} blocks")
         data = kv.data if isinstance(kv.data, torch.Tensor) else torch.from_numpy(kv.data)
-        scatter_blocks(self.pool.tensor, blocks, data)
+        if tuple(data.shape) != (want, *self._block_shape()):
+            raise ValueError(
+                f"KV data of shape {tuple(data.shape)} does not fit {want} blocks of shape "
+                f"{self._block_shape()}"
+            )
+        tp = self._leads()
+        blocks = self._allocate(want, f"importing {want} blocks")
+        if tp is None:
+            scatter_blocks(self.pool.tensor, blocks, data)
+        else:
+            assert self._shard is not None
+            import_blocks(tp, self._shard, self.pool.tensor, blocks, data)
         seq.block_table += blocks
         seq.num_computed = kv.token_end
         if cache and self.config.prefix_cache:
@@ -342,6 +390,11 @@ class Engine:
         """The colocated reference: continuous batching over this engine's steps, scheduled by
         `continuous_batching.generate`. Finished sequences in request order."""
         return continuous_batching.generate(self, requests, sampling, max_batch, on_step)
+
+    def _block_shape(self) -> tuple[int, ...]:
+        """One block of the whole model: [layers, 2, block_size, num_kv_heads, head_dim]."""
+        c = self.model_config
+        return (c.num_layers, 2, self.block_size, c.num_kv_heads, c.head_dim)
 
     def _allocate(self, n: int, what: str) -> list[int]:
         short = n - self.allocator.num_free
@@ -379,70 +432,55 @@ class Engine:
         self, items: list[tuple[Sequence, int, int]], all_rows: bool = False
     ) -> torch.Tensor:
         """KV of tokens [start, end) of each sequence; fp32 logits of each item's last row (or of
-        every row)."""
+        every row). At TP > 1 the followers run the same batch."""
+        tp = self._leads()
         for seq, _, end in items:
             self._ensure_blocks(seq, end)
         bs = self.block_size
-        ids: list[int] = []
-        pos: list[int] = []
-        blocks: list[int] = []
-        spans: list[SeqSpan] = []
-        last_rows: list[int] = []
-        for seq, start, end in items:
-            spans.append(SeqSpan(len(ids), end - start, start, seq.block_table))
-            ids += seq.token_ids[start:end]
-            rng = range(start, end)
-            pos += rng
-            blocks += [seq.block_table[p // bs] for p in rng]
-            last_rows.append(len(ids) - 1)
-        dev = self.device
-        positions = torch.tensor(pos, dtype=torch.long)
+        batch = ForwardBatch(
+            [t for seq, start, end in items for t in seq.token_ids[start:end]],
+            [start for _, start, _ in items],
+            [end for _, _, end in items],
+            [seq.block_table[: blocks_for(end, bs)] for seq, _, end in items],
+            all_rows,
+        )
+        if tp is not None:
+            tp.send(FORWARD, batch.pack())
+        logits = self._run(batch)
+        assert logits is not None
+        for seq, _, end in items:
+            seq.num_computed = end
+        return logits
+
+    def _run(self, batch: ForwardBatch, logits: bool = True) -> torch.Tensor | None:
+        bs, dev = self.block_size, self.device
+        pos, slot_blocks, spans, last_rows = batch.inputs(bs)
         plan = plan_attention(
             spans,
             block_size=bs,
-            num_layers=self.model_config.num_layers,
-            num_kv_heads=self.model_config.num_kv_heads,
-            group_size=self.model_config.group_size,
+            num_layers=self.model.config.num_layers,
+            num_kv_heads=self.model.config.num_kv_heads,
+            group_size=self.model.config.group_size,
             device=dev,
             tile=self.config.attention_tile,
             row_multiple=self.numerics.row_multiple,
             decode_kt_view=self.numerics.decode_kt_view,
         )
-        rows = torch.arange(len(ids)) if all_rows else torch.tensor(last_rows)
+        rows = None
+        if logits:
+            rows = torch.arange(len(pos)) if batch.all_rows else torch.tensor(last_rows)
+            rows = rows.to(dev)
+        positions = torch.tensor(pos, dtype=torch.long)
         with torch.inference_mode():
-            logits = self.model.forward(
-                torch.tensor(ids, dtype=torch.long, device=dev),
+            return self.model.forward(
+                torch.tensor(batch.token_ids, dtype=torch.long, device=dev),
                 positions.to(dev),
-                torch.tensor(blocks, dtype=torch.long, device=dev),
+                torch.tensor(slot_blocks, dtype=torch.long, device=dev),
                 (positions % bs).to(dev),
                 plan,
                 self.pool,
-                rows.to(dev),
+                rows,
             )
-        for seq, _, end in items:
-            seq.num_computed = end
-        return logits
 
     def _sample_rows(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
-        toks = sample_batch(
-            logits,
-            [s.sampling for s in seqs],
-            [s.seed for s in seqs],
-            [len(s.token_ids) for s in seqs],
-        )
-        # only rows that asked pay for the log-softmax (one batched call for them)
-        want = [i for i, s in enumerate(seqs) if s.sampling.logprobs is not None]
-        if want:
-            rows = logits[want] if len(want) < len(seqs) else logits
-            got = token_logprobs(
-                rows, [toks[i] for i in want], [seqs[i].sampling.logprobs or 0 for i in want]
-            )
-            for i, lp in zip(want, got):
-                seqs[i].logprobs.append(lp)
-        for s, t in zip(seqs, toks):
-            s.token_ids.append(t)
-            if t in s.sampling.stop_token_ids:
-                s.finished, s.finish_reason = True, "stop"
-            elif len(s.token_ids) - s.num_prompt_tokens >= s.sampling.max_tokens:
-                s.finished, s.finish_reason = True, "length"
-        return toks
+        return sample_sequences(seqs, logits)

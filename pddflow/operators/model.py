@@ -4,6 +4,7 @@ forward."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -13,6 +14,7 @@ from pddflow.operators.config import ModelConfig
 from pddflow.operators.kv_cache import KVPool
 from pddflow.operators.linear import Linear
 from pddflow.operators.rope import Rope
+from pddflow.operators.tensor_parallel import Shard
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -36,9 +38,16 @@ class _Layer:
     down: Linear
     q_norm: torch.Tensor | None = None  # Qwen3: per-head RMSNorm weights [head_dim]
     k_norm: torch.Tensor | None = None
+    # tensor parallel: o and down hold partial sums; their biases are added once, after the sum
+    o_bias: torch.Tensor | None = None
+    down_bias: torch.Tensor | None = None
 
 
 class LlamaModel:
+    """`shard` (tensor parallel): keep this rank's heads and intermediate columns, computing with
+    `shard.local`'s head counts; `reduce` sums the row-parallel partials over the ranks. Embedding,
+    norms and LM head stay whole on every rank."""
+
     def __init__(
         self,
         config: ModelConfig,
@@ -46,46 +55,70 @@ class LlamaModel:
         device: torch.device,
         dtype: torch.dtype,
         max_rows: int = 512,
+        shard: Shard | None = None,
+        reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ):
-        self.config = config
+        self.config = shard.local if shard is not None else config
         self.device, self.dtype = device, dtype
+        self.reduce = reduce
 
-        def w(name: str) -> torch.Tensor:
-            return weights[name].to(device=device, dtype=dtype)
+        def w(name: str, part: str = "") -> torch.Tensor:
+            t = weights[name]
+            if shard is not None and part:
+                t = shard.slice(t, part)
+            return t.to(device=device, dtype=dtype)
 
-        def opt(name: str) -> torch.Tensor | None:
-            return w(name) if name in weights else None
+        def opt(name: str, part: str = "") -> torch.Tensor | None:
+            return w(name, part) if name in weights else None
 
-        def cat_bias(names: list[str]) -> torch.Tensor | None:
+        def cat_bias(names: list[tuple[str, str]]) -> torch.Tensor | None:
             # a fused projection has all its biases or none
-            parts = [opt(n) for n in names]
+            parts = [opt(n, part) for n, part in names]
             return None if any(p is None for p in parts) else torch.cat(parts)  # type: ignore[arg-type]
 
+        whole = shard is None  # row-parallel biases: fused at TP 1, added after the sum else
         self.embed = w("model.embed_tokens.weight")
         self.layers: list[_Layer] = []
         for i in range(config.num_layers):
             p = f"model.layers.{i}."
             a, m = p + "self_attn.", p + "mlp."
+            o_bias, down_bias = opt(a + "o_proj.bias"), opt(m + "down_proj.bias")
             self.layers.append(
                 _Layer(
                     ln1=w(p + "input_layernorm.weight"),
                     ln2=w(p + "post_attention_layernorm.weight"),
                     qkv=Linear(
                         torch.cat(
-                            [w(a + "q_proj.weight"), w(a + "k_proj.weight"), w(a + "v_proj.weight")]
+                            [
+                                w(a + "q_proj.weight", "q"),
+                                w(a + "k_proj.weight", "kv"),
+                                w(a + "v_proj.weight", "kv"),
+                            ]
                         ),
-                        cat_bias([a + "q_proj.bias", a + "k_proj.bias", a + "v_proj.bias"]),
+                        cat_bias(
+                            [
+                                (a + "q_proj.bias", "q"),
+                                (a + "k_proj.bias", "kv"),
+                                (a + "v_proj.bias", "kv"),
+                            ]
+                        ),
                         max_rows,
                     ),
-                    o=Linear(w(a + "o_proj.weight"), opt(a + "o_proj.bias"), max_rows),
+                    o=Linear(w(a + "o_proj.weight", "o"), o_bias if whole else None, max_rows),
                     gate_up=Linear(
-                        torch.cat([w(m + "gate_proj.weight"), w(m + "up_proj.weight")]),
-                        cat_bias([m + "gate_proj.bias", m + "up_proj.bias"]),
+                        torch.cat(
+                            [w(m + "gate_proj.weight", "inter"), w(m + "up_proj.weight", "inter")]
+                        ),
+                        cat_bias([(m + "gate_proj.bias", "inter"), (m + "up_proj.bias", "inter")]),
                         max_rows,
                     ),
-                    down=Linear(w(m + "down_proj.weight"), opt(m + "down_proj.bias"), max_rows),
+                    down=Linear(
+                        w(m + "down_proj.weight", "down"), down_bias if whole else None, max_rows
+                    ),
                     q_norm=opt(a + "q_norm.weight") if config.qk_norm else None,
                     k_norm=opt(a + "k_norm.weight") if config.qk_norm else None,
+                    o_bias=None if whole else o_bias,
+                    down_bias=None if whole else down_bias,
                 )
             )
         self.norm = w("model.norm.weight")
@@ -93,6 +126,12 @@ class LlamaModel:
         self.lm_head = Linear(head, None, max_rows)
         self.rope = Rope(config, device, dtype)
         self.scale = config.head_dim**-0.5
+
+    def _row_parallel(self, y: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+        if self.reduce is None:
+            return y
+        y = self.reduce(y)
+        return y if bias is None else y + bias
 
     def forward(
         self,
@@ -102,9 +141,10 @@ class LlamaModel:
         slot_offsets: torch.Tensor,
         plan: AttentionPlan,
         pool: KVPool,
-        logit_rows: torch.Tensor,
-    ) -> torch.Tensor:
-        """Run T token rows, writing their K/V into `pool`; fp32 logits of `logit_rows`."""
+        logit_rows: torch.Tensor | None,
+    ) -> torch.Tensor | None:
+        """Run T token rows, writing their K/V into `pool`; fp32 logits of `logit_rows` (None:
+        no logits, a follower's forward)."""
         c = self.config
         T = input_ids.shape[0]
         H, Hkv, D = c.num_heads, c.num_kv_heads, c.head_dim
@@ -123,9 +163,13 @@ class LlamaModel:
             v = qkv[:, qd + kvd :].view(T, Hkv, D)
             pool.write(i, k, v, slot_blocks, slot_offsets)
             attn = paged_attention(q, pool.tensor, i, plan, self.scale)
-            h = h + layer.o(attn.reshape(T, qd))
+            h = h + self._row_parallel(layer.o(attn.reshape(T, qd)), layer.o_bias)
             x = rms_norm(h, layer.ln2, c.rms_norm_eps)
             gu = layer.gate_up(x)
-            h = h + layer.down(silu(gu[:, :inter]) * gu[:, inter:])
+            h = h + self._row_parallel(
+                layer.down(silu(gu[:, :inter]) * gu[:, inter:]), layer.down_bias
+            )
+        if logit_rows is None:
+            return None
         x = rms_norm(h.index_select(0, logit_rows), self.norm, c.rms_norm_eps)
         return self.lm_head(x).float()

@@ -8,6 +8,7 @@ import hashlib
 import torch
 
 from pddflow.core.payloads import SamplingParams, TokenLogprob
+from pddflow.operators.sequence import Sequence
 
 
 def uniform(seed: int, position: int) -> float:
@@ -68,3 +69,30 @@ def sample_batch(
         if p.temperature > 0:
             out[i] = sample_token(logits[i].cpu(), p, seeds[i], positions[i])
     return out
+
+
+def sample_sequences(seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
+    """Sample row i for seqs[i], append the token (its KV pending), record log probabilities
+    where asked, update the finish state."""
+    toks = sample_batch(
+        logits,
+        [s.sampling for s in seqs],
+        [s.seed for s in seqs],
+        [len(s.token_ids) for s in seqs],
+    )
+    # only rows that asked pay for the log-softmax (one batched call for them)
+    want = [i for i, s in enumerate(seqs) if s.sampling.logprobs is not None]
+    if want:
+        rows = logits[want] if len(want) < len(seqs) else logits
+        got = token_logprobs(
+            rows, [toks[i] for i in want], [seqs[i].sampling.logprobs or 0 for i in want]
+        )
+        for i, lp in zip(want, got):
+            seqs[i].logprobs.append(lp)
+    for s, t in zip(seqs, toks):
+        s.token_ids.append(t)
+        if t in s.sampling.stop_token_ids:
+            s.finished, s.finish_reason = True, "stop"
+        elif len(s.token_ids) - s.num_prompt_tokens >= s.sampling.max_tokens:
+            s.finished, s.finish_reason = True, "length"
+    return toks

@@ -77,15 +77,15 @@ def _randomize(model, seed: int) -> None:
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.02)
 
 
-def _tiny_dims(vocab: int, layers: int) -> dict:
-    """What both tiny checkpoints share: GQA 4/2 at hidden 64, an untied head."""
+def _tiny_dims(vocab: int, layers: int, heads: int = 4, kv_heads: int = 2) -> dict:
+    """What the tiny checkpoints share: GQA (4/2 unless asked) at hidden 64, an untied head."""
     return dict(
         vocab_size=vocab,
         hidden_size=64,
         intermediate_size=128,
         num_hidden_layers=layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
         max_position_embeddings=2048,
         tie_word_embeddings=False,
     )
@@ -102,8 +102,10 @@ def _save(model, path: Path, seed: int) -> Path:
     return path
 
 
-def tiny_qwen3(path: Path, seed: int = 0, layers: int = 2) -> Path:
-    """Qwen3: q/k norms, head_dim 32 != hidden 64 / 4 heads, GQA, ChatML. Untied head: with tied
+def tiny_qwen3(
+    path: Path, seed: int = 0, layers: int = 2, heads: int = 4, kv_heads: int = 2
+) -> Path:
+    """Qwen3: q/k norms, head_dim 32 != hidden 64 / heads, GQA, ChatML. Untied head: with tied
     embeddings a model this small echoes one token, and the test would compare nothing."""
     import transformers
 
@@ -117,7 +119,7 @@ def tiny_qwen3(path: Path, seed: int = 0, layers: int = 2) -> Path:
     )
     special = _special_ids(path)
     cfg = transformers.Qwen3Config(
-        **_tiny_dims(vocab, layers),
+        **_tiny_dims(vocab, layers, heads, kv_heads),
         head_dim=32,
         rms_norm_eps=1e-6,
         rope_parameters={"rope_type": "default", "rope_theta": 1e6},
@@ -151,3 +153,37 @@ def tiny_mistral(path: Path, seed: int = 0, layers: int = 2) -> Path:
         eos_token_id=special["</s>"],
     )
     return _save(transformers.MistralForCausalLM(cfg), path, seed)
+
+
+def tiny_llama(
+    path: Path, seed: int = 0, layers: int = 2, heads: int = 8, kv_heads: int = 2
+) -> Path:
+    """Llama 3: GQA with `kv_heads` of `heads` (the tensor-parallel tests take 2, 4 and 8 of 8),
+    head_dim 16, llama3 RoPE scaling, untied head, ChatML."""
+    import transformers
+
+    vocab = write_tokenizer(
+        path,
+        CHATML_SPECIALS,
+        320,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=CHATML_TEMPLATE,
+    )
+    special = _special_ids(path)
+    cfg = transformers.LlamaConfig(
+        **_tiny_dims(vocab, layers, heads, kv_heads),
+        head_dim=16,
+        rms_norm_eps=1e-5,
+        rope_parameters={
+            "rope_type": "llama3",
+            "rope_theta": 5e5,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 32,
+        },
+        bos_token_id=special["<|endoftext|>"],
+        eos_token_id=special["<|im_end|>"],
+    )
+    return _save(transformers.LlamaForCausalLM(cfg), path, seed)

@@ -116,7 +116,16 @@ def test_text_prompt_without_tokenizer(tiny_llama_dir):
 @pytest.mark.slow
 def test_bench_engine_quick_json(tiny_llama_dir):
     res = run(
-        "bench", "engine", "--model", str(tiny_llama_dir), "--quick", "--json", "--batch", "3"
+        "bench",
+        "engine",
+        "--model",
+        str(tiny_llama_dir),
+        "--quick",
+        "--json",
+        "--batch",
+        "3",
+        "--tensor-parallel",
+        "1,2,3",
     )
     assert res.exit_code == 0, res.output
     out = json.loads(res.stdout)
@@ -127,6 +136,9 @@ def test_bench_engine_quick_json(tiny_llama_dir):
     assert out["batch_invariant"] is True
     assert out["decode_long"]["batch"] == 4 and out["decode_long"]["context"] == 768
     assert (out["extend_long"]["tokens"], out["extend_long"]["context"]) == (128, 768)
+    tp = out["tensor_parallel"]  # the same steps at TP 1 and 2; 3 does not split this model
+    assert tp["same_greedy_tokens"] is True and "skipped" in tp["degrees"]["3"]
+    assert tp["degrees"]["2"]["decode_step_ms"] > 0 and tp["degrees"]["1"]["prefill_vs_tp1"] == 1
     grid = out["prefill_grid"]["points"]  # prompts over a cached prefix, the prefix really reused
     assert {(p["tokens"], p["cached"]) for p in grid} >= {(32, 0), (128, 256), (256, 768)}
     from pddflow.bench.corun import cores_for_corun

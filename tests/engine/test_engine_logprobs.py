@@ -9,7 +9,7 @@ import torch
 from conftest import small_engine
 
 from pddflow.core.payloads import Request, SamplingParams
-from pddflow.operators import engine as engine_mod
+from pddflow.operators import sampling as sampling_mod
 from pddflow.operators.sampling import token_logprobs
 
 
@@ -50,13 +50,13 @@ def test_engine_reports_logprobs_of_the_raw_logits(temperature):
 
 def test_logprobs_only_computed_when_asked(monkeypatch):
     calls = []
-    real = engine_mod.token_logprobs
+    real = sampling_mod.token_logprobs
 
     def counting(logits, tokens, ks):
         calls.append(logits.shape[0])
         return real(logits, tokens, ks)
 
-    monkeypatch.setattr(engine_mod, "token_logprobs", counting)
+    monkeypatch.setattr(sampling_mod, "token_logprobs", counting)
     eng = small_engine()
     plain = eng.generate([[1, 2, 3]], SamplingParams(max_tokens=4))[0]
     assert calls == [] and plain.logprobs == []

@@ -1,0 +1,92 @@
+"""The engine's settings (`EngineConfig`, re-exported by engine.py) and how they resolve to a device
+and dtype."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+
+from pddflow.core.host_memory import keep_freed_memory
+from pddflow.kernels.paged_attention import DEFAULT_TILE
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    block_size: int = 16  # tokens per KV block: the unit of paging, caching and transfer
+    # the KV pool of the whole instance, counted in full-model bytes (all KV heads): at any
+    # tensor-parallel degree it holds kv_cache_bytes // engine.block_bytes blocks
+    kv_cache_bytes: int = 512 * 2**20
+    chunk_size: int = 512  # most token rows per prefill/extend forward
+    max_decode_rows: int = 256  # most sequences per decode forward (bigger batches split)
+    attention_tile: int = DEFAULT_TILE
+    prefix_cache: bool = True
+    device: str = "auto"  # auto | cpu | cuda
+    tune_host_malloc: bool = True  # CPU: let glibc recycle large freed buffers (host_memory)
+    # torch threads, process-wide; set it when workers share a machine (OpenMP stalls otherwise).
+    # None: torch's default, or at tensor parallelism N on CPU, usable cores // N per rank
+    num_threads: int | None = None
+    dtype: str | None = None  # None: fp32 on CPU, bf16 on CUDA; or float32/bfloat16/float16
+
+
+DTYPES = {
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+}
+
+
+def resolve_device(config: EngineConfig) -> torch.device:
+    if config.device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(config.device)
+
+
+def resolve_dtype(config: EngineConfig, device: torch.device) -> torch.dtype:
+    if config.dtype is None:
+        dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    elif config.dtype in DTYPES:
+        dtype = DTYPES[config.dtype]
+    else:
+        raise ValueError(f"unknown dtype {config.dtype!r}; valid: {', '.join(sorted(DTYPES))}")
+    if device.type == "cpu" and dtype != torch.float32:
+        raise ValueError("the CPU path computes in float32 only")
+    return dtype
+
+
+def usable_cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def prepare(
+    config: EngineConfig, rank_device: torch.device | None = None, tp_size: int = 1
+) -> tuple[torch.device, torch.dtype]:
+    """Check the settings and set up the process (glibc, torch threads) for an engine; its device
+    (a tensor-parallel rank's own when given) and dtype."""
+    device = rank_device if rank_device is not None else resolve_device(config)
+    if rank_device is not None and config.device != "auto":
+        if torch.device(config.device).type != rank_device.type:
+            raise ValueError(f"EngineConfig.device {config.device!r} but the rank's is {device}")
+    dtype = resolve_dtype(config, device)
+    if config.block_size <= 0 or config.attention_tile % config.block_size:
+        raise ValueError(
+            f"attention_tile ({config.attention_tile}) must be a positive multiple of "
+            f"block_size ({config.block_size})"
+        )
+    if device.type == "cpu" and config.tune_host_malloc:
+        keep_freed_memory()
+    if config.num_threads is not None:
+        if config.num_threads < 1:
+            raise ValueError(f"num_threads must be >= 1, got {config.num_threads}")
+        torch.set_num_threads(config.num_threads)
+    elif tp_size > 1 and device.type == "cpu":
+        # the ranks of one instance share this machine's cores: never oversubscribe them
+        torch.set_num_threads(max(1, usable_cores() // tp_size))
+    return device, dtype

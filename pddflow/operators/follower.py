@@ -1,0 +1,177 @@
+"""A tensor-parallel follower process, and a group of them on this machine.
+
+    python -m pddflow.operators.follower --model SPEC --engine-config JSON --tp-config JSON
+        [--device DEV]
+
+joins the group (`TPConfig` as JSON of its fields; rank > 0), loads the model, keeps its shard and
+follows the leader's steps until the leader stops it (exit 0) or a rank is lost (exit 3, one line
+on stderr). `local_group` starts the N-1 followers of an instance led by this process on this
+machine (127.0.0.1, a free port): `pddflow generate --tensor-parallel N`, `bench engine`, tests.
+Followers started here die with their parent (PR_SET_PDEATHSIG).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import dataclasses
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from pddflow.operators.engine_config import EngineConfig
+from pddflow.operators.tensor_parallel import TPConfig, TPGroup, TPPeerLost, join
+
+EXIT_PEER_LOST = 3
+_PR_SET_PDEATHSIG = 1
+
+
+def rank_device(config: EngineConfig, rank: int) -> torch.device:
+    """Rank r's device: cuda:r (modulo the devices here) when the engine would run on CUDA."""
+    if config.device == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    dev = torch.device(config.device if config.device != "auto" else "cuda")
+    if dev.type != "cuda":
+        return dev
+    return torch.device("cuda", rank % torch.cuda.device_count())
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m pddflow.operators.follower")
+    p.add_argument("--model", required=True, help="model spec (as the leader's)")
+    p.add_argument("--engine-config", default="{}", help="EngineConfig fields as JSON")
+    p.add_argument("--tp-config", required=True, help="TPConfig fields as JSON (rank > 0)")
+    p.add_argument("--device", default=None, help="this rank's device (default: cuda:RANK or cpu)")
+    args = p.parse_args(argv)
+    config = EngineConfig(**json.loads(args.engine_config))
+    tp_cfg = TPConfig(**json.loads(args.tp_config))
+    if tp_cfg.rank == 0 or tp_cfg.size < 2:
+        p.error("a follower has rank >= 1 of size >= 2")
+    device = torch.device(args.device) if args.device else rank_device(config, tp_cfg.rank)
+    from pddflow.operators.engine import Engine
+    from pddflow.operators.weights import load_model_source
+
+    tp: TPGroup | None = None
+    try:
+        tp = join(tp_cfg, device)
+        assert tp is not None
+        engine = Engine(load_model_source(args.model), config, tp)
+        engine.follow()
+        return 0
+    except TPPeerLost as exc:
+        print(f"follower rank {tp_cfg.rank}: {exc}", file=sys.stderr, flush=True)
+        return EXIT_PEER_LOST
+    finally:
+        if tp is not None:
+            tp.close()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent(parent: int) -> None:  # runs in the child between fork and exec
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass  # not Linux: the leader's own cleanup still stops the child
+    if os.getppid() != parent:  # the parent died before prctl took hold
+        os._exit(1)
+
+
+def start_followers(
+    spec: str, config: EngineConfig, tp: TPConfig, log_dir: Path
+) -> list[subprocess.Popen]:
+    """Ranks 1..size-1 of `tp` as processes of this one (they die with it); stderr to
+    log_dir/rank-R.log."""
+    procs = []
+    parent = os.getpid()
+    for rank in range(1, tp.size):
+        argv = [
+            sys.executable,
+            "-m",
+            "pddflow.operators.follower",
+            "--model",
+            spec,
+            "--engine-config",
+            json.dumps(dataclasses.asdict(config)),
+            "--tp-config",
+            json.dumps(dataclasses.asdict(dataclasses.replace(tp, rank=rank))),
+        ]
+        with open(log_dir / f"rank-{rank}.log", "wb") as log:
+            procs.append(
+                subprocess.Popen(
+                    argv,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.DEVNULL,
+                    stderr=log,
+                    preexec_fn=(lambda: _die_with_parent(parent))
+                    if sys.platform == "linux"
+                    else None,
+                )
+            )
+    return procs
+
+
+class LocalGroup:
+    """What `local_group` yields: the leader's group (None at size 1) and its followers."""
+
+    def __init__(self, tp: TPGroup | None, procs: list[subprocess.Popen], log_dir: Path):
+        self.tp, self.procs, self.log_dir = tp, procs, log_dir
+
+    def follower_logs(self) -> str:
+        """The followers' last stderr lines (why one failed)."""
+        out = []
+        for rank in range(1, len(self.procs) + 1):
+            f = self.log_dir / f"rank-{rank}.log"
+            lines = f.read_text(errors="replace").strip().splitlines() if f.exists() else []
+            if lines:
+                out.append(f"rank {rank}: " + " | ".join(lines[-3:]))
+        return "; ".join(out)
+
+
+@contextmanager
+def local_group(
+    spec: str, config: EngineConfig, size: int, timeout_s: float = 60.0
+) -> Iterator[LocalGroup]:
+    """Lead a TP `size` instance on this machine: start its followers, join as rank 0, and on exit
+    stop them (the leader's engine should be closed first) and reap them (killed after a grace)."""
+    if size == 1:
+        yield LocalGroup(None, [], Path("."))
+        return
+    if rank_device(config, 0).type == "cuda" and size > torch.cuda.device_count():
+        raise ValueError(
+            f"tensor parallelism {size} needs {size} CUDA devices (one per rank), "
+            f"{torch.cuda.device_count()} here"
+        )
+    cfg = TPConfig(size=size, init_address=f"127.0.0.1:{free_port()}", timeout_s=timeout_s)
+    with tempfile.TemporaryDirectory(prefix="pddflow-tp-") as tmp:
+        procs = start_followers(spec, config, cfg, Path(tmp))
+        tp: TPGroup | None = None
+        try:
+            tp = join(cfg, rank_device(config, 0))
+            yield LocalGroup(tp, procs, Path(tmp))
+        finally:
+            if tp is not None:
+                tp.close()
+            for proc in procs:
+                try:
+                    proc.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
