@@ -17,16 +17,14 @@ def build_engine(wiring: Wiring, instance: str, rank: int):
     from pddflow.operators.engine import Engine, EngineConfig
     from pddflow.operators.tensor_parallel import TPConfig, join
 
-    name = rank_name(instance, rank)
-    if wiring.threads.get(name):
-        torch.set_num_threads(wiring.threads[name])  # this rank's share of the host
     plan = wiring.plan()
     op = plan.operator_of(instance)
     config = EngineConfig(
         block_size=plan.model.block_size,
-        kv_cache_bytes=wiring.kv_cache_bytes,
+        kv_cache_bytes=wiring.kv_cache_bytes,  # the instance's, in whole-model blocks
         chunk_size=op.chunk_tokens,
         prefix_cache=op.caches_prefixes,
+        num_threads=wiring.threads.get(rank_name(instance, rank)) or None,  # its share of the host
     )
     tp = TPConfig(op.ranks, rank, wiring.workers[instance].tp_init, wiring.tp_timeout_s)
     device = torch.device(rank_device(rank, torch.cuda.is_available()))
