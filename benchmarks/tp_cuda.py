@@ -4,10 +4,13 @@ TP 1, 2 and 4 (as many as the devices allow; TP 4 over 2 KV heads included), eve
 on its own GPU, in fp32. Per checkpoint and degree: the largest logit difference to transformers
 (fp32 on the CPU) and to TP 1 on CUDA, greedy tokens against transformers and TP 1, the KV export
 against TP 1's, and TP 1's export imported and continued at TP N. Then the step times of
-builtin:tiny-llama at each degree (`pddflow bench engine`'s tensor-parallel section, on CUDA).
+builtin:tiny-llama at each degree (`pddflow bench engine`'s tensor-parallel section, on CUDA), and
+a deployment of graphs/pdd.yaml with prefill at TP 2 and relay and main at TP 1 (the local
+backend: rank r of an instance on GPU r): the greedy tokens of p_md, one-shot and catch-up against
+`generate` at TP 1.
 
-    python benchmarks/tp_cuda.py [--degrees 1,2,4] [--tol 1e-4] [--no-timing] [--json]
-        [--device cpu]
+    python benchmarks/tp_cuda.py [--degrees 1,2,4] [--tol 1e-4] [--no-timing] [--no-deploy]
+        [--json] [--device cpu]
 
 Needs the dev extra (transformers) and CUDA devices; exits 2 without CUDA (`--device cpu` runs the
 same flow on the CPU over gloo: a dry run of the script, not of NCCL). Prints JSON (--json) or
@@ -84,11 +87,56 @@ def compare(got: dict, tp1: dict, hf: dict, tol: float) -> dict:
     return row
 
 
+def deploy_check(max_tokens: int = 16) -> dict:
+    """graphs/pdd.yaml deployed with prefill at TP 2, relay and main at TP 1: every route's greedy
+    tokens against `generate` at TP 1 (builtin:tiny-llama)."""
+    from pddflow.bench.deploy_process import DeployProcess, post_json
+    from pddflow.core.payloads import SamplingParams
+
+    root = Path(__file__).resolve().parents[1]
+    eng = Engine(load_model_source("builtin:tiny-llama"))
+    prompt = "The relay decodes while the KV crosses the WAN."
+    ids = eng.tokenizer.encode(prompt)
+    stops = tuple(eng.tokenizer.eos_token_ids)
+    want = eng.generate([ids], SamplingParams(max_tokens=max_tokens, stop_token_ids=stops))
+    want_ids = want[0].output_ids
+    text = (root / "graphs" / "pdd.yaml").read_text()
+    one = "devices_per_replica: {prefill: 1, relay: 1, main: 1}"
+    routes = {"p_md": None, "one_shot": "one_shot", "catch_up": "catch_up"}
+    with tempfile.TemporaryDirectory(prefix="pddflow-tp-deploy-") as tmp:
+        graph = Path(tmp) / "pdd_tp.yaml"
+        graph.write_text(text.replace(one, "devices_per_replica: {prefill: 2, relay: 1, main: 1}"))
+        dep = DeployProcess(graph, Path(tmp) / "run", startup_s=600)
+        got = {}
+        try:
+            for name, handoff in routes.items():
+                body = {
+                    "model": "pdd",
+                    "prompt": prompt,
+                    "max_tokens": max_tokens,
+                    "temperature": 0,
+                    "return_token_ids": True,
+                    "variant": "p_md" if handoff is None else "p_rld_md",
+                    "handoff": handoff,
+                }
+                code, res = post_json(f"{dep.base}/v1/completions", body, timeout=120)
+                got[name] = res["choices"][0]["token_ids"] if code == 200 else res
+            ranks = dep.health()["workers"]["prefill/0"]["ranks"]
+        finally:
+            dep.stop()
+    return {
+        "prefill_ranks": ranks,
+        "exact": {name: ids == want_ids for name, ids in got.items()},
+        "ok": all(ids == want_ids for ids in got.values()),
+    }
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--degrees", default="1,2,4")
     ap.add_argument("--tol", type=float, default=1e-4)
     ap.add_argument("--no-timing", action="store_true")
+    ap.add_argument("--no-deploy", action="store_true", help="skip the deployment check")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--device", choices=("cuda", "cpu"), default="cuda")
     args = ap.parse_args()
@@ -142,7 +190,10 @@ def main() -> int:
             decode_steps=32 if cuda else 4,
             repeats=3 if cuda else 1,
         )
+    if not args.no_deploy and count >= 2:
+        out["deploy"] = deploy_check()
     ok = all(r["ok"] for per in out["checks"].values() for r in per.values())
+    ok = ok and out.get("deploy", {}).get("ok", True)
     out["ok"] = ok
     if args.json:
         print(json.dumps(out, indent=2))
@@ -155,6 +206,8 @@ def main() -> int:
             print(f"TP {d}: skipped ({why})")
         if "timing" in out:
             print(json.dumps(out["timing"]["degrees"], indent=1))
+        if "deploy" in out:
+            print(f"deploy prefill TP 2 / relay TP 1 / main TP 1: {json.dumps(out['deploy'])}")
     return 0 if ok else 1
 
 
