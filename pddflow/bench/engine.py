@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from pddflow.bench.engine_steps import decode_seconds, prefill_seconds
 from pddflow.core.payloads import Request, SamplingParams
 from pddflow.operators.engine import Engine, EngineConfig
 from pddflow.operators.hf_reference import (
@@ -165,7 +166,7 @@ def run_bench(
                 return time.perf_counter() - t
 
         engine_s, hf_s = _best_pair(
-            lambda n=n: _engine_prefill(engine, prompt(n)), hf_once, sizes.repeats, sizes.statistic
+            lambda n=n: prefill_seconds(engine, prompt(n)), hf_once, sizes.repeats, sizes.statistic
         )
         out["prefill"][str(n)] = {
             "engine_tok_s": round(n / engine_s, 1),
@@ -178,7 +179,7 @@ def run_bench(
         progress(f"decode batch {b}")
         prompts = [prompt(sizes.decode_context) for _ in range(b)]
         engine_s, hf_s = _best_pair(
-            lambda prompts=prompts: _engine_decode(engine, prompts, sizes.decode_steps),
+            lambda prompts=prompts: decode_seconds(engine, prompts, sizes.decode_steps),
             lambda prompts=prompts: hf_decode(hf, prompts, sizes.decode_steps),
             sizes.repeats,
             sizes.statistic,
@@ -196,7 +197,7 @@ def run_bench(
         b = max(sizes.decode_batches)
         progress(f"decode batch {b} over {sizes.long_context} tokens of context")
         prompts = [prompt(sizes.long_context) for _ in range(b)]
-        runs = [_engine_decode(engine, prompts, sizes.decode_steps) for _ in range(sizes.repeats)]
+        runs = [decode_seconds(engine, prompts, sizes.decode_steps) for _ in range(sizes.repeats)]
         engine_s = _summary(runs, sizes.statistic)
         out["decode_long"] = {
             "context": sizes.long_context,
@@ -214,7 +215,7 @@ def run_bench(
         sizes.statistic,
     )
     step_s, hf_step = _best_pair(
-        lambda: _engine_decode(engine, [ctx_prompt], 1),
+        lambda: decode_seconds(engine, [ctx_prompt], 1),
         lambda: hf_decode(hf, [ctx_prompt], 1),
         sizes.repeats + 1,
         sizes.statistic,
@@ -252,8 +253,8 @@ def run_bench(
         corun = measure(
             spec,
             torch.get_num_threads(),
-            lambda: _engine_prefill(engine, prompt(n_pre)),
-            lambda: _engine_decode(engine, dec_prompts, sizes.decode_steps) / sizes.decode_steps,
+            lambda: prefill_seconds(engine, prompt(n_pre)),
+            lambda: decode_seconds(engine, dec_prompts, sizes.decode_steps) / sizes.decode_steps,
             sizes.repeats,
             lambda xs: _summary(xs, sizes.statistic),
             b_dec,
@@ -351,7 +352,7 @@ def _prefill_grid(
         progress(f"prefill {new} tokens over {cached} cached")
         prefix = prompt(cached)
         if cached:
-            _engine_prefill(engine, prefix + prompt(1))  # leaves the prefix's full blocks cached
+            prefill_seconds(engine, prefix + prompt(1))  # leaves the prefix's full blocks cached
         runs = []
         for _ in range(sizes.repeats + 1):  # the first one warms this shape
             seq = engine.add_sequence(prefix + prompt(new), SamplingParams(max_tokens=1))
@@ -378,29 +379,6 @@ def _warm_prefill(engine: Engine, hf, ids: list[int]) -> None:
     engine.free(seq)
     with torch.inference_mode():
         hf(torch.tensor([ids]))
-
-
-def _engine_prefill(engine: Engine, ids: list[int]) -> float:
-    seq = engine.add_sequence(ids, SamplingParams(max_tokens=1))
-    t = time.perf_counter()
-    engine.prefill(seq)
-    dt = time.perf_counter() - t
-    engine.free(seq)
-    return dt
-
-
-def _engine_decode(engine: Engine, prompts: list[list[int]], steps: int) -> float:
-    seqs = [engine.add_sequence(p, SamplingParams(max_tokens=steps + 2)) for p in prompts]
-    for s in seqs:
-        engine.prefill(s)
-    engine.decode(seqs)  # warm: first step at this batch size
-    t = time.perf_counter()
-    for _ in range(steps):
-        engine.decode(seqs)
-    dt = time.perf_counter() - t
-    for s in seqs:
-        engine.free(s)
-    return dt
 
 
 def _engine_extend(engine: Engine, ctx: list[int], known: list[int]) -> float:

@@ -5,12 +5,12 @@ speed-up: TP exists for models that do not fit one device (docs/engine.md, Tenso
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
+from pddflow.bench.engine_steps import decode_seconds, prefill_seconds
 from pddflow.core.payloads import SamplingParams
 from pddflow.operators.engine import Engine, EngineConfig
 from pddflow.operators.follower import local_group
@@ -56,9 +56,12 @@ def measure_tp(
             with local_group(spec, cfg, n) as group:
                 engine = Engine(source, cfg, group.tp)
                 try:
-                    _prefill(engine, pre[:32])  # warm
-                    prefill_s = min(_prefill(engine, pre) for _ in range(repeats))
-                    step_s = min(_decode(engine, dec, decode_steps) for _ in range(repeats))
+                    prefill_seconds(engine, pre[:32])  # warm
+                    prefill_s = min(prefill_seconds(engine, pre) for _ in range(repeats))
+                    step_s = min(
+                        decode_seconds(engine, dec, decode_steps) / decode_steps
+                        for _ in range(repeats)
+                    )
                     greedy = engine.generate(dec[:2], SamplingParams(max_tokens=8))
                     tokens[n] = [s.output_ids for s in greedy]
                 finally:
@@ -79,27 +82,3 @@ def measure_tp(
             r["decode_vs_tp1"] = round(r["decode_step_ms"] / base["decode_step_ms"], 2)
     out["same_greedy_tokens"] = len({str(t) for t in tokens.values()}) <= 1
     return out
-
-
-def _prefill(engine: Engine, ids: list[int]) -> float:
-    seq = engine.add_sequence(ids, SamplingParams(max_tokens=1))
-    t = time.perf_counter()
-    engine.prefill(seq)
-    dt = time.perf_counter() - t
-    engine.free(seq)
-    return dt
-
-
-def _decode(engine: Engine, prompts: list[list[int]], steps: int) -> float:
-    """Seconds per decode step of the batch (after one warm step)."""
-    seqs = [engine.add_sequence(p, SamplingParams(max_tokens=steps + 2)) for p in prompts]
-    for s in seqs:
-        engine.prefill(s)
-    engine.decode(seqs)
-    t = time.perf_counter()
-    for _ in range(steps):
-        engine.decode(seqs)
-    dt = (time.perf_counter() - t) / steps
-    for s in seqs:
-        engine.free(s)
-    return dt
