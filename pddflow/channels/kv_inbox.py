@@ -18,7 +18,8 @@ class KVInbox:
     def __init__(self, name: str):
         self.name = name
         self._cond = threading.Condition()
-        self._done: OrderedDict[str, KVBlocks] = OrderedDict()
+        # (seq_id, heads): the shards of one sequence from several tensor-parallel ranks coexist
+        self._done: OrderedDict[tuple[str, tuple[int, int] | None], KVBlocks] = OrderedDict()
         self._cancelled: dict[str, tuple[str, float]] = {}
         self._closed = False
 
@@ -27,7 +28,7 @@ class KVInbox:
         with self._cond:
             if self._closed or self._is_cancelled_locked(kv.seq_id):
                 return False
-            self._done[kv.seq_id] = kv
+            self._done[(kv.seq_id, kv.heads)] = kv
             self._cond.notify_all()
             return True
 
@@ -39,8 +40,9 @@ class KVInbox:
                 if seq_id is None and self._done:
                     return self._done.popitem(last=False)[1]
                 if seq_id is not None:
-                    if seq_id in self._done:
-                        return self._done.pop(seq_id)
+                    key = next((k for k in self._done if k[0] == seq_id), None)
+                    if key is not None:
+                        return self._done.pop(key)
                     reason = self.cancelled_reason(seq_id)
                     if reason is not None:
                         raise ChannelCancelled(f"{self.name}: {seq_id!r} was cancelled: {reason}")
@@ -52,7 +54,8 @@ class KVInbox:
     def cancel(self, seq_id: str, reason: str) -> None:
         with self._cond:
             self._cancelled[seq_id] = (reason, time.monotonic() + CANCEL_MEMORY_S)
-            self._done.pop(seq_id, None)
+            for key in [k for k in self._done if k[0] == seq_id]:
+                del self._done[key]
             self._cond.notify_all()
 
     def cancelled_reason(self, seq_id: str) -> str | None:

@@ -36,8 +36,9 @@ class KVLanding:
         dest: Any = None,
         tensor_lib: str | None = None,
         checksum: str = DEFAULT_CHECKSUM,
+        heads: tuple[int, int] | None = None,
     ):
-        self.seq_id, self.num_blocks = seq_id, num_blocks
+        self.seq_id, self.num_blocks, self.heads = seq_id, num_blocks, heads
         self.checksum = check_algorithm(checksum)
         self.token_start, self.token_end, self.block_size = token_start, token_end, block_size
         self.layout, self.hashes_signed = layout, hashes_signed
@@ -88,6 +89,7 @@ class KVLanding:
             dest=dest,
             tensor_lib=tensor_lib,
             checksum=header.checksum or DEFAULT_CHECKSUM,
+            heads=(header.head_start, header.head_end) if header.head_end else None,
         )
 
     @property
@@ -179,6 +181,7 @@ class KVLanding:
             self.token_end,
             self.block_size,
             data,
+            self.heads,
         )
 
 

@@ -64,6 +64,9 @@ class KVBlocks:
     token_end: int
     block_size: int
     data: Any
+    # the KV heads [a, b) of the model's that `data` holds: one tensor-parallel rank's shard on
+    # its way rank to rank; None: every head
+    heads: tuple[int, int] | None = None
 
     @property
     def num_blocks(self) -> int:

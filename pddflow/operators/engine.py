@@ -12,25 +12,24 @@ from dataclasses import replace
 
 import torch
 
-from pddflow.core.block_hash import partial_block_hash
 from pddflow.core.kv_budget import blocks_for
 from pddflow.core.payloads import KVBlocks, Request, SamplingParams
-from pddflow.kernels.kv_copy import gather_blocks, scatter_blocks
 from pddflow.kernels.paged_attention import Numerics, calibrate, plan_attention
-from pddflow.operators import continuous_batching
+from pddflow.operators import continuous_batching, kv_exchange
 from pddflow.operators.block_allocator import BlockAllocator, KVCacheFull
 from pddflow.operators.config import ModelConfig
 from pddflow.operators.engine_config import EngineConfig, prepare
 from pddflow.operators.kv_cache import KVPool, block_bytes, blocks_for_budget
+from pddflow.operators.kv_exchange import KVShardMissing
 from pddflow.operators.model import LlamaModel
 from pddflow.operators.radix_cache import RadixCache
 from pddflow.operators.sampling import sample_sequences
 from pddflow.operators.sequence import Sequence
 from pddflow.operators.tensor_parallel import Shard, TPGroup, TPPeerLost
-from pddflow.operators.tp_steps import FORWARD, ForwardBatch, export_blocks, follow, import_blocks
+from pddflow.operators.tp_steps import FORWARD, ForwardBatch, RankKV, follow
 from pddflow.operators.weights import ModelSource, load_model_source
 
-__all__ = ["Engine", "EngineConfig", "KVCacheFull", "TPPeerLost"]
+__all__ = ["Engine", "EngineConfig", "KVCacheFull", "KVShardMissing", "TPPeerLost"]
 
 
 class Engine:
@@ -117,12 +116,19 @@ class Engine:
         """True at TP 1 and on rank 0: the rank the runtime drives."""
         return self._tp is None or self._tp.is_leader
 
-    def follow(self) -> None:
+    def follow(self, rank_kv: RankKV | None = None) -> None:
         """Rank > 0: run the leader's steps until it closes (returns) or a rank is lost
-        (TPPeerLost)."""
+        (TPPeerLost); rank_kv sends and supplies this rank's heads of rank-to-rank KV."""
         if self.is_leader or self._tp is None:
             raise RuntimeError("follow() is for tensor-parallel ranks > 0; the leader drives steps")
-        follow(self._tp, self.pool.tensor, lambda batch: self._run(batch, logits=False))
+        follow(
+            self._tp,
+            self.pool.tensor,
+            lambda batch: self._run(batch, logits=False),
+            rank_kv,
+            self.block_size,
+            self.kv_heads,
+        )
 
     def close(self) -> None:
         """Leader: tell the followers to stop (their follow() returns); idempotent; a no-op at TP
@@ -310,75 +316,26 @@ class Engine:
     def export_kv(
         self, seq: Sequence, start_block: int = 0, end_block: int | None = None
     ) -> KVBlocks:
-        """Blocks [start_block, end_block) as one KVBlocks (the last may be partial)."""
-        bs = self.block_size
-        n_blocks = blocks_for(seq.num_computed, bs)
-        end_block = n_blocks if end_block is None else min(end_block, n_blocks)
-        if not 0 <= start_block <= end_block:
-            raise ValueError(
-                f"bad block range [{start_block}, {end_block}) for {n_blocks} computed blocks"
-            )
-        token_start, token_end = start_block * bs, min(seq.num_computed, end_block * bs)
-        full = seq.block_hashes(bs, seq.num_computed)
-        hashes = full[start_block:end_block]
-        if end_block > len(full) and end_block > start_block:
-            parent = full[-1] if full else None
-            hashes.append(partial_block_hash(seq.token_ids[len(full) * bs : token_end], parent))
-        blocks = seq.block_table[start_block:end_block]
-        tp = self._leads()
-        if tp is None:
-            data = gather_blocks(self.pool.tensor, blocks)
-        elif blocks:
-            assert self._shard is not None
-            data = export_blocks(tp, self._shard, self.pool.tensor, blocks)
-        else:
-            data = self.pool.tensor.new_empty((0, *self._block_shape()))
-        return KVBlocks(seq.seq_id, hashes, token_start, token_end, bs, data)
+        """Blocks [start_block, end_block) as one KVBlocks (the last may be partial), every head."""
+        return kv_exchange.export_kv(self, seq, start_block, end_block)
+
+    def ship_kv(self, seq: Sequence, route: bytes, start_block: int = 0) -> KVBlocks:
+        """Rank to rank: every rank of the instance sends its own KV heads of blocks [start_block,
+        ...) by `route` (its runtime's RankKV); the leader's own heads, for the leader to send."""
+        return kv_exchange.ship_kv(self, seq, route, start_block)
 
     def import_kv(self, seq: Sequence, kv: KVBlocks, cache: bool = True) -> None:
-        """Land received KV in fresh blocks; full blocks are checked against `seq`'s own hashes."""
-        bs = self.block_size
-        if kv.block_size != bs:
-            raise ValueError(f"KV block size {kv.block_size} != engine block size {bs}")
-        if kv.token_start != seq.num_computed or kv.token_start % bs:
-            raise ValueError(
-                f"KV starts at token {kv.token_start} but {seq.seq_id} has {seq.num_computed} "
-                "computed tokens"
-            )
-        if kv.token_end > len(seq.token_ids):
-            raise ValueError(
-                f"KV covers tokens up to {kv.token_end}, the sequence knows {len(seq.token_ids)}"
-            )
-        want = blocks_for(kv.token_end, bs) - kv.token_start // bs
-        if kv.num_blocks != want or (want and kv.data.shape[0] != want):
-            raise ValueError(
-                f"KV range [{kv.token_start}, {kv.token_end}) needs {want} blocks, "
-                f"got {kv.num_blocks}"
-            )
-        ours = seq.block_hashes(bs, kv.token_end)[kv.token_start // bs :]
-        if list(kv.block_hashes[: len(ours)]) != ours:
-            raise ValueError(
-                f"received KV blocks do not match the prefix of {seq.seq_id} (block hash mismatch)"
-            )
-        if want == 0:
-            return
-        data = kv.data if isinstance(kv.data, torch.Tensor) else torch.from_numpy(kv.data)
-        if tuple(data.shape) != (want, *self._block_shape()):
-            raise ValueError(
-                f"KV data of shape {tuple(data.shape)} does not fit {want} blocks of shape "
-                f"{self._block_shape()}"
-            )
-        tp = self._leads()
-        blocks = self._allocate(want, f"importing {want} blocks")
-        if tp is None:
-            scatter_blocks(self.pool.tensor, blocks, data)
-        else:
-            assert self._shard is not None
-            import_blocks(tp, self._shard, self.pool.tensor, blocks, data)
-        seq.block_table += blocks
-        seq.num_computed = kv.token_end
-        if cache and self.config.prefix_cache:
-            self.cache_sequence(seq)
+        """Land received KV in fresh blocks; full blocks are checked against `seq`'s own hashes.
+        KV of this rank's heads alone (`kv.heads`): every rank lands its own, or none does
+        (KVShardMissing)."""
+        kv_exchange.import_kv(self, seq, kv, cache)
+
+    @property
+    def kv_heads(self) -> tuple[int, int]:
+        """The model's KV heads [a, b) this rank holds."""
+        if self._shard is None:
+            return 0, self.model_config.num_kv_heads
+        return self._shard.k0, self._shard.k1
 
     def generate(
         self,
@@ -391,10 +348,11 @@ class Engine:
         `continuous_batching.generate`. Finished sequences in request order."""
         return continuous_batching.generate(self, requests, sampling, max_batch, on_step)
 
-    def _block_shape(self) -> tuple[int, ...]:
-        """One block of the whole model: [layers, 2, block_size, num_kv_heads, head_dim]."""
+    def _block_shape(self, heads: int | None = None) -> tuple[int, ...]:
+        """One block of the whole model (or of `heads` KV heads): [layers, 2, block_size,
+        num_kv_heads, head_dim]."""
         c = self.model_config
-        return (c.num_layers, 2, self.block_size, c.num_kv_heads, c.head_dim)
+        return (c.num_layers, 2, self.block_size, heads or c.num_kv_heads, c.head_dim)
 
     def _allocate(self, n: int, what: str) -> list[int]:
         short = n - self.allocator.num_free

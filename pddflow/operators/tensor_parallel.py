@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from pddflow.operators.config import ModelConfig
+from pddflow.operators.kv_shards import kv_heads, kv_owners
 
 STOP = 0  # step kind that ends a follower's loop (the others are tp_steps')
 # A follower waiting for the leader's next step, and ranks waiting for each other to load the
@@ -104,12 +105,7 @@ class Shard:
 
     @staticmethod
     def kv_range(config: ModelConfig, size: int, rank: int) -> tuple[int, int]:
-        kv = config.num_kv_heads
-        if size <= kv:
-            n = kv // size
-            return rank * n, (rank + 1) * n
-        head = rank // (size // kv)
-        return head, head + 1
+        return kv_heads(config.num_kv_heads, size, rank)
 
     def slice(self, t: torch.Tensor, part: str) -> torch.Tensor:
         """This rank's slice of a full weight or bias: q, kv and inter rows (column-parallel),
@@ -127,10 +123,7 @@ class Shard:
 
     def kv_owners(self) -> list[int]:
         """The rank holding each KV-head chunk, in head order: export reads these."""
-        kv = self.full.num_kv_heads
-        if self.size <= kv:
-            return list(range(self.size))
-        return [j * (self.size // kv) for j in range(kv)]
+        return kv_owners(self.full.num_kv_heads, self.size)
 
     def canonical(self, parts: list[torch.Tensor]) -> torch.Tensor:
         """Every rank's blocks [n, L, 2, bs, own KV heads, D] -> the full-head blocks (TP 1's
@@ -278,6 +271,19 @@ class TPGroup:
             dist.scatter(out, parts if self.is_leader else None, src=0, group=self._data)
 
         self._guard("scattering KV", go)
+
+    def all_true(self, ok: bool) -> bool:
+        """Whether every rank's `ok` is true (each learns the same answer)."""
+
+        def go() -> bool:
+            flag = torch.tensor([int(ok)], dtype=torch.long)
+            opts = dist.AllreduceOptions()
+            opts.reduceOp = dist.ReduceOp.MIN
+            opts.timeout = datetime.timedelta(seconds=self.timeout_s)
+            self._ctrl.allreduce([flag], opts).wait()
+            return bool(flag.item())
+
+        return self._guard("agreeing on a KV landing", go)
 
     def close(self) -> None:
         if self._closed:

@@ -27,6 +27,8 @@ class Endpoints:
     kv_flight: str = ""  # wan_flight receiver (grpc://127.0.0.1:port)
     kv_rdma: str = ""  # rdma_tensor receiver for senders on its host (unix:@name, shared memory)
     kv_rdma_net: str = ""  # and for the others (tcp:host:port; tcp or nixl regions)
+    # the network receivers of ranks 1.. of a tensor-parallel instance (rdma_address)
+    kv_rdma_ranks: list[str] = field(default_factory=list)
     handoff: str = ""  # token_ids server (127.0.0.1:port)
     tp_init: str = ""  # host:port where rank 0 gathers the instance's ranks (tensor parallel)
 
@@ -175,15 +177,25 @@ def wire(
     # one host: shared memory, unless an edge asks for a network transport
     w.rdma = routes(plan, {}, nixl=False)
     for inst_id, ep in w.workers.items():
-        place_rdma_receivers(w, inst_id, ep, lambda: f"tcp:127.0.0.1:{free_port()}")
+        ranks = plan.operator_of(inst_id).ranks
+        place_rdma_receivers(w, inst_id, ep, lambda: f"tcp:127.0.0.1:{free_port()}", ranks)
     return w
 
 
 def place_rdma_receivers(
-    w: Wiring, instance: str, ep: Endpoints, net_address: Callable[[], str]
+    w: Wiring, instance: str, ep: Endpoints, net_address: Callable[[], str], ranks: int = 1
 ) -> None:
     """The rdma_tensor receivers an instance needs, by how its senders reach it (`w.rdma`): a
-    unix socket for those on its host, net_address() for the others; neither when none."""
+    unix socket for those on its host, net_address() for the others; neither when none. Each
+    rank of a tensor-parallel instance has its own (rank-to-rank KV)."""
     got = incoming(w.rdma, instance)
     ep.kv_rdma = f"unix:@{w.deployment}-{instance.replace('/', '-')}-kv" if SHM in got else ""
     ep.kv_rdma_net = net_address() if got & set(NETWORK) else ""
+    ep.kv_rdma_ranks = [net_address() for _ in range(ranks - 1)] if ep.kv_rdma_net else []
+
+
+def rdma_address(ep: Endpoints, rank: int, transport: str) -> str:
+    """Where rank `rank` of an instance receives rdma_tensor KV sent by `transport`."""
+    if transport == SHM:
+        return ep.kv_rdma if rank == 0 else f"{ep.kv_rdma}-r{rank}"
+    return ep.kv_rdma_net if rank == 0 else ep.kv_rdma_ranks[rank - 1]

@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from pddflow.cli import app
 from pddflow.core.payloads import SamplingParams
-from pddflow.operators.engine import Engine, EngineConfig
+from pddflow.operators.engine import Engine, EngineConfig, KVShardMissing
 from pddflow.operators.follower import free_port, local_group
 from pddflow.operators.tensor_parallel import Shard, TPConfig, TPPeerLost, check_layout, join
 from pddflow.operators.tp_steps import ForwardBatch
@@ -200,3 +200,32 @@ def test_followers_die_with_their_leader():
     finally:
         leader.kill()
         leader.wait()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+def test_rank_to_rank_kv_lands_on_every_rank_or_none(tiny_llama_dir):
+    """SHIP hands each rank its own heads (the leader's are returned); LAND with a rank lacking
+    its heads (this follower has no runtime to receive them) lands nothing on any rank: the
+    blocks go back, KVShardMissing names it, and the group serves on."""
+    with local_group(str(tiny_llama_dir), CFG, 2) as group:
+        engine = Engine.from_spec(str(tiny_llama_dir), CFG, group.tp)
+        seq = engine.add_sequence(PROMPT, SamplingParams(max_tokens=4))
+        engine.prefill(seq)
+        whole = engine.export_kv(seq)
+        a, b = engine.kv_heads
+        assert (a, b) == (0, engine.model_config.num_kv_heads // 2)
+        own = engine.ship_kv(seq, b"route", start_block=1)
+        assert own.heads == (a, b) and own.token_start == CFG.block_size
+        assert own.block_hashes == whole.block_hashes[1:]
+        assert torch.equal(own.data, whole.data[1:].narrow(4, a, b - a))
+        again = engine.add_sequence(PROMPT, SamplingParams(max_tokens=4))
+        free = engine.allocator.num_free
+        first = engine.ship_kv(seq, b"route")
+        with pytest.raises(KVShardMissing, match="lacks its heads"):
+            engine.import_kv(again, first, cache=False)
+        assert engine.allocator.num_free == free and again.block_table == []
+        with pytest.raises(ValueError, match="heads"):  # another rank's heads: refused
+            engine.import_kv(again, replace(first, heads=(b, b + 1)), cache=False)
+        engine.decode([seq])  # the group is intact
+        engine.close()

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from pddflow.bench.deploy_process import DeployProcess, post, post_json
+from pddflow.bench.deploy_process import DeployProcess, get_json, post, post_json
 from pddflow.testing.chaos import greedy_reference, wait_until
 from pddflow.testing.ray_cluster import NetNamespace, RayCluster, RayNode, unshare_refused
 
@@ -36,8 +36,8 @@ TOKENS = 16
 CLIENT_TIMEOUT_S = 60
 
 # the head carries cluster G (one GPU, for the shortfall test); A two one-CPU nodes on hosts of
-# their own (prefill and relay, one CPU each, cannot share one), B one node; T one node of two
-# CPUs, for an instance of two ranks
+# their own (prefill and relay, one CPU each, cannot share one), B one node; T one node of three
+# CPUs, for a prefill of one rank and a decode instance of two
 A_IPS = ("127.0.0.2", "127.0.0.3")
 B_IP = "127.0.0.4"  # a host of its own, so that it can be lost alone
 T_IP = "127.0.0.5"
@@ -46,7 +46,7 @@ NODES = [
     RayNode({"pddflow_cluster_G": 1}, num_cpus=1, num_gpus=1),
     *(RayNode({"pddflow_cluster_A": 1}, num_cpus=1, ip=ip) for ip in A_IPS),
     B_NODE,
-    RayNode({"pddflow_cluster_T": 1}, num_cpus=2, ip=T_IP),
+    RayNode({"pddflow_cluster_T": 1}, num_cpus=3, ip=T_IP),
 ]
 BYSTANDER = """
 import ray
@@ -356,26 +356,32 @@ def test_graph_needing_more_gpus_than_its_cluster_fails_before_starting(cluster,
 
 
 def test_an_instance_of_two_ranks_runs_on_one_node_exactly(cluster, reference, tmp_path):
-    """colocated.yaml on cluster T with the local layout {engine: 2}: one bundle of 2 CPUs, both
-    ranks on T's node, the tokens of `generate` at TP 1, and a stop that leaves nothing."""
-    text = (ROOT / "graphs" / "colocated.yaml").read_text()
-    one = "devices_per_replica: {engine: 1}"
-    assert one in text
-    text = text.replace(one, "devices_per_replica: {engine: 2}")
+    """same_dc_pd.yaml on cluster T with the local layout {prefill: 1, decode: 2}: decode is one
+    bundle of 2 CPUs, both ranks on T's node; prefill's KV goes rank to rank over tcp (the edge
+    asks it), each decode rank on a port of its own; the tokens of `generate` at TP 1, and a stop
+    that leaves nothing."""
+    text = (ROOT / "graphs" / "same_dc_pd.yaml").read_text()
+    one = "devices_per_replica: {prefill: 1, decode: 1}"
+    edge = "channel: rdma_tensor}"
+    assert one in text and edge in text
+    text = text.replace(one, "devices_per_replica: {prefill: 1, decode: 2}")
+    text = text.replace(edge, "channel: rdma_tensor, params: {transport: tcp}}")
     text = text.replace("  A: {devices", "  T: {devices").replace("cluster: A", "cluster: T")
-    graph = tmp_path / "colocated_tp2.yaml"
+    graph = tmp_path / "pd_tp2.yaml"
     graph.write_text(text)
     d = DeployProcess(graph, None, "--backend", "ray", "--address", cluster.address, startup_s=240)
     try:
-        w = d.health()["workers"]["engine/0"]
+        w = d.health()["workers"]["decode/0"]
         assert [r["rank"] for r in w["ranks"]] == [0, 1], w
         assert {r["node"] for r in w["ranks"]} == {T_IP} and all(r["pid"] for r in w["ranks"])
+        (rank1,) = w["endpoints"]["kv_rdma_ranks"]
+        assert rank1.startswith(f"tcp:{T_IP}:") and rank1 != w["endpoints"]["kv_rdma_net"], w
         deployment = w["actor"].split("/", 1)[1].split(":")[0]
         for prompt in PROMPTS:
-            code, out = post_json(
+            code, out, headers = post(
                 f"{d.base}/v1/completions",
                 {
-                    "model": "colocated",
+                    "model": "same_dc_pd",
                     "prompt": prompt,
                     "max_tokens": TOKENS,
                     "temperature": 0,
@@ -385,6 +391,10 @@ def test_an_instance_of_two_ranks_runs_on_one_node_exactly(cluster, reference, t
             )
             assert code == 200, out
             assert out["choices"][0]["token_ids"] == reference(prompt, TOKENS)
+            rid = headers["x-request-id"]
+            _, timeline = get_json(f"{d.base}/v1/requests/{rid}/timeline")
+            landed = [e for e in timeline["events"] if e["event"] == "kv_landed"]
+            assert [e["ranks_own_heads"] for e in landed] == [1.0], timeline
     finally:
         out = d.stop()
     assert d.proc.returncode == 0, out

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from pddflow.bench.deploy_process import DeployProcess, post_json
+from pddflow.bench.deploy_process import DeployProcess, get_json, post_json
+from pddflow.operators.kv_shards import head_routes
 
 pytestmark = pytest.mark.slow  # deployments of five and seven worker processes
 
@@ -25,6 +26,9 @@ LONG = 48  # the stream a rank is killed in
 PROMPTS = ["The quick brown fox jumps over the lazy dog.", "Hello there! How are you?"]
 ROUTES = [("p_md", None), ("p_rld_md", "one_shot"), ("p_rld_md", "catch_up")]
 LAYOUTS = {"p2-r1-m2": (2, 1, 2), "p1-r2-m4": (1, 2, 4)}
+# prefill -> relay's rdma_tensor transport: shared memory, or tcp (each rank its own port;
+# checksums per piece), as between hosts
+TRANSPORTS = {"p2-r1-m2": "shm", "p1-r2-m4": "tcp"}
 
 openai = pytest.importorskip("openai")
 pytest.importorskip("transformers")
@@ -55,10 +59,14 @@ def reference(checkpoint) -> dict[str, list[int]]:
     return out
 
 
-def _graph(tmp: Path, layout: tuple[int, int, int]) -> Path:
-    """pdd.yaml with this local layout (and the model path given on the command line)."""
+def _graph(tmp: Path, layout: tuple[int, int, int], transport: str) -> Path:
+    """pdd.yaml with this local layout and rdma_tensor transport (and the model path given on
+    the command line)."""
     p, r, m = layout
     text = (ROOT / "graphs" / "pdd.yaml").read_text()
+    edge = "to: relay.kv,     channel: rdma_tensor}"
+    assert edge in text
+    text = text.replace(edge, edge[:-1] + f", params: {{transport: {transport}}}}}")
     text, n = re.subn(
         r"devices_per_replica: \{prefill: 1, relay: 1, main: 1\}",
         f"devices_per_replica: {{prefill: {p}, relay: {r}, main: {m}}}",
@@ -73,9 +81,9 @@ def _graph(tmp: Path, layout: tuple[int, int, int]) -> Path:
 @pytest.fixture(scope="module", params=list(LAYOUTS), ids=list(LAYOUTS))
 def deployment(request, tmp_path_factory, checkpoint):
     tmp = tmp_path_factory.mktemp(request.param)
-    graph = _graph(tmp, LAYOUTS[request.param])
+    graph = _graph(tmp, LAYOUTS[request.param], TRANSPORTS[request.param])
     dep = DeployProcess(graph, tmp / "run", "--model", str(checkpoint), startup_s=240)
-    dep.layout = LAYOUTS[request.param]
+    dep.layout, dep.transport = LAYOUTS[request.param], TRANSPORTS[request.param]
     yield dep
     dep.stop()
     assert dep.leftover_children() == []
@@ -110,6 +118,34 @@ def test_greedy_output_equals_the_reference_at_tp_1(client, reference, route, pr
         extra_body={"return_token_ids": True, "variant": route[0], "handoff": route[1]},
     )
     assert r.choices[0].model_extra["token_ids"] == reference[prompt][:MAX_TOKENS]
+
+
+def test_kv_goes_rank_to_rank_over_rdma(deployment, client):
+    """prefill -> relay (rdma_tensor): every relay rank lands the heads its own receiver got from
+    the prefill rank owning them (LAND, nothing scattered by the leader), the relay's leader
+    joins one piece per prefill rank holding its heads, and nothing is recomputed."""
+    p, relay, _ = deployment.layout
+    r = client.completions.with_raw_response.create(
+        model="pdd",
+        prompt="Rank to rank, heads straight to the rank that holds them. " * 2,
+        max_tokens=3,
+        temperature=0,
+        extra_body={"variant": "p_rld_md", "handoff": "one_shot"},
+    )
+    rid = r.headers["x-request-id"]
+    _, timeline = get_json(f"{deployment.base}/v1/requests/{rid}/timeline")
+    events = timeline["events"]
+    landed = [e for e in events if e["event"] == "kv_landed" and e["instance"] == "relay/0"]
+    assert len(landed) == 1, events
+    heads = 2  # the tiny Qwen3's KV heads
+    pieces = [h for h in head_routes(heads, p, relay) if h.dst == 0]
+    assert landed[0]["pieces"] == len(pieces), landed
+    assert landed[0]["ranks_own_heads"] == float(relay > 1), landed
+    assert not [e for e in events if e["event"] in ("kv_recomputed", "leg_failed")], events
+    channels = deployment.health()["channels"]
+    label = next(v for k, v in channels.items() if "relay" in k and "prefill" in k)
+    want = "shared memory" if deployment.transport == "shm" else "tcp (same host, checksummed)"
+    assert label == want, channels
 
 
 def test_one_copy_of_the_kv_crosses_the_wan(deployment, client):

@@ -210,6 +210,8 @@ class SharedMemoryKVSender:
             block_hashes=src.hashes.tolist(),
             hashes_signed=src.hashes_signed,
         )
+        if kv.heads is not None:
+            header.head_start, header.head_end = kv.heads
         if self._checksum:
             header.checksum = src.checksum
             header.checksums.extend(src.sums(range(kv.num_blocks)))

@@ -201,10 +201,10 @@ class RayBackend:
         need = {}
         for inst, ep in wiring.workers.items():
             # a network receiver's address waits for a port free on its node (below)
-            place_rdma_receivers(wiring, inst, ep, lambda: "tcp:pending")
+            place_rdma_receivers(wiring, inst, ep, lambda: "tcp:pending", self.ranks[inst])
             ep.tp_init = "pending" if self.ranks[inst] > 1 else ""  # a port on its node, below
             need[inst] = 1 + bool(ep.kv_flight) + bool(ep.handoff) + bool(ep.kv_rdma_net)
-            need[inst] += bool(ep.tp_init)
+            need[inst] += bool(ep.tp_init) + len(ep.kv_rdma_ranks)
         got = ray.get(
             [self.hosts[i].actor.ports.remote(n, bind or host_of[i]) for i, n in need.items()],
             timeout=CALL_TIMEOUT_S,
@@ -220,6 +220,7 @@ class RayBackend:
                 ep.kv_rdma_net = f"tcp:{ip}:{ports.pop(0)}"
             if ep.tp_init:  # the ranks share the actor's node: its own address
                 ep.tp_init = f"{ip}:{ports.pop(0)}"
+            ep.kv_rdma_ranks = [f"tcp:{ip}:{ports.pop(0)}" for _ in ep.kv_rdma_ranks]
             self.endpoints[inst] = {k: v for k, v in asdict(ep).items() if v}
         wiring.frontend = f"{self.driver_ip}:{free_port(bind or self.driver_ip)}"
         wiring.bind_all = self.bind_all

@@ -30,7 +30,7 @@ from pddflow.graph.plan import ChannelPlan, Plan
 from pddflow.runtime.proto import runtime_pb2 as pb
 from pddflow.runtime.rpc import open_reports
 from pddflow.runtime.transports import SHM, incoming, pair
-from pddflow.runtime.wiring import Wiring
+from pddflow.runtime.wiring import Wiring, rdma_address
 from pddflow.runtime.workers.inbox import Abort, CaughtUp, HandoffTokens, KVArrived, KVLost
 
 POLL_S = 0.2  # receive loops wake this often to notice shutdown
@@ -67,7 +67,7 @@ class WorkerIO:
             if ch.kind == Kind.RDMA_TENSOR and not any(
                 isinstance(r, SharedMemoryKVReceiver) for r in self.kv_receivers
             ):
-                self.kv_receivers += self._rdma_receivers(ch, ep.kv_rdma, ep.kv_rdma_net)
+                self.kv_receivers += rdma_receivers(wiring, ch, instance, 0)
             elif ch.kind == Kind.WAN_FLIGHT and not any(
                 isinstance(r, WanFlightReceiver) for r in self.kv_receivers
             ):
@@ -111,32 +111,6 @@ class WorkerIO:
 
     def _auth(self, ch: ChannelPlan) -> str | None:
         return (ch.params.get("token") or self.wiring.auth_token) if ch.cross_cluster else None
-
-    def _rdma_params(self, ch: ChannelPlan, transport: str) -> SharedMemoryKVParams:
-        return SharedMemoryKVParams(
-            ring_slots=ch.params["ring_slots"],
-            slot_mb=ch.params["slot_mb"],
-            arena_mb=ch.params["arena_mb"],
-            deadline_s=ch.params["deadline_s"],
-            checksum=ch.params["checksum"] or None,
-            transport=transport,
-            # a network receiver listens on the node's address: the deployment's token keeps
-            # whoever else reaches it out (a unix socket is this host's alone)
-            token=self.wiring.auth_token if transport != SHM else None,
-        )
-
-    def _rdma_receivers(self, ch: ChannelPlan, unix: str, net: str) -> list[Any]:
-        """One receiver per way this instance's senders reach it (`rdma_routes.py`)."""
-        out: list[Any] = []
-        if unix:
-            out.append(SharedMemoryKVReceiver(unix, params=self._rdma_params(ch, SHM)))
-        if net:
-            kinds = incoming(self.wiring.rdma, self.instance) - {SHM}
-            transport = kinds.pop() if len(kinds) == 1 else "auto"
-            port = net.rsplit(":", 1)[1]
-            bind = f"tcp:{self.wiring.bind_host(net[4:])}:{port}"
-            out.append(SharedMemoryKVReceiver(bind, params=self._rdma_params(ch, transport)))
-        return out
 
     def _flight_params(self, ch: ChannelPlan) -> WanFlightParams:
         return WanFlightParams(
@@ -185,19 +159,16 @@ class WorkerIO:
                 shaped += 1
         return pb.LinkTuned(instance=self.instance, shaped=shaped)
 
-    # one sender per (channel, destination instance)
-    def sender(self, kind: str, dst_instance: str) -> Any:
-        key = (kind, dst_instance)
+    # one sender per (channel, destination instance[, its rank])
+    def sender(self, kind: str, dst_instance: str, rank: int = 0) -> Any:
+        key = (kind, dst_instance) if not rank else (kind, f"{dst_instance}#{rank}")
         with self._lock:
             if key in self._senders:
                 return self._senders[key]
             ch = self._channel(kind, dst_instance)
             ep = self.wiring.workers[dst_instance]
             if kind == Kind.RDMA_TENSOR:
-                # per receiver: shared memory to one on this host, its network address otherwise
-                transport = self.wiring.rdma.get(pair(self.instance, dst_instance), SHM)
-                address = ep.kv_rdma if transport == SHM else ep.kv_rdma_net
-                s = SharedMemoryKVSender(address, params=self._rdma_params(ch, transport))
+                s = rdma_sender(self.wiring, ch, self.instance, dst_instance, rank)
             elif kind == Kind.WAN_FLIGHT:
                 params = self._flight_params(ch)
                 target = self.wiring.reach(ep.kv_flight)
@@ -336,3 +307,45 @@ class WorkerIO:
             r.close()
         if self.handoff_server is not None:
             self.handoff_server.close()
+
+
+def rdma_params(wiring: Wiring, ch: ChannelPlan, transport: str) -> SharedMemoryKVParams:
+    return SharedMemoryKVParams(
+        ring_slots=ch.params["ring_slots"],
+        slot_mb=ch.params["slot_mb"],
+        arena_mb=ch.params["arena_mb"],
+        deadline_s=ch.params["deadline_s"],
+        checksum=ch.params["checksum"] or None,
+        transport=transport,
+        # a network receiver listens on the node's address: the deployment's token keeps
+        # whoever else reaches it out (a unix socket is this host's alone)
+        token=wiring.auth_token if transport != SHM else None,
+    )
+
+
+def rdma_receivers(wiring: Wiring, ch: ChannelPlan, instance: str, rank: int) -> list[Any]:
+    """One receiver per way the instance's senders reach it (`transports.py`), at `rank`'s
+    addresses."""
+    ep = wiring.workers[instance]
+    out: list[Any] = []
+    if ep.kv_rdma:
+        unix = rdma_address(ep, rank, SHM)
+        out.append(SharedMemoryKVReceiver(unix, params=rdma_params(wiring, ch, SHM)))
+    if ep.kv_rdma_net:
+        kinds = incoming(wiring.rdma, instance) - {SHM}
+        transport = kinds.pop() if len(kinds) == 1 else "auto"
+        net = rdma_address(ep, rank, "tcp")
+        port = net.rsplit(":", 1)[1]
+        bind = f"tcp:{wiring.bind_host(net[4:])}:{port}"
+        out.append(SharedMemoryKVReceiver(bind, params=rdma_params(wiring, ch, transport)))
+    return out
+
+
+def rdma_sender(
+    wiring: Wiring, ch: ChannelPlan, src: str, dst: str, rank: int
+) -> SharedMemoryKVSender:
+    """To rank `rank` of dst: shared memory where dst shares src's host, its network address
+    otherwise."""
+    transport = wiring.rdma.get(pair(src, dst), SHM)
+    address = rdma_address(wiring.workers[dst], rank, transport)
+    return SharedMemoryKVSender(address, params=rdma_params(wiring, ch, transport))

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pddflow.core.kv_budget import kv_fit
 from pddflow.core.payloads import KVBlocks, TokenLogprob
 from pddflow.operators.block_allocator import KVCacheFull
+from pddflow.operators.kv_exchange import KVShardMissing
 from pddflow.runtime.proto import runtime_pb2 as pb
 from pddflow.runtime.workers.inbox import FirstToken, InboxItem, KVArrived, KVLost
 from pddflow.runtime.workers.loop import Leg, Worker
@@ -19,6 +20,7 @@ from pddflow.runtime.workers.registry import runs
 class DecodeLeg(Leg):
     kv: KVBlocks | None = None  # landed, not yet imported
     kv_arrived: float = 0.0  # when that KV reached this process
+    kv_pieces: int = 1  # rank-to-rank: the sending ranks' pieces it was joined from
     kv_ready: bool = False  # the prompt's KV is in this worker's cache
     first: int | None = None  # the first generated token (prefill's, via the frontend)
     first_logprob: TokenLogprob | None = None  # prefill's log probability of it, when asked
@@ -43,6 +45,7 @@ class DecoderWorker(Worker):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self.memory_wait: list[DecodeLeg] = []  # landed KV waiting for room, FIFO
+        self.shard_wait: list[DecodeLeg] = []  # rank-to-rank KV a follower rank still lacks
         self.stats = DecodeStats()
         self._decoded = False  # this iteration ran a decode step
 
@@ -52,7 +55,7 @@ class DecoderWorker(Worker):
 
     def on_input(self, leg: DecodeLeg, item: InboxItem) -> None:
         if isinstance(item, KVArrived):
-            leg.kv, leg.kv_arrived = item.kv, item.arrived
+            leg.kv, leg.kv_arrived, leg.kv_pieces = item.kv, item.arrived, item.pieces
             self.land(leg)
         elif isinstance(item, KVLost):
             self.recompute_kv(leg, item.reason)
@@ -63,8 +66,15 @@ class DecoderWorker(Worker):
     def idle(self) -> bool:
         return not (self.compute_queue or self.decoding())
 
+    def wait_s(self) -> float:
+        return 0.002 if self.shard_wait else super().wait_s()
+
     def step(self) -> None:
         self.land_waiting()
+        for leg in list(self.shard_wait):
+            self.shard_wait.remove(leg)
+            if leg.seq_id in self.legs and leg.kv is not None:
+                self.land(leg)
         if self.compute_queue:
             self.compute(self.compute_queue.pop(0))
         elif batch := self.decoding()[: self.op.max_batch]:
@@ -135,15 +145,26 @@ class DecoderWorker(Worker):
         waited_ms = (time.monotonic() - leg.kv_arrived) * 1e3
         try:
             self.engine.import_kv(leg.seq, leg.kv)
+        except KVShardMissing as exc:  # a rank's heads are late, or lost on their way
+            if time.monotonic() - leg.kv_arrived < self.shards.ttl_s / 2:
+                self.shard_wait.append(leg)  # the next iterations try again
+                return
+            leg.kv = None
+            self.recompute_kv(leg, f"KV incomplete past the channel's deadline: {exc}")
+            return
         except Exception as exc:  # noqa: BLE001 - a bad transfer: recompute from token IDs
+            leg.kv = None
             self.recompute_kv(leg, f"cannot import KV: {exc}")
             return
         self.engine.reserve(leg.seq, self.total_tokens(leg))  # room_for said it fits
         nbytes = float(leg.kv.data.nbytes)
+        # every rank landed the heads its own receiver got (rank to rank), or the leader all
+        own = float(leg.kv.heads is not None)
         leg.kv, leg.kv_ready = None, True
         # waited_ms: the KV had reached this process; the loop took it later (a step in progress,
         # a shared core, no room in memory)
-        self.io.event(leg.seq_id, pb.EVENT_KV_LANDED, waited_ms=waited_ms, bytes=nbytes)
+        values = {"waited_ms": waited_ms, "bytes": nbytes, "pieces": float(leg.kv_pieces)}
+        self.io.event(leg.seq_id, pb.EVENT_KV_LANDED, ranks_own_heads=own, **values)
         self.maybe_start(leg)
 
     @staticmethod
@@ -231,6 +252,8 @@ class DecoderWorker(Worker):
     def finish(self, leg: DecodeLeg, reason: str = "") -> None:
         if leg in self.memory_wait:
             self.memory_wait.remove(leg)
+        if leg in self.shard_wait:
+            self.shard_wait.remove(leg)
         if not leg.kv_ready and reason:
             for receiver in self.io.kv_receivers:
                 receiver.cancel(leg.seq_id, reason)

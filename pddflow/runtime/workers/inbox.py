@@ -53,6 +53,7 @@ class KVLost:
 class KVArrived:
     kv: KVBlocks
     arrived: float  # monotonic: when the KV reached this process
+    pieces: int = 1  # rank-to-rank KV: the sending ranks' pieces joined into it
 
     @property
     def seq_id(self) -> str:

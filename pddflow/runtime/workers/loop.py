@@ -7,9 +7,10 @@ import queue
 import threading
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from pddflow.channels.errors import ChannelError
 from pddflow.core.payloads import TokenLogprob
 from pddflow.graph.plan import OperatorPlan
 from pddflow.runtime.proto import runtime_pb2 as pb
@@ -25,9 +26,11 @@ from pddflow.runtime.workers.inbox import (
     HandoffRequested,
     HandoffUndeliverable,
     InboxItem,
+    KVArrived,
     KVLost,
     LegOrdered,
 )
+from pddflow.runtime.workers.rank_kv import ShardAssembler, shard_ttl_s
 from pddflow.runtime.workers.ranks import build_engine
 
 STATUS_EVERY_S = 0.5
@@ -68,6 +71,8 @@ class Worker:
         self.stopping = threading.Event()
         self.io = WorkerIO(wiring, self.plan, instance, self.inbox)
         self.engine = build_engine(wiring, instance, 0)  # the leader of the instance's ranks
+        # the leader's heads of rank-to-rank KV, joined from the sending ranks' pieces
+        self.shards = ShardAssembler(self.engine.kv_heads, shard_ttl_s(self.plan, self.op.name))
         self.legs: dict[str, Leg] = {}
         self.early: dict[str, tuple[float, list[InboxItem]]] = {}  # seq_id -> (first seen, items)
         self.compute_queue: list[Leg] = []  # prefills and extends, in arrival order
@@ -129,9 +134,13 @@ class Worker:
     def iterated(self, wall_s: float) -> None:
         """One loop iteration took `wall_s`."""
 
+    def wait_s(self) -> float:
+        """How long an idle loop waits for input before it looks again."""
+        return 0.05
+
     def admit(self, block: bool) -> None:
         try:
-            item = self.inbox.get(timeout=0.05) if block else self.inbox.get_nowait()
+            item = self.inbox.get(timeout=self.wait_s()) if block else self.inbox.get_nowait()
         except queue.Empty:
             return
         while True:
@@ -145,6 +154,18 @@ class Worker:
         if isinstance(item, LegOrdered):
             self._start_leg(item)
             return
+        if isinstance(item, KVArrived) and item.kv.heads is not None:
+            try:
+                joined = self.shards.add(item.kv)
+            except ChannelError as exc:
+                joined, item = None, KVLost(item.seq_id, str(exc))
+            if joined is not None:  # a TP 1 instance holds every head: the plain landing
+                whole, pieces = joined
+                every = (0, self.engine.model_config.num_kv_heads)
+                heads = None if whole.heads == every else whole.heads
+                item = KVArrived(replace(whole, heads=heads), item.arrived, pieces)
+            elif isinstance(item, KVArrived):
+                return
         leg = self.legs.get(item.seq_id)
         if leg is None and isinstance(item, AFTER_START):
             return  # its leg has ended

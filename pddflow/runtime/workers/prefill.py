@@ -5,12 +5,17 @@ blocks main's radix cache lacks."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from pddflow.core.kv_reuse import reused_blocks
+from pddflow.core.payloads import KVBlocks
 from pddflow.runtime.proto import runtime_pb2 as pb
 from pddflow.runtime.workers.loop import Leg, Worker
+from pddflow.runtime.workers.rank_kv import joined, planned_bytes, rank_to_rank, send_shards
 from pddflow.runtime.workers.registry import runs
 
 
@@ -59,7 +64,11 @@ class PrefillWorker(Worker):
             kind = self.io.kv_kind_to(peer)
             timeout = max(0.1, min(leg.deadline - time.monotonic(), self.io.deadline_s(kind, peer)))
             t0 = time.monotonic()
-            kv = self.engine.export_kv(seq, start_block=start_block)
+            if rank_to_rank(self.plan, self.instance, peer, kind):
+                kv, send = self._ship_by_ranks(leg, peer, kind, start_block, timeout)
+            else:
+                kv = self.engine.export_kv(seq, start_block=start_block)
+                send = partial(self.io.sender(kind, peer).send_async, kv, timeout_s=timeout)
             values = {
                 "bytes": kv.num_blocks * block_bytes,
                 "saved_bytes": start_block * block_bytes,
@@ -71,12 +80,29 @@ class PrefillWorker(Worker):
             }
             self.io.event(seq.seq_id, pb.EVENT_KV_SEND, channel=kind, peer=peer, **values)
             sent_at = time.monotonic()
-            fut = self.io.sender(kind, peer).send_async(kv, timeout_s=timeout)
+            fut = send()
             fut.add_done_callback(
                 lambda f, peer=peer, kind=kind, t0=sent_at, sid=seq.seq_id: self._kv_sent(
                     sid, peer, kind, t0, f
                 )
             )
+
+    def _ship_by_ranks(
+        self, leg: PrefillLeg, peer: str, kind: str, start_block: int, timeout: float
+    ) -> tuple[KVBlocks, Callable[[], Future]]:
+        """Every rank of this instance sends its own heads to the peer's ranks holding them; the
+        leader's own KV, and how it sends its pieces."""
+        route = pb.RankRoute(peer=peer, timeout_s=timeout).SerializeToString()
+        kv = self.engine.ship_kv(leg.seq, route, start_block)
+        heads = self.engine.model_config.num_kv_heads
+        ranks = (self.op.ranks, self.plan.operator_of(peer).ranks)
+        total = planned_bytes(kv, self.engine.block_bytes, heads, ranks)
+
+        def send() -> Future:
+            to = partial(self.io.sender, kind, peer)
+            return joined(send_shards(kv, heads, (ranks[0], 0), ranks[1], to, timeout), total)
+
+        return kv, send
 
     def _kv_sent(self, seq_id: str, peer: str, kind: str, t0: float, fut: Any) -> None:
         """On a channel thread: the send ended."""

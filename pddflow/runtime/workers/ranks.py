@@ -35,12 +35,16 @@ def build_engine(wiring: Wiring, instance: str, rank: int):
 def follow(wiring: Wiring, instance: str, rank: int) -> int:
     """A follower rank's whole life: 0 when its leader stopped it, 1 when a rank was lost."""
     from pddflow.operators.tensor_parallel import TPPeerLost
+    from pddflow.runtime.workers.rank_kv import FollowerKV
 
     engine = build_engine(wiring, instance, rank)
+    rank_kv = FollowerKV(wiring, instance, rank, engine)
     print(f"{rank_name(instance, rank)} ready (pid {os.getpid()})", flush=True)
     try:
-        engine.follow()
+        engine.follow(rank_kv)
     except TPPeerLost as exc:
         print(f"{rank_name(instance, rank)}: {exc}", flush=True)
         return 1
+    finally:
+        rank_kv.close()
     return 0
