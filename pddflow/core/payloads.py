@@ -26,6 +26,20 @@ class SamplingParams:
     # None: no log probabilities (nothing computed); k >= 0: each sampled token's logprob and the
     # k most likely tokens' (log-softmax of the raw logits, at temperature 1)
     logprobs: int | None = None
+    # OpenAI's: subtract frequency * count + presence * (count > 0) of each token generated so far
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    # vLLM's: a token seen in the prompt or the output has its logit divided by this (> 0) when
+    # positive, multiplied when negative; 1 = off
+    repetition_penalty: float = 1.0
+    top_k: int = 0  # keep the k most likely tokens; 0 = all
+    min_p: float = 0.0  # keep tokens at least min_p times as likely as the most likely; 0 = all
+
+    @property
+    def penalized(self) -> bool:
+        return bool(self.frequency_penalty or self.presence_penalty) or (
+            self.repetition_penalty != 1.0
+        )
 
 
 @dataclass(frozen=True)

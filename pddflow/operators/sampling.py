@@ -1,5 +1,7 @@
-"""Token sampling, greedy or temperature + top-p, stateless: the draw at position p is a hash of
-(seed, p), so a sequence split across workers draws what one colocated run draws."""
+"""Token sampling, stateless: the draw at position p is a hash of (seed, p), so a sequence split
+across workers draws what one colocated run draws. Order: penalties on the logits (repetition, then
+frequency and presence: a function of the sequence's tokens, which every worker holds), then greedy
+argmax, or temperature, top-k, min-p and top-p over the most likely tokens first."""
 
 from __future__ import annotations
 
@@ -24,12 +26,17 @@ def sample_token(logits: torch.Tensor, params: SamplingParams, seed: int, positi
         return int(torch.argmax(logits))
     probs = torch.softmax(logits.double() / params.temperature, dim=-1)
     sorted_p, order = torch.sort(probs, descending=True, stable=True)
-    cum = torch.cumsum(sorted_p, 0)
-    if params.top_p < 1.0:
-        keep = int(torch.searchsorted(cum, torch.tensor([params.top_p], dtype=cum.dtype))[0]) + 1
-        keep = min(max(keep, 1), cum.numel())
-    else:
-        keep = cum.numel()
+    cut = sorted_p.numel()
+    if params.top_k > 0:
+        cut = min(cut, params.top_k)
+    if params.min_p > 0:
+        cut = min(cut, int((sorted_p >= params.min_p * sorted_p[0]).sum()))
+    cum = torch.cumsum(sorted_p[:cut], 0)
+    keep = cut
+    if params.top_p < 1.0:  # of what top-k and min-p kept, renormalised
+        target = params.top_p * (float(cum[-1]) if cut < sorted_p.numel() else 1.0)
+        keep = int(torch.searchsorted(cum, torch.tensor([target], dtype=cum.dtype))[0]) + 1
+        keep = min(max(keep, 1), cut)
     u = uniform(seed, position) * float(cum[keep - 1])
     idx = int(torch.searchsorted(cum[:keep], torch.tensor([u], dtype=cum.dtype), right=True)[0])
     return int(order[min(idx, keep - 1)])
@@ -71,11 +78,33 @@ def sample_batch(
     return out
 
 
+def penalize(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """The logits of the rows whose sampling penalizes repeats, adjusted (a copy; the others as
+    they are). Repetition: every token of the prompt and the output; frequency and presence: the
+    tokens generated so far (OpenAI's and vLLM's semantics)."""
+    rows = [i for i, s in enumerate(seqs) if s.sampling.penalized]
+    if not rows:
+        return logits
+    out = logits.clone()
+    for i in rows:
+        seq, p, row = seqs[i], seqs[i].sampling, out[i]
+        if p.repetition_penalty != 1.0:
+            seen = torch.tensor(sorted(set(seq.token_ids)), dtype=torch.long, device=row.device)
+            v = row[seen]
+            row[seen] = torch.where(v > 0, v / p.repetition_penalty, v * p.repetition_penalty)
+        generated = seq.generated_ids
+        if generated and (p.frequency_penalty or p.presence_penalty):
+            ids = torch.tensor(generated, dtype=torch.long, device=row.device)
+            counts = torch.bincount(ids, minlength=row.numel()).to(row.dtype)
+            row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(row.dtype)
+    return out
+
+
 def sample_sequences(seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
     """Sample row i for seqs[i], append the token (its KV pending), record log probabilities
-    where asked, update the finish state."""
+    (of the raw logits) where asked, update the finish state."""
     toks = sample_batch(
-        logits,
+        penalize(logits, seqs),
         [s.sampling for s in seqs],
         [s.seed for s in seqs],
         [len(s.token_ids) for s in seqs],

@@ -23,11 +23,20 @@ class Sequence:
     # (logprob, top [(id, logprob)...]) of each token this engine sampled, in order, when
     # sampling.logprobs asks (tokens handed in by another worker have none here)
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    # where the request's output begins in token_ids, when not at num_prompt_tokens (a leg resumed
+    # elsewhere prefills the output already streamed with the prompt)
+    output_start: int | None = None
     _hashes: list[int] = field(default_factory=list, repr=False)
 
     @property
     def output_ids(self) -> list[int]:
         return self.token_ids[self.num_prompt_tokens :]
+
+    @property
+    def generated_ids(self) -> list[int]:
+        """The request's output so far (what frequency and presence penalties count)."""
+        start = self.num_prompt_tokens if self.output_start is None else self.output_start
+        return self.token_ids[start:]
 
     @property
     def num_pending(self) -> int:

@@ -19,6 +19,11 @@ def sampling_to_pb(s: SamplingParams, max_tokens: int | None = None) -> pb.Sampl
         stop_token_ids=list(s.stop_token_ids),
         logprobs=s.logprobs is not None,
         top_logprobs=s.logprobs or 0,
+        frequency_penalty=s.frequency_penalty,
+        presence_penalty=s.presence_penalty,
+        repetition_penalty=s.repetition_penalty,
+        top_k=s.top_k,
+        min_p=s.min_p,
     )
 
 
@@ -30,6 +35,11 @@ def sampling_from_pb(s: pb.Sampling) -> SamplingParams:
         seed=s.seed,
         stop_token_ids=tuple(s.stop_token_ids),
         logprobs=s.top_logprobs if s.logprobs else None,
+        frequency_penalty=s.frequency_penalty,
+        presence_penalty=s.presence_penalty,
+        repetition_penalty=s.repetition_penalty or 1.0,
+        top_k=s.top_k,
+        min_p=s.min_p,
     )
 
 

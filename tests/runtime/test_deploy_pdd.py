@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pddflow.bench.deploy_process import DeployProcess, post_json
+from pddflow.bench.deploy_process import DeployProcess, get_json, post_json
 
 pytestmark = pytest.mark.slow  # starts a deployment: worker processes
 
@@ -102,6 +102,93 @@ def test_completions_match_reference(client, reference, route, prompt):
     assert r.usage.completion_tokens == len(reference[prompt])
 
 
+# penalties count the output so far: each decoder counts from the token IDs it holds, so the
+# relay -> main handoff (and the prefill -> decoder step) continues the same counts
+SAMPLINGS = {
+    "penalized greedy": {
+        "temperature": 0,
+        "frequency_penalty": 1.5,
+        "presence_penalty": 0.5,
+        "extra": {"repetition_penalty": 1.3},
+    },
+    "seeded top-k min-p": {
+        "temperature": 0.8,
+        "seed": 11,
+        "top_p": 0.95,
+        "presence_penalty": 0.8,
+        "extra": {"top_k": 20, "min_p": 0.02},
+    },
+}
+
+
+@pytest.fixture(scope="module")
+def sampled_reference():
+    from pddflow.core.payloads import SamplingParams
+    from pddflow.operators.engine import Engine
+
+    eng = Engine.from_spec("builtin:tiny-llama")
+    ids = eng.tokenizer.encode(PROMPTS[0])
+    out = {}
+    for name, s in SAMPLINGS.items():
+        fields = {k: v for k, v in s.items() if k != "extra"} | s["extra"]
+        params = SamplingParams(
+            max_tokens=MAX_TOKENS, stop_token_ids=tuple(eng.tokenizer.eos_token_ids), **fields
+        )
+        out[name] = eng.generate([ids], params)[0].output_ids
+    plain = eng.generate([ids], SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0))
+    assert out["penalized greedy"] != plain[0].output_ids  # the penalties change the answer
+    return out
+
+
+@pytest.mark.parametrize("sampling", list(SAMPLINGS))
+@pytest.mark.parametrize(
+    "route", ROUTES[1:], ids=["p_md", "p_rld_md-one_shot", "p_rld_md-catch_up"]
+)
+def test_penalties_and_filters_match_the_reference_on_every_route(
+    client, sampled_reference, route, sampling
+):
+    s = SAMPLINGS[sampling]
+    extra = {"return_token_ids": True, "variant": route[0], "handoff": route[1], **s["extra"]}
+    args = {k: v for k, v in s.items() if k != "extra"}
+    r = client.completions.create(
+        model="pdd", prompt=PROMPTS[0], max_tokens=MAX_TOKENS, extra_body=extra, **args
+    )
+    assert r.choices[0].model_extra["token_ids"] == sampled_reference[sampling]
+
+
+@pytest.mark.parametrize(
+    "route", ROUTES[1:], ids=["p_md", "p_rld_md-one_shot", "p_rld_md-catch_up"]
+)
+def test_n_choices_match_the_reference_and_share_the_prompts_kv(pdd, client, route):
+    """n = 3, seeded sampling: choice i is the colocated reference's sequence with seed + i (so
+    the choices differ); the choices after the first find the prompt in prefill's cache."""
+    from pddflow.core.payloads import SamplingParams
+    from pddflow.operators.engine import Engine
+
+    prompt = "Three answers to one question, please: " + route[0] + str(route[1])
+    eng = Engine.from_spec("builtin:tiny-llama")
+    ids = eng.tokenizer.encode(prompt)
+    eos = tuple(eng.tokenizer.eos_token_ids)
+    want = [
+        eng.generate([ids], SamplingParams(8, 0.9, seed=5 + i, stop_token_ids=eos))[0].output_ids
+        for i in range(3)
+    ]
+    assert len({tuple(w) for w in want}) > 1  # the seeds make different answers
+    extra = {"return_token_ids": True, "variant": route[0], "handoff": route[1]}
+    r = client.completions.with_raw_response.create(
+        model="pdd", prompt=prompt, max_tokens=8, temperature=0.9, seed=5, n=3, extra_body=extra
+    )
+    out = r.parse()
+    assert [c.index for c in out.choices] == [0, 1, 2]
+    assert [c.model_extra["token_ids"] for c in out.choices] == want
+    assert out.usage.completion_tokens == sum(len(w) for w in want)
+    rid = r.headers["x-request-id"]
+    for i in (1, 2):
+        _, timeline = get_json(f"{pdd.base}/v1/requests/{rid}-{i}/timeline")
+        sent = [e for e in timeline["events"] if e["event"] == "kv_send"]
+        assert sent and max(e["cached_tokens"] for e in sent) > 0, timeline
+
+
 @pytest.mark.parametrize(
     "route", ROUTES[1:], ids=["p_md", "p_rld_md-one_shot", "p_rld_md-catch_up"]
 )
@@ -181,16 +268,26 @@ def test_largest_seed_is_served(client):
 
 
 def test_metrics_timeline_and_no_leaks(pdd, client):
-    r = client.completions.with_raw_response.create(
-        model="pdd",
-        prompt=PROMPTS[0],
-        max_tokens=8,
-        temperature=0,
-        extra_body={"variant": "p_rld_md", "handoff": "one_shot"},
-    )
-    rid = r.headers["x-request-id"]
+    import json
     import urllib.request
 
+    # the emulated WAN draws each KV transfer's queueing delay from a heavy tail (p99 2 s): a
+    # draw longer than the relay's whole answer lands main's KV after the request finished, and
+    # no handoff starts. One of three requests hands off unless the handoff path is broken.
+    for _ in range(3):
+        r = client.completions.with_raw_response.create(
+            model="pdd",
+            prompt=PROMPTS[0],
+            max_tokens=24,
+            temperature=0,
+            extra_body={"variant": "p_rld_md", "handoff": "one_shot"},
+        )
+        rid = r.headers["x-request-id"]
+        tl = json.loads(
+            urllib.request.urlopen(f"{pdd.base}/v1/requests/{rid}/timeline", timeout=5).read()
+        )
+        if "handoff_start" in [e["event"] for e in tl["events"]]:
+            break
     text = urllib.request.urlopen(f"{pdd.base}/metrics", timeout=5).read().decode()
     for name in (
         "pddflow_ttft_seconds_bucket",
@@ -205,12 +302,9 @@ def test_metrics_timeline_and_no_leaks(pdd, client):
         "pddflow_decode_steps_total",
     ):
         assert name in text, name
-    tl = __import__("json").loads(
-        urllib.request.urlopen(f"{pdd.base}/v1/requests/{rid}/timeline", timeout=5).read()
-    )
     names = [e["event"] for e in tl["events"]]
     for ev in ("arrival", "first_token", "kv_landed", "handoff_start", "handoff_sent", "finish"):
-        assert ev in names, [e.get("error") for e in tl["events"] if e["event"] == "leg_failed"]
+        assert ev in names, "\n".join(str(e) for e in tl["events"])
     h = pdd.wait_idle()
     assert h["mirror_drift"] == []
     from pddflow.bench.serve import decode_counters

@@ -126,22 +126,26 @@ def _assert_openai_error(r, status: int, param: str | None = None) -> dict:
         ({"stop": ""}, "stop"),
         ({"stop": ["ok", ""]}, "stop.1"),
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
-        ({"n": 2}, "n"),
+        ({"n": 17}, "n"),  # at most 16 choices
+        ({"n": 0}, "n"),
         ({"best_of": 2}, "best_of"),
         ({"echo": True}, "echo"),
         ({"suffix": "tail"}, "suffix"),
         ({"logprobs": 6}, "logprobs"),  # at most 5 alternatives (OpenAI's limit)
         ({"logprobs": -1}, "logprobs"),
         ({"logprobs": True}, "logprobs"),  # no coercion: true is no count
-        ({"frequency_penalty": 0.5}, "frequency_penalty"),
-        ({"presence_penalty": -1}, "presence_penalty"),
+        ({"frequency_penalty": 2.01}, "frequency_penalty"),  # OpenAI's range: [-2, 2]
+        ({"presence_penalty": -3}, "presence_penalty"),
+        ({"frequency_penalty": "1"}, "frequency_penalty"),
         ({"logit_bias": {"50256": -100}}, "logit_bias"),
         ({"stream_options": {"include_usage": True}}, "stream_options"),  # without stream
         (
             {"stream": True, "stream_options": {"include_usage": "yes"}},
             "stream_options.include_usage",
         ),
-        ({"top_k": 5}, "top_k"),  # not an OpenAI field
+        ({"top_k": 1.5}, "top_k"),  # vLLM's: an integer
+        ({"min_p": -0.1}, "min_p"),
+        ({"repetition_penalty": -1.0}, "repetition_penalty"),
         ({"user": 5}, "user"),
         ({"tools": [{"type": "function"}]}, "tools"),  # a chat field
     ],
@@ -163,7 +167,7 @@ def test_completion_fields_refused_with_400_naming_them(api, extra, param):
         ({"logprobs": 1}, "logprobs"),  # a boolean here, no coercion
         ({"top_logprobs": 2}, "top_logprobs"),  # only with logprobs: true
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),  # at most 20
-        ({"n": 3}, "n"),
+        ({"n": 2.0}, "n"),  # an integer
         ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
         ({"modalities": ["text", "audio"]}, "modalities"),
         ({"prediction": {"type": "content", "content": "x"}}, "prediction"),
@@ -259,6 +263,18 @@ def test_honoured_fields(api, fe):
     s = fe.sampling[-1]
     assert (s.temperature, s.top_p, s.seed, s.max_tokens) == (0.0, 0.5, 7, 5)
     assert r.json()["choices"][0]["text"] == "abcde"
+    assert (s.frequency_penalty, s.presence_penalty, s.repetition_penalty) == (0.0, 0.0, 1.0)
+    assert (s.top_k, s.min_p) == (0, 0.0)
+    penalties = {"frequency_penalty": 0.5, "presence_penalty": -1, "repetition_penalty": 1.2}
+    filters = {"top_k": 40, "min_p": 0.1}
+    for path, body in (("/v1/completions", COMPLETION), ("/v1/chat/completions", CHAT)):
+        r = api.post(path, json={**body, **penalties, **filters})
+        assert r.status_code == 200, r.text
+        s = fe.sampling[-1]
+        assert (s.frequency_penalty, s.presence_penalty, s.repetition_penalty) == (0.5, -1, 1.2)
+        assert (s.top_k, s.min_p) == (40, 0.1)
+    api.post("/v1/completions", json={**COMPLETION, "top_k": -1})  # vLLM's "all"
+    assert fe.sampling[-1].top_k == 0
     r = api.post("/v1/completions", json={**COMPLETION, "max_tokens": 6, "stop": ["d"]})
     body = r.json()
     assert body["choices"][0]["text"] == "abc" and body["choices"][0]["finish_reason"] == "stop"
@@ -444,3 +460,47 @@ def test_token_text_of_a_partial_utf8_byte():
     assert token_text(Bytes(), Bytes.EOS) == ("", [])
     out = chat_logprobs(Bytes(), [0xE2], [TokenLogprob(-1.0, ((0xE2, -1.0),))])
     assert out["content"][0]["bytes"] == [0xE2] and out["content"][0]["token"] == "\ufffd"
+
+
+def test_n_choices_each_a_flight_with_its_own_seed(api, fe):
+    """n: each choice its own flight (rid, rid-1, ...) seeded seed + i; one choice per index,
+    usage counts the prompt once and every choice's tokens."""
+    r = api.post("/v1/completions", json={**COMPLETION, "n": 3, "seed": 40, "max_tokens": 4})
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert [c["index"] for c in body["choices"]] == [0, 1, 2]
+    assert all(c["text"] == "abcd" and c["finish_reason"] == "length" for c in body["choices"])
+    assert sorted(s.seed for s in fe.sampling[-3:]) == [40, 41, 42]
+    rid = r.headers["x-request-id"]
+    assert set(fe.timelines) >= {rid, f"{rid}-1", f"{rid}-2"}
+    assert body["usage"]["completion_tokens"] == 12
+    assert body["usage"]["total_tokens"] == body["usage"]["prompt_tokens"] + 12
+    # chat, no seed: every choice draws its own (the engine picks one per sequence)
+    r = api.post("/v1/chat/completions", json={**CHAT, "n": 2, "max_tokens": 3})
+    assert [c["message"]["content"] for c in r.json()["choices"]] == ["abc", "abc"]
+    assert [s.seed for s in fe.sampling[-2:]] == [None, None]
+
+
+def test_n_choices_streamed(api, fe):
+    """Streamed: each choice's chunks carry its index, each choice ends with its own
+    finish_reason chunk, and the usage chunk comes once, last."""
+    body = {**CHAT, "n": 2, "max_tokens": 3, "stream": True}
+    body["stream_options"] = {"include_usage": True}
+    r = api.post("/v1/chat/completions", json=body)
+    assert r.status_code == 200
+    chunks = [json.loads(line[6:]) for line in r.text.splitlines() if line.startswith("data: {")]
+    text = {0: "", 1: ""}
+    finishes = {}
+    for c in chunks[:-1]:
+        (choice,) = c["choices"]
+        text[choice["index"]] += choice["delta"].get("content") or ""
+        if choice["finish_reason"]:
+            finishes[choice["index"]] = choice["finish_reason"]
+    assert text == {0: "abc", 1: "abc"} and finishes == {0: "length", 1: "length"}
+    roles = [
+        c["choices"][0]["index"]
+        for c in chunks
+        if c["choices"] and "role" in c["choices"][0]["delta"]
+    ]
+    assert roles == [0, 1]
+    assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 6

@@ -8,6 +8,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -20,6 +21,7 @@ from pddflow.runtime.api.admin import add_admin_routes
 from pddflow.runtime.api.admission import Admission
 from pddflow.runtime.api.auth import KeyGuard
 from pddflow.runtime.api.completion import (
+    Choices,
     ClientGone,
     Completion,
     CompletionResponse,
@@ -33,7 +35,7 @@ from pddflow.runtime.api.errors import (
 )
 from pddflow.runtime.api.logprobs import chat_logprobs, completion_logprobs
 from pddflow.runtime.api.router import LinkControl, Router
-from pddflow.runtime.api.schema import ChatBody, CompletionBody, _Body
+from pddflow.runtime.api.schema import SEED_LIMIT, ChatBody, CompletionBody, _Body
 from pddflow.runtime.frontend.rejection import RequestRejected
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -217,44 +219,62 @@ async def _serve(
         seed=body.seed,
         stop_token_ids=tuple(router.tokenizer.eos_token_ids),
         logprobs=body.logprob_count,
+        **body.sampling_fields(),
     )
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     deadline = time.monotonic() + (body.timeout_s or DEFAULT_TIMEOUT_S)
-    completion = Completion(router, rid, stops, max_tokens, admission)
+    # choice i > 0 is its own flight, rid-i, seeded seed + i (vLLM's), its timeline its own
+    n = body.n or 1
+    choices = Choices(
+        [Completion(router, choice_id(rid, i), stops, max_tokens, admission) for i in range(n)]
+    )
     try:
-        admission.admit(completion)
+        for c in choices.items:
+            admission.admit(c)
     except RequestRejected as exc:
+        await choices.close()
         return error_response(exc.status, str(exc), kind="server_error")
     # A client that hangs up cancels the request (every leg aborted, its KV freed). Starlette
     # watches for that while it streams; until then, and for a whole non-streamed answer, this
     # watches the same way (the next ASGI receive after the body is the disconnect).
-    watch = asyncio.create_task(on_disconnect(request, completion))
+    watch = asyncio.create_task(on_disconnect(request, choices))
     streaming = False
     try:
-        completion.stream = router.generate(
-            rid, prompt_ids, sampling, deadline, body.variant, body.handoff
-        )
-        # rejections (bad variant, overload) surface before any byte is sent
-        completion.first = await completion.next_chunk()
+
+        def start(i: int) -> Completion:
+            c = choices.items[i]
+            seed = None if sampling.seed is None else (sampling.seed + i) % SEED_LIMIT
+            mine = replace(sampling, seed=seed)
+            c.stream = router.generate(
+                c.rid, prompt_ids, mine, deadline, body.variant, body.handoff
+            )
+            return c
+
+        # rejections (bad variant, overload) surface before any byte is sent. The first choice
+        # goes first: its prefill leaves the prompt's KV in the prefix caches the others hit.
+        first = start(0)
+        first.first = await first.next_chunk()
+        rest = [start(i) for i in range(1, n)]
+        for c, chunk in zip(rest, await asyncio.gather(*(c.next_chunk() for c in rest))):
+            c.first = chunk
         created = int(time.time())
         if body.stream:
             watch.cancel()
             streaming = True
             return CompletionResponse(
-                completion,
+                choices,
                 sse(
-                    completion,
+                    choices,
                     rid,
                     created,
                     body,
                     chat,
-                    lambda: _usage(router, rid, prompt_ids, completion),
+                    lambda: _usage(router, rid, prompt_ids, choices),
                 ),
                 media_type="text/event-stream",
                 headers={"X-Request-Id": rid},
             )
-        async for _ in completion.text_pieces():
-            pass
+        await choices.read_all()
     except RequestRejected as exc:
         out = error_response(
             exc.status,
@@ -269,45 +289,51 @@ async def _serve(
     finally:
         watch.cancel()
         if not streaming:
-            await completion.close()
-    choice: dict[str, Any] = {
-        "index": 0,
-        "finish_reason": completion.finish_reason,
-        "logprobs": None,
-    }
-    if body.logprob_count is not None:
-        tok = router.tokenizer
-        choice["logprobs"] = (
-            chat_logprobs(tok, completion.ids, completion.lps)
-            if chat
-            else completion_logprobs(tok, completion.ids, completion.lps, 0)[0]
-        )
-    if chat:
-        choice["message"] = {"role": "assistant", "content": completion.text}
-    else:
-        choice["text"] = completion.text
-    if body.return_token_ids:
-        choice["token_ids"] = completion.ids
+            await choices.close()
     return JSONResponse(
         {
             "id": rid,
             "object": "chat.completion" if chat else "text_completion",
             "created": created,
             "model": router.model_id,
-            "choices": [choice],
-            "usage": _usage(router, rid, prompt_ids, completion),
+            "choices": [_choice(router, body, chat, i, c) for i, c in enumerate(choices.items)],
+            "usage": _usage(router, rid, prompt_ids, choices),
         },
         headers={"X-Request-Id": rid},
     )
 
 
-def _usage(
-    router: Router, rid: str, prompt_ids: list[int], completion: Completion
-) -> dict[str, Any]:
+def choice_id(rid: str, index: int) -> str:
+    """The flight (and timeline) of choice `index` of request rid: rid itself for the first."""
+    return rid if index == 0 else f"{rid}-{index}"
+
+
+def _choice(router: Router, body: _Body, chat: bool, index: int, c: Completion) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": index, "finish_reason": c.finish_reason, "logprobs": None}
+    if body.logprob_count is not None:
+        tok = router.tokenizer
+        choice["logprobs"] = (
+            chat_logprobs(tok, c.ids, c.lps)
+            if chat
+            else completion_logprobs(tok, c.ids, c.lps, 0)[0]
+        )
+    if chat:
+        choice["message"] = {"role": "assistant", "content": c.text}
+    else:
+        choice["text"] = c.text
+    if body.return_token_ids:
+        choice["token_ids"] = c.ids
+    return choice
+
+
+def _usage(router: Router, rid: str, prompt_ids: list[int], choices: Choices) -> dict[str, Any]:
+    """The prompt once, every choice's output; cached: the first choice's (the others hit what
+    it left)."""
+    generated = sum(len(c.ids) for c in choices.items)
     return {
         "prompt_tokens": len(prompt_ids),
-        "completion_tokens": len(completion.ids),
-        "total_tokens": len(prompt_ids) + len(completion.ids),
+        "completion_tokens": generated,
+        "total_tokens": len(prompt_ids) + generated,
         "prompt_tokens_details": {"cached_tokens": cached_tokens(router.timeline(rid))},
     }
 

@@ -1,6 +1,6 @@
 """One completion as the API serves it: admission to end, the router's token stream
 read so that a disconnect or a shutdown can abort it at any await, text pieces held back for stop
-strings, and the SSE framing of a streamed answer."""
+strings; the n of one request (`Choices`), and the SSE framing of a streamed answer."""
 
 from __future__ import annotations
 
@@ -33,10 +33,10 @@ async def on_disconnect(request: Request, completion: Completion) -> None:
 
 
 class CompletionResponse(StreamingResponse):
-    """An SSE answer that ends its completion however the stream ends (finished, failed,
+    """An SSE answer that ends its completions however the stream ends (finished, failed,
     cancelled by a disconnect, or never started)."""
 
-    def __init__(self, completion: Completion, content: AsyncIterator[bytes], **kw: Any):
+    def __init__(self, completion: Choices, content: AsyncIterator[bytes], **kw: Any):
         super().__init__(content, **kw)
         self.completion = completion
 
@@ -149,45 +149,71 @@ class Completion:
             await self.close()
 
 
+class Choices:
+    """The n completions of one request (OpenAI's `n`): each its own flight through the
+    pipeline with its own seed; aborted and closed together."""
+
+    def __init__(self, completions: list[Completion]):
+        self.items = completions
+
+    def abort(self, exc: Exception) -> None:
+        for c in self.items:
+            c.abort(exc)
+
+    async def close(self) -> None:
+        for c in self.items:
+            await c.close()
+
+    async def read_all(self) -> None:
+        """A whole answer of every choice, read side by side."""
+
+        async def read(c: Completion) -> None:
+            async for _ in c.text_pieces():
+                pass
+
+        await asyncio.gather(*(read(c) for c in self.items))
+
+
 async def sse(
-    completion: Completion,
+    choices: Choices,
     rid: str,
     created: int,
     body: _Body,
     chat: bool,
     usage: Callable[[], dict[str, Any]],
 ) -> AsyncIterator[bytes]:
-    tokenizer = completion.router.tokenizer
-    offset = 0  # completions' text_offset: where the next token's text starts in the output
+    tokenizer = choices.items[0].router.tokenizer
+    # completions' text_offset per choice: where the next token's text starts in its output
+    offsets = [0] * len(choices.items)
 
     def frame(
+        index: int,
         delta_text: str | None,
         ids: list[int],
         finish: str | None,
         role: bool = False,
         lps: list[TokenLogprob | None] | None = None,
     ) -> bytes:
-        nonlocal offset
         # each chunk carries the logprobs of the tokens it carries (none: null)
         logprobs = None
         if lps is not None and body.logprob_count is not None:
             if chat:
                 logprobs = chat_logprobs(tokenizer, ids, lps)
             else:
-                logprobs, offset = completion_logprobs(tokenizer, ids, lps, offset)
+                logprobs, offsets[index] = completion_logprobs(tokenizer, ids, lps, offsets[index])
         if chat:
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if delta_text is not None:
                 delta["content"] = delta_text
             choice: dict[str, Any] = {
-                "index": 0,
+                "index": index,
                 "delta": delta,
                 "finish_reason": finish,
                 "logprobs": logprobs,
             }
         else:
             choice = {
-                "index": 0,
+                "index": index,
                 "text": delta_text or "",
                 "finish_reason": finish,
                 "logprobs": logprobs,
@@ -205,11 +231,17 @@ async def sse(
             obj["usage"] = None
         return f"data: {json.dumps(obj)}\n\n".encode()
 
-    if chat:
-        yield frame("", [], None, role=True)
-    try:
+    async def frames(index: int, completion: Completion) -> AsyncIterator[bytes]:
         async for piece, ids, lps in completion.text_pieces():
-            yield frame(piece, ids, None, lps=lps if ids else None)
+            yield frame(index, piece, ids, None, lps=lps if ids else None)
+        yield frame(index, None if chat else "", [], completion.finish_reason)
+
+    if chat:
+        for i in range(len(choices.items)):
+            yield frame(i, "", [], None, role=True)
+    try:
+        async for data in _merged([frames(i, c) for i, c in enumerate(choices.items)]):
+            yield data
     except RequestRejected as exc:
         err = {
             "error": {
@@ -221,7 +253,6 @@ async def sse(
         }
         yield f"data: {json.dumps(err)}\n\n".encode()
         return
-    yield frame(None if chat else "", [], completion.finish_reason)
     if body.include_usage:  # OpenAI's last chunk: no choices, the whole request's usage
         last = {
             "id": rid,
@@ -233,6 +264,41 @@ async def sse(
         }
         yield f"data: {json.dumps(last)}\n\n".encode()
     yield b"data: [DONE]\n\n"
+
+
+async def _merged(streams: list[AsyncIterator[bytes]]) -> AsyncIterator[bytes]:
+    """The items of every stream as they come; the first error ends them all. One stream is
+    read directly (no task between the client and its request)."""
+    if len(streams) == 1:
+        async for item in streams[0]:
+            yield item
+        return
+    queue: asyncio.Queue[bytes | BaseException | None] = asyncio.Queue()
+
+    async def pump(stream: AsyncIterator[bytes]) -> None:
+        try:
+            async for item in stream:
+                await queue.put(item)
+        except Exception as exc:  # noqa: BLE001 - handed to the reader, which raises it
+            await queue.put(exc)
+        finally:
+            await queue.put(None)
+
+    tasks = [asyncio.ensure_future(pump(s)) for s in streams]
+    try:
+        running = len(tasks)
+        while running:
+            item = await queue.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, BaseException):
+                raise item
+            else:
+                yield item
+    finally:
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def _anext(stream: AsyncIterator[list[int]]) -> list[int] | None:

@@ -8,6 +8,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 SEED_LIMIT = 1 << 63  # seeds are int64 on every leg (torch generators)
+MAX_CHOICES = 16  # n: each choice is a flight of its own through the pipeline
 
 
 class FieldError(ValueError):
@@ -59,8 +60,6 @@ class Unsupported:
 
 # field -> why it is refused unless neutral (docs/openai-api.md lists every field)
 UNSUPPORTED_COMMON = {
-    "frequency_penalty": Unsupported("penalties are not implemented", None, 0, 0.0),
-    "presence_penalty": Unsupported("penalties are not implemented", None, 0, 0.0),
     "logit_bias": Unsupported("logit bias is not implemented", None, {}),
     "best_of": Unsupported("only one sequence is generated per request", None, 1),
 }
@@ -134,10 +133,26 @@ class _Body(BaseModel):
         lt=SEED_LIMIT,
         description="sampling seed: the same seed, prompt and parameters give the same tokens",
     )
+    frequency_penalty: float | None = Field(
+        None, ge=-2.0, le=2.0, description="minus this times each token's count in the output"
+    )
+    presence_penalty: float | None = Field(
+        None, ge=-2.0, le=2.0, description="minus this for each token already in the output"
+    )
+    # vLLM's sampling extensions (the openai client's extra_body=...)
+    repetition_penalty: float | None = Field(
+        None, gt=0.0, le=10.0, description="a prompt or output token's logit / this (x if < 0)"
+    )
+    top_k: int | None = Field(None, ge=-1, description="keep the k most likely; -1 or 0: all")
+    min_p: float | None = Field(
+        None, ge=0.0, le=1.0, description="keep tokens at least this times the top one's odds"
+    )
     stream: bool | None = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = Field(None, description="up to 4 strings, none empty")
-    n: int | None = Field(None, ge=1, le=1, description="only one choice per request")
+    n: int | None = Field(
+        None, ge=1, le=MAX_CHOICES, description="choices to generate, each its own sequence"
+    )
     user: str | None = Field(None, description="accepted and ignored")
     # pddflow extensions (send with the openai client's extra_body=...)
     timeout_s: float | None = Field(
@@ -166,6 +181,16 @@ class _Body(BaseModel):
         if self.stream_options is not None and not self.stream:
             raise FieldError("stream_options", "only allowed with stream: true")
         return self
+
+    def sampling_fields(self) -> dict[str, Any]:
+        """The penalties and filters as SamplingParams' fields (defaults where unset)."""
+        return {
+            "frequency_penalty": self.frequency_penalty or 0.0,
+            "presence_penalty": self.presence_penalty or 0.0,
+            "repetition_penalty": self.repetition_penalty or 1.0,
+            "top_k": max(self.top_k or 0, 0),
+            "min_p": self.min_p or 0.0,
+        }
 
     @property
     def stops(self) -> list[str]:

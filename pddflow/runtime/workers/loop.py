@@ -183,6 +183,8 @@ class Worker:
         leg = self.leg_type(order, arrived.received + timeout, arrived.received)
         try:
             leg.seq = self.engine.add_sequence(list(order.prompt_ids), sampling, order.seq_id)
+            if order.output_offset:  # resumed: the prompt holds the output streamed so far
+                leg.seq.output_start = len(order.prompt_ids) - order.output_offset
         except ValueError as exc:
             self.io.fail(order.seq_id, pb.FAILURE_COMPUTE, str(exc))
             return
