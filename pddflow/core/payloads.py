@@ -34,6 +34,8 @@ class SamplingParams:
     repetition_penalty: float = 1.0
     top_k: int = 0  # keep the k most likely tokens; 0 = all
     min_p: float = 0.0  # keep tokens at least min_p times as likely as the most likely; 0 = all
+    # structured output: the grammar (llguidance's text) every token must keep the output in
+    grammar: str | None = None
 
     @property
     def penalized(self) -> bool:

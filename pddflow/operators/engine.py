@@ -19,6 +19,7 @@ from pddflow.operators import continuous_batching, kv_exchange
 from pddflow.operators.block_allocator import BlockAllocator, KVCacheFull
 from pddflow.operators.config import ModelConfig
 from pddflow.operators.engine_config import EngineConfig, prepare
+from pddflow.operators.grammar import Grammars
 from pddflow.operators.kv_cache import KVPool, block_bytes, blocks_for_budget
 from pddflow.operators.kv_exchange import KVShardMissing
 from pddflow.operators.model import LlamaModel
@@ -45,6 +46,7 @@ class Engine:
         self.source = source
         self.model_config: ModelConfig = source.config
         self.tokenizer = source.tokenizer
+        self._grammars: Grammars | None = None
         self._tp = tp
         self._closed = False
         self.device, self.dtype = prepare(config, tp.device if tp else None, tp.size if tp else 1)
@@ -441,4 +443,11 @@ class Engine:
             )
 
     def _sample_rows(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
-        return sample_sequences(seqs, logits)
+        return sample_sequences(seqs, logits, self.grammars)
+
+    @property
+    def grammars(self) -> Grammars | None:
+        """Structured output's grammars (built on first use; None without a tokenizer)."""
+        if self._grammars is None and self.tokenizer is not None:
+            self._grammars = Grammars(self.tokenizer, self.model_config.vocab_size)
+        return self._grammars

@@ -10,6 +10,7 @@ import hashlib
 import torch
 
 from pddflow.core.payloads import SamplingParams, TokenLogprob
+from pddflow.operators.grammar import Grammars
 from pddflow.operators.sequence import Sequence
 
 
@@ -100,11 +101,33 @@ def penalize(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     return out
 
 
-def sample_sequences(seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
+def constrain(logits: torch.Tensor, seqs: list[Sequence], grammars: Grammars | None):
+    """The rows of sequences under a grammar, masked to the tokens it allows next (a copy; the
+    others as they are)."""
+    rows = [i for i, s in enumerate(seqs) if s.sampling.grammar]
+    if not rows:
+        return logits
+    if grammars is None:
+        raise ValueError("structured output needs the model's tokenizer; this engine has none")
+    out = logits.clone()
+    for i in rows:
+        seq = seqs[i]
+        if seq.grammar is None:
+            seq.grammar = grammars.state(seq.sampling.grammar)
+        allowed = grammars.mask(seq.grammar, seq.generated_ids).to(out.device)
+        width = min(allowed.numel(), out.shape[1])
+        out[i, :width].masked_fill_(~allowed[:width], float("-inf"))
+        out[i, width:] = float("-inf")
+    return out
+
+
+def sample_sequences(
+    seqs: list[Sequence], logits: torch.Tensor, grammars: Grammars | None = None
+) -> list[int]:
     """Sample row i for seqs[i], append the token (its KV pending), record log probabilities
     (of the raw logits) where asked, update the finish state."""
     toks = sample_batch(
-        penalize(logits, seqs),
+        constrain(penalize(logits, seqs), seqs, grammars),
         [s.sampling for s in seqs],
         [s.seed for s in seqs],
         [len(s.token_ids) for s in seqs],

@@ -4,6 +4,7 @@ later tokens are known but pending."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from pddflow.core.block_hash import chain_block_hashes
 from pddflow.core.payloads import SamplingParams, TokenLogprob
@@ -26,6 +27,7 @@ class Sequence:
     # where the request's output begins in token_ids, when not at num_prompt_tokens (a leg resumed
     # elsewhere prefills the output already streamed with the prompt)
     output_start: int | None = None
+    grammar: Any = None  # structured output: the grammar's state (operators/grammar.py)
     _hashes: list[int] = field(default_factory=list, repr=False)
 
     @property

@@ -40,6 +40,7 @@ class HFTokenizer:
         from tokenizers import Tokenizer as _Tok
 
         self._tok = _Tok.from_file(str(path))
+        self.path = Path(path)  # what a grammar engine reads the vocabulary from
         self.eos_token_ids = eos_token_ids
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:

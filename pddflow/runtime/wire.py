@@ -24,6 +24,7 @@ def sampling_to_pb(s: SamplingParams, max_tokens: int | None = None) -> pb.Sampl
         repetition_penalty=s.repetition_penalty,
         top_k=s.top_k,
         min_p=s.min_p,
+        grammar=s.grammar or "",
     )
 
 
@@ -40,6 +41,7 @@ def sampling_from_pb(s: pb.Sampling) -> SamplingParams:
         repetition_penalty=s.repetition_penalty or 1.0,
         top_k=s.top_k,
         min_p=s.min_p,
+        grammar=s.grammar or None,
     )
 
 

@@ -163,7 +163,7 @@ def test_chat_honoured_fields(client):
         ("completions", {"extra_body": {"repetition_penalty": 0}}, "repetition_penalty"),
         ("chat", {"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
         ("chat", {"top_logprobs": 2}, "top_logprobs"),
-        ("chat", {"response_format": {"type": "json_object"}}, "response_format"),
+        ("chat", {"response_format": {"type": "xml"}}, "response_format.type"),
         (
             "chat",
             {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},

@@ -28,6 +28,9 @@ class ByteTokenizer:
     def decode(self, ids: list[int]) -> str:
         return bytes(ids).decode(errors="replace")
 
+    def token_bytes(self, token_id: int) -> bytes:  # what structured output reads
+        return bytes([token_id]) if token_id else b""
+
 
 class FakeFrontend:
     model_id = "fake"
@@ -163,7 +166,21 @@ def test_completion_fields_refused_with_400_naming_them(api, extra, param):
         ({"tool_choice": "auto"}, "tool_choice"),
         ({"functions": [{"name": "f"}]}, "functions"),
         ({"function_call": "auto"}, "function_call"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
+        ({"response_format": {"type": "yaml"}}, "response_format.type"),
+        ({"response_format": {"type": "json_schema"}}, "response_format.json_schema"),
+        (
+            {"response_format": {"type": "json_object", "json_schema": {"name": "x"}}},
+            "response_format.json_schema",
+        ),
+        (
+            {
+                "response_format": {
+                    "type": "json_schema",
+                    "json_schema": {"name": "x", "schema": {"type": "nonsense"}},
+                }
+            },
+            "response_format.json_schema.schema",
+        ),
         ({"logprobs": 1}, "logprobs"),  # a boolean here, no coercion
         ({"top_logprobs": 2}, "top_logprobs"),  # only with logprobs: true
         ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),  # at most 20
@@ -504,3 +521,19 @@ def test_n_choices_streamed(api, fe):
     ]
     assert roles == [0, 1]
     assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] == 6
+
+
+def test_response_format_becomes_the_grammar_every_worker_applies(api, fe):
+    """json_object and json_schema reach the router as a grammar (on both endpoints; the
+    schema compiled once here); text and no format as none."""
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema, "strict": True}}
+    for path, body in (("/v1/completions", COMPLETION), ("/v1/chat/completions", CHAT)):
+        assert api.post(path, json={**body, "response_format": fmt}).status_code == 200
+        assert '"required": ["a"]' in fe.sampling[-1].grammar
+        assert api.post(path, json={**body, "response_format": {"type": "json_object"}})
+        assert '"type": "object"' in fe.sampling[-1].grammar
+        api.post(path, json={**body, "response_format": {"type": "text"}})
+        assert fe.sampling[-1].grammar is None
+        api.post(path, json=body)
+        assert fe.sampling[-1].grammar is None

@@ -35,7 +35,8 @@ from pddflow.runtime.api.errors import (
 )
 from pddflow.runtime.api.logprobs import chat_logprobs, completion_logprobs
 from pddflow.runtime.api.router import LinkControl, Router
-from pddflow.runtime.api.schema import SEED_LIMIT, ChatBody, CompletionBody, _Body
+from pddflow.runtime.api.schema import SEED_LIMIT, ChatBody, CompletionBody, FieldError, _Body
+from pddflow.runtime.api.structured import ResponseGrammars
 from pddflow.runtime.frontend.rejection import RequestRejected
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -56,6 +57,7 @@ def make_app(
     backend's `describe`) adds each instance's node and address and each channel's transport to
     /health."""
     admission = admission or Admission()
+    grammars = ResponseGrammars(router.tokenizer, router.vocab_size)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -153,7 +155,7 @@ def make_app(
             prompt_ids = _prompt_ids(router, body.prompt)
         except RequestRejected as exc:
             return error_response(exc.status, str(exc), param="prompt")
-        return await _serve(router, admission, request, body, prompt_ids, chat=False)
+        return await _serve(router, admission, grammars, request, body, prompt_ids, chat=False)
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatBody, request: Request) -> Response:
@@ -165,7 +167,7 @@ def make_app(
             return error_response(400, str(exc), param="messages")
         except RequestRejected as exc:
             return error_response(exc.status, str(exc), param="messages")
-        return await _serve(router, admission, request, body, ids, chat=True)
+        return await _serve(router, admission, grammars, request, body, ids, chat=True)
 
     return app
 
@@ -184,6 +186,7 @@ def _prompt_ids(router: Router, prompt: str | list[int]) -> list[int]:
 async def _serve(
     router: Router,
     admission: Admission,
+    grammars: ResponseGrammars,
     request: Request,
     body: _Body,
     prompt_ids: list[int],
@@ -212,6 +215,10 @@ async def _serve(
             code="context_length_exceeded",
         )
     stops = body.stops
+    try:
+        grammar = grammars.grammar(body.response_format)
+    except FieldError as exc:
+        return error_response(400, str(exc), param=exc.field)
     sampling = SamplingParams(
         max_tokens=max_tokens,
         temperature=1.0 if body.temperature is None else body.temperature,
@@ -219,6 +226,7 @@ async def _serve(
         seed=body.seed,
         stop_token_ids=tuple(router.tokenizer.eos_token_ids),
         logprobs=body.logprob_count,
+        grammar=grammar,
         **body.sampling_fields(),
     )
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]

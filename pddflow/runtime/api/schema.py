@@ -74,9 +74,6 @@ UNSUPPORTED_CHAT = {
     "tool_choice": Unsupported("tool calling is not implemented", None, "none"),
     "functions": Unsupported("function calling is not implemented", None, []),
     "function_call": Unsupported("function calling is not implemented", None, "none"),
-    "response_format": Unsupported(
-        "structured output is not implemented; only plain text", None, {"type": "text"}
-    ),
     "audio": Unsupported("audio output is not implemented", None),
     "modalities": Unsupported("only text output", None, ["text"]),
     "prediction": Unsupported("predicted outputs are not implemented", None),
@@ -101,6 +98,29 @@ class StreamOptions(BaseModel):
     include_obfuscation: bool = Field(
         False, description="accepted and ignored: pddflow never pads its chunks"
     )
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    name: str = Field(max_length=64, description="the schema's name (OpenAI requires one)")
+    description: str | None = None
+    # "schema" shadows a BaseModel attribute: the field keeps its wire name by alias
+    json_schema: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = Field(None, description="accepted: the output always follows the schema")
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> ResponseFormat:
+        if self.type == "json_schema" and self.json_schema is None:
+            raise FieldError("response_format.json_schema", "required with type json_schema")
+        if self.type != "json_schema" and self.json_schema is not None:
+            raise FieldError("response_format.json_schema", "only with type json_schema")
+        return self
 
 
 class _Body(BaseModel):
@@ -146,6 +166,9 @@ class _Body(BaseModel):
     top_k: int | None = Field(None, ge=-1, description="keep the k most likely; -1 or 0: all")
     min_p: float | None = Field(
         None, ge=0.0, le=1.0, description="keep tokens at least this times the top one's odds"
+    )
+    response_format: ResponseFormat | None = Field(
+        None, description="text (default), json_object, or json_schema: output that follows it"
     )
     stream: bool | None = False
     stream_options: StreamOptions | None = None
