@@ -443,7 +443,9 @@ class Engine:
             )
 
     def _sample_rows(self, seqs: list[Sequence], logits: torch.Tensor) -> list[int]:
-        return sample_sequences(seqs, logits, self.grammars)
+        # the grammar engine reads the tokenizer only once a request asks for structured output
+        constrained = any(s.sampling.grammar for s in seqs)
+        return sample_sequences(seqs, logits, self.grammars if constrained else None)
 
     @property
     def grammars(self) -> Grammars | None:

@@ -75,7 +75,12 @@ class Grammars:
 
     def __init__(self, tokenizer: Any, vocab_size: int):
         self.vocab_size = vocab_size
-        self._ll = ll_tokenizer(tokenizer, vocab_size)
+        try:
+            self._ll = ll_tokenizer(tokenizer, vocab_size)
+        except (ValueError, RuntimeError, TypeError) as exc:
+            raise ValueError(
+                f"structured output: the grammar engine cannot read this model's tokenizer ({exc})"
+            ) from None
         self._eos = list(tokenizer.eos_token_ids)
         self._compiled = lru_cache(maxsize=64)(self._compile)
 

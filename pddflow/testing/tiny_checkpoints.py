@@ -15,6 +15,45 @@ CHATML_TEMPLATE = (
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
+# Qwen2.5's tool-calling ChatML: the tools in the system turn, an assistant's calls as
+# <tool_call> blocks, tool results as <tool_response> blocks of a user turn
+QWEN_TOOLS_TEMPLATE = """{%- if tools %}
+{{- '<|im_start|>system\\n' }}
+{%- if messages[0]['role'] == 'system' %}{{- messages[0]['content'] }}
+{%- else %}{{- 'You are a helpful assistant.' }}{%- endif %}
+{{- "\\n\\n# Tools\\n\\nYou may call one or more functions to assist with the user query.\\n\\n\
+You are provided with function signatures within <tools></tools> XML tags:\\n<tools>" }}
+{%- for tool in tools %}{{- "\\n" }}{{- tool | tojson }}{%- endfor %}
+{{- "\\n</tools>\\n\\nFor each function call, return a json object with function name and \
+arguments within <tool_call></tool_call> XML tags:\\n<tool_call>\\n{\\"name\\": <function-name>, \
+\\"arguments\\": <args-json-object>}\\n</tool_call><|im_end|>\\n" }}
+{%- else %}
+{%- if messages[0]['role'] == 'system' %}
+{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}
+{%- endif %}
+{%- endif %}
+{%- for message in messages %}
+{%- if (message.role == "user") or (message.role == "system" and not loop.first) or \
+(message.role == "assistant" and not message.tool_calls) %}
+{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>' + '\\n' }}
+{%- elif message.role == "assistant" %}
+{{- '<|im_start|>' + message.role }}
+{%- if message.content %}{{- '\\n' + message.content }}{%- endif %}
+{%- for tool_call in message.tool_calls %}
+{%- if tool_call.function is defined %}{%- set tool_call = tool_call.function %}{%- endif %}
+{{- '\\n<tool_call>\\n{"name": "' }}{{- tool_call.name }}{{- '", "arguments": ' }}
+{{- tool_call.arguments | tojson }}{{- '}\\n</tool_call>' }}
+{%- endfor %}
+{{- '<|im_end|>\\n' }}
+{%- elif message.role == "tool" %}
+{%- if (loop.index0 == 0) or (messages[loop.index0 - 1].role != "tool") %}\
+{{- '<|im_start|>user' }}{%- endif %}
+{{- '\\n<tool_response>\\n' }}{{- message.content }}{{- '\\n</tool_response>' }}
+{%- if loop.last or (messages[loop.index0 + 1].role != "tool") %}{{- '<|im_end|>\\n' }}{%- endif %}
+{%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}
+"""
 MISTRAL_SPECIALS = ["<unk>", "<s>", "</s>", "[INST]", "[/INST]"]
 # Mistral's instruct template: BOS from the tokenizer config, user/assistant alternation enforced
 # with raise_exception as the original does
@@ -103,10 +142,16 @@ def _save(model, path: Path, seed: int) -> Path:
 
 
 def tiny_qwen3(
-    path: Path, seed: int = 0, layers: int = 2, heads: int = 4, kv_heads: int = 2
+    path: Path,
+    seed: int = 0,
+    layers: int = 2,
+    heads: int = 4,
+    kv_heads: int = 2,
+    chat_template: str = CHATML_TEMPLATE,
 ) -> Path:
-    """Qwen3: q/k norms, head_dim 32 != hidden 64 / heads, GQA, ChatML. Untied head: with tied
-    embeddings a model this small echoes one token, and the test would compare nothing."""
+    """Qwen3: q/k norms, head_dim 32 != hidden 64 / heads, GQA, ChatML (or, say,
+    QWEN_TOOLS_TEMPLATE). Untied head: with tied embeddings a model this small echoes one token,
+    and the test would compare nothing."""
     import transformers
 
     vocab = write_tokenizer(
@@ -115,7 +160,7 @@ def tiny_qwen3(
         320,
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
-        chat_template=CHATML_TEMPLATE,
+        chat_template=chat_template,
     )
     special = _special_ids(path)
     cfg = transformers.Qwen3Config(

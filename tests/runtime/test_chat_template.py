@@ -154,3 +154,67 @@ def test_deploy_refuses_an_unsupported_architecture_at_start(tmp_path):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: --model: model_type 'gemma2'")
     assert "'qwen3'" in lines[0] and "'mistral'" in lines[0]
+
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+TOOL_CHAT = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "Weather in Paris?"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_1",
+                "type": "function",
+                "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'},
+            }
+        ],
+    },
+    {"role": "tool", "tool_call_id": "call_1", "content": '{"temp_c": 21}'},
+    {"role": "user", "content": "And tomorrow?"},
+]
+
+
+@pytest.mark.slow  # imports transformers
+def test_tools_and_tool_turns_render_as_transformers_renders_them(tmp_path):
+    """A Qwen tool-calling template: the tools, an assistant's call and the tool's result render
+    exactly as transformers' apply_chat_template(tools=...) (arguments handed to the template
+    as a mapping, as transformers expects them); the model's call format is read as hermes."""
+    transformers = pytest.importorskip("transformers")
+    from pddflow.testing.tiny_checkpoints import QWEN_TOOLS_TEMPLATE
+
+    d = _checkpoint_dir(
+        tmp_path, CHATML_SPECIALS, eos_token="<|im_end|>", chat_template=QWEN_TOOLS_TEMPLATE
+    )
+    tok = transformers.AutoTokenizer.from_pretrained(d)
+    hf_chat = json.loads(json.dumps(TOOL_CHAT))
+    hf_chat[2]["tool_calls"][0]["function"]["arguments"] = {"city": "Paris"}
+    ref = tok.apply_chat_template(hf_chat, tools=TOOLS, add_generation_prompt=True, tokenize=False)
+    assert "<tools>" in ref and '"name": "get_weather"' in ref and "<tool_response>" in ref
+    info = model_info(str(d))
+    ids = info.chat_prompt_ids(_msgs(TOOL_CHAT), TOOLS)
+    assert ids == tok.encode(ref, add_special_tokens=False)
+    assert info.tool_format == "hermes"
+
+
+def test_the_plain_rendering_lists_tools_and_calls():
+    text = render_chat(_msgs(TOOL_CHAT), TOOLS)
+    assert text.startswith("<|tools|>\n" + json.dumps(TOOLS[0]) + "\n")
+    assert (
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>' in text
+    )
+    assert '<|tool|>\n{"temp_c": 21}\n' in text and text.endswith("<|assistant|>\n")

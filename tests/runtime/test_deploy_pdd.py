@@ -233,6 +233,98 @@ def test_json_schema_output_on_every_route(client, route, stream):
     jsonschema.validate(json.loads(text), PERSON)
 
 
+WEATHER_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string", "maxLength": 4}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "parameters": {
+                "type": "object",
+                "properties": {"a": {"type": "boolean"}},
+                "required": ["a"],
+                "additionalProperties": False,
+            },
+        },
+    },
+]
+CHOICES = {
+    "named": {"type": "function", "function": {"name": "get_weather"}},
+    "required": "required",
+}
+
+
+@pytest.fixture(scope="module")
+def colocated():
+    from pddflow.operators.engine import Engine
+
+    return Engine.from_spec("builtin:tiny-llama")
+
+
+@pytest.mark.parametrize(
+    "route, choice",
+    [(r, "named") for r in ROUTES[1:]] + [(ROUTES[1], "required")],
+    ids=["p_md-named", "one_shot-named", "catch_up-named", "p_md-required"],
+)
+def test_forced_tool_calls_on_every_route(client, colocated, route, choice):
+    """The official client's tools and tool_choice: the answer is tool_calls whose arguments
+    parse and fit the function's schema, streamed or not, and greedy, the colocated reference's
+    tokens under the same grammar."""
+    import json
+
+    from pddflow.core.payloads import SamplingParams
+    from pddflow.runtime.api.schema import ChatMessage
+    from pddflow.runtime.api.tools import ToolUse
+    from pddflow.runtime.frontend.model_info import model_info
+
+    jsonschema = pytest.importorskip("jsonschema")
+    messages = [{"role": "user", "content": f"Use a tool ({route[0]}, {route[1]})."}]
+    mode = "get_weather" if choice == "named" else "required"
+    ids = model_info("builtin:tiny-llama").chat_prompt_ids(
+        [ChatMessage(**m) for m in messages], WEATHER_TOOLS
+    )
+    eng = colocated
+    grammar = ToolUse(WEATHER_TOOLS, "hermes", mode, parallel=False).grammar()
+    eos = tuple(eng.tokenizer.eos_token_ids)
+    want = eng.generate([ids], SamplingParams(120, 0.0, stop_token_ids=eos, grammar=grammar))
+    extra = {"return_token_ids": True, "variant": route[0], "handoff": route[1]}
+    args = {
+        "model": "pdd",
+        "messages": messages,
+        "tools": WEATHER_TOOLS,
+        "tool_choice": CHOICES[choice],
+        "parallel_tool_calls": False,
+        "max_tokens": 120,
+        "temperature": 0,
+        "extra_body": extra,
+    }
+    r = client.chat.completions.create(**args)
+    assert r.choices[0].finish_reason == "tool_calls"
+    assert r.choices[0].model_extra["token_ids"] == want[0].output_ids
+    (call,) = r.choices[0].message.tool_calls
+    if choice == "named":
+        assert call.function.name == "get_weather"
+    schema = {t["function"]["name"]: t["function"]["parameters"] for t in WEATHER_TOOLS}
+    jsonschema.validate(json.loads(call.function.arguments), schema[call.function.name])
+    streamed = [c for c in client.chat.completions.create(**args, stream=True) if c.choices]
+    deltas = [d for c in streamed for d in c.choices[0].delta.tool_calls or []]
+    assert [(d.index, d.function.name, d.function.arguments) for d in deltas] == [
+        (0, call.function.name, call.function.arguments)
+    ]
+    assert streamed[-1].choices[0].finish_reason == "tool_calls"
+
+
 def test_chat_json_schema_with_the_official_parameter(client):
     import json
 

@@ -166,10 +166,10 @@ def test_chat_honoured_fields(client):
         ("chat", {"response_format": {"type": "xml"}}, "response_format.type"),
         (
             "chat",
-            {"tools": [{"type": "function", "function": {"name": "f", "parameters": {}}}]},
-            "tools",
+            {"tools": [{"type": "function", "function": {"name": "f g", "parameters": {}}}]},
+            "tools.0.function.name",
         ),
-        ("chat", {"tool_choice": "required"}, "tool_choice"),
+        ("chat", {"tool_choice": "required"}, "tool_choice"),  # without tools
         ("chat", {"n": 0}, "n"),
         ("chat", {"reasoning_effort": "low"}, "reasoning_effort"),
         ("chat", {"store": True}, "store"),

@@ -32,6 +32,19 @@ class ByteTokenizer:
         return bytes([token_id]) if token_id else b""
 
 
+TWO_TOOLS = [
+    {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}},
+    {
+        "type": "function",
+        "function": {
+            "name": "g",
+            "description": "adds",
+            "parameters": {"type": "object", "properties": {"a": {"type": "integer"}}},
+        },
+    },
+]
+
+
 class FakeFrontend:
     model_id = "fake"
     tokenizer = ByteTokenizer()
@@ -54,8 +67,10 @@ class FakeFrontend:
     def timeline(self, request_id: str) -> dict | None:
         return self.timelines.get(request_id)
 
-    def chat_prompt_ids(self, messages: list) -> list[int]:
-        return self.tokenizer.encode(render_chat(messages))
+    tool_format = "hermes"
+
+    def chat_prompt_ids(self, messages: list, tools: list | None = None) -> list[int]:
+        return self.tokenizer.encode(render_chat(messages, tools))
 
     def stopped(self, request_id: str) -> None:
         pass
@@ -162,8 +177,35 @@ def test_completion_fields_refused_with_400_naming_them(api, extra, param):
 @pytest.mark.parametrize(
     "extra, param",
     [
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-        ({"tool_choice": "auto"}, "tool_choice"),
+        ({"tools": [{"type": "function", "function": {"name": "f g"}}]}, "tools.0.function.name"),
+        ({"tools": [{"type": "retrieval"}]}, "tools.0.type"),
+        ({"tool_choice": "auto"}, "tool_choice"),  # without tools
+        ({"tools": TWO_TOOLS, "tool_choice": "sometimes"}, "tool_choice"),
+        (
+            {"tools": TWO_TOOLS, "tool_choice": {"type": "function", "function": {"name": "x"}}},
+            "tool_choice.function.name",
+        ),
+        ({"tools": TWO_TOOLS + TWO_TOOLS[:1]}, "tools"),  # a name twice
+        (
+            {
+                "tools": TWO_TOOLS,
+                "tool_choice": "required",
+                "response_format": {"type": "json_object"},
+            },
+            "tool_choice",
+        ),
+        (
+            {
+                "tools": [
+                    {
+                        "type": "function",
+                        "function": {"name": "f", "parameters": {"type": "nonsense"}},
+                    }
+                ],
+                "tool_choice": "required",
+            },
+            "tools",
+        ),
         ({"functions": [{"name": "f"}]}, "functions"),
         ({"function_call": "auto"}, "function_call"),
         ({"response_format": {"type": "yaml"}}, "response_format.type"),
@@ -209,7 +251,7 @@ def test_completion_fields_refused_with_400_naming_them(api, extra, param):
         ),
         (
             {"messages": [{"role": "assistant", "content": "x", "tool_calls": [{"id": "1"}]}]},
-            "messages.0.tool_calls",
+            "messages.0.tool_calls.0.function",
         ),
     ],
 )
@@ -537,3 +579,33 @@ def test_response_format_becomes_the_grammar_every_worker_applies(api, fe):
         assert fe.sampling[-1].grammar is None
         api.post(path, json=body)
         assert fe.sampling[-1].grammar is None
+
+
+def test_tools_reach_the_template_and_a_forced_choice_the_grammar(api, fe):
+    """auto: the tools rendered, no grammar; a named function or required: a grammar of calls
+    of it (of them); none: rendered, nothing forced; a conversation with a call and its result
+    is taken."""
+    body = {**CHAT, "tools": TWO_TOOLS}
+    assert api.post("/v1/chat/completions", json=body).status_code == 200
+    assert fe.sampling[-1].grammar is None
+    named = {"type": "function", "function": {"name": "g"}}
+    assert api.post("/v1/chat/completions", json={**body, "tool_choice": named}).status_code == 200
+    grammar = fe.sampling[-1].grammar
+    assert '"const": "g"' in grammar and '"const": "f"' not in grammar
+    assert api.post("/v1/chat/completions", json={**body, "tool_choice": "required"})
+    assert '"const": "g"' in fe.sampling[-1].grammar and '"const": "f"' in fe.sampling[-1].grammar
+    api.post("/v1/chat/completions", json={**body, "tool_choice": "none"})
+    assert fe.sampling[-1].grammar is None
+    turns = [
+        {"role": "user", "content": "add 1 and 2"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "g", "arguments": "{}"}}
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "3"},
+    ]
+    r = api.post("/v1/chat/completions", json={**body, "messages": turns})
+    assert r.status_code == 200, r.text

@@ -37,6 +37,7 @@ from pddflow.runtime.api.logprobs import chat_logprobs, completion_logprobs
 from pddflow.runtime.api.router import LinkControl, Router
 from pddflow.runtime.api.schema import SEED_LIMIT, ChatBody, CompletionBody, FieldError, _Body
 from pddflow.runtime.api.structured import ResponseGrammars
+from pddflow.runtime.api.tools import ToolUse
 from pddflow.runtime.frontend.rejection import RequestRejected
 
 DEFAULT_TIMEOUT_S = 300.0
@@ -161,13 +162,18 @@ def make_app(
     async def chat(body: ChatBody, request: Request) -> Response:
         if not admission.open:
             return error_response(503, admission.refusal or "", kind="server_error")
+        tools = [t.model_dump(exclude_none=True) for t in body.tools or []]
         try:
-            ids = router.chat_prompt_ids(body.messages)
+            ids = router.chat_prompt_ids(body.messages, tools or None)
         except ValueError as exc:
             return error_response(400, str(exc), param="messages")
         except RequestRejected as exc:
             return error_response(exc.status, str(exc), param="messages")
-        return await _serve(router, admission, grammars, request, body, ids, chat=True)
+        tool_use = None
+        if tools and body.tool_mode != "none":
+            parallel = body.parallel_tool_calls is not False
+            tool_use = ToolUse(tools, router.tool_format, body.tool_mode, parallel)
+        return await _serve(router, admission, grammars, request, body, ids, True, tool_use)
 
     return app
 
@@ -191,6 +197,7 @@ async def _serve(
     body: _Body,
     prompt_ids: list[int],
     chat: bool,
+    tool_use: ToolUse | None = None,
 ) -> Response:
     if body.model != router.model_id:
         return error_response(
@@ -217,6 +224,8 @@ async def _serve(
     stops = body.stops
     try:
         grammar = grammars.grammar(body.response_format)
+        if tool_use is not None and grammar is None:
+            grammar = grammars.checked(tool_use.grammar, "tools")
     except FieldError as exc:
         return error_response(400, str(exc), param=exc.field)
     sampling = SamplingParams(
@@ -278,6 +287,7 @@ async def _serve(
                     body,
                     chat,
                     lambda: _usage(router, rid, prompt_ids, choices),
+                    tool_use,
                 ),
                 media_type="text/event-stream",
                 headers={"X-Request-Id": rid},
@@ -304,7 +314,9 @@ async def _serve(
             "object": "chat.completion" if chat else "text_completion",
             "created": created,
             "model": router.model_id,
-            "choices": [_choice(router, body, chat, i, c) for i, c in enumerate(choices.items)],
+            "choices": [
+                _choice(router, body, chat, i, c, tool_use) for i, c in enumerate(choices.items)
+            ],
             "usage": _usage(router, rid, prompt_ids, choices),
         },
         headers={"X-Request-Id": rid},
@@ -316,7 +328,9 @@ def choice_id(rid: str, index: int) -> str:
     return rid if index == 0 else f"{rid}-{index}"
 
 
-def _choice(router: Router, body: _Body, chat: bool, index: int, c: Completion) -> dict[str, Any]:
+def _choice(
+    router: Router, body: _Body, chat: bool, index: int, c: Completion, tool_use: ToolUse | None
+) -> dict[str, Any]:
     choice: dict[str, Any] = {"index": index, "finish_reason": c.finish_reason, "logprobs": None}
     if body.logprob_count is not None:
         tok = router.tokenizer
@@ -327,6 +341,14 @@ def _choice(router: Router, body: _Body, chat: bool, index: int, c: Completion) 
         )
     if chat:
         choice["message"] = {"role": "assistant", "content": c.text}
+        content, calls = tool_use.answer(c.text) if tool_use is not None else (c.text, [])
+        if calls:
+            choice["finish_reason"] = "tool_calls"
+            choice["message"] = {
+                "role": "assistant",
+                "content": content,
+                "tool_calls": [call.openai() for call in calls],
+            }
     else:
         choice["text"] = c.text
     if body.return_token_ids:

@@ -19,6 +19,7 @@ from pddflow.runtime.api.logprobs import chat_logprobs, completion_logprobs
 from pddflow.runtime.api.router import Router
 from pddflow.runtime.api.schema import _Body
 from pddflow.runtime.api.stop_strings import StopStrings
+from pddflow.runtime.api.tools import ToolCall, ToolUse
 from pddflow.runtime.frontend.rejection import RequestRejected
 
 
@@ -181,7 +182,10 @@ async def sse(
     body: _Body,
     chat: bool,
     usage: Callable[[], dict[str, Any]],
+    tool_use: ToolUse | None = None,
 ) -> AsyncIterator[bytes]:
+    """The answer as server-sent events. With tools in play, a choice's text is held to its end
+    and sent as one delta: its tool calls (OpenAI's `delta.tool_calls`, each whole) or content."""
     tokenizer = choices.items[0].router.tokenizer
     # completions' text_offset per choice: where the next token's text starts in its output
     offsets = [0] * len(choices.items)
@@ -193,6 +197,7 @@ async def sse(
         finish: str | None,
         role: bool = False,
         lps: list[TokenLogprob | None] | None = None,
+        calls: list[ToolCall] | None = None,
     ) -> bytes:
         # each chunk carries the logprobs of the tokens it carries (none: null)
         logprobs = None
@@ -205,6 +210,8 @@ async def sse(
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if delta_text is not None:
                 delta["content"] = delta_text
+            if calls:
+                delta["tool_calls"] = [c.openai(index=k) for k, c in enumerate(calls)]
             choice: dict[str, Any] = {
                 "index": index,
                 "delta": delta,
@@ -232,6 +239,15 @@ async def sse(
         return f"data: {json.dumps(obj)}\n\n".encode()
 
     async def frames(index: int, completion: Completion) -> AsyncIterator[bytes]:
+        if tool_use is not None:  # the whole text decides: calls or content
+            ids: list[int] = []
+            async for _, more, _ in completion.text_pieces():
+                ids += more
+            content, calls = tool_use.answer(completion.text)
+            lps = completion.lps if body.logprob_count is not None else None
+            yield frame(index, content, ids, None, lps=lps, calls=calls)
+            yield frame(index, None, [], "tool_calls" if calls else completion.finish_reason)
+            return
         async for piece, ids, lps in completion.text_pieces():
             yield frame(index, piece, ids, None, lps=lps if ids else None)
         yield frame(index, None if chat else "", [], completion.finish_reason)

@@ -3,6 +3,7 @@ naming the field, and loose enough that the official `openai` client's defaults 
 
 from __future__ import annotations
 
+import json
 from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -70,10 +71,8 @@ UNSUPPORTED_COMPLETION = {
 }
 UNSUPPORTED_CHAT = {
     **{k: v for k, v in UNSUPPORTED_COMMON.items() if k != "best_of"},
-    "tools": Unsupported("tool calling is not implemented", None, []),
-    "tool_choice": Unsupported("tool calling is not implemented", None, "none"),
-    "functions": Unsupported("function calling is not implemented", None, []),
-    "function_call": Unsupported("function calling is not implemented", None, "none"),
+    "functions": Unsupported("the deprecated functions API: use tools", None, []),
+    "function_call": Unsupported("the deprecated functions API: use tool_choice", None, "none"),
     "audio": Unsupported("audio output is not implemented", None),
     "modalities": Unsupported("only text output", None, ["text"]),
     "prediction": Unsupported("predicted outputs are not implemented", None),
@@ -264,13 +263,64 @@ class CompletionBody(_Body):
         return self
 
 
+class _StrictBody(BaseModel):
+    # no coercion, no unknown field: a 400 naming the field instead
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+
+class FunctionCall(_StrictBody):
+    name: str
+    arguments: str = Field(description="JSON text")
+
+
+class MessageToolCall(_StrictBody):
+    """A call an assistant turn made (sent back in the conversation with its result)."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+    def for_template(self) -> dict[str, Any]:
+        """transformers' shape: templates read `arguments` as a mapping (vLLM parses it too)."""
+        try:
+            args: Any = json.loads(self.function.arguments)
+        except json.JSONDecodeError:
+            args = self.function.arguments
+        fn = {"name": self.function.name, "arguments": args}
+        return {"id": self.id, "type": "function", "function": fn}
+
+
+TOOL_NAME = r"^[a-zA-Z0-9_-]{1,64}$"
+
+
+class FunctionDef(_StrictBody):
+    name: str = Field(pattern=TOOL_NAME)
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(None, description="a JSON schema of the arguments")
+    strict: bool | None = Field(None, description="accepted: forced calls always fit the schema")
+
+
+class Tool(_StrictBody):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(_StrictBody):
+    name: str
+
+
+class NamedToolChoice(_StrictBody):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str | list[dict[str, Any]] | None = None
-    name: str | None = Field(None, description="accepted and ignored")
-    tool_call_id: str | None = Field(None, description="accepted and ignored (no tool calling)")
-    tool_calls: list[Any] | None = Field(None, max_length=0, description="tool calling: none")
+    name: str | None = Field(None, description="passed to the chat template")
+    tool_call_id: str | None = Field(None, description="a tool result's call (role tool)")
+    tool_calls: list[MessageToolCall] | None = Field(None, description="an assistant's calls")
     function_call: None = None
     refusal: str | None = Field(None, description="accepted and ignored")
 
@@ -294,7 +344,11 @@ class ChatBody(_Body):
         None, ge=1, description="tokens to generate (takes precedence over max_tokens)"
     )
     metadata: dict[str, str] | None = Field(None, description="accepted and ignored")
-    parallel_tool_calls: bool | None = Field(None, description="accepted and ignored (no tools)")
+    tools: list[Tool] | None = Field(None, max_length=128, description="functions it may call")
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        None, description="default auto with tools, none without"
+    )
+    parallel_tool_calls: bool | None = Field(None, description="several calls in one turn")
     prompt_cache_key: str | None = Field(
         None, description="accepted and ignored: requests are routed by their prefix anyway"
     )
@@ -307,6 +361,29 @@ class ChatBody(_Body):
     @property
     def logprob_count(self) -> int | None:
         return (self.top_logprobs or 0) if self.logprobs else None
+
+    @property
+    def tool_mode(self) -> str:
+        """none, auto, required, or the named function's name."""
+        choice = self.tool_choice
+        if isinstance(choice, NamedToolChoice):
+            return choice.function.name
+        return choice or ("auto" if self.tools else "none")
+
+    @model_validator(mode="after")
+    def _tools(self) -> ChatBody:
+        names = [t.function.name for t in self.tools or []]
+        if len(set(names)) < len(names):
+            raise FieldError("tools", "two tools have the same name")
+        if self.tool_choice not in (None, "none") and not self.tools:
+            raise FieldError("tool_choice", "only allowed when tools are given")
+        mode = self.tool_mode
+        if mode not in ("none", "auto", "required") and mode not in names:
+            raise FieldError("tool_choice.function.name", f"no tool named {mode!r} in tools")
+        if self.response_format is not None and self.response_format.type != "text":
+            if mode not in ("none", "auto"):
+                raise FieldError("tool_choice", "a forced tool call and a response_format clash")
+        return self
 
     @model_validator(mode="after")
     def _contents(self) -> ChatBody:

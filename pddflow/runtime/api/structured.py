@@ -4,6 +4,7 @@ engine refuses is a 400 naming it, before any worker sees the request."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from pddflow.operators.grammar import Grammars, json_schema_grammar
@@ -28,11 +29,16 @@ class ResponseGrammars:
             where, schema = "response_format.json_schema.schema", fmt.json_schema.json_schema
             if schema is None:  # OpenAI: a schema-less json_schema is any JSON object
                 where = "response_format.json_schema"
-        if self._grammars is None:
-            self._grammars = Grammars(self._tokenizer, self._vocab)
+        return self.checked(lambda: json_schema_grammar(schema), where)
+
+    def checked(self, build: Callable[[], str | None], where: str) -> str | None:
+        """build()'s grammar once it compiles; FieldError naming `where` when it does not."""
         try:
-            text = json_schema_grammar(schema)
-            self._grammars.check(text)
+            if self._grammars is None:
+                self._grammars = Grammars(self._tokenizer, self._vocab)
+            text = build()
+            if text is not None:
+                self._grammars.check(text)
         except ValueError as exc:
             raise FieldError(where, str(exc)) from None
         return text

@@ -6,7 +6,6 @@ token for token the prompt transformers builds."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
@@ -24,11 +23,50 @@ class ChatTurn(Protocol):
     def text(self) -> str: ...
 
 
-def render_chat(messages: list[ChatTurn]) -> str:
-    """A plain chat template for models without one of their own: one block per turn, ending
-    with an open assistant turn."""
-    out = [f"<|{m.role}|>\n{m.text()}\n" for m in messages]
+def render_chat(messages: list[ChatTurn], tools: list[dict[str, Any]] | None = None) -> str:
+    """A plain chat template for models without one of their own: the tools first (one JSON
+    per line), one block per turn (an assistant's calls in the hermes format), ending with an
+    open assistant turn."""
+    out = ["<|tools|>\n" + "".join(json.dumps(t) + "\n" for t in tools)] if tools else []
+    for m in messages:
+        calls = getattr(m, "tool_calls", None) or []
+        blocks = "".join(
+            f"<tool_call>\n{json.dumps(c.for_template()['function'])}\n</tool_call>\n"
+            for c in calls
+        )
+        out.append(f"<|{m.role}|>\n{m.text()}\n{blocks}")
     return "".join(out) + "<|assistant|>\n"
+
+
+def template_turn(m: ChatTurn) -> dict[str, Any]:
+    """A message as transformers hands it to a template: content as the client sent it when
+    absent (templates test for None), an assistant's calls with their arguments as a mapping."""
+    turn: dict[str, Any] = {
+        **(m.model_extra or {}),
+        "role": m.role,
+        "content": None if m.content is None else m.text(),
+    }
+    for key in ("name", "tool_call_id"):
+        if (value := getattr(m, key, None)) is not None:
+            turn[key] = value
+    if calls := getattr(m, "tool_calls", None):
+        turn["tool_calls"] = [c.for_template() for c in calls]
+    return turn
+
+
+# how a model writes a tool call (api/tools.py has the grammars and the parsers)
+HERMES, MISTRAL, LLAMA3 = "hermes", "mistral", "llama3"
+
+
+def tool_format(template: str | None) -> str:
+    """The tool-call format a chat template's model writes (hermes without a template)."""
+    if template is None or "<tool_call>" in template:
+        return HERMES
+    if "[TOOL_CALLS]" in template:
+        return MISTRAL
+    if "<|python_tag|>" in template or "parameters" in template:
+        return LLAMA3
+    return HERMES
 
 
 class ChatTemplateError(ValueError):
@@ -112,13 +150,21 @@ class ChatTemplate:
         self._errors = (jinja2.TemplateError, TypeError, ValueError, KeyError, AttributeError)
         self.specials = specials
         self.origin = origin
+        self.source = source
 
-    def render(self, messages: list[dict[str, Any]]) -> str:
+    def __call__(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> str:
+        return self.render(messages, tools)
+
+    def render(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> str:
         try:
             return self._template.render(
                 messages=messages,
                 add_generation_prompt=True,
-                tools=None,
+                tools=tools,
                 documents=None,
                 **self.specials,
             )
@@ -126,9 +172,7 @@ class ChatTemplate:
             raise ChatTemplateError(f"chat template: {exc}") from None
 
 
-def load_chat_renderer(
-    path: Path | None, override: Path | None
-) -> Callable[[list[dict[str, Any]]], str] | None:
+def load_chat_renderer(path: Path | None, override: Path | None) -> ChatTemplate | None:
     """`override` (a jinja file) or the checkpoint's own template; None when there is neither."""
     source, specials = find_template(path) if path is not None else (None, {})
     origin = str(path) if path is not None else ""
@@ -139,4 +183,4 @@ def load_chat_renderer(
             raise ModelSpecError(f"--chat-template {override}: {exc.strerror}") from None
     if source is None:
         return None
-    return ChatTemplate(source, specials, origin).render
+    return ChatTemplate(source, specials, origin)

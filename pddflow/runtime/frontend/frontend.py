@@ -52,6 +52,7 @@ class Frontend:
         self.model_id = plan.name
         self.tokenizer = model.tokenizer
         self.chat_prompt_ids = model.chat_prompt_ids  # a chat's prompt, templated and tokenized
+        self.tool_format = model.tool_format
         self.vocab_size = model.vocab_size
         self.max_context = min(model.max_context, plan.model.max_context)
         self.metrics = metrics or Metrics()

@@ -3,7 +3,6 @@ context length, end-of-sequence IDs, and how a chat becomes a prompt."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,7 +10,14 @@ from typing import Any
 from pddflow.operators.config import ModelConfig, ModelSpecError
 from pddflow.operators.tokenizer import ByteTokenizer, HFTokenizer
 from pddflow.operators.weights import BUILTIN_MODELS, read_config
-from pddflow.runtime.frontend.chat_template import ChatTurn, load_chat_renderer, render_chat
+from pddflow.runtime.frontend.chat_template import (
+    ChatTemplate,
+    ChatTurn,
+    load_chat_renderer,
+    render_chat,
+    template_turn,
+    tool_format,
+)
 from pddflow.runtime.frontend.rejection import RequestRejected
 
 
@@ -40,22 +46,21 @@ class ModelInfo:
         ModelConfig  # the architecture: heads, layers, sizes (a layout's split is checked on it)
     )
     # the checkpoint's (or --chat-template's) template; None: `render_chat`'s plain rendering
-    chat_template: Callable[[list[dict[str, Any]]], str] | None = None
+    chat_template: ChatTemplate | None = None
 
-    def chat_prompt_ids(self, messages: list[ChatTurn]) -> list[int]:
+    @property
+    def tool_format(self) -> str:
+        """How this model writes a tool call (api/tools.py), read from its template."""
+        return tool_format(self.chat_template.source if self.chat_template else None)
+
+    def chat_prompt_ids(
+        self, messages: list[ChatTurn], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
         if self.chat_template is None:
-            return self.tokenizer.encode(render_chat(messages))
-        # content as the client sent it when absent (a tool-call turn): templates test for None
-        turns = [
-            {
-                **(m.model_extra or {}),
-                "role": m.role,
-                "content": None if m.content is None else m.text(),
-            }
-            for m in messages
-        ]
+            return self.tokenizer.encode(render_chat(messages, tools))
+        turns = [template_turn(m) for m in messages]
         # the template writes BOS and turn markers itself, as transformers' apply_chat_template
-        return self.tokenizer.encode(self.chat_template(turns), add_special_tokens=False)
+        return self.tokenizer.encode(self.chat_template(turns, tools), add_special_tokens=False)
 
 
 def model_info(spec: str, chat_template: Path | None = None) -> ModelInfo:
