@@ -191,15 +191,14 @@ TOOL_CHAT = [
 
 @pytest.mark.slow  # imports transformers
 def test_tools_and_tool_turns_render_as_transformers_renders_them(tmp_path):
-    """A Qwen tool-calling template: the tools, an assistant's call and the tool's result render
-    exactly as transformers' apply_chat_template(tools=...) (arguments handed to the template
-    as a mapping, as transformers expects them); the model's call format is read as hermes."""
+    """A tiny random Qwen3 checkpoint with Qwen's tool-calling template: the tools, an
+    assistant's call and the tool's result render exactly as transformers'
+    apply_chat_template(tools=...) (arguments handed to the template as a mapping, as
+    transformers expects them); the model's call format is read as hermes."""
     transformers = pytest.importorskip("transformers")
-    from pddflow.testing.tiny_checkpoints import QWEN_TOOLS_TEMPLATE
+    from pddflow.testing.tiny_checkpoints import QWEN_TOOLS_TEMPLATE, tiny_qwen3
 
-    d = _checkpoint_dir(
-        tmp_path, CHATML_SPECIALS, eos_token="<|im_end|>", chat_template=QWEN_TOOLS_TEMPLATE
-    )
+    d = tiny_qwen3(tmp_path / "qwen3-tools", chat_template=QWEN_TOOLS_TEMPLATE)
     tok = transformers.AutoTokenizer.from_pretrained(d)
     hf_chat = json.loads(json.dumps(TOOL_CHAT))
     hf_chat[2]["tool_calls"][0]["function"]["arguments"] = {"city": "Paris"}

@@ -277,7 +277,7 @@ def colocated():
     [(r, "named") for r in ROUTES[1:]] + [(ROUTES[1], "required")],
     ids=["p_md-named", "one_shot-named", "catch_up-named", "p_md-required"],
 )
-def test_forced_tool_calls_on_every_route(client, colocated, route, choice):
+def test_forced_tool_calls_on_every_route(pdd, client, colocated, route, choice):
     """The official client's tools and tool_choice: the answer is tool_calls whose arguments
     parse and fit the function's schema, streamed or not, and greedy, the colocated reference's
     tokens under the same grammar."""
@@ -323,6 +323,8 @@ def test_forced_tool_calls_on_every_route(client, colocated, route, choice):
         (0, call.function.name, call.function.arguments)
     ]
     assert streamed[-1].choices[0].finish_reason == "tool_calls"
+    assert pdd.metric("pddflow_tool_call_answers_total") >= 2
+    assert pdd.metric("pddflow_shaped_requests_total", kind=f"tools_{choice}") >= 2
 
 
 def test_chat_json_schema_with_the_official_parameter(client):

@@ -609,3 +609,22 @@ def test_tools_reach_the_template_and_a_forced_choice_the_grammar(api, fe):
     ]
     r = api.post("/v1/chat/completions", json={**body, "messages": turns})
     assert r.status_code == 200, r.text
+
+
+def test_shaped_requests_are_counted_on_metrics(api):
+    """Served requests by the output they asked for (a refused one is not counted)."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "a", "schema": {"type": "integer"}}}
+    api.post("/v1/completions", json={**COMPLETION, "response_format": fmt})
+    api.post("/v1/chat/completions", json={**CHAT, "response_format": {"type": "json_object"}})
+    named = {"type": "function", "function": {"name": "g"}}
+    api.post("/v1/chat/completions", json={**CHAT, "tools": TWO_TOOLS, "tool_choice": named})
+    api.post("/v1/chat/completions", json={**CHAT, "tools": TWO_TOOLS})
+    bad = {"type": "json_schema", "json_schema": {"name": "b", "schema": {"type": "nonsense"}}}
+    assert (
+        api.post("/v1/completions", json={**COMPLETION, "response_format": bad}).status_code == 400
+    )
+    text = api.get("/metrics").text
+    for kind, n in [("json_schema", 1), ("json_object", 1), ("tools_named", 1), ("tools_auto", 1)]:
+        assert f'pddflow_shaped_requests_total{{kind="{kind}"}} {n}.0' in text, text
+    assert 'pddflow_shaped_requests_total{kind="tools_required"} 0.0' in text
+    assert "pddflow_tool_call_answers_total 0.0" in text  # the fake answers no call

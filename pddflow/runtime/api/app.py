@@ -19,6 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from pddflow.core.payloads import SamplingParams
 from pddflow.runtime.api.admin import add_admin_routes
 from pddflow.runtime.api.admission import Admission
+from pddflow.runtime.api.api_metrics import ApiMetrics
 from pddflow.runtime.api.auth import KeyGuard
 from pddflow.runtime.api.completion import (
     Choices,
@@ -59,6 +60,7 @@ def make_app(
     /health."""
     admission = admission or Admission()
     grammars = ResponseGrammars(router.tokenizer, router.vocab_size)
+    shapes = ApiMetrics()
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -106,7 +108,7 @@ def make_app(
     @app.get("/metrics")
     async def metrics() -> Response:
         body, ctype = router.metrics_text()
-        return Response(body, media_type=ctype)
+        return Response(body + shapes.text(), media_type=ctype)
 
     if admin_key and links is not None:
         add_admin_routes(app, links)
@@ -156,7 +158,10 @@ def make_app(
             prompt_ids = _prompt_ids(router, body.prompt)
         except RequestRejected as exc:
             return error_response(exc.status, str(exc), param="prompt")
-        return await _serve(router, admission, grammars, request, body, prompt_ids, chat=False)
+        out = await _serve(router, admission, grammars, request, body, prompt_ids, chat=False)
+        if out.status_code == 200:
+            shapes.requested(body.response_format and body.response_format.type, None)
+        return out
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatBody, request: Request) -> Response:
@@ -173,7 +178,12 @@ def make_app(
         if tools and body.tool_mode != "none":
             parallel = body.parallel_tool_calls is not False
             tool_use = ToolUse(tools, router.tool_format, body.tool_mode, parallel)
-        return await _serve(router, admission, grammars, request, body, ids, True, tool_use)
+            tool_use.answered = shapes.tool_answers.inc
+        out = await _serve(router, admission, grammars, request, body, ids, True, tool_use)
+        if out.status_code == 200:
+            fmt = body.response_format and body.response_format.type
+            shapes.requested(fmt, body.tool_mode if tools else None)
+        return out
 
     return app
 

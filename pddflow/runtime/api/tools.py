@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,6 +123,7 @@ class ToolUse:
     fmt: str
     mode: str
     parallel: bool = True
+    answered: Callable[[], None] | None = None  # told of each answer that called tools
 
     def grammar(self) -> str | None:
         """The grammar that forces a call (required, a named function); None for auto."""
@@ -131,4 +133,7 @@ class ToolUse:
         return tool_grammar(chosen, self.fmt, self.parallel and self.mode == "required")
 
     def answer(self, text: str) -> tuple[str | None, list[ToolCall]]:
-        return parse_tool_calls(text, self.fmt, self.tools)
+        content, calls = parse_tool_calls(text, self.fmt, self.tools)
+        if calls and self.answered is not None:
+            self.answered()
+        return content, calls
