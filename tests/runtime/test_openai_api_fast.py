@@ -17,6 +17,7 @@ from pddflow.graph.shipped import resolve_graph
 from pddflow.runtime.api.app import cached_tokens, make_app
 from pddflow.runtime.frontend.chat_template import render_chat
 from pddflow.runtime.frontend.link_admin import LinkAdmin
+from pddflow.runtime.frontend.rejection import RequestRejected
 
 
 class ByteTokenizer:
@@ -54,6 +55,7 @@ class FakeFrontend:
     def __init__(self) -> None:
         self.sampling: list[SamplingParams] = []
         self.timelines: dict[str, dict] = {}
+        self.ended: list[str] = []  # request ids whose stream ended (finished or cancelled)
 
     def attach(self, loop: Any) -> None:
         pass
@@ -79,6 +81,13 @@ class FakeFrontend:
         return None
 
     async def generate(self, request_id, prompt_ids, sampling, deadline, variant, handoff):
+        try:
+            async for chunk in self._generate(request_id, sampling):
+                yield chunk
+        finally:
+            self.ended.append(request_id)
+
+    async def _generate(self, request_id, sampling):
         self.sampling.append(sampling)
         self.timelines[request_id] = {
             "events": [
@@ -628,3 +637,25 @@ def test_shaped_requests_are_counted_on_metrics(api):
         assert f'pddflow_shaped_requests_total{{kind="{kind}"}} {n}.0' in text, text
     assert 'pddflow_shaped_requests_total{kind="tools_required"} 0.0' in text
     assert "pddflow_tool_call_answers_total 0.0" in text  # the fake answers no call
+
+
+def test_a_refused_choice_ends_the_whole_request(api, fe):
+    """n = 3 and the router refuses choice 2 while choice 1 is still waiting for its first
+    token: the request is that 503, and every other choice's stream is ended (its legs
+    cancelled), not left running."""
+    import asyncio
+
+    original = fe._generate
+
+    async def refuse_third(request_id, sampling):
+        if request_id.endswith("-2"):
+            raise RequestRejected(503, "overloaded")
+        if request_id.endswith("-1"):
+            await asyncio.sleep(0.3)
+        async for chunk in original(request_id, sampling):
+            yield chunk
+
+    fe._generate = refuse_third
+    r = api.post("/v1/completions", json={**COMPLETION, "n": 3, "max_tokens": 50})
+    assert r.status_code == 503 and "overloaded" in r.json()["error"]["message"]
+    assert len(fe.ended) == 3  # every choice's stream ended

@@ -282,7 +282,10 @@ async def _serve(
         first = start(0)
         first.first = await first.next_chunk()
         rest = [start(i) for i in range(1, n)]
-        for c, chunk in zip(rest, await asyncio.gather(*(c.next_chunk() for c in rest))):
+        firsts = await asyncio.gather(*(c.next_chunk() for c in rest), return_exceptions=True)
+        for c, chunk in zip(rest, firsts):
+            if isinstance(chunk, BaseException):  # the others end with the request (close)
+                raise chunk
             c.first = chunk
         created = int(time.time())
         if body.stream:
