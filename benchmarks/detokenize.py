@@ -20,6 +20,7 @@ from pathlib import Path
 from pddflow.operators.detokenize import detokenizer
 from pddflow.operators.tokenizer import ByteTokenizer, HFTokenizer
 from pddflow.runtime.api.stop_strings import StopStrings
+from pddflow.testing.tiny_checkpoints import write_tokenizer
 
 CORPUS = [
     "The relay decodes while the KV crosses the WAN; main extends over the handed-off ids.",
@@ -63,16 +64,7 @@ class OldStop:
 
 
 def hf_tokenizer(tmp: Path) -> HFTokenizer:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=1000, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
-    )
-    tok.train_from_iterator(CORPUS * 50, trainer)
-    tok.save(str(tmp / "tokenizer.json"))
+    write_tokenizer(tmp, [], 1000, corpus=CORPUS * 50)
     return HFTokenizer(tmp / "tokenizer.json")
 
 

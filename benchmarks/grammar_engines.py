@@ -22,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from pddflow.testing.tiny_checkpoints import write_tokenizer
+
 SCHEMAS = [
     {
         "type": "object",
@@ -65,22 +67,10 @@ DOCUMENT = {"name": "Ada Lovelace, analyst", "age": 36, "tags": ["math", "engine
 
 def train_tokenizer(vocab: int, into: Path) -> Path:
     """A byte-level BPE over the standard library's sources: tokenizer.json in `into`."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
     files = sorted(Path(sysconfig.get_paths()["stdlib"]).glob("*.py"))[:400]
-    tok = Tokenizer(models.BPE())
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab,
-        special_tokens=["<|endoftext|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tok.train([str(f) for f in files], trainer)
-    path = into / "tokenizer.json"
-    tok.save(str(path))
-    return path
+    corpus = (f.read_text(errors="replace") for f in files)
+    write_tokenizer(into, ["<|endoftext|>"], vocab, corpus=corpus)
+    return into / "tokenizer.json"
 
 
 def timed(fn: Callable[[], Any]) -> tuple[float, Any]:

@@ -62,13 +62,13 @@ def export_kv(engine: Engine, seq: Sequence, start_block: int, end_block: int | 
 
 
 def ship_kv(engine: Engine, seq: Sequence, route: bytes, start_block: int) -> KVBlocks:
-    blocks, hashes, token_start, token_end = _range(engine, seq, start_block, None)
-    step = ShardStep(seq.seq_id, token_start, blocks, token_end, hashes, route)
     tp = engine._leads()
-    if tp is None:
+    if tp is None:  # one rank holds every head: the plain export, marked as such
         kv = export_kv(engine, seq, start_block, None)
         kv.heads = engine.kv_heads
         return kv
+    blocks, hashes, token_start, token_end = _range(engine, seq, start_block, None)
+    step = ShardStep(seq.seq_id, token_start, blocks, token_end, hashes, route)
     return ship_blocks(tp, engine.pool.tensor, step, engine.block_size, engine.kv_heads)
 
 

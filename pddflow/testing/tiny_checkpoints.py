@@ -5,6 +5,7 @@ the dev extra (transformers); nothing is downloaded."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from pathlib import Path
 
 CHATML_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -75,10 +76,16 @@ _CORPUS = [
 ] * 8
 
 
-def write_tokenizer(path: Path, specials: list[str], vocab_size: int, **config) -> int:
-    """A byte-level BPE trained on a fixed corpus (deterministic), `specials` first; saved as
-    tokenizer.json + tokenizer_config.json (`config`: bos/eos tokens, chat_template). Returns the
-    vocabulary size."""
+def write_tokenizer(
+    path: Path,
+    specials: list[str],
+    vocab_size: int,
+    corpus: Iterable[str] = _CORPUS,
+    **config,
+) -> int:
+    """A byte-level BPE trained on `corpus` (by default a fixed one: deterministic), `specials`
+    first; saved as tokenizer.json + tokenizer_config.json (`config`: bos/eos tokens,
+    chat_template). Returns the vocabulary size."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tok = Tokenizer(models.BPE())
@@ -90,7 +97,7 @@ def write_tokenizer(path: Path, specials: list[str], vocab_size: int, **config) 
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(_CORPUS, trainer)
+    tok.train_from_iterator(corpus, trainer)
     path.mkdir(parents=True, exist_ok=True)
     tok.save(str(path / "tokenizer.json"))
     cfg = {"tokenizer_class": "PreTrainedTokenizerFast", "model_max_length": 4096, **config}

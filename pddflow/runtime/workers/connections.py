@@ -6,7 +6,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -188,13 +188,7 @@ class WorkerIO:
             return s
 
     def _channel(self, kind: str, dst_instance: str) -> ChannelPlan:
-        dst_op = self.plan.instance(dst_instance).operator
-        for c in self.plan.channels:
-            if c.src == self.operator and c.dst == dst_op and c.kind == kind:
-                return c
-        raise ChannelError(
-            f"{self.instance}: the plan has no {kind} edge from {self.operator} to {dst_op}"
-        )
+        return channel_to(self.plan, self.instance, kind, dst_instance)
 
     def deadline_s(self, kind: str, dst_instance: str) -> float:
         return float(self._channel(kind, dst_instance).params["deadline_s"])
@@ -209,17 +203,13 @@ class WorkerIO:
         )
 
     def _pump_kv(self, receiver: Any) -> None:
-        while not self.closed.is_set():
-            try:
-                kv = receiver.recv(timeout_s=POLL_S)
-            except ChannelTimeout:
-                continue
-            except ChannelClosed:
-                return
-            except ChannelError as exc:  # a transfer that failed at the receiver: the leg decides
-                self.inbox.put(KVLost(getattr(exc, "seq_id", ""), str(exc)))
-                continue
-            self.inbox.put(KVArrived(kv, time.monotonic()))
+        pump_kv(
+            receiver,
+            self.closed,
+            lambda kv: self.inbox.put(KVArrived(kv, time.monotonic())),
+            # a transfer that failed at the receiver: the leg decides
+            lambda exc: self.inbox.put(KVLost(getattr(exc, "seq_id", ""), str(exc))),
+        )
 
     def _pump_tokens(self, endpoint: Any) -> None:
         while not self.closed.is_set():
@@ -349,3 +339,34 @@ def rdma_sender(
     transport = wiring.rdma.get(pair(src, dst), SHM)
     address = rdma_address(wiring.workers[dst], rank, transport)
     return SharedMemoryKVSender(address, params=rdma_params(wiring, ch, transport))
+
+
+def channel_to(plan: Plan, src_instance: str, kind: str, dst_instance: str) -> ChannelPlan:
+    """The plan's `kind` edge from src_instance's operator to dst_instance's."""
+    src_op = plan.instance(src_instance).operator
+    dst_op = plan.instance(dst_instance).operator
+    for c in plan.channels:
+        if c.src == src_op and c.dst == dst_op and c.kind == kind:
+            return c
+    raise ChannelError(f"{src_instance}: the plan has no {kind} edge from {src_op} to {dst_op}")
+
+
+def pump_kv(
+    receiver: Any,
+    closed: threading.Event,
+    arrived: Callable[[Any], None],
+    failed: Callable[[ChannelError], None],
+) -> None:
+    """Hand each KV set a receiver completes to `arrived`, each it failed to `failed`, until
+    `closed` is set or the receiver closes."""
+    while not closed.is_set():
+        try:
+            kv = receiver.recv(timeout_s=POLL_S)
+        except ChannelTimeout:
+            continue
+        except ChannelClosed:
+            return
+        except ChannelError as exc:
+            failed(exc)
+            continue
+        arrived(kv)

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from pddflow.channels.errors import ChannelClosed, ChannelError, ChannelTimeout
+from pddflow.channels.errors import ChannelError
 from pddflow.channels.transfer import TransferReport
 from pddflow.core.channel_kinds import Kind
 from pddflow.core.payloads import KVBlocks
@@ -22,7 +22,12 @@ from pddflow.graph.plan import Plan, rank_name
 from pddflow.operators.kv_shards import head_routes
 from pddflow.runtime.proto import runtime_pb2 as pb
 from pddflow.runtime.wiring import Wiring
-from pddflow.runtime.workers.connections import POLL_S, rdma_receivers, rdma_sender
+from pddflow.runtime.workers.connections import (
+    channel_to,
+    pump_kv,
+    rdma_receivers,
+    rdma_sender,
+)
 
 
 def rank_to_rank(plan: Plan, src: str, dst: str, kind: str) -> bool:
@@ -210,13 +215,7 @@ class FollowerKV:
     def _sender(self, peer: str, rank: int) -> Any:
         key = (peer, rank)
         if key not in self._senders:
-            ch = next(
-                c
-                for c in self.plan.channels
-                if c.src == self.operator
-                and c.dst == self.plan.instance(peer).operator
-                and c.kind == Kind.RDMA_TENSOR
-            )
+            ch = channel_to(self.plan, self.instance, Kind.RDMA_TENSOR, peer)
             self._senders[key] = rdma_sender(self.wiring, ch, self.instance, peer, rank)
         return self._senders[key]
 
@@ -226,15 +225,13 @@ class FollowerKV:
             print(f"{self.name}: KV of {seq_id} to {peer} failed: {fut.exception()}", flush=True)
 
     def _pump(self, receiver: Any) -> None:
-        while not self.closed.is_set():
-            try:
-                self.shards.put(receiver.recv(timeout_s=POLL_S))
-            except ChannelTimeout:
-                continue
-            except ChannelClosed:
-                return
-            except ChannelError as exc:  # this piece failed: the leader's LAND finds it missing
-                print(f"{self.name}: {exc}", flush=True)
+        # a failed piece is only logged: the leader's LAND finds it missing
+        pump_kv(
+            receiver,
+            self.closed,
+            self.shards.put,
+            lambda exc: print(f"{self.name}: {exc}", flush=True),
+        )
 
     def close(self) -> None:
         self.closed.set()
