@@ -56,9 +56,15 @@ class TokenChunk(list):
     """Token IDs streamed to the client, with their log probabilities (None where not asked): a
     list still, so a router that reports none can yield plain lists."""
 
-    def __init__(self, ids: Sequence[int], logprobs: list[TokenLogprob | None] | None = None):
+    def __init__(
+        self,
+        ids: Sequence[int],
+        logprobs: list[TokenLogprob | None] | None = None,
+        finish_reason: str | None = None,
+    ):
         super().__init__(ids)
         self.logprobs = logprobs
+        self.finish_reason = finish_reason  # on the stream's last chunk: the worker's reason
 
 
 @dataclass

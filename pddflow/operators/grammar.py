@@ -81,7 +81,8 @@ class Grammars:
             raise ValueError(
                 f"structured output: the grammar engine cannot read this model's tokenizer ({exc})"
             ) from None
-        self._eos = list(tokenizer.eos_token_ids)
+        self._only_eos = torch.zeros(vocab_size, dtype=torch.bool)
+        self._only_eos[list(tokenizer.eos_token_ids)] = True
         self._compiled = lru_cache(maxsize=64)(self._compile)
 
     def _compile(self, grammar: str) -> Any:
@@ -101,18 +102,23 @@ class Grammars:
     def mask(self, state: GrammarState, generated: list[int]) -> torch.Tensor:
         """Bool [vocab]: the tokens the grammar allows after `generated` (the sequence's output
         so far; the state consumes what it has not seen yet). Only EOS where the grammar allows
-        nothing more, or nothing at all (a dead end ends the answer where it stands)."""
+        nothing more (it is complete) or nothing at all: a dead end (the vocabulary has no token
+        the grammar would take next), which marks the state `dead` and ends the answer there."""
         m = state.matcher
         if state.consumed < len(generated):
             m.consume_tokens(generated[state.consumed :])
             state.consumed = len(generated)
+        only_eos = self._only_eos
         if not m.is_error():
             bits = np.frombuffer(m.compute_bitmask(), dtype=np.uint8)
-            allowed = np.unpackbits(bits, bitorder="little")[: self.vocab_size].astype(bool)
-            if allowed.any():
-                return torch.from_numpy(allowed)
-        only_eos = torch.zeros(self.vocab_size, dtype=torch.bool)
-        only_eos[self._eos] = True
+            allowed = torch.from_numpy(
+                np.unpackbits(bits, bitorder="little")[: self.vocab_size].astype(bool)
+            )
+            # llguidance offers EOS where its lexer is stuck too: only EOS is a dead end unless
+            # the grammar is complete
+            if (allowed & ~only_eos).any() or (allowed.any() and m.is_accepting()):
+                return allowed
+        state.dead = True
         return only_eos
 
 
@@ -120,3 +126,9 @@ class Grammars:
 class GrammarState:
     matcher: Any
     consumed: int  # output tokens the matcher has seen
+    dead: bool = False  # the grammar admits no token of this vocabulary: the answer is cut short
+
+
+# a sequence whose grammar dead-ended: its output is incomplete (never `stop`, which promises a
+# complete answer)
+GRAMMAR_DEAD_END = "grammar_dead_end"

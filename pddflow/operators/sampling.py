@@ -10,7 +10,7 @@ import hashlib
 import torch
 
 from pddflow.core.payloads import SamplingParams, TokenLogprob
-from pddflow.operators.grammar import Grammars
+from pddflow.operators.grammar import GRAMMAR_DEAD_END, Grammars
 from pddflow.operators.sequence import Sequence
 
 
@@ -143,7 +143,9 @@ def sample_sequences(
             seqs[i].logprobs.append(lp)
     for s, t in zip(seqs, toks):
         s.token_ids.append(t)
-        if t in s.sampling.stop_token_ids:
+        if s.grammar is not None and s.grammar.dead:  # the mask left only EOS: end here
+            s.finished, s.finish_reason = True, GRAMMAR_DEAD_END
+        elif t in s.sampling.stop_token_ids:
             s.finished, s.finish_reason = True, "stop"
         elif len(s.token_ids) - s.num_prompt_tokens >= s.sampling.max_tokens:
             s.finished, s.finish_reason = True, "length"

@@ -20,7 +20,7 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     num_computed: int = 0
     finished: bool = False
-    finish_reason: str | None = None  # "length" | "stop"
+    finish_reason: str | None = None  # "length" | "stop" | GRAMMAR_DEAD_END
     # (logprob, top [(id, logprob)...]) of each token this engine sampled, in order, when
     # sampling.logprobs asks (tokens handed in by another worker have none here)
     logprobs: list[TokenLogprob] = field(default_factory=list)

@@ -101,3 +101,43 @@ def test_a_byte_level_bpe_tokenizer(tmp_path):
     text, finish = _answer(eng, "Give n: ", schema, temperature=0.8, seed=3)
     assert finish == "stop", text
     jsonschema.validate(json.loads(text), schema)
+
+
+class _NoClosingBrace:
+    """The built-in byte tokenizer with `}` missing from its vocabulary (its ID names no bytes,
+    and text is encoded without it): no token can close a JSON object."""
+
+    def __init__(self, inner):
+        self._inner = inner
+        self.eos_token_ids = inner.eos_token_ids
+        self.BOS = inner.BOS
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        return self._inner.encode(text.replace("}", ""), add_special_tokens)
+
+    def decode(self, ids: list[int]) -> str:
+        return self._inner.decode(ids)
+
+    def token_bytes(self, token_id: int) -> bytes:
+        return b"" if token_id == ord("}") else self._inner.token_bytes(token_id)
+
+
+def test_a_grammar_dead_end_ends_the_answer_with_its_own_finish_reason():
+    """A grammar the vocabulary cannot finish: the answer ends where the grammar admits no token,
+    and says so (`grammar_dead_end`, never `stop`, which promises a complete answer)."""
+    from pddflow.operators.grammar import GRAMMAR_DEAD_END
+
+    eng = Engine.from_spec("builtin:tiny-llama")
+    eng.tokenizer = _NoClosingBrace(eng.tokenizer)
+    schema = {
+        "type": "object",
+        "properties": {"a": {"type": "boolean"}},
+        "required": ["a"],
+        "additionalProperties": False,
+    }
+    text, finish = _answer(eng, "x", schema)
+    assert finish == GRAMMAR_DEAD_END
+    assert text.startswith('{"a":') and "}" not in text
+    # a grammar this vocabulary can finish still ends with stop
+    text, finish = _answer(eng, "x", {"enum": ["yes", "no"]})
+    assert finish == "stop" and json.loads(text) in ("yes", "no")

@@ -318,10 +318,18 @@ def test_forced_tool_calls_on_every_route(pdd, client, colocated, route, choice)
     schema = {t["function"]["name"]: t["function"]["parameters"] for t in WEATHER_TOOLS}
     jsonschema.validate(json.loads(call.function.arguments), schema[call.function.name])
     streamed = [c for c in client.chat.completions.create(**args, stream=True) if c.choices]
+    # streamed as written: the call's name first, then its arguments piece by piece
     deltas = [d for c in streamed for d in c.choices[0].delta.tool_calls or []]
-    assert [(d.index, d.function.name, d.function.arguments) for d in deltas] == [
-        (0, call.function.name, call.function.arguments)
-    ]
+    assert {d.index for d in deltas} == {0} and len(deltas) > 2
+    assert (deltas[0].id, deltas[0].function.name, deltas[0].function.arguments) == (
+        deltas[0].id.startswith("call_") and deltas[0].id,
+        call.function.name,
+        "",
+    )
+    assert all(d.function.name is None and d.id is None for d in deltas[1:])
+    arguments = "".join(d.function.arguments for d in deltas)
+    assert json.loads(arguments) == json.loads(call.function.arguments)
+    assert not any(c.choices[0].delta.content for c in streamed)
     assert streamed[-1].choices[0].finish_reason == "tool_calls"
     assert pdd.metric("pddflow_tool_call_answers_total") >= 2
     assert pdd.metric("pddflow_shaped_requests_total", kind=f"tools_{choice}") >= 2

@@ -62,6 +62,12 @@ def test_models_and_honoured_completion_fields(client):
     assert a.usage.completion_tokens == len(a.choices[0].model_extra["token_ids"])
     assert a.usage.total_tokens == a.usage.prompt_tokens + a.usage.completion_tokens
     assert a.usage.prompt_tokens_details.cached_tokens >= 0
+    # best_of: the candidate of the n=3 with the same seed whose tokens are likeliest, per token
+    cands = client.completions.create(**kw, seed=11, n=3, logprobs=0, extra_body=ids)
+    best = max(cands.choices, key=lambda c: sum(c.logprobs.token_logprobs) / len(c.logprobs.tokens))
+    one = client.completions.create(**kw, seed=11, best_of=3, extra_body=ids)
+    assert [c.text for c in one.choices] == [best.text] and one.choices[0].logprobs is None
+    assert one.usage.completion_tokens == cands.usage.completion_tokens  # every candidate's
     # a stop string ends the text before it
     g = client.completions.create(model="pdd", prompt="Stop here:", max_tokens=12, temperature=0)
     text = g.choices[0].text
@@ -150,7 +156,7 @@ def test_chat_honoured_fields(client):
     "kind, kw, param",
     [
         ("completions", {"echo": True}, "echo"),
-        ("completions", {"best_of": 2}, "best_of"),
+        ("completions", {"best_of": 2, "n": 3}, "best_of"),
         ("completions", {"n": 17}, "n"),
         ("completions", {"logprobs": 6}, "logprobs"),
         ("completions", {"suffix": "end"}, "suffix"),

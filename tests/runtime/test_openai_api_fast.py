@@ -155,7 +155,10 @@ def _assert_openai_error(r, status: int, param: str | None = None) -> dict:
         ({"stop": ["a", "b", "c", "d", "e"]}, "stop"),
         ({"n": 17}, "n"),  # at most 16 choices
         ({"n": 0}, "n"),
-        ({"best_of": 2}, "best_of"),
+        ({"best_of": 2, "n": 3}, "best_of"),  # at least n
+        ({"best_of": 3, "stream": True}, "best_of"),  # the best are known at the end
+        ({"best_of": 3, "temperature": 0}, "best_of"),  # greedy candidates are one
+        ({"best_of": 17}, "best_of"),
         ({"echo": True}, "echo"),
         ({"suffix": "tail"}, "suffix"),
         ({"logprobs": 6}, "logprobs"),  # at most 5 alternatives (OpenAI's limit)
@@ -659,3 +662,63 @@ def test_a_refused_choice_ends_the_whole_request(api, fe):
     r = api.post("/v1/completions", json={**COMPLETION, "n": 3, "max_tokens": 50})
     assert r.status_code == 503 and "overloaded" in r.json()["error"]["message"]
     assert len(fe.ended) == 3  # every choice's stream ended
+
+
+def test_a_grammar_dead_end_is_its_own_finish_reason_on_every_shape(api, fe):
+    """The worker ends an output its grammar cannot continue (GRAMMAR_DEAD_END on the stream's
+    last chunk, after EOS): the answer says so, streamed and not, on both endpoints, and a
+    forced tool call cut short is never answered as tool_calls."""
+    from pddflow.operators.grammar import GRAMMAR_DEAD_END
+
+    async def cut_short(request_id, sampling):
+        fe.sampling.append(sampling)
+        yield [ord(c) for c in '<tool_call>{"name": "g", "arguments": {"a": 1']
+        yield TokenChunk([0], finish_reason=GRAMMAR_DEAD_END)  # EOS, then the reason
+
+    fe._generate = cut_short
+    named = {"type": "function", "function": {"name": "g"}}
+    bodies = [
+        ("/v1/completions", COMPLETION),
+        ("/v1/chat/completions", CHAT),
+        ("/v1/chat/completions", {**CHAT, "tools": TWO_TOOLS, "tool_choice": named}),
+    ]
+    for path, body in bodies:
+        got = api.post(path, json={**body, "max_tokens": 100}).json()["choices"][0]
+        assert got["finish_reason"] == GRAMMAR_DEAD_END, got
+        assert not got.get("message", {}).get("tool_calls"), got
+        r = api.post(path, json={**body, "max_tokens": 100, "stream": True})
+        frames = [json.loads(x[6:]) for x in r.text.split("\n\n") if x.startswith("data: {")]
+        finishes = [f["choices"][0]["finish_reason"] for f in frames if f["choices"]]
+        # streamed, what was written of the call went out as it came: the reason says it is cut
+        assert finishes[-1] == GRAMMAR_DEAD_END and set(finishes[:-1]) == {None}, finishes
+
+
+def test_best_of_returns_the_likeliest_candidates_per_token(api, fe):
+    """best_of 3, n 2: three flights (seeded seed, seed + 1, seed + 2), each asked for its
+    sampled tokens' logprobs; the two with the highest mean logprob return, best first, with
+    no logprobs unless asked; usage counts every candidate."""
+
+    async def candidates(request_id, sampling):
+        fe.sampling.append(sampling)
+        k = int(request_id.rsplit("-", 1)[1]) if request_id.count("-") > 1 else 0
+        mean = {0: -0.9, 1: -0.2, 2: -0.5}[k]  # choice 1 the likeliest, then 2
+        for i in range(sampling.max_tokens):  # varying per token, this mean
+            yield TokenChunk([ord("a") + k], [TokenLogprob(mean + (0.1 if i % 2 else -0.1))])
+
+    fe._generate = candidates
+    r = api.post(
+        "/v1/completions", json={**COMPLETION, "n": 2, "best_of": 3, "max_tokens": 4, "seed": 7}
+    )
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert [c["text"] for c in got["choices"]] == ["bbbb", "cccc"]
+    assert [c["index"] for c in got["choices"]] == [0, 1]
+    assert all(c["logprobs"] is None for c in got["choices"])
+    assert got["usage"]["completion_tokens"] == 12
+    assert [s.logprobs for s in fe.sampling] == [0, 0, 0]
+    assert [s.seed for s in fe.sampling] == [7, 8, 9]
+    asked = api.post(
+        "/v1/completions",
+        json={**COMPLETION, "n": 1, "best_of": 3, "max_tokens": 4, "logprobs": 2, "seed": 1},
+    ).json()["choices"]
+    assert [c["text"] for c in asked] == ["bbbb"] and len(asked[0]["logprobs"]["tokens"]) == 4

@@ -59,3 +59,21 @@ def test_logprobs_merge_by_position_first_writer_wins():
     t = _stream(2)
     t.add(TokenRun(0, [1, 2], "main"))  # a request that did not ask: None per token
     assert t.take_new().logprobs == [None, None]
+
+
+def test_the_final_runs_reason_rides_the_last_chunk_once():
+    """The worker that ended the output says why (the relay's run that ends it earliest wins
+    over main's later final); the chunk taking the last token carries it, and only that one."""
+    s = _stream()
+    s.add(TokenRun(0, [1, 2], "relay"))
+    assert s.take_new().finish_reason is None
+    s.add(TokenRun(2, [3], "relay", final=True, finish_reason="grammar_dead_end"))
+    s.add(TokenRun(2, [3, 4], "main", final=True, finish_reason="stop"))  # after the end
+    last = s.take_new()
+    assert last == [3] and last.finish_reason == "grammar_dead_end"
+    again = s.take_new()
+    assert again == [] and again.finish_reason is None
+    t = _stream()
+    t.add(TokenRun(0, [1, 2], "main", final=True, finish_reason="stop"))
+    t.take_new()
+    assert t.take_new().finish_reason is None  # told once

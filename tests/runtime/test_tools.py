@@ -11,6 +11,7 @@ import pytest
 
 from pddflow.core.payloads import SamplingParams
 from pddflow.operators.engine import Engine
+from pddflow.runtime.api.tool_stream import ToolCallStream
 from pddflow.runtime.api.tools import ToolUse, parse_tool_calls
 from pddflow.runtime.frontend.chat_template import HERMES, LLAMA3, MISTRAL, tool_format
 from pddflow.testing.tiny_checkpoints import (
@@ -55,45 +56,80 @@ def test_the_format_is_read_from_the_template():
     assert tool_format(CHATML_TEMPLATE) == HERMES and tool_format(MISTRAL_TEMPLATE) == HERMES
 
 
-@pytest.mark.parametrize(
-    "fmt, text, content, calls",
-    [
-        (
-            HERMES,
-            'Let me see.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
-            '\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}'
-            "\n</tool_call>",
-            "Let me see.",
-            [("add", {"a": 1, "b": 2}), ("get_weather", {"city": "Oslo", "days": 2})],
-        ),
-        (HERMES, "No call here.", "No call here.", []),
-        (  # an undeclared function and broken JSON stay text
-            HERMES,
-            '<tool_call>{"name": "rm", "arguments": {}}</tool_call><tool_call>{oops</tool_call>',
-            '<tool_call>{"name": "rm", "arguments": {}}</tool_call><tool_call>{oops</tool_call>',
-            [],
-        ),
-        (
-            MISTRAL,
-            '[TOOL_CALLS][{"name": "add", "arguments": {"a": 3, "b": 4}}]',
-            None,
-            [("add", {"a": 3, "b": 4})],
-        ),
-        (
-            LLAMA3,
-            '<|python_tag|>{"name": "add", "parameters": {"a": 5, "b": 6}}',
-            None,
-            [("add", {"a": 5, "b": 6})],
-        ),
-        (LLAMA3, '{"name": "nope", "parameters": {}}', '{"name": "nope", "parameters": {}}', []),
-    ],
-)
+ANSWERS = [
+    (
+        HERMES,
+        'Let me see.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+        '\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo", "days": 2}}'
+        "\n</tool_call>",
+        "Let me see.",
+        [("add", {"a": 1, "b": 2}), ("get_weather", {"city": "Oslo", "days": 2})],
+    ),
+    (HERMES, "No call here.", "No call here.", []),
+    (  # an undeclared function and broken JSON stay text
+        HERMES,
+        '<tool_call>{"name": "rm", "arguments": {}}</tool_call><tool_call>{oops</tool_call>',
+        '<tool_call>{"name": "rm", "arguments": {}}</tool_call><tool_call>{oops</tool_call>',
+        [],
+    ),
+    (
+        MISTRAL,
+        '[TOOL_CALLS][{"name": "add", "arguments": {"a": 3, "b": 4}}]',
+        None,
+        [("add", {"a": 3, "b": 4})],
+    ),
+    (
+        LLAMA3,
+        '<|python_tag|>{"name": "add", "parameters": {"a": 5, "b": 6}}',
+        None,
+        [("add", {"a": 5, "b": 6})],
+    ),
+    (LLAMA3, '{"name": "nope", "parameters": {}}', '{"name": "nope", "parameters": {}}', []),
+    (LLAMA3, "Plain {text}.", "Plain {text}.", []),
+]
+
+
+@pytest.mark.parametrize("fmt, text, content, calls", ANSWERS)
 def test_each_familys_calls_parse_into_openai_tool_calls(fmt, text, content, calls):
     left, got = parse_tool_calls(text, fmt, TOOLS)
     assert left == content
     assert [(c.name, json.loads(c.arguments)) for c in got] == calls
     assert all(c.openai()["id"].startswith("call_") for c in got)
     assert len({c.id for c in got}) == len(got)
+
+
+@pytest.mark.parametrize("piece", [1, 3, 7, 1000])
+@pytest.mark.parametrize("fmt, text, content, calls", ANSWERS)
+def test_calls_stream_as_written_and_add_up_to_the_parse(fmt, text, content, calls, piece):
+    """Fed in pieces of any size, the streamed deltas are OpenAI's: each call's first delta has
+    its id, type and name and empty arguments, the rest only argument text, which adds up to
+    the parsed call's arguments; the content is the parse's."""
+    stream = ToolCallStream(ToolUse(TOOLS, fmt, "auto"))
+    said, deltas = "", []
+    for i in range(0, len(text), piece):
+        more, d = stream.feed(text[i : i + piece])
+        said, deltas = said + more, deltas + d
+    more, d = stream.finish()
+    said, deltas = said + more, deltas + d
+    assert (said or None) == content and not stream.cut_short
+    heads = [d for d in deltas if "id" in d]
+    assert [(h["index"], h["type"], h["function"]) for h in heads] == [
+        (i, "function", {"name": name, "arguments": ""}) for i, (name, _) in enumerate(calls)
+    ]
+    assert all(set(d) == {"index", "function"} for d in deltas if "id" not in d)
+    args = [
+        "".join(d["function"]["arguments"] for d in deltas if d["index"] == i)
+        for i in range(len(calls))
+    ]
+    assert [json.loads(a) for a in args] == [a for _, a in calls]
+
+
+def test_a_call_cut_short_is_said_to_be():
+    stream = ToolCallStream(ToolUse(TOOLS, HERMES, "add"))
+    _, deltas = stream.feed('<tool_call>\n{"name": "add", "arguments": {"a": 1, "b"')
+    assert deltas[0]["function"]["name"] == "add"
+    assert "".join(d["function"]["arguments"] for d in deltas) == '{"a": 1, "b"'
+    assert stream.finish() == ("", []) and stream.cut_short
 
 
 @pytest.fixture(scope="module")
@@ -125,3 +161,13 @@ def test_a_forced_call_parses_and_fits_its_schema_in_every_format(engine, fmt, m
 
 def test_auto_adds_no_grammar():
     assert ToolUse(TOOLS, HERMES, "auto").grammar() is None
+
+
+@pytest.mark.parametrize(
+    "fmt, text", [(HERMES, '<tool_call>\n{"na'), (LLAMA3, '{"name": "ad'), (HERMES, "<tool_")]
+)
+def test_a_call_that_never_named_its_tool_is_content(fmt, text):
+    stream = ToolCallStream(ToolUse(TOOLS, fmt, "auto"))
+    said, deltas = stream.feed(text)
+    assert deltas == [] and said == ""  # it may still become a call
+    assert stream.finish() == (text, []) and not stream.calls

@@ -238,22 +238,28 @@ async def _serve(
             grammar = grammars.checked(tool_use.grammar, "tools")
     except FieldError as exc:
         return error_response(400, str(exc), param=exc.field)
+    n = body.n or 1
     sampling = SamplingParams(
         max_tokens=max_tokens,
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
         seed=body.seed,
         stop_token_ids=tuple(router.tokenizer.eos_token_ids),
-        logprobs=body.logprob_count,
+        # best_of ranks candidates by their tokens' log probabilities: asked for even where the
+        # client did not ask to see them
+        logprobs=0 if body.logprob_count is None and body.candidates > n else body.logprob_count,
         grammar=grammar,
         **body.sampling_fields(),
     )
     rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex[:24]
     deadline = time.monotonic() + (body.timeout_s or DEFAULT_TIMEOUT_S)
-    # choice i > 0 is its own flight, rid-i, seeded seed + i (vLLM's), its timeline its own
-    n = body.n or 1
+    # choice i > 0 is its own flight, rid-i, seeded seed + i (vLLM's), its timeline its own;
+    # best_of: `candidates` flights, the best n of them returned
     choices = Choices(
-        [Completion(router, choice_id(rid, i), stops, max_tokens, admission) for i in range(n)]
+        [
+            Completion(router, choice_id(rid, i), stops, max_tokens, admission)
+            for i in range(body.candidates)
+        ]
     )
     try:
         for c in choices.items:
@@ -281,7 +287,7 @@ async def _serve(
         # goes first: its prefill leaves the prompt's KV in the prefix caches the others hit.
         first = start(0)
         first.first = await first.next_chunk()
-        rest = [start(i) for i in range(1, n)]
+        rest = [start(i) for i in range(1, body.candidates)]
         firsts = await asyncio.gather(*(c.next_chunk() for c in rest), return_exceptions=True)
         for c, chunk in zip(rest, firsts):
             if isinstance(chunk, BaseException):  # the others end with the request (close)
@@ -328,7 +334,7 @@ async def _serve(
             "created": created,
             "model": router.model_id,
             "choices": [
-                _choice(router, body, chat, i, c, tool_use) for i, c in enumerate(choices.items)
+                _choice(router, body, chat, i, c, tool_use) for i, c in enumerate(choices.best(n))
             ],
             "usage": _usage(router, rid, prompt_ids, choices),
         },
@@ -354,7 +360,7 @@ def _choice(
         )
     if chat:
         choice["message"] = {"role": "assistant", "content": c.text}
-        content, calls = tool_use.answer(c.text) if tool_use is not None else (c.text, [])
+        content, calls = c.answer(tool_use)
         if calls:
             choice["finish_reason"] = "tool_calls"
             choice["message"] = {

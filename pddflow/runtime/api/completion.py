@@ -14,11 +14,13 @@ from fastapi.responses import StreamingResponse
 
 from pddflow.core.payloads import TokenLogprob
 from pddflow.operators.detokenize import detokenizer
+from pddflow.operators.grammar import GRAMMAR_DEAD_END
 from pddflow.runtime.api.admission import Admission
 from pddflow.runtime.api.logprobs import chat_logprobs, completion_logprobs
 from pddflow.runtime.api.router import Router
 from pddflow.runtime.api.schema import _Body
 from pddflow.runtime.api.stop_strings import StopStrings
+from pddflow.runtime.api.tool_stream import ToolCallStream
 from pddflow.runtime.api.tools import ToolCall, ToolUse
 from pddflow.runtime.frontend.rejection import RequestRejected
 
@@ -117,6 +119,13 @@ class Completion:
     def text(self) -> str:
         return "".join(self._text)
 
+    def answer(self, tool_use: ToolUse | None) -> tuple[str, list[ToolCall]]:
+        """The output as content, or as the tool calls it makes (none from an output its
+        grammar cut short: a call must parse whole)."""
+        if tool_use is None or self.finish_reason == GRAMMAR_DEAD_END:
+            return self.text, []
+        return tool_use.answer(self.text)
+
     async def text_pieces(
         self,
     ) -> AsyncIterator[tuple[str, list[int], list[TokenLogprob | None]]]:
@@ -130,6 +139,8 @@ class Completion:
                 self.lps.extend(lps)
                 if self.eos.intersection(chunk):
                     self.finish_reason = "stop"
+                if getattr(chunk, "finish_reason", None) == GRAMMAR_DEAD_END:
+                    self.finish_reason = GRAMMAR_DEAD_END  # incomplete: never call it a stop
                 piece, hit = self.stops.feed(self.decoder.push(chunk))
                 self._text.append(piece)
                 if hit:
@@ -165,6 +176,18 @@ class Choices:
         for c in self.items:
             await c.close()
 
+    def best(self, n: int) -> list[Completion]:
+        """The n with the highest mean log probability per token (OpenAI's best_of), best
+        first; all of them, in order, when there are n."""
+        if len(self.items) <= n:
+            return self.items
+
+        def per_token(c: Completion) -> float:
+            lps = [lp.logprob for lp in c.lps if lp is not None]
+            return sum(lps) / len(lps) if lps else float("-inf")
+
+        return sorted(self.items, key=per_token, reverse=True)[:n]
+
     async def read_all(self) -> None:
         """A whole answer of every choice, read side by side."""
 
@@ -184,8 +207,9 @@ async def sse(
     usage: Callable[[], dict[str, Any]],
     tool_use: ToolUse | None = None,
 ) -> AsyncIterator[bytes]:
-    """The answer as server-sent events. With tools in play, a choice's text is held to its end
-    and sent as one delta: its tool calls (OpenAI's `delta.tool_calls`, each whole) or content."""
+    """The answer as server-sent events. With tools in play, a choice's calls stream as OpenAI's
+    `delta.tool_calls` as the model writes them (api/tool_stream.py), its other text as
+    content."""
     tokenizer = choices.items[0].router.tokenizer
     # completions' text_offset per choice: where the next token's text starts in its output
     offsets = [0] * len(choices.items)
@@ -197,7 +221,7 @@ async def sse(
         finish: str | None,
         role: bool = False,
         lps: list[TokenLogprob | None] | None = None,
-        calls: list[ToolCall] | None = None,
+        tool_deltas: list[dict[str, Any]] | None = None,
     ) -> bytes:
         # each chunk carries the logprobs of the tokens it carries (none: null)
         logprobs = None
@@ -210,8 +234,8 @@ async def sse(
             delta: dict[str, Any] = {"role": "assistant"} if role else {}
             if delta_text is not None:
                 delta["content"] = delta_text
-            if calls:
-                delta["tool_calls"] = [c.openai(index=k) for k, c in enumerate(calls)]
+            if tool_deltas:
+                delta["tool_calls"] = tool_deltas
             choice: dict[str, Any] = {
                 "index": index,
                 "delta": delta,
@@ -239,14 +263,22 @@ async def sse(
         return f"data: {json.dumps(obj)}\n\n".encode()
 
     async def frames(index: int, completion: Completion) -> AsyncIterator[bytes]:
-        if tool_use is not None:  # the whole text decides: calls or content
-            ids: list[int] = []
-            async for _, more, _ in completion.text_pieces():
-                ids += more
-            content, calls = tool_use.answer(completion.text)
-            lps = completion.lps if body.logprob_count is not None else None
-            yield frame(index, content, ids, None, lps=lps, calls=calls)
-            yield frame(index, None, [], "tool_calls" if calls else completion.finish_reason)
+        if tool_use is not None:  # calls streamed as they are written, the rest as content
+            calls = ToolCallStream(tool_use)
+            async for piece, ids, lps in completion.text_pieces():
+                text, deltas = calls.feed(piece)
+                content = text if text or not deltas else None
+                yield frame(index, content, ids, None, lps=lps if ids else None, tool_deltas=deltas)
+            text, deltas = calls.finish()
+            if text or deltas:
+                yield frame(index, text or None, [], None, tool_deltas=deltas)
+            called = calls.calls and not calls.cut_short
+            if called and completion.finish_reason != GRAMMAR_DEAD_END:
+                if tool_use.answered is not None:
+                    tool_use.answered()
+                yield frame(index, None, [], "tool_calls")
+            else:
+                yield frame(index, None, [], completion.finish_reason)
             return
         async for piece, ids, lps in completion.text_pieces():
             yield frame(index, piece, ids, None, lps=lps if ids else None)

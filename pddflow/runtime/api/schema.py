@@ -62,7 +62,6 @@ class Unsupported:
 # field -> why it is refused unless neutral (docs/openai-api.md lists every field)
 UNSUPPORTED_COMMON = {
     "logit_bias": Unsupported("logit bias is not implemented", None, {}),
-    "best_of": Unsupported("only one sequence is generated per request", None, 1),
 }
 UNSUPPORTED_COMPLETION = {
     **UNSUPPORTED_COMMON,
@@ -70,7 +69,7 @@ UNSUPPORTED_COMPLETION = {
     "suffix": Unsupported("insertion (suffix) is not implemented", None, ""),
 }
 UNSUPPORTED_CHAT = {
-    **{k: v for k, v in UNSUPPORTED_COMMON.items() if k != "best_of"},
+    **UNSUPPORTED_COMMON,
     "functions": Unsupported("the deprecated functions API: use tools", None, []),
     "function_call": Unsupported("the deprecated functions API: use tool_choice", None, "none"),
     "audio": Unsupported("audio output is not implemented", None),
@@ -222,6 +221,11 @@ class _Body(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
 
+    @property
+    def candidates(self) -> int:
+        """Sequences generated: n, or more that are ranked (completions' best_of)."""
+        return self.n or 1
+
     def token_budget(self, room: int) -> int:
         """The tokens to generate; room: what the context has left after the prompt."""
         return self.max_tokens or 16
@@ -242,9 +246,39 @@ class CompletionBody(_Body):
         None, ge=0, le=5, description="each token's log probability and this many alternatives'"
     )
 
+    best_of: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_CHOICES,
+        description="candidates generated; the n with the highest log probability per token return",
+    )
+
     @property
     def logprob_count(self) -> int | None:
         return self.logprobs
+
+    @property
+    def candidates(self) -> int:
+        return max(self.best_of or 1, self.n or 1)
+
+    @model_validator(mode="after")
+    def _best_of(self) -> CompletionBody:
+        n, best_of = self.n or 1, self.best_of
+        if best_of is None or best_of == n:
+            return self
+        if best_of < n:
+            raise FieldError("best_of", f"must be at least n ({n}), got {best_of}")
+        if self.stream:
+            raise FieldError(
+                "best_of",
+                "cannot be streamed: the best candidates are known only at the end "
+                "(stream: false, or best_of equal to n)",
+            )
+        if self.temperature == 0:
+            raise FieldError(
+                "best_of", "greedy candidates are all the same: use temperature > 0 or best_of 1"
+            )
+        return self
 
     @model_validator(mode="after")
     def _one_prompt(self) -> CompletionBody:

@@ -119,7 +119,7 @@ class Frontend:
     def stopped(self, request_id: str) -> None:
         flight = self.flights.live.get(request_id)
         if flight is not None:
-            flight.stream.finish_reason = "stop"
+            flight.stream.stopped = True
 
     def timeline(self, request_id: str) -> dict[str, Any] | None:
         return self.flights.timeline(request_id)
@@ -161,7 +161,7 @@ class Frontend:
             await self._submit(flight)
             while True:
                 new = st.take_new()
-                if new:
+                if new or new.finish_reason:
                     yield new
                 if st.finished and st.emitted == len(st.tokens):
                     break
@@ -322,6 +322,9 @@ class Frontend:
         st, r = flight.stream, flight.route
         op = self.plan.operator_of(inst)
         before = len(st.tokens)
+        run = TokenRun(
+            int(t.start), list(t.ids), op.name, t.final, logprobs_from_pb(t), t.finish_reason
+        )
         if op.type.prefill_only:
             # prefill's first token reaches the client via the decoder that continues from it
             r.legs.discard(inst)
@@ -329,10 +332,10 @@ class Frontend:
             if not t.final:
                 self._feed_first(flight, t)
                 return
-            st.add(TokenRun(int(t.start), list(t.ids), op.name, True, logprobs_from_pb(t)))
+            st.add(run)
         else:
             try:
-                st.add(TokenRun(int(t.start), list(t.ids), op.name, t.final, logprobs_from_pb(t)))
+                st.add(run)
             except StreamConflict as exc:
                 st.fail(str(exc))
                 return
@@ -412,7 +415,7 @@ class Frontend:
         st, r = flight.stream, flight.route
         ok = st.finished and not st.error
         reason = "finished" if ok else (st.error or "client went away")
-        if st.finish_reason == "stop" and not ok:
+        if st.stopped and not ok:
             reason = "its output hit a stop string"
         for inst in list(r.legs):
             # main still extends over the relay's IDs to keep its cache; it ends the leg itself
@@ -440,14 +443,16 @@ class Frontend:
 
 def _finish_reason(flight: Flight) -> str:
     """vLLM's: `stop` (a stop token, or a stop string the API found), `length` (max_tokens),
-    `abort` (the client went away, a drain), `error`."""
+    `abort` (the client went away, a drain), `error`; or the worker's own (grammar_dead_end)."""
     st = flight.stream
     if st.error:
         return "error"
-    if st.finish_reason:
-        return st.finish_reason
+    if st.stopped:
+        return "stop"
     if not st.finished:
         return "abort"
+    if st.finish_reason:
+        return st.finish_reason
     stops = flight.sampling.stop_token_ids
     if len(st.tokens) < st.max_tokens or (st.tokens and st.tokens[-1] in stops):
         return "stop"

@@ -18,6 +18,7 @@ class TokenRun:
     source: str  # operator name
     final: bool = False  # the source produced the sequence's last token
     logprobs: list[TokenLogprob] | None = None  # parallel to ids, when the request asked
+    finish_reason: str = ""  # with final: why the source ended the sequence
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,9 @@ class TokenStream:
     wakeup: asyncio.Event = field(default_factory=asyncio.Event)
     emitted: int = 0
     token_times: list[float] = field(default_factory=list)
-    finish_reason: str | None = None  # "stop": the API found a stop string and ended it
+    finish_reason: str | None = None  # why the output ended: the final run's reason
+    stopped: bool = False  # the API found a stop string and ended the output
+    _told_finish: bool = False  # take_new has handed the finish reason on
 
     def __post_init__(self) -> None:
         self.end = self.max_tokens
@@ -80,6 +83,8 @@ class TokenStream:
                 lp = run.logprobs[i] if run.logprobs and i < len(run.logprobs) else None
                 self.ahead.setdefault(pos, (tok, run.source, lp))
         if run.final:
+            if run.start + len(run.ids) < self.end or self.finish_reason is None:
+                self.finish_reason = run.finish_reason or self.finish_reason
             self.end = min(self.end, run.start + len(run.ids))
         now = time.monotonic()
         while len(self.tokens) in self.ahead and len(self.tokens) < self.end:
@@ -102,8 +107,12 @@ class TokenStream:
             self.wakeup.set()
 
     def take_new(self) -> TokenChunk:
+        """The tokens not taken yet; once the stream has finished, the chunk that takes its last
+        token (or an empty one after it) carries the finish reason, once."""
         out = TokenChunk(self.tokens[self.emitted :], self.logprobs[self.emitted :])
         self.emitted = len(self.tokens)
+        if self.finished and not self.error and not self._told_finish:
+            out.finish_reason, self._told_finish = self.finish_reason, True
         return out
 
     def timeline(self) -> dict[str, Any]:
