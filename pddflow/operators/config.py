@@ -1,5 +1,6 @@
-"""Model configuration from an HF `config.json` (Llama, Mistral, Qwen2, Qwen3) or builtin, pure
-Python; what the engine does not implement is refused, never silently computed wrong."""
+"""Model configuration from an HF `config.json` (Llama, Mistral, Qwen2, Qwen3, and the
+mixture-of-experts Qwen3-MoE and Mixtral) or builtin, pure Python; what the engine does not
+implement is refused, never silently computed wrong."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ class ModelSpecError(ValueError):
     pass
 
 
-# HF `model_type` -> the architecture the engine runs it as; all four are the Llama decoder with
-# per-architecture switches (biases, q/k norms), see `ModelConfig.from_hf`.
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+# HF `model_type` -> the architecture the engine runs it as; all are the Llama decoder with
+# per-architecture switches (biases, q/k norms, a mixture of experts for the MLP), see
+# `ModelConfig.from_hf`.
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral")
+MOE_MODEL_TYPES = ("qwen3_moe", "mixtral")
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,14 @@ class ModelConfig:
     tie_word_embeddings: bool = False
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    # mixture of experts (Qwen3-MoE, Mixtral): each MoE layer's MLP is `num_experts` experts of
+    # `moe_intermediate_size`, `experts_per_token` of them per token by the router's softmax top-k
+    # (renormalised over the chosen when norm_topk_prob); `dense_layers` keep the dense MLP
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = True
+    dense_layers: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -53,6 +64,15 @@ class ModelConfig:
                 f"num_attention_heads ({self.num_heads}) is not a multiple of "
                 f"num_key_value_heads ({self.num_kv_heads})"
             )
+        if self.num_experts and not 0 < self.experts_per_token <= self.num_experts:
+            raise ModelSpecError(
+                f"num_experts_per_tok ({self.experts_per_token}) must be in 1..num_experts "
+                f"({self.num_experts})"
+            )
+
+    def moe_layer(self, layer: int) -> bool:
+        """Whether layer `layer`'s MLP is the mixture of experts."""
+        return self.num_experts > 0 and layer not in self.dense_layers
 
     @property
     def group_size(self) -> int:
@@ -61,13 +81,20 @@ class ModelConfig:
     def kv_bytes_per_token(self, dtype_bytes: int = 4) -> int:
         return self.num_layers * 2 * self.num_kv_heads * self.head_dim * dtype_bytes
 
-    def num_params(self) -> int:
+    def num_params(self, active: bool = False) -> int:
+        """Every parameter; `active`: those one token computes with (its experts only)."""
         h, kv = self.hidden_size, self.num_kv_heads * self.head_dim
         q = self.num_heads * self.head_dim
-        per_layer = h * (q + 2 * kv) + q * h + 3 * h * self.intermediate_size + 2 * h
+        per_layer = h * (q + 2 * kv) + q * h + 2 * h
         per_layer += 2 * self.head_dim if self.qk_norm else 0
+        experts = self.experts_per_token if active else self.num_experts
+        moe = experts * 3 * h * self.moe_intermediate_size + self.num_experts * h
+        mlps = sum(
+            moe if self.moe_layer(i) else 3 * h * self.intermediate_size
+            for i in range(self.num_layers)
+        )
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
-        return self.num_layers * per_layer + emb + h
+        return self.num_layers * per_layer + mlps + emb + h
 
     @classmethod
     def from_hf(cls, d: dict[str, Any]) -> ModelConfig:
@@ -82,11 +109,11 @@ class ModelConfig:
         act = d.get("hidden_act", "silu")
         if act != "silu":
             raise ModelSpecError(f"hidden_act {act!r} is not supported (only 'silu')")
-        if model_type in ("qwen2", "qwen3") and d.get("use_sliding_window"):
+        if model_type in ("qwen2", "qwen3", "qwen3_moe") and d.get("use_sliding_window"):
             raise ModelSpecError(
                 f"{model_type} sliding-window attention (use_sliding_window: true) is not supported"
             )
-        if model_type == "mistral":
+        if model_type in ("mistral", "mixtral"):
             _check_mistral_window(d)
         try:
             heads = int(d["num_attention_heads"])
@@ -96,12 +123,13 @@ class ModelConfig:
             eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
             attention_bias = bool(d.get("attention_bias", False))
             qwen2 = model_type == "qwen2"
+            layers = int(d["num_hidden_layers"])
             return cls(
                 arch=model_type,
                 vocab_size=int(d["vocab_size"]),
                 hidden_size=hidden,
                 intermediate_size=int(d["intermediate_size"]),
-                num_layers=int(d["num_hidden_layers"]),
+                num_layers=layers,
                 num_heads=heads,
                 num_kv_heads=int(d.get("num_key_value_heads") or heads),
                 head_dim=int(d.get("head_dim") or hidden // heads),
@@ -113,10 +141,11 @@ class ModelConfig:
                 qkv_bias=True if qwen2 else attention_bias,
                 o_bias=False if qwen2 else attention_bias,
                 mlp_bias=bool(d.get("mlp_bias", False)),
-                qk_norm=model_type == "qwen3",
+                qk_norm=model_type in ("qwen3", "qwen3_moe"),
                 tie_word_embeddings=bool(d.get("tie_word_embeddings", qwen2)),
                 bos_token_id=d.get("bos_token_id"),
                 eos_token_ids=eos_ids,
+                **(_moe_from_hf(d, model_type, layers) if model_type in MOE_MODEL_TYPES else {}),
             )
         except KeyError as exc:
             raise ModelSpecError(f"config.json lacks required key {exc.args[0]!r}") from None
@@ -124,6 +153,35 @@ class ModelConfig:
             if isinstance(exc, ModelSpecError):
                 raise
             raise ModelSpecError(f"config.json has a malformed value: {exc}") from None
+
+
+def _moe_from_hf(d: dict[str, Any], model_type: str, layers: int) -> dict[str, Any]:
+    """The experts of a Qwen3-MoE (its config names them num_experts; transformers 5 writes
+    num_local_experts) or Mixtral config."""
+    experts = int(d.get("num_local_experts") or d.get("num_experts") or 0)
+    if experts < 1:
+        raise ModelSpecError(f"{model_type}: config.json names no experts (num_local_experts)")
+    if (
+        model_type == "mixtral"
+    ):  # every layer, top-k always renormalised, experts as wide as the MLP
+        return dict(
+            num_experts=experts,
+            experts_per_token=int(d["num_experts_per_tok"]),
+            moe_intermediate_size=int(d["intermediate_size"]),
+            norm_topk_prob=True,
+        )
+    if d.get("shared_expert_intermediate_size"):
+        raise ModelSpecError(f"{model_type}: shared experts are not supported")
+    step = int(d.get("decoder_sparse_step") or 1)
+    only_mlp = {int(i) for i in d.get("mlp_only_layers") or []}
+    dense = tuple(i for i in range(layers) if i in only_mlp or (i + 1) % step)
+    return dict(
+        num_experts=experts,
+        experts_per_token=int(d["num_experts_per_tok"]),
+        moe_intermediate_size=int(d["moe_intermediate_size"]),
+        norm_topk_prob=bool(d.get("norm_topk_prob", False)),
+        dense_layers=dense,
+    )
 
 
 def _check_mistral_window(d: dict[str, Any]) -> None:

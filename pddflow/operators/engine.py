@@ -103,6 +103,8 @@ class Engine:
                 "KV heads": c.num_kv_heads,
                 "head dim": c.head_dim,
                 "intermediate": c.intermediate_size,
+                "experts": c.num_experts,
+                "expert intermediate": c.moe_intermediate_size,
                 "vocab": c.vocab_size,
                 "KV blocks": num_blocks,
                 "block size": cfg.block_size,

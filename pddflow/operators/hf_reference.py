@@ -8,7 +8,7 @@ from typing import Any
 import torch
 
 from pddflow.core.payloads import Request
-from pddflow.operators.weights import ModelSource
+from pddflow.operators.weights import ModelSource, moe_weight_names
 
 
 def hf_model_from_source(source: ModelSource):
@@ -46,17 +46,59 @@ def hf_model_from_source(source: ModelSource):
     elif c.arch == "mistral":
         cfg = transformers.MistralConfig(**common, head_dim=c.head_dim, sliding_window=None)
         model = transformers.MistralForCausalLM(cfg)
+    elif c.arch == "qwen3_moe":
+        cfg = transformers.Qwen3MoeConfig(
+            **common,
+            head_dim=c.head_dim,
+            num_experts=c.num_experts,
+            num_experts_per_tok=c.experts_per_token,
+            moe_intermediate_size=c.moe_intermediate_size,
+            norm_topk_prob=c.norm_topk_prob,
+            mlp_only_layers=list(c.dense_layers),
+        )
+        model = transformers.Qwen3MoeForCausalLM(cfg)
+    elif c.arch == "mixtral":
+        cfg = transformers.MixtralConfig(
+            **{**common, "intermediate_size": c.moe_intermediate_size},
+            head_dim=c.head_dim,
+            sliding_window=None,
+            num_local_experts=c.num_experts,
+            num_experts_per_tok=c.experts_per_token,
+        )
+        model = transformers.MixtralForCausalLM(cfg)
     else:
         cfg = transformers.LlamaConfig(
             **common, head_dim=c.head_dim, attention_bias=c.qkv_bias, mlp_bias=c.mlp_bias
         )
         model = transformers.LlamaForCausalLM(cfg)
-    missing, unexpected = model.load_state_dict(source.weights, strict=False)
+    state = _as_hf_state(source, set(model.state_dict()))
+    missing, unexpected = model.load_state_dict(state, strict=False)
     if unexpected or any(not k.endswith("lm_head.weight") for k in missing):
         raise RuntimeError(
             f"weights do not fit the HF model: missing {missing}, unexpected {unexpected}"
         )
     return model.eval()
+
+
+def _as_hf_state(source: ModelSource, hf_keys: set[str]) -> dict[str, torch.Tensor]:
+    """The checkpoint's weights under the HF model's names: transformers 5 keeps a layer's experts
+    fused (`mlp.experts.gate_up_proj` [E, 2I, H], `mlp.experts.down_proj` [E, H, I]) where
+    checkpoints name each expert."""
+    c, out = source.config, dict(source.weights)
+    if not c.num_experts or not any(k.endswith("experts.gate_up_proj") for k in hf_keys):
+        return out
+    for i in range(c.num_layers):
+        if not c.moe_layer(i):
+            continue
+        router, *projs = moe_weight_names(c, i)
+        p = f"model.layers.{i}.mlp."
+        out[p + "gate.weight"] = out.pop(router)
+        names = [projs[3 * e : 3 * e + 3] for e in range(c.num_experts)]
+        out[p + "experts.gate_up_proj"] = torch.stack(
+            [torch.cat([out.pop(g), out.pop(u)]) for g, u, _ in names]
+        )
+        out[p + "experts.down_proj"] = torch.stack([out.pop(d) for _, _, d in names])
+    return out
 
 
 def _cache_kw(hf) -> str:

@@ -1,6 +1,6 @@
-"""The Llama-architecture decoder (Llama, Mistral, Qwen2, Qwen3) over the paged KV pool; every op
-is row-wise or batch-invariant, so any mix of prefill, extend and decode rows can share a
-forward."""
+"""The Llama-architecture decoder (Llama, Mistral, Qwen2, Qwen3; Qwen3-MoE and Mixtral with a
+mixture of experts for the MLP) over the paged KV pool; every op is row-wise or batch-invariant,
+so any mix of prefill, extend and decode rows can share a forward."""
 
 from __future__ import annotations
 
@@ -13,8 +13,10 @@ from pddflow.kernels.paged_attention import AttentionPlan, paged_attention
 from pddflow.operators.config import ModelConfig
 from pddflow.operators.kv_cache import KVPool
 from pddflow.operators.linear import Linear
+from pddflow.operators.mlp import GatedMLP, MixtureOfExperts
 from pddflow.operators.rope import Rope
 from pddflow.operators.tensor_parallel import Shard
+from pddflow.operators.weights import moe_weight_names
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -23,19 +25,13 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * xf.to(x.dtype)
 
 
-def silu(x: torch.Tensor) -> torch.Tensor:
-    # not F.silu: its vector and scalar-tail paths round differently
-    return x / (1 + torch.exp(-x))
-
-
 @dataclass
 class _Layer:
     ln1: torch.Tensor
     ln2: torch.Tensor
     qkv: Linear
     o: Linear
-    gate_up: Linear
-    down: Linear
+    mlp: GatedMLP | MixtureOfExperts
     q_norm: torch.Tensor | None = None  # Qwen3: per-head RMSNorm weights [head_dim]
     k_norm: torch.Tensor | None = None
     # tensor parallel: o and down hold partial sums; their biases are added once, after the sum
@@ -77,6 +73,35 @@ class LlamaModel:
             return None if any(p is None for p in parts) else torch.cat(parts)  # type: ignore[arg-type]
 
         whole = shard is None  # row-parallel biases: fused at TP 1, added after the sum else
+
+        def gated(gate: str, up: str, down: str, part: str, bias: bool) -> GatedMLP:
+            """Gate and up column-parallel over `part`'s columns, down row-parallel."""
+            gate_up = torch.cat([w(gate + ".weight", part), w(up + ".weight", part)])
+            biases = cat_bias([(gate + ".bias", part), (up + ".bias", part)]) if bias else None
+            down_bias = opt(down + ".bias") if bias and whole else None
+            inter = gate_up.shape[0] // 2
+            return GatedMLP(
+                Linear(gate_up, biases, max_rows),
+                Linear(w(down + ".weight", f"{part}_down"), down_bias, max_rows),
+                inter,
+            )
+
+        def feed_forward(i: int) -> GatedMLP | MixtureOfExperts:
+            if not config.moe_layer(i):
+                m = f"model.layers.{i}.mlp."
+                return gated(m + "gate_proj", m + "up_proj", m + "down_proj", "inter", True)
+            router, *projs = moe_weight_names(config, i)
+            experts = []
+            for e in range(config.num_experts):
+                gate, up, down = (n.removesuffix(".weight") for n in projs[3 * e : 3 * e + 3])
+                experts.append(gated(gate, up, down, "expert", bias=False))
+            return MixtureOfExperts(
+                Linear(w(router), None, max_rows),
+                experts,
+                config.experts_per_token,
+                config.norm_topk_prob,
+            )
+
         self.embed = w("model.embed_tokens.weight")
         self.layers: list[_Layer] = []
         for i in range(config.num_layers):
@@ -105,16 +130,7 @@ class LlamaModel:
                         max_rows,
                     ),
                     o=Linear(w(a + "o_proj.weight", "o"), o_bias if whole else None, max_rows),
-                    gate_up=Linear(
-                        torch.cat(
-                            [w(m + "gate_proj.weight", "inter"), w(m + "up_proj.weight", "inter")]
-                        ),
-                        cat_bias([(m + "gate_proj.bias", "inter"), (m + "up_proj.bias", "inter")]),
-                        max_rows,
-                    ),
-                    down=Linear(
-                        w(m + "down_proj.weight", "down"), down_bias if whole else None, max_rows
-                    ),
+                    mlp=feed_forward(i),
                     q_norm=opt(a + "q_norm.weight") if config.qk_norm else None,
                     k_norm=opt(a + "k_norm.weight") if config.qk_norm else None,
                     o_bias=None if whole else o_bias,
@@ -148,7 +164,7 @@ class LlamaModel:
         c = self.config
         T = input_ids.shape[0]
         H, Hkv, D = c.num_heads, c.num_kv_heads, c.head_dim
-        qd, kvd, inter = H * D, Hkv * D, c.intermediate_size
+        qd, kvd = H * D, Hkv * D
         h = self.embed[input_ids]
         for i, layer in enumerate(self.layers):
             x = rms_norm(h, layer.ln1, c.rms_norm_eps)
@@ -165,10 +181,7 @@ class LlamaModel:
             attn = paged_attention(q, pool.tensor, i, plan, self.scale)
             h = h + self._row_parallel(layer.o(attn.reshape(T, qd)), layer.o_bias)
             x = rms_norm(h, layer.ln2, c.rms_norm_eps)
-            gu = layer.gate_up(x)
-            h = h + self._row_parallel(
-                layer.down(silu(gu[:, :inter]) * gu[:, inter:]), layer.down_bias
-            )
+            h = h + self._row_parallel(layer.mlp(x), layer.down_bias)
         if logit_rows is None:
             return None
         x = rms_norm(h.index_select(0, logit_rows), self.norm, c.rms_norm_eps)

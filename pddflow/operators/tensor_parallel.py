@@ -60,6 +60,9 @@ def layout_problems(config: ModelConfig, size: int) -> list[str]:
         )
     if inter % size:
         out.append(f"intermediate size {inter} does not split over {size} ranks")
+    moe = config.moe_intermediate_size
+    if config.num_experts and moe % size:
+        out.append(f"expert intermediate size {moe} does not split over {size} ranks")
     return out
 
 
@@ -80,7 +83,8 @@ def check_layout(config: ModelConfig, size: int) -> None:
 @dataclass(frozen=True)
 class Shard:
     """What rank `rank` of `size` holds: query heads [h0, h1), KV heads [k0, k1), intermediate
-    columns [i0, i1); `local` is the model config it computes with (its own head counts)."""
+    columns [i0, i1), every expert's intermediate columns [m0, m1) (the router stays whole);
+    `local` is the model config it computes with (its own head counts and widths)."""
 
     size: int
     rank: int
@@ -90,6 +94,8 @@ class Shard:
     k1: int
     i0: int
     i1: int
+    m0: int
+    m1: int
     local: ModelConfig
     full: ModelConfig
 
@@ -97,10 +103,29 @@ class Shard:
     def of(cls, config: ModelConfig, size: int, rank: int) -> Shard:
         check_layout(config, size)
         h, i = config.num_heads // size, config.intermediate_size // size
+        m = config.moe_intermediate_size // size
         k0, k1 = cls.kv_range(config, size, rank)
-        local = replace(config, num_heads=h, num_kv_heads=k1 - k0, intermediate_size=i)
+        local = replace(
+            config,
+            num_heads=h,
+            num_kv_heads=k1 - k0,
+            intermediate_size=i,
+            moe_intermediate_size=m,
+        )
+        r = rank
         return cls(
-            size, rank, rank * h, (rank + 1) * h, k0, k1, rank * i, (rank + 1) * i, local, config
+            size,
+            r,
+            r * h,
+            (r + 1) * h,
+            k0,
+            k1,
+            r * i,
+            (r + 1) * i,
+            r * m,
+            (r + 1) * m,
+            local,
+            config,
         )
 
     @staticmethod
@@ -108,17 +133,20 @@ class Shard:
         return kv_heads(config.num_kv_heads, size, rank)
 
     def slice(self, t: torch.Tensor, part: str) -> torch.Tensor:
-        """This rank's slice of a full weight or bias: q, kv and inter rows (column-parallel),
-        o and down columns (row-parallel). A copy, so the full tensor can be freed."""
+        """This rank's slice of a full weight or bias: q, kv, inter and expert rows
+        (column-parallel), o, inter_down and expert_down columns (row-parallel). A copy, so the
+        full tensor can be freed."""
         d = self.full.head_dim
         rows = {
             "q": (self.h0 * d, self.h1 * d),
             "kv": (self.k0 * d, self.k1 * d),
             "inter": (self.i0, self.i1),
+            "expert": (self.m0, self.m1),
             "o": (self.h0 * d, self.h1 * d),
-            "down": (self.i0, self.i1),
+            "inter_down": (self.i0, self.i1),
+            "expert_down": (self.m0, self.m1),
         }[part]
-        dim = t.dim() - 1 if part in ("o", "down") else 0
+        dim = t.dim() - 1 if part in ("o", "inter_down", "expert_down") else 0
         return t.narrow(dim, rows[0], rows[1] - rows[0]).clone()
 
     def kv_owners(self) -> list[int]:

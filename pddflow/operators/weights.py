@@ -56,6 +56,9 @@ def hf_weight_names(config: ModelConfig) -> list[str]:
                 names.append(p + f"self_attn.{proj}_proj.bias")
         if config.qk_norm:
             names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
+        if config.moe_layer(i):
+            names += moe_weight_names(config, i)
+            continue
         for proj in ("gate", "up", "down"):
             names.append(p + f"mlp.{proj}_proj.weight")
             if config.mlp_bias:
@@ -66,11 +69,33 @@ def hf_weight_names(config: ModelConfig) -> list[str]:
     return names
 
 
+# an MoE layer's names: (router, each expert's gate, up, down) under its module, by architecture
+_MOE_NAMES = {
+    "qwen3_moe": ("mlp", "gate_proj", "up_proj", "down_proj"),
+    "mixtral": ("block_sparse_moe", "w1", "w3", "w2"),
+}
+
+
+def moe_weight_names(config: ModelConfig, layer: int) -> list[str]:
+    """The router's weight, then each expert's gate, up and down weights, in expert order."""
+    module, gate, up, down = _MOE_NAMES[config.arch]
+    p = f"model.layers.{layer}.{module}."
+    names = [p + "gate.weight"]
+    for e in range(config.num_experts):
+        names += [p + f"experts.{e}.{proj}.weight" for proj in (gate, up, down)]
+    return names
+
+
 def _shape(config: ModelConfig, name: str) -> tuple[int, ...]:
     h, d = config.hidden_size, config.head_dim
     q, kv, inter = config.num_heads * d, config.num_kv_heads * d, config.intermediate_size
     leaf = name.rsplit(".", 2)[-2:]
     module, kind = leaf[0], leaf[1]
+    if ".experts." in name:  # gate and up: [moe_inter, h]; down: [h, moe_inter]
+        mi = config.moe_intermediate_size
+        return (h, mi) if module in ("down_proj", "w2") else (mi, h)
+    if module == "gate":  # the router
+        return (config.num_experts, h)
     if module in ("embed_tokens", "lm_head"):
         return (config.vocab_size, h)
     if module in ("input_layernorm", "post_attention_layernorm", "norm"):
@@ -101,9 +126,9 @@ def builtin_weights(config: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
             out[name] = torch.ones(shape)
         elif name.endswith(".bias"):
             out[name] = torch.zeros(shape)
-        else:
-            std = 1.0 if name == "model.embed_tokens.weight" else 0.02
-            out[name] = torch.randn(shape, generator=gen) * std
+        else:  # a router (gate.weight) unit-scale too: clear winners, not near-ties
+            unit = name == "model.embed_tokens.weight" or name.endswith("gate.weight")
+            out[name] = torch.randn(shape, generator=gen) * (1.0 if unit else 0.02)
     return out
 
 

@@ -115,8 +115,10 @@ def _randomize(model, seed: int) -> None:
         for name, p in model.named_parameters():
             if name == "model.embed_tokens.weight":
                 p.copy_(torch.randn(p.shape, generator=gen))
-            elif name.endswith("proj.weight"):
+            elif name.endswith(("proj.weight", ".w1.weight", ".w2.weight", ".w3.weight")):
                 p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+            elif name.endswith("gate.weight"):  # a router: clear winners, not near-ties
+                p.copy_(torch.randn(p.shape, generator=gen))
             elif name.endswith("norm.weight"):
                 p.copy_(1.0 + 0.3 * torch.randn(p.shape, generator=gen))
             else:
@@ -142,6 +144,33 @@ def _special_ids(path: Path) -> dict[str, int]:
     return {t["content"]: t["id"] for t in added}
 
 
+def _chatml_tokenizer(path: Path, chat_template: str) -> tuple[int, dict[str, int]]:
+    """(vocabulary size, special token IDs) of a ChatML BPE tokenizer written to `path`."""
+    vocab = write_tokenizer(
+        path,
+        CHATML_SPECIALS,
+        320,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        chat_template=chat_template,
+    )
+    return vocab, _special_ids(path)
+
+
+def _mistral_tokenizer(path: Path) -> tuple[int, dict[str, int]]:
+    """(vocabulary size, special token IDs) of a BPE tokenizer with Mistral's [INST] template."""
+    vocab = write_tokenizer(
+        path,
+        MISTRAL_SPECIALS,
+        320,
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+        chat_template=MISTRAL_TEMPLATE,
+    )
+    return vocab, _special_ids(path)
+
+
 def _save(model, path: Path, seed: int) -> Path:
     _randomize(model, seed)
     model.save_pretrained(path)
@@ -161,15 +190,7 @@ def tiny_qwen3(
     and the test would compare nothing."""
     import transformers
 
-    vocab = write_tokenizer(
-        path,
-        CHATML_SPECIALS,
-        320,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        chat_template=chat_template,
-    )
-    special = _special_ids(path)
+    vocab, special = _chatml_tokenizer(path, chat_template)
     cfg = transformers.Qwen3Config(
         **_tiny_dims(vocab, layers, heads, kv_heads),
         head_dim=32,
@@ -185,16 +206,7 @@ def tiny_mistral(path: Path, seed: int = 0, layers: int = 2) -> Path:
     """Mistral: Llama-like, GQA, no sliding window (null), untied head, BOS-led [INST] template."""
     import transformers
 
-    vocab = write_tokenizer(
-        path,
-        MISTRAL_SPECIALS,
-        320,
-        bos_token="<s>",
-        eos_token="</s>",
-        unk_token="<unk>",
-        chat_template=MISTRAL_TEMPLATE,
-    )
-    special = _special_ids(path)
+    vocab, special = _mistral_tokenizer(path)
     cfg = transformers.MistralConfig(
         **_tiny_dims(vocab, layers),
         head_dim=16,
@@ -214,15 +226,7 @@ def tiny_llama(
     head_dim 16, llama3 RoPE scaling, untied head, ChatML."""
     import transformers
 
-    vocab = write_tokenizer(
-        path,
-        CHATML_SPECIALS,
-        320,
-        eos_token="<|im_end|>",
-        pad_token="<|endoftext|>",
-        chat_template=CHATML_TEMPLATE,
-    )
-    special = _special_ids(path)
+    vocab, special = _chatml_tokenizer(path, CHATML_TEMPLATE)
     cfg = transformers.LlamaConfig(
         **_tiny_dims(vocab, layers, heads, kv_heads),
         head_dim=16,
@@ -239,3 +243,49 @@ def tiny_llama(
         eos_token_id=special["<|im_end|>"],
     )
     return _save(transformers.LlamaForCausalLM(cfg), path, seed)
+
+
+def tiny_qwen3_moe(
+    path: Path, seed: int = 0, layers: int = 3, experts: int = 8, heads: int = 4, kv_heads: int = 2
+) -> Path:
+    """Qwen3-MoE: Qwen3's attention, `experts` experts of intermediate 32, 2 per token with the
+    top-k renormalised, layer 1 dense (mlp_only_layers), ChatML."""
+    import transformers
+
+    vocab, special = _chatml_tokenizer(path, CHATML_TEMPLATE)
+    cfg = transformers.Qwen3MoeConfig(
+        **_tiny_dims(vocab, layers, heads, kv_heads),
+        head_dim=32,
+        rms_norm_eps=1e-6,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        num_experts=experts,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[1] if layers > 1 else [],
+        bos_token_id=special["<|endoftext|>"],
+        eos_token_id=special["<|im_end|>"],
+    )
+    return _save(transformers.Qwen3MoeForCausalLM(cfg), path, seed)
+
+
+def tiny_mixtral(path: Path, seed: int = 0, layers: int = 2, experts: int = 4) -> Path:
+    """Mixtral: Mistral's attention, every layer `experts` experts (intermediate 64), 2 per
+    token, no sliding window, the [INST] template."""
+    import transformers
+
+    vocab, special = _mistral_tokenizer(path)
+    dims = {**_tiny_dims(vocab, layers), "intermediate_size": 64}
+    cfg = transformers.MixtralConfig(
+        **dims,
+        head_dim=16,
+        rms_norm_eps=1e-5,
+        rope_parameters={"rope_type": "default", "rope_theta": 1e6},
+        sliding_window=None,
+        num_local_experts=experts,
+        num_experts_per_tok=2,
+        bos_token_id=special["<s>"],
+        eos_token_id=special["</s>"],
+    )
+    return _save(transformers.MixtralForCausalLM(cfg), path, seed)

@@ -4,6 +4,7 @@ small model built straight from a config (no transformers needed) for the proper
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,12 @@ SMALL = ModelConfig(
 )
 
 
+# the same, its MLPs a mixture of 4 experts, 2 per token (Mixtral's routing)
+SMALL_MOE = replace(
+    SMALL, arch="mixtral", num_experts=4, experts_per_token=2, moe_intermediate_size=32
+)
+
+
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():
     """Tiny models spend their time in thread hand-offs, and on a shared 2-core machine an OpenMP
@@ -51,10 +58,10 @@ def small_source(seed: int = 0, config: ModelConfig = SMALL) -> ModelSource:
     return ModelSource("small", config, builtin_weights(config, seed), None)
 
 
-def small_engine(**overrides) -> Engine:
+def small_engine(config: ModelConfig = SMALL, **overrides) -> Engine:
     cfg = dict(block_size=4, attention_tile=16, chunk_size=64, kv_cache_bytes=4 * 2**20)
     cfg.update(overrides)
-    return Engine(small_source(), EngineConfig(**cfg))
+    return Engine(small_source(config=config), EngineConfig(**cfg))
 
 
 def _llama_config(**extra):
@@ -132,20 +139,33 @@ def tiny_qwen2_dir(tmp_path_factory) -> Path:
     return _save(model, tmp_path_factory.mktemp("tiny-qwen2"))
 
 
+def _tiny(tmp_path_factory, arch: str, seed: int) -> Path:
+    """pddflow.testing.tiny_checkpoints' `tiny_<arch>` checkpoint, with its tokenizer."""
+    pytest.importorskip("transformers")
+    from pddflow.testing import tiny_checkpoints
+
+    make = getattr(tiny_checkpoints, f"tiny_{arch}")
+    return make(tmp_path_factory.mktemp(f"tiny-{arch}"), seed=seed)
+
+
 @pytest.fixture(scope="session")
 def tiny_qwen3_dir(tmp_path_factory) -> Path:
-    pytest.importorskip("transformers")
-    from pddflow.testing.tiny_checkpoints import tiny_qwen3
-
-    return tiny_qwen3(tmp_path_factory.mktemp("tiny-qwen3"), seed=2)
+    return _tiny(tmp_path_factory, "qwen3", 2)
 
 
 @pytest.fixture(scope="session")
 def tiny_mistral_dir(tmp_path_factory) -> Path:
-    pytest.importorskip("transformers")
-    from pddflow.testing.tiny_checkpoints import tiny_mistral
+    return _tiny(tmp_path_factory, "mistral", 3)
 
-    return tiny_mistral(tmp_path_factory.mktemp("tiny-mistral"), seed=3)
+
+@pytest.fixture(scope="session")
+def tiny_qwen3_moe_dir(tmp_path_factory) -> Path:
+    return _tiny(tmp_path_factory, "qwen3_moe", 4)
+
+
+@pytest.fixture(scope="session")
+def tiny_mixtral_dir(tmp_path_factory) -> Path:
+    return _tiny(tmp_path_factory, "mixtral", 5)
 
 
 @pytest.fixture(scope="session")
@@ -179,4 +199,4 @@ def with_config(path: Path, tmp_path: Path, **changes) -> Path:
     return out
 
 
-__all__ = ["SMALL", "small_source", "small_engine", "with_config"]
+__all__ = ["SMALL", "SMALL_MOE", "small_source", "small_engine", "with_config"]

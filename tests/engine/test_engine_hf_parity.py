@@ -1,6 +1,7 @@
 """The engine against transformers on the same weights: logits within 1e-4 (fp32) and identical
 greedy continuations, for Llama (GQA, llama3 RoPE scaling), Qwen2 (q/k/v bias, tied embeddings),
-Qwen3 (per-head q/k RMSNorm, head_dim apart from hidden / heads) and Mistral."""
+Qwen3 (per-head q/k RMSNorm, head_dim apart from hidden / heads), Mistral, and the mixtures of
+experts Qwen3-MoE (a dense layer among MoE ones) and Mixtral."""
 
 import pytest
 import torch
@@ -18,7 +19,14 @@ PROMPT = [
 ]
 
 
-ARCH_FIXTURES = ["tiny_llama_dir", "tiny_qwen2_dir", "tiny_qwen3_dir", "tiny_mistral_dir"]
+ARCH_FIXTURES = [
+    "tiny_llama_dir",
+    "tiny_qwen2_dir",
+    "tiny_qwen3_dir",
+    "tiny_mistral_dir",
+    "tiny_qwen3_moe_dir",
+    "tiny_mixtral_dir",
+]
 
 
 def _hf(path):
@@ -46,14 +54,9 @@ def test_greedy_continuation_matches_hf(fixture, request):
     n = 40
     engine = Engine.from_spec(str(path), EngineConfig(kv_cache_bytes=2**22))
     hf = _hf(path)
+    hf.generation_config.eos_token_id = None  # both run n tokens, EOS an ordinary token
     with torch.inference_mode():
-        out = hf.generate(
-            torch.tensor([PROMPT]),
-            max_new_tokens=n,
-            min_new_tokens=n,
-            do_sample=False,
-            pad_token_id=0,
-        )
+        out = hf.generate(torch.tensor([PROMPT]), max_new_tokens=n, do_sample=False, pad_token_id=0)
     ref = out[0, len(PROMPT) :].tolist()
     ours = engine.generate([PROMPT], SamplingParams(max_tokens=n))[0].output_ids
     assert len(set(ref)) > 3, "degenerate test model"
@@ -102,6 +105,55 @@ def test_bad_checkpoints_give_clear_errors(tiny_llama_dir, tmp_path, changes, me
     path = with_config(tiny_llama_dir, tmp_path, **changes)
     with pytest.raises(ModelSpecError, match=message.replace("(", r"\(").replace(")", r"\)")):
         load_model_source(str(path))
+
+
+@pytest.mark.slow  # builds the HF checkpoint fixture
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"num_experts_per_tok": 9}, "num_experts_per_tok (9) must be in 1..num_experts (8)"),
+        ({"shared_expert_intermediate_size": 16}, "shared experts are not supported"),
+        ({"num_local_experts": 9}, "checkpoint lacks model.layers.0.mlp.experts.8"),
+        ({"moe_intermediate_size": 16}, "experts.0.gate_proj.weight has shape"),
+        ({"num_local_experts": 0, "num_experts": None}, "names no experts"),
+    ],
+)
+def test_bad_moe_checkpoints_give_clear_errors(tiny_qwen3_moe_dir, tmp_path, changes, message):
+    path = with_config(tiny_qwen3_moe_dir, tmp_path, **changes)
+    with pytest.raises(ModelSpecError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_model_source(str(path))
+
+
+def test_an_moe_config_names_its_dense_and_expert_layers():
+    """Qwen3-MoE's mlp_only_layers and decoder_sparse_step; Mixtral's experts everywhere, as
+    wide as its MLP; parameters: every expert, or the chosen ones (`active`)."""
+    from pddflow.operators.config import ModelConfig
+
+    base = {
+        "vocab_size": 100,
+        "hidden_size": 8,
+        "intermediate_size": 16,
+        "num_hidden_layers": 6,
+        "num_attention_heads": 2,
+        "num_experts_per_tok": 2,
+    }
+    q = ModelConfig.from_hf(
+        {
+            **base,
+            "model_type": "qwen3_moe",
+            "num_experts": 4,
+            "moe_intermediate_size": 4,
+            "decoder_sparse_step": 2,
+            "mlp_only_layers": [3],
+            "norm_topk_prob": True,
+        }
+    )
+    assert [q.moe_layer(i) for i in range(6)] == [False, True, False, False, False, True]
+    assert q.qk_norm and q.norm_topk_prob and q.moe_intermediate_size == 4
+    m = ModelConfig.from_hf({**base, "model_type": "mixtral", "num_local_experts": 4})
+    assert all(m.moe_layer(i) for i in range(6)) and m.moe_intermediate_size == 16
+    expert = 3 * 8 * 16
+    assert m.num_params() - m.num_params(active=True) == 6 * 2 * expert
 
 
 def test_checkpoint_without_safetensors(tmp_path):
@@ -185,3 +237,17 @@ def test_generation_config_eos_is_honoured(tiny_mistral_dir, tmp_path):
     (path / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, 7]}))
     source = load_model_source(str(path))
     assert source.config.eos_token_ids == (2, 7) and source.tokenizer.eos_token_ids == (2, 7)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fixture", ["tiny_qwen3_moe_dir", "tiny_mixtral_dir"])
+def test_the_hf_reference_of_an_moe_checkpoint_is_transformers_own(fixture, request):
+    """bench engine's HF side, built from the engine's weights (each expert named as checkpoints
+    name them, fused as transformers 5 holds them), computes what from_pretrained's does."""
+    from pddflow.operators.hf_reference import hf_model_from_source
+
+    path = request.getfixturevalue(fixture)
+    built = hf_model_from_source(load_model_source(str(path)))
+    with torch.inference_mode():
+        want = _hf(path)(torch.tensor([PROMPT])).logits
+        assert torch.equal(built(torch.tensor([PROMPT])).logits, want)

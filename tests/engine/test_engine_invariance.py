@@ -1,13 +1,13 @@
 """The correctness invariant: with greedy sampling, any split of a request into prefill, extend and
 decode (on one engine or across engines, with or without prefix-cache hits, batched with anything)
-emits exactly the colocated reference's tokens. Property-based over prompts, split points and
-chunk sizes."""
+emits exactly the colocated reference's tokens, for a dense model and a mixture of experts.
+Property-based over prompts, split points and chunk sizes."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from conftest import SMALL, small_engine
+from conftest import SMALL, SMALL_MOE, small_engine
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,9 +20,10 @@ SETTINGS = settings(
 prompts = st.lists(st.integers(0, SMALL.vocab_size - 1), min_size=1, max_size=70)
 
 
-@pytest.fixture
-def engine() -> Engine:
-    return small_engine()
+@pytest.fixture(params=["dense", "moe"])
+def engine(request) -> Engine:
+    """Every invariant holds for a mixture of experts too (tokens grouped by expert)."""
+    return small_engine(SMALL_MOE if request.param == "moe" else SMALL)
 
 
 def fresh(engine: Engine) -> Engine:

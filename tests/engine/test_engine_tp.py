@@ -1,9 +1,10 @@
 """Tensor parallelism (docs/engine.md, Tensor parallelism): tiny random Llama and Qwen3 checkpoints
-with 2, 4 and 8 KV heads (of 8 query heads) at TP 1, 2 and 4, TP 4 over 2 KV heads included.
+with 2, 4 and 8 KV heads (of 8 query heads) at TP 1, 2 and 4, TP 4 over 2 KV heads included, and a
+Qwen3-MoE (4 heads, 2 KV heads: every expert's intermediate columns split over the ranks).
 Logits within 1e-4 of TP 1 and of transformers, greedy tokens identical, through chunked prefill,
 continuous batching with radix-cache hits, extends beside decodes, and KV moved between degrees
 (1 -> 4, 1 -> 2, 4 -> 2, 2 -> 1, 4 -> 1) continuing exactly. The TP runs are processes
-(pddflow.testing.tp_harness); one TP 4 and one TP 2 instance walk all six checkpoints."""
+(pddflow.testing.tp_harness); one TP 4 and one TP 2 instance walk all seven checkpoints."""
 
 from __future__ import annotations
 
@@ -16,19 +17,19 @@ from pddflow.testing.tp_harness import CONFIG, CONTINUATION, PROMPT, run_harness
 
 pytestmark = pytest.mark.slow
 TOL = 1e-4
-NAMES = [f"{arch}-kv{kv}" for arch in ("llama", "qwen3") for kv in (2, 4, 8)]
+NAMES = [f"{arch}-kv{kv}" for arch in ("llama", "qwen3") for kv in (2, 4, 8)] + ["qwen3_moe-kv2"]
 DEGREES = [2, 4]
 
 
 @pytest.fixture(scope="session")
 def tp_checkpoints(tmp_path_factory) -> dict[str, str]:
     pytest.importorskip("transformers")
-    from pddflow.testing.tiny_checkpoints import tiny_llama, tiny_qwen3
+    from pddflow.testing.tiny_checkpoints import tiny_llama, tiny_qwen3, tiny_qwen3_moe
 
     out = {}
     for i, name in enumerate(NAMES):
         arch, kv = name.split("-kv")
-        make = tiny_llama if arch == "llama" else tiny_qwen3
+        make = {"llama": tiny_llama, "qwen3": tiny_qwen3, "qwen3_moe": tiny_qwen3_moe}[arch]
         out[name] = str(make(tmp_path_factory.mktemp(name), seed=20 + i, heads=8, kv_heads=int(kv)))
     return out
 
@@ -59,14 +60,11 @@ def hf_reference(tp_checkpoints) -> dict[str, dict]:
     out = {}
     for name, path in tp_checkpoints.items():
         hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+        hf.generation_config.eos_token_id = None  # CONTINUATION tokens, EOS an ordinary one
         with torch.inference_mode():
             logits = hf(torch.tensor([PROMPT])).logits[0]
             gen = hf.generate(
-                torch.tensor([PROMPT]),
-                max_new_tokens=CONTINUATION,
-                min_new_tokens=CONTINUATION,
-                do_sample=False,
-                pad_token_id=0,
+                torch.tensor([PROMPT]), max_new_tokens=CONTINUATION, do_sample=False, pad_token_id=0
             )
         out[name] = {"logits": logits, "greedy": gen[0, len(PROMPT) :].tolist()}
     return out

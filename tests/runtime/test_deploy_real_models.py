@@ -1,7 +1,8 @@
-"""Acceptance for real checkpoints: tiny random Qwen3 and Mistral checkpoints (with a trained BPE
-tokenizer and a chat template, made here by transformers) served by `pddflow deploy graphs/pdd.yaml
---model DIR`: the official openai client's greedy chat output is exactly transformers' greedy
-output on the chat-templated prompt."""
+"""Acceptance for real checkpoints: tiny random Qwen3, Mistral and the mixtures of experts
+Qwen3-MoE and Mixtral (with a trained BPE tokenizer and a chat template, made here by
+transformers) served by `pddflow deploy graphs/pdd.yaml --model DIR`: the official openai client's
+greedy chat output is exactly transformers' greedy output on the chat-templated prompt (the MoE
+ones on every route: p_md, one-shot and catch-up handoffs)."""
 
 from __future__ import annotations
 
@@ -59,18 +60,25 @@ def _strip_eos(ids: list[int], eos: int) -> list[int]:
     return ids[: ids.index(eos)] if eos in ids else ids
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "mistral"])
+# the scheduler's choice, or a forced (variant, handoff)
+ROUTES = {
+    "dense": [None],
+    "moe": [("p_md", None), ("p_rld_md", "one_shot"), ("p_rld_md", "catch_up")],
+}
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "mistral", "qwen3_moe", "mixtral"])
 def test_deploy_serves_a_real_checkpoint_exactly(arch, tmp_path):
     import torch
 
-    from pddflow.testing.tiny_checkpoints import tiny_mistral, tiny_qwen3
+    from pddflow.testing import tiny_checkpoints as tiny
 
     torch.set_num_threads(1)
-    path = (tiny_qwen3 if arch == "qwen3" else tiny_mistral)(tmp_path / arch, seed=5)
+    path = getattr(tiny, f"tiny_{arch}")(tmp_path / arch, seed=5)
     eos = transformers.AutoConfig.from_pretrained(path).eos_token_id
     extra: list[str] = []
     template = None
-    if arch == "mistral":  # Qwen3 keeps its checkpoint's template, Mistral gets an override
+    if arch == "mistral":  # the others keep their checkpoint's template, Mistral gets one
         (tmp_path / "chat.jinja").write_text(OVERRIDE)
         extra, template = ["--chat-template", str(tmp_path / "chat.jinja")], OVERRIDE
     refs = [_reference(path, chat, template) for chat in CHATS]
@@ -83,16 +91,20 @@ def test_deploy_serves_a_real_checkpoint_exactly(arch, tmp_path):
         client = openai.OpenAI(
             base_url=f"{dep.base}/v1", api_key="unused", timeout=60, max_retries=0
         )
-        for chat, ref in zip(CHATS, refs):
+        routes = ROUTES["moe" if arch in ("qwen3_moe", "mixtral") else "dense"]
+        for (chat, ref), route in [(c, r) for c in zip(CHATS, refs) for r in routes]:
+            extra_body = {"return_token_ids": True}
+            if route is not None:
+                extra_body.update(variant=route[0], handoff=route[1])
             r = client.chat.completions.create(
                 model="pdd",
                 messages=chat,
                 max_tokens=MAX_TOKENS,
                 temperature=0,
-                extra_body={"return_token_ids": True},
+                extra_body=extra_body,
             )
             ids = r.choices[0].model_extra["token_ids"]
-            assert _strip_eos(ids, eos) == _strip_eos(ref, eos)
+            assert _strip_eos(ids, eos) == _strip_eos(ref, eos), route
             assert r.choices[0].message.content  # decoded by the checkpoint's tokenizer
         if arch == "mistral":  # the template's raise_exception is the client's 400
             with pytest.raises(openai.BadRequestError, match="no system turns"):
