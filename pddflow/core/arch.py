@@ -44,6 +44,8 @@ def _dense(
 
 
 ARCHS: Registry[ModelArch] = Registry("model architecture", "pddflow.archs")
+# model.arch that reads the numbers from model.weights' config.json (operators.weights)
+FROM_CHECKPOINT = "checkpoint"
 
 for _a in (
     _dense(
@@ -73,6 +75,25 @@ for _a in (
         "DeepSeek-V3/R1 (MLA, 37B active of 671B, fp8 weights): about 69 KB/token, "
         "near PDD's 50 KB working figure",
         attn_flops_per_pair=2.0 * 61 * 128 * (192 + 128),
+    ),
+    # MoE, GQA: 94 layers x 4 KV heads x 128 x 2 (K, V) x 2 B; 22B active of 235B, bf16
+    ModelArch(
+        "qwen3-235b-a22b",
+        94 * 4 * 128 * 2 * 2,
+        2 * 22e9,
+        int(235e9 * 2),
+        "Qwen3-235B-A22B (MoE: 8 of 128 experts, GQA 64/4, bf16): 188 KiB/token",
+        attn_flops_per_pair=4.0 * 94 * 64 * 128,
+    ),
+    # DeepSeek-V3's MLA with 64 heads: (512 + 64) x 61 layers x 2 B; 32B active of 1.04T, fp8
+    ModelArch(
+        "kimi-k2",
+        576 * 61 * 2,
+        2 * 32e9,
+        int(1.04e12),
+        "Kimi-K2 (DeepSeek-V3 architecture with 64 heads and 384 experts, fp8 weights): "
+        "about 69 KB/token",
+        attn_flops_per_pair=2.0 * 61 * 64 * (192 + 128),
     ),
     # The built-in model (operators.config.TINY_LLAMA; tests/sim check the numbers match).
     _dense(

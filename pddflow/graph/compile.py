@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from pddflow.core.arch import ARCHS, ModelArch
+from pddflow.core.arch import ARCHS, FROM_CHECKPOINT, ModelArch
 from pddflow.core.device import GIB, DeviceClass
 from pddflow.core.link import Jitter, LinkModel, window_stream_gbps
 from pddflow.core.model_ref import is_hub_id
@@ -91,17 +91,37 @@ class Compiler:
 
     def _model(self) -> ModelPlan | None:
         m = self.spec.model
+        weights = self._weights()
         if isinstance(m.arch, ArchNumbers):
             self.arch = ModelArch("inline", **m.arch.model_dump())
+        elif m.arch == FROM_CHECKPOINT:
+            from pddflow.operators.config import ModelSpecError
+            from pddflow.operators.weights import checkpoint_arch
+
+            try:
+                self.arch = checkpoint_arch(weights)
+            except ModelSpecError as exc:
+                self.err(("model", "arch"), f"arch: {FROM_CHECKPOINT} reads model.weights: {exc}")
         elif m.arch in ARCHS:
             self.arch = ARCHS.get(m.arch)
         else:
             self.err(
                 ("model", "arch"),
                 f"unknown model architecture {m.arch!r}{did_you_mean(m.arch, ARCHS.names())}; "
-                f"presets: {', '.join(ARCHS.names())}, or give kv_bytes_per_token, "
-                "flops_per_token and weight_bytes",
+                f"presets: {', '.join(ARCHS.names())}, {FROM_CHECKPOINT!r} (the weights' "
+                "config.json), or give kv_bytes_per_token, flops_per_token and weight_bytes",
             )
+        if m.block_size & (m.block_size - 1):
+            self.err(
+                ("model", "block_size"),
+                f"block_size {m.block_size} is not a power of two; use 16 or 32",
+            )
+        return ModelPlan(weights, self.arch, m.max_context, m.block_size) if self.arch else None
+
+    def _weights(self) -> str:
+        """model.weights resolved: a checkpoint directory relative to the graph file made
+        absolute (a warning when it is not there), a Hub id or builtin as it is."""
+        m = self.spec.model
         weights = m.weights
         if weights.startswith("builtin:"):
             name = weights.split(":", 1)[1]
@@ -126,12 +146,7 @@ class Compiler:
                     severity="warning",
                 )
             weights = resolved
-        if m.block_size & (m.block_size - 1):
-            self.err(
-                ("model", "block_size"),
-                f"block_size {m.block_size} is not a power of two; use 16 or 32",
-            )
-        return ModelPlan(weights, self.arch, m.max_context, m.block_size) if self.arch else None
+        return weights
 
     def _clusters(self, devices: dict[str, DeviceClass]) -> dict[str, ClusterPlan]:
         out = {}

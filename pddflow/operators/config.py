@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pddflow.core.arch import ModelArch
+
 
 class ModelSpecError(ValueError):
     pass
@@ -95,6 +97,19 @@ class ModelConfig:
         )
         emb = self.vocab_size * h * (1 if self.tie_word_embeddings else 2)
         return self.num_layers * per_layer + mlps + emb + h
+
+    def planning_arch(self, name: str, dtype_bytes: int = 2) -> ModelArch:
+        """What `plan`, `simulate` and `size` assume of this model served at `dtype_bytes` a
+        value (weights and KV): its KV bytes per token, 2 x its active parameters of FLOPs per
+        token, its weights' bytes, attention's FLOPs per (query, key) pair."""
+        return ModelArch(
+            name,
+            self.kv_bytes_per_token(dtype_bytes),
+            2.0 * self.num_params(active=True),
+            self.num_params() * dtype_bytes,
+            f"{self.arch} from its checkpoint's config.json, {dtype_bytes}-byte values",
+            attn_flops_per_pair=4.0 * self.num_layers * self.num_heads * self.head_dim,
+        )
 
     @classmethod
     def from_hf(cls, d: dict[str, Any]) -> ModelConfig:

@@ -16,6 +16,8 @@ from pddflow.operators.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 if TYPE_CHECKING:
     import torch
 
+    from pddflow.core.arch import ModelArch
+
 BUILTIN_MODELS: dict[str, ModelConfig] = {"tiny-llama": TINY_LLAMA}
 BUILTIN_SEED = 0
 
@@ -156,6 +158,46 @@ def read_config(path: Path) -> ModelConfig:
         merged = tuple(dict.fromkeys([*config.eos_token_ids, *(int(e) for e in extra)]))
         config = replace(config, eos_token_ids=merged)
     return config
+
+
+# config.json's dtype (transformers 5) or torch_dtype -> bytes a value is served at
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1}
+
+
+def checkpoint_arch(spec: str) -> ModelArch:
+    """What planning assumes of the model `spec` names (`builtin:<name>`, a checkpoint directory,
+    or a Hub id already in the Hub cache: nothing is downloaded), from its config.json and the
+    dtype it was saved in (bf16 when it does not say). ModelSpecError when there is none."""
+    if spec.startswith("builtin:"):
+        name = spec.split(":", 1)[1]
+        if name not in BUILTIN_MODELS:
+            raise ModelSpecError(f"unknown builtin model {name!r}")
+        return BUILTIN_MODELS[name].planning_arch(spec, dtype_bytes=4)  # fp32, as it is served
+    path = Path(spec) / "config.json"
+    if not path.is_file():
+        from pddflow.core.model_ref import is_hub_id
+
+        cached = _cached_hub_config(spec) if is_hub_id(spec) else None
+        if cached is None:
+            raise ModelSpecError(
+                f"no config.json for {spec!r} here (a checkpoint directory, or a Hub id already "
+                "downloaded); download it first, or name an arch preset"
+            )
+        path = cached
+    raw = _read_json(path)
+    dtype = str(raw.get("dtype") or raw.get("torch_dtype") or "bfloat16")
+    return read_config(path.parent).planning_arch(
+        f"checkpoint:{spec}", dtype_bytes=_DTYPE_BYTES.get(dtype, 2)
+    )
+
+
+def _cached_hub_config(repo_id: str) -> Path | None:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:  # pragma: no cover - a dependency
+        return None
+    found = try_to_load_from_cache(repo_id, "config.json")
+    return Path(found) if isinstance(found, str) else None
 
 
 def _load_checkpoint(path: Path) -> ModelSource:

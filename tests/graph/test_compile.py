@@ -157,3 +157,57 @@ def test_a_local_layout_that_cannot_run_is_refused(tmp_path: Path, layout: str, 
     with pytest.raises(GraphError) as exc:
         load_plan(str(bad))
     assert any(message in str(d) for d in exc.value.diagnostics), exc.value.diagnostics
+
+
+def test_arch_checkpoint_reads_the_weights_config(tmp_path: Path):
+    """arch: checkpoint plans with the served model's own numbers: a mixture of experts' active
+    parameters, its dtype's bytes; the built-in model's equal its preset; no config.json is one
+    error on model.arch naming the fix."""
+    import json
+
+    from pddflow.core.arch import ARCHS
+
+    text = (Path(__file__).parent / "base.yaml").read_text()
+    assert "arch: llama-3-70b" in text
+    graph = tmp_path / "g.yaml"
+    graph.write_text(text.replace("arch: llama-3-70b", "arch: checkpoint"))
+    builtin = load_plan(str(graph)).model.arch
+    preset = ARCHS.get("tiny-llama")
+    assert (builtin.kv_bytes_per_token, builtin.flops_per_token, builtin.weight_bytes) == (
+        preset.kv_bytes_per_token,
+        preset.flops_per_token,
+        preset.weight_bytes,
+    )
+    moe = {
+        "model_type": "qwen3_moe",
+        "vocab_size": 1000,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "moe_intermediate_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "dtype": "bfloat16",
+    }
+    (tmp_path / "moe").mkdir()
+    (tmp_path / "moe" / "config.json").write_text(json.dumps(moe))
+    graph.write_text(
+        text.replace("arch: llama-3-70b", "arch: checkpoint").replace("builtin:tiny-llama", "moe")
+    )
+    arch = load_plan(str(graph)).model.arch
+    assert arch.kv_bytes_per_token == 2 * 2 * 2 * 16 * 2  # layers x K,V x KV heads x dim x bf16
+    expert, attn = 3 * 64 * 32, 64 * (64 + 2 * 32) + 64 * 64 + 2 * 16 + 2 * 64
+    per_layer_active = attn + 2 * expert + 8 * 64
+    assert arch.flops_per_token == 2 * (2 * per_layer_active + 2 * 1000 * 64 + 64)
+    assert arch.weight_bytes == 2 * (2 * (attn + 8 * expert + 8 * 64) + 2 * 1000 * 64 + 64)
+    graph.write_text(
+        text.replace("arch: llama-3-70b", "arch: checkpoint").replace("builtin:tiny-llama", "none")
+    )
+    with pytest.raises(GraphError) as exc:
+        load_plan(str(graph))
+    line = text.splitlines().index("  arch: llama-3-70b") + 1
+    (err,) = [d for d in exc.value.diagnostics if d.severity == "error"]
+    assert err.line == line and "download it first, or name an arch preset" in err.message
