@@ -61,6 +61,12 @@ def generate(
         "--tp",
         help="ranks of the instance: N-1 follower processes on this machine, rank 0 here",
     ),
+    expert_parallel: bool = typer.Option(
+        False,
+        "--expert-parallel",
+        help="with --tensor-parallel on a mixture of experts: whole experts per rank "
+        "(num_experts / N each) instead of a slice of every expert",
+    ),
 ) -> None:
     """Generate with the colocated reference engine (prefill + decode on one instance)."""
     if (prompt is None) == (prompt_ids is None):
@@ -78,9 +84,9 @@ def generate(
         except ValueError as exc:
             raise _fail(str(exc)) from None
 
+    from pddflow.core.model_config import ModelSpecError
     from pddflow.core.payloads import SamplingParams
     from pddflow.operators.block_allocator import KVCacheFull
-    from pddflow.operators.config import ModelSpecError
     from pddflow.operators.engine import Engine, EngineConfig
     from pddflow.operators.follower import local_group
     from pddflow.operators.tensor_parallel import TPPeerLost, check_layout
@@ -105,12 +111,12 @@ def generate(
         raise _fail(f"--prompt-ids {bad[:5]} are outside the vocabulary [0, {vocab})")
     stop = tuple(tok.eos_token_ids if tok is not None else source.config.eos_token_ids)
     try:
-        check_layout(source.config, tensor_parallel)
+        check_layout(source.config, tensor_parallel, expert_parallel)
     except ValueError as exc:
         raise _fail(str(exc)) from None
     tokens_needed = len(ids) + max_tokens + EngineConfig().block_size
     kv_bytes = max(tokens_needed * source.config.kv_bytes_per_token(4), 2**20)
-    cfg = EngineConfig(kv_cache_bytes=kv_bytes)
+    cfg = EngineConfig(kv_cache_bytes=kv_bytes, expert_parallel=expert_parallel)
     params = SamplingParams(
         max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, stop_token_ids=stop
     )
@@ -196,7 +202,7 @@ def bench_engine(
 
     from pddflow.bench.engine import QUICK, BenchSizes, run_bench
     from pddflow.commands.progress import progress_bar
-    from pddflow.operators.config import ModelSpecError
+    from pddflow.core.model_config import ModelSpecError
 
     err = Console(stderr=True)
     with progress_bar(err) as bar:

@@ -55,7 +55,7 @@ def bench_handoff(
     from pddflow.bench.handoff import HandoffBenchError, HandoffOptions, run_handoff_bench
     from pddflow.channels.errors import ChannelError
     from pddflow.commands.progress import progress_bar
-    from pddflow.operators.config import ModelSpecError
+    from pddflow.core.model_config import ModelSpecError
 
     plan = load_or_exit(graph)
     opts = HandoffOptions(

@@ -95,7 +95,7 @@ for _a in (
         "about 69 KB/token",
         attn_flops_per_pair=2.0 * 61 * 64 * (192 + 128),
     ),
-    # The built-in model (operators.config.TINY_LLAMA; tests/sim check the numbers match).
+    # The built-in model (core.model_config.TINY_LLAMA; tests/sim check the numbers match).
     _dense(
         "tiny-llama",
         16,

@@ -64,6 +64,12 @@ _CHUNK = Param(
     int, DEFAULT_CHUNK_TOKENS, "prefill/extend chunk size in tokens (bounds one step's latency)"
 )
 _BATCH = Param(int, DEFAULT_MAX_BATCH, "most sequences in one decode step (continuous batching)")
+_EP = Param(
+    bool,
+    False,
+    "a mixture-of-experts model on several devices per replica: whole experts per rank "
+    "(num_experts / ranks each) instead of a slice of every expert; attention stays split by heads",
+)
 
 for _t in (
     OperatorType(
@@ -76,6 +82,7 @@ for _t in (
         params={
             "prefix_cache": Param(bool, True, "reuse KV of prompt prefixes seen before"),
             "chunk_tokens": _CHUNK,
+            "expert_parallel": _EP,
         },
     ),
     OperatorType(
@@ -86,6 +93,7 @@ for _t in (
         role="decode",
         params={
             "max_batch": _BATCH,
+            "expert_parallel": _EP,
             "catch_up_tokens": Param(int, 32, "tokens per catch-up handoff batch"),
             "min_extend_tokens": Param(
                 int,
@@ -101,7 +109,12 @@ for _t in (
         inputs={"kv": Payload.KV_BLOCKS, "handoff": Payload.TOKEN_IDS},
         outputs={"tokens": Payload.TOKEN_STREAM},
         role="decode",
-        params={"radix_cache": _RADIX, "max_batch": _BATCH, "chunk_tokens": _CHUNK},
+        params={
+            "radix_cache": _RADIX,
+            "max_batch": _BATCH,
+            "chunk_tokens": _CHUNK,
+            "expert_parallel": _EP,
+        },
     ),
     OperatorType(
         "decode",
@@ -109,7 +122,7 @@ for _t in (
         inputs={"kv": Payload.KV_BLOCKS},
         outputs={"tokens": Payload.TOKEN_STREAM},
         role="decode",
-        params={"radix_cache": _RADIX, "max_batch": _BATCH},
+        params={"radix_cache": _RADIX, "max_batch": _BATCH, "expert_parallel": _EP},
     ),
     OperatorType(
         "colocated",
@@ -122,6 +135,7 @@ for _t in (
             "prefix_cache": Param(bool, True, "reuse KV of prompt prefixes seen before"),
             "max_batch": _BATCH,
             "chunk_tokens": _CHUNK,
+            "expert_parallel": _EP,
         },
     ),
 ):

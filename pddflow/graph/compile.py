@@ -13,6 +13,7 @@ from typing import Any
 from pddflow.core.arch import ARCHS, FROM_CHECKPOINT, ModelArch
 from pddflow.core.device import GIB, DeviceClass
 from pddflow.core.link import Jitter, LinkModel, window_stream_gbps
+from pddflow.core.model_config import BUILTIN_CONFIGS, ModelSpecError, checkpoint_arch
 from pddflow.core.model_ref import is_hub_id
 from pddflow.core.operator_types import OPERATOR_TYPES, OperatorType
 from pddflow.core.policies import POLICIES
@@ -35,7 +36,7 @@ from pddflow.graph.spec import ArchNumbers, GraphSpec
 from pddflow.graph.variants import check_variants
 from pddflow.graph.yaml_source import Source
 
-BUILTIN_MODELS = ("tiny-llama",)
+BUILTIN_MODELS = tuple(BUILTIN_CONFIGS)
 MEMORY_HEADROOM = 0.9  # share of device memory usable for weights + KV (activations, fragmentation)
 
 
@@ -95,9 +96,6 @@ class Compiler:
         if isinstance(m.arch, ArchNumbers):
             self.arch = ModelArch("inline", **m.arch.model_dump())
         elif m.arch == FROM_CHECKPOINT:
-            from pddflow.operators.config import ModelSpecError
-            from pddflow.operators.weights import checkpoint_arch
-
             try:
                 self.arch = checkpoint_arch(weights)
             except ModelSpecError as exc:

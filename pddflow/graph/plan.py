@@ -133,6 +133,10 @@ class OperatorPlan:
         return int(self.params.get("chunk_tokens", DEFAULT_CHUNK_TOKENS))
 
     @property
+    def expert_parallel(self) -> bool:
+        return bool(self.params.get("expert_parallel"))
+
+    @property
     def caches_prefixes(self) -> bool:
         """A prefix cache on the entry side, or a decode-side radix cache (DRC)."""
         return bool(self.params.get("radix_cache") or self.params.get("prefix_cache"))

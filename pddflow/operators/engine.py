@@ -13,11 +13,11 @@ from dataclasses import replace
 import torch
 
 from pddflow.core.kv_budget import blocks_for
+from pddflow.core.model_config import ModelConfig
 from pddflow.core.payloads import KVBlocks, Request, SamplingParams
 from pddflow.kernels.paged_attention import Numerics, calibrate, plan_attention
 from pddflow.operators import continuous_batching, kv_exchange
 from pddflow.operators.block_allocator import BlockAllocator, KVCacheFull
-from pddflow.operators.config import ModelConfig
 from pddflow.operators.engine_config import EngineConfig, prepare
 from pddflow.operators.grammar import Grammars
 from pddflow.operators.kv_cache import KVPool, block_bytes, blocks_for_budget
@@ -52,7 +52,9 @@ class Engine:
         self.device, self.dtype = prepare(config, tp.device if tp else None, tp.size if tp else 1)
         bs = config.block_size
         mc = self.model_config
-        self._shard = Shard.of(mc, tp.size, tp.rank) if tp is not None else None
+        self._shard = (
+            Shard.of(mc, tp.size, tp.rank, config.expert_parallel) if tp is not None else None
+        )
         local = self._shard.local if self._shard is not None else mc
         self._max_rows = max(config.chunk_size, config.max_decode_rows)
         self.model = LlamaModel(
@@ -104,6 +106,7 @@ class Engine:
                 "head dim": c.head_dim,
                 "intermediate": c.intermediate_size,
                 "experts": c.num_experts,
+                "expert parallel": int(cfg.expert_parallel and c.num_experts > 0),
                 "expert intermediate": c.moe_intermediate_size,
                 "vocab": c.vocab_size,
                 "KV blocks": num_blocks,

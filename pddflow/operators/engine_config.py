@@ -28,6 +28,9 @@ class EngineConfig:
     # None: torch's default, or at tensor parallelism N on CPU, usable cores // N per rank
     num_threads: int | None = None
     dtype: str | None = None  # None: fp32 on CPU, bf16 on CUDA; or float32/bfloat16/float16
+    # tensor parallel over a mixture of experts: each rank keeps whole experts (num_experts /
+    # ranks of them) instead of a slice of every expert; attention stays split by heads
+    expert_parallel: bool = False
 
 
 DTYPES = {

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from pddflow.core.model_config import ModelSpecError
 from pddflow.core.model_ref import is_builtin, is_hub_id
-from pddflow.operators.config import ModelSpecError
 
 # what the loader reads: config, tokenizer, chat template, generation config and the weights; never
 # pickled checkpoints or the `original/` consolidated files some repositories carry too

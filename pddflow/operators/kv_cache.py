@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from pddflow.operators.config import ModelConfig
+from pddflow.core.model_config import ModelConfig
 
 
 def block_bytes(config: ModelConfig, block_size: int, dtype: torch.dtype) -> int:

@@ -33,10 +33,11 @@ class MixtureOfExperts:
     chosen when `renormalize`); each expert is a GatedMLP. Tokens are grouped by expert: one
     matmul pair per expert with tokens this step, no per-token loop. A token's output is its
     experts' weighted outputs added in expert order, each computed by a batch-invariant Linear
-    on its own row, so a row never depends on which other tokens share the step."""
+    on its own row, so a row never depends on which other tokens share the step. Under expert
+    parallelism a rank adds its own experts' outputs; the all-reduce adds the ranks'."""
 
     router: Linear  # [num_experts, hidden]
-    experts: list[GatedMLP]
+    experts: list[GatedMLP | None]  # None: an expert another rank holds (expert parallel)
     top_k: int
     renormalize: bool
 
@@ -52,10 +53,10 @@ class MixtureOfExperts:
         out = torch.zeros_like(x)
         start = 0
         for expert, n in zip(self.experts, counts):
-            if not n:
-                continue
             picked = order[start : start + n]
             start += n
+            if not n or expert is None:
+                continue
             rows = picked // self.top_k
             y = expert(x.index_select(0, rows))
             out.index_add_(0, rows, y * weights[picked].unsqueeze(1))

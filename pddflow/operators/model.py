@@ -9,8 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
+from pddflow.core.model_config import ModelConfig
 from pddflow.kernels.paged_attention import AttentionPlan, paged_attention
-from pddflow.operators.config import ModelConfig
 from pddflow.operators.kv_cache import KVPool
 from pddflow.operators.linear import Linear
 from pddflow.operators.mlp import GatedMLP, MixtureOfExperts
@@ -91,8 +91,11 @@ class LlamaModel:
                 m = f"model.layers.{i}.mlp."
                 return gated(m + "gate_proj", m + "up_proj", m + "down_proj", "inter", True)
             router, *projs = moe_weight_names(config, i)
-            experts = []
+            experts: list[GatedMLP | None] = []
             for e in range(config.num_experts):
+                if shard is not None and not shard.holds_expert(e):
+                    experts.append(None)  # another rank's (expert parallel)
+                    continue
                 gate, up, down = (n.removesuffix(".weight") for n in projs[3 * e : 3 * e + 3])
                 experts.append(gated(gate, up, down, "expert", bias=False))
             return MixtureOfExperts(

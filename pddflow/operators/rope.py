@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from pddflow.operators.config import ModelConfig
+from pddflow.core.model_config import ModelConfig
 
 PAGE = 4096
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.distributed as dist
 
-from pddflow.operators.config import ModelConfig
+from pddflow.core.model_config import ModelConfig
 from pddflow.operators.kv_shards import kv_heads, kv_owners
 
 STOP = 0  # step kind that ends a follower's loop (the others are tp_steps')
@@ -42,11 +42,13 @@ class TPPeerLost(RuntimeError):
     """A collective failed or timed out: a rank of this instance (or its leader) is gone."""
 
 
-def valid_degrees(config: ModelConfig) -> list[int]:
-    return [n for n in range(1, config.num_heads + 1) if not layout_problems(config, n)]
+def valid_degrees(config: ModelConfig, expert_parallel: bool = False) -> list[int]:
+    return [
+        n for n in range(1, config.num_heads + 1) if not layout_problems(config, n, expert_parallel)
+    ]
 
 
-def layout_problems(config: ModelConfig, size: int) -> list[str]:
+def layout_problems(config: ModelConfig, size: int, expert_parallel: bool = False) -> list[str]:
     h, kv, inter = config.num_heads, config.num_kv_heads, config.intermediate_size
     out = []
     if h % size:
@@ -60,19 +62,21 @@ def layout_problems(config: ModelConfig, size: int) -> list[str]:
         )
     if inter % size:
         out.append(f"intermediate size {inter} does not split over {size} ranks")
-    moe = config.moe_intermediate_size
-    if config.num_experts and moe % size:
+    moe, experts = config.moe_intermediate_size, config.num_experts
+    if experts and expert_parallel and experts % size:
+        out.append(f"{experts} experts do not split over {size} ranks (expert parallel)")
+    elif experts and not expert_parallel and moe % size:
         out.append(f"expert intermediate size {moe} does not split over {size} ranks")
     return out
 
 
-def check_layout(config: ModelConfig, size: int) -> None:
+def check_layout(config: ModelConfig, size: int, expert_parallel: bool = False) -> None:
     """ValueError naming the numbers and the fix when the model does not split over `size`."""
     if size < 1:
         raise ValueError(f"tensor parallelism must be >= 1, got {size}")
-    problems = layout_problems(config, size)
+    problems = layout_problems(config, size, expert_parallel)
     if problems:
-        ok = ", ".join(map(str, valid_degrees(config)))
+        ok = ", ".join(map(str, valid_degrees(config, expert_parallel)))
         raise ValueError(
             f"tensor parallelism {size} does not fit this {config.arch} model "
             f"({config.num_heads} heads, {config.num_kv_heads} KV heads, intermediate "
@@ -83,8 +87,10 @@ def check_layout(config: ModelConfig, size: int) -> None:
 @dataclass(frozen=True)
 class Shard:
     """What rank `rank` of `size` holds: query heads [h0, h1), KV heads [k0, k1), intermediate
-    columns [i0, i1), every expert's intermediate columns [m0, m1) (the router stays whole);
-    `local` is the model config it computes with (its own head counts and widths)."""
+    columns [i0, i1), and of a mixture of experts the experts [x0, x1) with their intermediate
+    columns [m0, m1): every expert, a slice of each (tensor parallel), or whole experts, a share
+    of them (expert parallel); the router stays whole. `local` is the model config it computes
+    with (its own head counts and widths)."""
 
     size: int
     rank: int
@@ -96,37 +102,33 @@ class Shard:
     i1: int
     m0: int
     m1: int
+    x0: int
+    x1: int
     local: ModelConfig
     full: ModelConfig
 
     @classmethod
-    def of(cls, config: ModelConfig, size: int, rank: int) -> Shard:
-        check_layout(config, size)
+    def of(cls, config: ModelConfig, size: int, rank: int, expert_parallel: bool = False) -> Shard:
+        check_layout(config, size, expert_parallel)
         h, i = config.num_heads // size, config.intermediate_size // size
-        m = config.moe_intermediate_size // size
         k0, k1 = cls.kv_range(config, size, rank)
+        r, mi, e = rank, config.moe_intermediate_size, config.num_experts
+        if expert_parallel:  # whole experts, E / size of them
+            m0, m1, x0, x1 = 0, mi, r * e // size, (r + 1) * e // size
+        else:  # every expert, a slice of its columns
+            m0, m1, x0, x1 = r * mi // size, (r + 1) * mi // size, 0, e
         local = replace(
             config,
             num_heads=h,
             num_kv_heads=k1 - k0,
             intermediate_size=i,
-            moe_intermediate_size=m,
+            moe_intermediate_size=m1 - m0,
         )
-        r = rank
-        return cls(
-            size,
-            r,
-            r * h,
-            (r + 1) * h,
-            k0,
-            k1,
-            r * i,
-            (r + 1) * i,
-            r * m,
-            (r + 1) * m,
-            local,
-            config,
-        )
+        i0, i1 = r * i, (r + 1) * i
+        return cls(size, r, r * h, (r + 1) * h, k0, k1, i0, i1, m0, m1, x0, x1, local, config)
+
+    def holds_expert(self, expert: int) -> bool:
+        return self.x0 <= expert < self.x1
 
     @staticmethod
     def kv_range(config: ModelConfig, size: int, rank: int) -> tuple[int, int]:

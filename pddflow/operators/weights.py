@@ -4,21 +4,23 @@ loads into `transformers`."""
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pddflow.core.model_config import (
+    BUILTIN_CONFIGS,
+    ModelConfig,
+    ModelSpecError,
+    read_config,
+)
 from pddflow.core.registry import did_you_mean
-from pddflow.operators.config import TINY_LLAMA, ModelConfig, ModelSpecError
 from pddflow.operators.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 
 if TYPE_CHECKING:
     import torch
 
-    from pddflow.core.arch import ModelArch
-
-BUILTIN_MODELS: dict[str, ModelConfig] = {"tiny-llama": TINY_LLAMA}
+BUILTIN_MODELS = BUILTIN_CONFIGS
 BUILTIN_SEED = 0
 
 
@@ -132,72 +134,6 @@ def builtin_weights(config: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
             unit = name == "model.embed_tokens.weight" or name.endswith("gate.weight")
             out[name] = torch.randn(shape, generator=gen) * (1.0 if unit else 0.02)
     return out
-
-
-def _read_json(file: Path) -> dict:
-    try:
-        raw = json.loads(file.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ModelSpecError(f"{file}: cannot parse: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ModelSpecError(f"{file}: expected a JSON object")
-    return raw
-
-
-def read_config(path: Path) -> ModelConfig:
-    """A checkpoint directory's config.json; EOS IDs also from generation_config.json, which is
-    where instruct checkpoints list their end-of-turn token (and what transformers stops at)."""
-    cfg_file = path / "config.json"
-    if not cfg_file.is_file():
-        raise ModelSpecError(f"{path}: no config.json")
-    config = ModelConfig.from_hf(_read_json(cfg_file))
-    gen_file = path / "generation_config.json"
-    if gen_file.is_file():
-        eos = _read_json(gen_file).get("eos_token_id")
-        extra = eos if isinstance(eos, list) else ([] if eos is None else [eos])
-        merged = tuple(dict.fromkeys([*config.eos_token_ids, *(int(e) for e in extra)]))
-        config = replace(config, eos_token_ids=merged)
-    return config
-
-
-# config.json's dtype (transformers 5) or torch_dtype -> bytes a value is served at
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1}
-
-
-def checkpoint_arch(spec: str) -> ModelArch:
-    """What planning assumes of the model `spec` names (`builtin:<name>`, a checkpoint directory,
-    or a Hub id already in the Hub cache: nothing is downloaded), from its config.json and the
-    dtype it was saved in (bf16 when it does not say). ModelSpecError when there is none."""
-    if spec.startswith("builtin:"):
-        name = spec.split(":", 1)[1]
-        if name not in BUILTIN_MODELS:
-            raise ModelSpecError(f"unknown builtin model {name!r}")
-        return BUILTIN_MODELS[name].planning_arch(spec, dtype_bytes=4)  # fp32, as it is served
-    path = Path(spec) / "config.json"
-    if not path.is_file():
-        from pddflow.core.model_ref import is_hub_id
-
-        cached = _cached_hub_config(spec) if is_hub_id(spec) else None
-        if cached is None:
-            raise ModelSpecError(
-                f"no config.json for {spec!r} here (a checkpoint directory, or a Hub id already "
-                "downloaded); download it first, or name an arch preset"
-            )
-        path = cached
-    raw = _read_json(path)
-    dtype = str(raw.get("dtype") or raw.get("torch_dtype") or "bfloat16")
-    return read_config(path.parent).planning_arch(
-        f"checkpoint:{spec}", dtype_bytes=_DTYPE_BYTES.get(dtype, 2)
-    )
-
-
-def _cached_hub_config(repo_id: str) -> Path | None:
-    try:
-        from huggingface_hub import try_to_load_from_cache
-    except ImportError:  # pragma: no cover - a dependency
-        return None
-    found = try_to_load_from_cache(repo_id, "config.json")
-    return Path(found) if isinstance(found, str) else None
 
 
 def _load_checkpoint(path: Path) -> ModelSource:

@@ -3,7 +3,7 @@ run `run_scenarios` on a TP 1 engine in their own process and, through this modu
 on the leader of a TP N instance whose every rank is a process of it:
 
     python -m pddflow.testing.tp_harness --rank R --size N --init HOST:PORT --models JSON
-        --out FILE [--imports FILE] [--device DEV] [--timeout S] [--hold]
+        --out FILE [--imports FILE] [--device DEV] [--timeout S] [--hold] [--expert-parallel]
 
 All ranks walk the same list of checkpoints; for each, rank 0 runs the scenarios and closes the
 engine, the others follow it. Rank 0 writes {name: results} with torch.save. `--hold`: rank 0
@@ -149,6 +149,7 @@ def run_harness(
     imports: dict[str, dict] | None = None,
     device: str = "cpu",
     deadline_s: float = 300.0,
+    expert_parallel: bool = False,
 ) -> dict[str, Any]:
     """Run the scenarios on TP `size` instances of `models` (every rank a process of this one);
     rank 0's results. RuntimeError with the ranks' stderr when one fails or runs past the
@@ -158,6 +159,7 @@ def run_harness(
         torch.save(imports or {}, imp)
         common = ["--size", str(size), "--init", f"127.0.0.1:{free_port()}"]
         common += ["--models", json.dumps([list(m) for m in models]), "--device", device]
+        common += ["--expert-parallel"] if expert_parallel else []
         logs = [open(Path(tmp) / f"rank-{r}.log", "w+b") for r in range(size)]  # noqa: SIM115
         procs = [
             subprocess.Popen(
@@ -203,8 +205,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="cpu", help="cpu, or cuda (each rank cuda:RANK)")
     p.add_argument("--timeout", type=float, default=60.0)
     p.add_argument("--hold", action="store_true")
+    p.add_argument("--expert-parallel", action="store_true", help="whole experts per rank")
     args = p.parse_args(argv)
     config = CONFIG if args.device == "cpu" else replace(CONFIG, device="cuda", dtype="float32")
+    config = replace(config, expert_parallel=args.expert_parallel)
     device = rank_device(config, args.rank)
     tp = join(TPConfig(args.size, args.rank, args.init, args.timeout), device)
     imports = torch.load(args.imports, weights_only=False) if args.imports else {}

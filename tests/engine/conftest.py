@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pddflow.operators.config import ModelConfig, RopeScaling
+from pddflow.core.model_config import ModelConfig, RopeScaling
 from pddflow.operators.engine import Engine, EngineConfig
 from pddflow.operators.weights import ModelSource, builtin_weights
 

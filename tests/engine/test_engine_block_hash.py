@@ -60,7 +60,7 @@ def test_bad_block_size():
 def test_pure_python_modules_do_not_import_torch():
     code = (
         "import sys; import pddflow.core.block_hash, pddflow.operators.radix_cache, "
-        "pddflow.operators.block_allocator, pddflow.operators.config, pddflow.operators.sequence; "
+        "pddflow.operators.block_allocator, pddflow.core.model_config, pddflow.operators.sequence; "
         "print('torch' in sys.modules)"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

@@ -7,8 +7,8 @@ import pytest
 import torch
 from conftest import with_config
 
+from pddflow.core.model_config import ModelSpecError
 from pddflow.core.payloads import SamplingParams
-from pddflow.operators.config import ModelSpecError
 from pddflow.operators.engine import Engine, EngineConfig
 from pddflow.operators.weights import load_model_source
 
@@ -127,7 +127,7 @@ def test_bad_moe_checkpoints_give_clear_errors(tiny_qwen3_moe_dir, tmp_path, cha
 def test_an_moe_config_names_its_dense_and_expert_layers():
     """Qwen3-MoE's mlp_only_layers and decoder_sparse_step; Mixtral's experts everywhere, as
     wide as its MLP; parameters: every expert, or the chosen ones (`active`)."""
-    from pddflow.operators.config import ModelConfig
+    from pddflow.core.model_config import ModelConfig
 
     base = {
         "vocab_size": 100,
@@ -163,7 +163,7 @@ def test_checkpoint_without_safetensors(tmp_path):
 
 
 def test_legacy_rope_scaling_keys_are_read():
-    from pddflow.operators.config import ModelConfig
+    from pddflow.core.model_config import ModelConfig
 
     d = {
         "model_type": "llama",
@@ -199,7 +199,7 @@ def _hf_config(**extra):
 
 
 def test_unsupported_architecture_names_it_and_the_supported_ones():
-    from pddflow.operators.config import ModelConfig
+    from pddflow.core.model_config import ModelConfig
 
     with pytest.raises(ModelSpecError) as err:
         ModelConfig.from_hf(_hf_config(model_type="gemma2", architectures=["Gemma2ForCausalLM"]))
@@ -210,7 +210,7 @@ def test_unsupported_architecture_names_it_and_the_supported_ones():
 
 
 def test_mistral_sliding_window():
-    from pddflow.operators.config import ModelConfig
+    from pddflow.core.model_config import ModelConfig
 
     cfg = ModelConfig.from_hf(_hf_config(model_type="mistral", sliding_window=None))
     assert cfg.arch == "mistral" and not cfg.qk_norm
@@ -221,7 +221,7 @@ def test_mistral_sliding_window():
 
 
 def test_qwen3_config():
-    from pddflow.operators.config import ModelConfig
+    from pddflow.core.model_config import ModelConfig
 
     cfg = ModelConfig.from_hf(_hf_config(model_type="qwen3", head_dim=16))
     assert cfg.qk_norm and not cfg.qkv_bias and cfg.head_dim == 16 and not cfg.tie_word_embeddings

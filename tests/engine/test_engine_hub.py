@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from pddflow.core.model_config import ModelSpecError
 from pddflow.core.model_ref import is_hub_id
-from pddflow.operators.config import ModelSpecError
 from pddflow.operators.hub import resolve_model
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"

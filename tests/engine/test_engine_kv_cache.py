@@ -75,7 +75,7 @@ def test_cached_blocks_are_evicted_when_memory_is_needed():
 def test_budget_and_block_geometry():
     import torch
 
-    from pddflow.operators.config import TINY_LLAMA
+    from pddflow.core.model_config import TINY_LLAMA
     from pddflow.operators.kv_cache import block_bytes, blocks_for_budget
 
     assert block_bytes(TINY_LLAMA, 16, torch.float32) == 16 * 32 * 1024

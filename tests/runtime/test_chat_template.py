@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pddflow.operators.config import ModelSpecError
+from pddflow.core.model_config import ModelSpecError
 from pddflow.runtime.api.schema import ChatMessage
 from pddflow.runtime.frontend.chat_template import (
     ChatTemplateError,

@@ -114,3 +114,44 @@ def test_deploy_serves_a_real_checkpoint_exactly(arch, tmp_path):
     finally:
         dep.stop()
     assert dep.leftover_children() == []
+
+
+def test_an_moe_replica_on_two_ranks_expert_parallel(tmp_path):
+    """Qwen3-MoE with prefill on 2 ranks (every expert's columns split) and main on 2 ranks
+    expert parallel (4 whole experts each): the chat output on every route is transformers'."""
+    import torch
+
+    from pddflow.testing.tiny_checkpoints import tiny_qwen3_moe
+
+    torch.set_num_threads(1)
+    path = tiny_qwen3_moe(tmp_path / "moe", seed=5)
+    eos = transformers.AutoConfig.from_pretrained(path).eos_token_id
+    text = (ROOT / "graphs" / "pdd.yaml").read_text()
+    layout = "devices_per_replica: {prefill: 1, relay: 1, main: 1}"
+    main = "params: {radix_cache: true}}"
+    assert layout in text and main in text
+    text = text.replace(layout, "devices_per_replica: {prefill: 2, relay: 1, main: 2}")
+    text = text.replace(main, "params: {radix_cache: true, expert_parallel: true}}")
+    graph = tmp_path / "pdd.yaml"
+    graph.write_text(text)
+    chat = CHATS[1]
+    ref = _reference(path, chat, None)
+    dep = DeployProcess(graph, tmp_path / "run", "--model", str(path), startup_s=240)
+    try:
+        client = openai.OpenAI(
+            base_url=f"{dep.base}/v1", api_key="unused", timeout=120, max_retries=0
+        )
+        assert len(dep.health()["workers"]["main/0"]["ranks"]) == 2
+        for variant, handoff in ROUTES["moe"]:
+            r = client.chat.completions.create(
+                model="pdd",
+                messages=chat,
+                max_tokens=MAX_TOKENS,
+                temperature=0,
+                extra_body={"return_token_ids": True, "variant": variant, "handoff": handoff},
+            )
+            ids = r.choices[0].model_extra["token_ids"]
+            assert _strip_eos(ids, eos) == _strip_eos(ref, eos), (variant, handoff)
+    finally:
+        dep.stop()
+    assert dep.leftover_children() == []

@@ -251,7 +251,7 @@ def test_tiny_llama_preset_is_the_builtin_model():
     model's, or the fitted split between weights, KV and attention is wrong (it was: 30M params,
     8 KV heads, attention 8x the KV bytes)."""
     from pddflow.core.arch import ARCHS
-    from pddflow.operators.config import TINY_LLAMA as c
+    from pddflow.core.model_config import TINY_LLAMA as c
 
     a = ARCHS.get("tiny-llama")
     assert a.kv_bytes_per_token == c.kv_bytes_per_token(4)

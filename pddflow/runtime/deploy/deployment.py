@@ -98,7 +98,7 @@ class Deployment:
 
     def _resolve_model(self) -> ModelInfo:
         """Resolved once, here: every worker and the frontend read the same local directory."""
-        from pddflow.operators.config import ModelSpecError
+        from pddflow.core.model_config import ModelSpecError
         from pddflow.operators.hub import resolve_model
 
         try:
@@ -123,7 +123,7 @@ class Deployment:
             from pddflow.operators.tensor_parallel import check_layout
 
             try:
-                check_layout(info.config, op.ranks)
+                check_layout(info.config, op.ranks, op.expert_parallel)
             except ValueError as exc:
                 where = f"{self.plan.source}: {op.name} deploys {op.ranks} ranks an instance"
                 raise DeployError(

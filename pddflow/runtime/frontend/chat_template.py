@@ -10,7 +10,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from pddflow.operators.config import ModelSpecError
+from pddflow.core.model_config import ModelSpecError
 
 
 class ChatTurn(Protocol):

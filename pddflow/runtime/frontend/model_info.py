@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pddflow.operators.config import ModelConfig, ModelSpecError
+from pddflow.core.model_config import ModelConfig, ModelSpecError
 from pddflow.operators.tokenizer import ByteTokenizer, HFTokenizer
 from pddflow.operators.weights import BUILTIN_MODELS, read_config
 from pddflow.runtime.frontend.chat_template import (

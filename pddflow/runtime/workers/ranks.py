@@ -25,6 +25,7 @@ def build_engine(wiring: Wiring, instance: str, rank: int):
         chunk_size=op.chunk_tokens,
         prefix_cache=op.caches_prefixes,
         num_threads=wiring.threads.get(rank_name(instance, rank)) or None,  # its share of the host
+        expert_parallel=op.expert_parallel,
     )
     tp = TPConfig(op.ranks, rank, wiring.workers[instance].tp_init, wiring.tp_timeout_s)
     device = torch.device(rank_device(rank, torch.cuda.is_available()))

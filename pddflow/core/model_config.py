@@ -1,10 +1,13 @@
 """Model configuration from an HF `config.json` (Llama, Mistral, Qwen2, Qwen3, and the
 mixture-of-experts Qwen3-MoE and Mixtral) or builtin, pure Python; what the engine does not
-implement is refused, never silently computed wrong."""
+implement is refused, never silently computed wrong. Also what planning assumes of a checkpoint
+(`checkpoint_arch`): the graph compiler reads it here, below the engine."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from pddflow.core.arch import ModelArch
@@ -261,3 +264,72 @@ TINY_LLAMA = ModelConfig(
     bos_token_id=256,
     eos_token_ids=(257,),
 )
+
+# the built-in models (`builtin:<name>`) and their configs
+BUILTIN_CONFIGS: dict[str, ModelConfig] = {"tiny-llama": TINY_LLAMA}
+
+
+def _read_json(file: Path) -> dict:
+    try:
+        raw = json.loads(file.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelSpecError(f"{file}: cannot parse: {exc}") from None
+    if not isinstance(raw, dict):
+        raise ModelSpecError(f"{file}: expected a JSON object")
+    return raw
+
+
+def read_config(path: Path) -> ModelConfig:
+    """A checkpoint directory's config.json; EOS IDs also from generation_config.json, which is
+    where instruct checkpoints list their end-of-turn token (and what transformers stops at)."""
+    cfg_file = path / "config.json"
+    if not cfg_file.is_file():
+        raise ModelSpecError(f"{path}: no config.json")
+    config = ModelConfig.from_hf(_read_json(cfg_file))
+    gen_file = path / "generation_config.json"
+    if gen_file.is_file():
+        eos = _read_json(gen_file).get("eos_token_id")
+        extra = eos if isinstance(eos, list) else ([] if eos is None else [eos])
+        merged = tuple(dict.fromkeys([*config.eos_token_ids, *(int(e) for e in extra)]))
+        config = replace(config, eos_token_ids=merged)
+    return config
+
+
+# config.json's dtype (transformers 5) or torch_dtype -> bytes a value is served at
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1}
+
+
+def checkpoint_arch(spec: str) -> ModelArch:
+    """What planning assumes of the model `spec` names (`builtin:<name>`, a checkpoint directory,
+    or a Hub id already in the Hub cache: nothing is downloaded), from its config.json and the
+    dtype it was saved in (bf16 when it does not say). ModelSpecError when there is none."""
+    if spec.startswith("builtin:"):
+        name = spec.split(":", 1)[1]
+        if name not in BUILTIN_CONFIGS:
+            raise ModelSpecError(f"unknown builtin model {name!r}")
+        return BUILTIN_CONFIGS[name].planning_arch(spec, dtype_bytes=4)  # fp32, as it is served
+    path = Path(spec) / "config.json"
+    if not path.is_file():
+        from pddflow.core.model_ref import is_hub_id
+
+        cached = _cached_hub_config(spec) if is_hub_id(spec) else None
+        if cached is None:
+            raise ModelSpecError(
+                f"no config.json for {spec!r} here (a checkpoint directory, or a Hub id already "
+                "downloaded); download it first, or name an arch preset"
+            )
+        path = cached
+    raw = _read_json(path)
+    dtype = str(raw.get("dtype") or raw.get("torch_dtype") or "bfloat16")
+    return read_config(path.parent).planning_arch(
+        f"checkpoint:{spec}", dtype_bytes=_DTYPE_BYTES.get(dtype, 2)
+    )
+
+
+def _cached_hub_config(repo_id: str) -> Path | None:
+    try:
+        from huggingface_hub import try_to_load_from_cache
+    except ImportError:  # pragma: no cover - a dependency
+        return None
+    found = try_to_load_from_cache(repo_id, "config.json")
+    return Path(found) if isinstance(found, str) else None
