@@ -44,6 +44,31 @@ def test_generate_json_matches_engine(tiny_llama_dir):
 
 
 @pytest.mark.slow
+def test_generate_an_moe_expert_parallel_equals_one_rank(tiny_qwen3_moe_dir):
+    """generate on a Qwen3-MoE checkpoint, 2 ranks with whole experts each: transformers' and
+    the single engine's greedy tokens."""
+    res = run(
+        "generate",
+        "--model",
+        str(tiny_qwen3_moe_dir),
+        "--prompt",
+        "Hello there! How are you?",
+        "--max-tokens",
+        "12",
+        "--tensor-parallel",
+        "2",
+        "--expert-parallel",
+        "--json",
+    )
+    assert res.exit_code == 0, res.output
+    eng = Engine.from_spec(str(tiny_qwen3_moe_dir), EngineConfig(kv_cache_bytes=2**20))
+    ids = eng.tokenizer.encode("Hello there! How are you?")
+    stop = tuple(eng.tokenizer.eos_token_ids)
+    ref = eng.generate([ids], SamplingParams(max_tokens=12, stop_token_ids=stop))[0].output_ids
+    assert json.loads(res.stdout)["token_ids"] == ref
+
+
+@pytest.mark.slow
 def test_generate_builtin_text_prompt():
     res = run(
         "generate",

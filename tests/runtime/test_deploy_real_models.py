@@ -6,6 +6,7 @@ ones on every route: p_md, one-shot and catch-up handoffs)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -141,7 +142,11 @@ def test_an_moe_replica_on_two_ranks_expert_parallel(tmp_path):
         client = openai.OpenAI(
             base_url=f"{dep.base}/v1", api_key="unused", timeout=120, max_retries=0
         )
-        assert len(dep.health()["workers"]["main/0"]["ranks"]) == 2
+        health = dep.health()
+        assert len(health["workers"]["main/0"]["ranks"]) == 2
+        c = json.loads((path / "config.json").read_text())  # fp32 K and V, all layers
+        per_token = 4 * 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * c["head_dim"]
+        assert health["kv_bytes_per_token"] == per_token
         for variant, handoff in ROUTES["moe"]:
             r = client.chat.completions.create(
                 model="pdd",
@@ -152,6 +157,17 @@ def test_an_moe_replica_on_two_ranks_expert_parallel(tmp_path):
             )
             ids = r.choices[0].model_extra["token_ids"]
             assert _strip_eos(ids, eos) == _strip_eos(ref, eos), (variant, handoff)
+        # a cold prompt's KV crosses the WAN once, at the served model's bytes per token
+        before = dep.metric("pddflow_wan_bytes_sent_total")
+        r = client.completions.create(
+            model="pdd",
+            prompt="A cold prompt for the mixture of experts, a few blocks long. " * 3,
+            max_tokens=2,
+            temperature=0,
+            extra_body={"variant": "p_md"},
+        )
+        sent, tokens = dep.metric("pddflow_wan_bytes_sent_total") - before, r.usage.prompt_tokens
+        assert tokens * per_token <= sent <= -(-tokens // 16) * 16 * per_token, (sent, tokens)
     finally:
         dep.stop()
     assert dep.leftover_children() == []
