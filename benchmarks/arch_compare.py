@@ -8,6 +8,7 @@ what holds the weights: 12 compute-heavy GPUs (gpu_a, 80 GiB) or 8 bandwidth-hea
 141 GiB) a replica, as many replicas as the clusters' devices allow (same-DC: 7 x 12 of its 88).
 
     python benchmarks/arch_compare.py [--rps 8] [-n 4000] [--seed 0] [--json]
+    python benchmarks/arch_compare.py --graphs-out DIR   # the graphs only, e.g. for pddflow size
 
 Per architecture and graph: TTFT P50/P90/P99, TPOT P50, SLA attainment, SLA goodput, BCR, WAN
 bytes and the P99 transfer, the relay's token share; and PDD's ratios against each baseline.
@@ -80,7 +81,15 @@ def main() -> None:
     p.add_argument("-n", type=int, default=4000, help="requests")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", action="store_true")
+    p.add_argument("--graphs-out", type=Path, help="write each arch's graphs there and stop")
     a = p.parse_args()
+    if a.graphs_out is not None:
+        for arch in SHAPES:
+            (a.graphs_out / arch).mkdir(parents=True, exist_ok=True)
+            for g in GRAPHS:
+                (a.graphs_out / arch / f"{g}.yaml").write_text(graph_text(g, arch))
+        print(f"wrote {len(SHAPES) * len(GRAPHS)} graphs under {a.graphs_out}")
+        return
     out: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="pddflow-arch-") as tmp:
         for arch in SHAPES:

@@ -66,6 +66,7 @@ class Compiler:
         variants = check_variants(resolved, operators, edges)
         scheduler = self._scheduler()
         local = self._local("replicas")
+        local_max = self._local_max(local)
         local_devices = self._local_devices()
         if self._error_count() > before or model is None:
             return None
@@ -82,6 +83,7 @@ class Compiler:
             variants=variants,
             scheduler=scheduler,
             local_replicas=local,
+            local_max_replicas=local_max,
             local_devices=local_devices,
             local_scheduler_params=self._local_scheduler(scheduler),
             deploy=DeployPlan(**self.spec.deploy.model_dump()),
@@ -463,6 +465,19 @@ class Compiler:
                 self.err(at, f"local {section} must be >= 1, got {n}")
             else:
                 out[name] = n
+        return out
+
+    def _local_max(self, replicas: dict[str, int]) -> dict[str, int]:
+        """The local profile's bounds for live scaling: at least the replicas it starts with."""
+        out = self._local("max_replicas")
+        for name, n in out.items():
+            start = replicas.get(name, 1)
+            if n < start:
+                self.err(
+                    ("local", "max_replicas", name),
+                    f"local max_replicas of {name} is {n} but it starts with {start} "
+                    f"(local.replicas); set at least {start}",
+                )
         return out
 
     def _local_devices(self) -> dict[str, int]:

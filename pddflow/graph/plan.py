@@ -210,12 +210,22 @@ class Plan:
     variants: dict[str, VariantPlan]
     scheduler: SchedulerPlan
     local_replicas: dict[str, int] = field(default_factory=dict)
+    # live scaling's bound per operator (local profile): instances wired, not all started
+    local_max_replicas: dict[str, int] = field(default_factory=dict)
     local_scheduler_params: dict[str, Any] = field(default_factory=dict)
     local_devices: dict[str, int] = field(default_factory=dict)  # the local profile's layout
     profile: str = "production"  # or "local" after scaled_to_local()
     deploy: DeployPlan = field(default_factory=DeployPlan)
 
     # ---- queries the runtime and simulator use -------------------------------------------------
+    def initial_instances(self) -> list[str]:
+        """The instances a deployment starts: each operator's first `replicas` (the rest wait
+        for live scaling)."""
+        return [i for op in self.operators.values() for i in op.instances[: op.replicas]]
+
+    def scalable(self) -> bool:
+        return any(len(op.instances) > op.replicas for op in self.operators.values())
+
     def channel(self, channel_id: str) -> ChannelPlan:
         for ch in self.channels:
             if ch.id == channel_id:
@@ -284,7 +294,8 @@ class Plan:
         for name, op in self.operators.items():
             n = self.local_replicas.get(name, 1)
             ranks = self.local_devices.get(name, op.devices_per_replica)
-            ids = tuple(f"{name}/{i}" for i in range(n))
+            # every instance live scaling may start is wired from the start; `replicas` of them run
+            ids = tuple(f"{name}/{i}" for i in range(max(n, self.local_max_replicas.get(name, n))))
             ops[name] = replace(op, replicas=n, instances=ids, local_ranks=ranks)
         params = {**self.scheduler.params, **self.local_scheduler_params}
         return replace(
@@ -365,6 +376,7 @@ class Plan:
             },
             scheduler=SchedulerPlan(**d["scheduler"]),
             local_replicas=dict(d.get("local_replicas", {})),
+            local_max_replicas=dict(d.get("local_max_replicas", {})),
             local_scheduler_params=dict(d.get("local_scheduler_params", {})),
             local_devices=dict(d.get("local_devices", {})),
             profile=d.get("profile", "production"),
@@ -380,5 +392,5 @@ def _instances(ops: dict[str, OperatorPlan]) -> tuple[Instance, ...]:
     return tuple(
         Instance(f"{op.name}/{i}", op.name, i, op.cluster, op.device, op.devices_per_replica)
         for op in ops.values()
-        for i in range(op.replicas)
+        for i in range(len(op.instances))
     )

@@ -48,6 +48,11 @@ class LocalProfile(_Strict):
         default_factory=dict,
         description="operator name -> processes on one machine (default 1 each)",
     )
+    max_replicas: dict[str, int] = Field(
+        default_factory=dict,
+        description="operator name -> most instances live scaling may run (POST "
+        "/admin/pools/OPERATOR on a deployment); default: replicas, no scaling",
+    )
     devices_per_replica: dict[str, int] = Field(
         default_factory=dict,
         description="operator name -> rank processes (tensor-parallel degree) of each instance "

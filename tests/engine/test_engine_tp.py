@@ -156,12 +156,13 @@ MOE = "qwen3_moe-kv2"
 
 @pytest.fixture(scope="session")
 def ep_runs(tp_checkpoints) -> dict[int, dict]:
-    """The Qwen3-MoE with whole experts per rank: 4 of its 8 at EP 2, 2 at EP 4."""
+    """The Qwen3-MoE with whole experts per rank: 4 of its 8 at EP 2 (EP 4 differs only in
+    which experts a rank holds; generate --expert-parallel and the deployed test cover more)."""
     model = [(MOE, tp_checkpoints[MOE])]
-    return {n: run_harness(n, model, expert_parallel=True)[MOE] for n in DEGREES}
+    return {2: run_harness(2, model, expert_parallel=True)[MOE]}
 
 
-@pytest.mark.parametrize("degree", DEGREES)
+@pytest.mark.parametrize("degree", [2])
 def test_expert_parallel_equals_one_rank(ep_runs, tp_runs, hf_reference, degree):
     """Attention split by heads, experts whole on their rank: logits within 1e-4 of TP 1 and of
     transformers, the same greedy tokens through batches, radix hits and extends."""

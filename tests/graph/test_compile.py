@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -211,3 +212,29 @@ def test_arch_checkpoint_reads_the_weights_config(tmp_path: Path):
     line = text.splitlines().index("  arch: llama-3-70b") + 1
     (err,) = [d for d in exc.value.diagnostics if d.severity == "error"]
     assert err.line == line and "download it first, or name an arch preset" in err.message
+
+
+def test_local_max_replicas_bounds_live_scaling(tmp_path: Path):
+    """max_replicas: the instances wired for scaling (a round trip through the wiring's JSON
+    keeps them); fewer than the replicas it starts with is an error on that line."""
+    from pddflow.graph.plan import Plan
+
+    text = (ROOT / "graphs" / "pdd.yaml").read_text()
+    replicas = "replicas: {prefill: 1, relay: 1, main: 1}"
+    graph = tmp_path / "g.yaml"
+    graph.write_text(text.replace(replicas, replicas + "\n  max_replicas: {main: 2}"))
+    local = load_plan(str(graph)).scaled_to_local()
+    assert local.operators["main"].instances == ("main/0", "main/1")
+    assert [i.id for i in local.instances][-2:] == ["main/0", "main/1"]
+    assert local.initial_instances() == ["prefill/0", "relay/0", "main/0"]
+    again = Plan.from_json(json.dumps(local.to_dict()))
+    assert again.initial_instances() == local.initial_instances() and again.scalable()
+    lines = text.replace(
+        replicas, "replicas: {prefill: 1, relay: 1, main: 2}\n  max_replicas: {main: 1}"
+    )
+    graph.write_text(lines)
+    with pytest.raises(GraphError) as exc:
+        load_plan(str(graph))
+    (err,) = exc.value.diagnostics
+    assert "max_replicas of main is 1 but it starts with 2" in err.message
+    assert err.line == lines.splitlines().index("  max_replicas: {main: 1}") + 1

@@ -1,11 +1,12 @@
 """The admin endpoints on the emulated WAN (docs/runtime.md, Admin endpoints): cut a link (the
 backend's relays, where it has them) and degrade or restore it (the workers' senders), through the
-deployment's `LinkControl`. They exist only with an admin key; `KeyGuard` checks it before any of
-them runs."""
+deployment's `LinkControl`; and live scaling of a pool (`POST /admin/pools/{operator}`). They exist
+only with an admin key; `KeyGuard` checks it before any of them runs."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI
@@ -33,6 +34,30 @@ class LinkDegrade(BaseModel):
         description="the jitter's new P99 (its distribution and tail shape as declared); "
         "absent: the declared jitter",
     )
+
+
+class PoolSize(BaseModel):
+    replicas: int = Field(ge=1, description="instances of the operator to run")
+
+
+# (operator, replicas) -> the pool's state; raises an exception with `status` (ScaleError)
+Scaler = Callable[[str, int], dict[str, Any]]
+
+
+def add_pool_routes(app: FastAPI, scale: Scaler) -> None:
+    @app.post("/admin/pools/{operator}")
+    async def scale_pool(operator: str, body: PoolSize) -> JSONResponse:
+        """Live scaling: start or drain-and-stop instances until `replicas` run; answers when
+        done (starting waits for the new instance to be ready)."""
+        try:
+            return JSONResponse(await asyncio.to_thread(scale, operator, body.replicas))
+        except Exception as exc:  # noqa: BLE001 - ScaleError carries its status
+            status = getattr(exc, "status", None)
+            if status is None:
+                raise
+            kind = "not_found_error" if status == 404 else None
+            args = {"kind": kind, "param": "operator"} if kind else {}
+            return error_response(status, str(exc), **args)
 
 
 def add_admin_routes(app: FastAPI, links: LinkControl) -> None:

@@ -17,7 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pddflow.core.payloads import SamplingParams
-from pddflow.runtime.api.admin import add_admin_routes
+from pddflow.runtime.api.admin import Scaler, add_admin_routes, add_pool_routes
 from pddflow.runtime.api.admission import Admission
 from pddflow.runtime.api.api_metrics import ApiMetrics
 from pddflow.runtime.api.auth import KeyGuard
@@ -52,12 +52,13 @@ def make_app(
     admin_key: str | None = None,
     links: LinkControl | None = None,
     placement: Callable[[], dict[str, Any]] | None = None,
+    scale: Scaler | None = None,
 ) -> FastAPI:
     """`admission` (app.state.admission) is what a shutdown drains. `api_key` guards /v1/*
     (docs/openai-api.md). Given an `admin_key`, `links` serves /admin/links/{name}/cut (where it
-    can), .../degrade and .../restore: drills on the emulated WAN (admin.py). `placement` (the
-    backend's `describe`) adds each instance's node and address and each channel's transport to
-    /health."""
+    can), .../degrade and .../restore: drills on the emulated WAN (admin.py); `scale`, POST
+    /admin/pools/{operator} (live scaling). `placement` (the backend's `describe`) adds each
+    instance's node and address and each channel's transport to /health."""
     admission = admission or Admission()
     grammars = ResponseGrammars(router.tokenizer, router.vocab_size)
     shapes = ApiMetrics()
@@ -112,6 +113,8 @@ def make_app(
 
     if admin_key and links is not None:
         add_admin_routes(app, links)
+    if admin_key and scale is not None:
+        add_pool_routes(app, scale)
 
     def served_model() -> dict[str, Any]:
         return {

@@ -11,7 +11,10 @@ thin shell over it; a test or a benchmark drives the same object:
 from __future__ import annotations
 
 import atexit
+import logging
 import socket
+import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -28,10 +31,19 @@ from pddflow.runtime.transports import secure_cross_cluster
 from pddflow.runtime.wiring import Wiring, wire
 
 BACKENDS = ("local", "ray")
+log = logging.getLogger("pddflow.deploy")
 
 
 class OptionError(DeployError):
     """An option that cannot work as given (the CLI's usage error); nothing has started."""
+
+
+class ScaleError(Exception):
+    """A pool change that cannot be made; `status` is the admin API's answer."""
+
+    def __init__(self, message: str, status: int = 400):
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True)
@@ -70,6 +82,11 @@ class Deployment:
         if self.backend_name != "ray" and o.address is not None:
             raise OptionError("--address is for --backend ray")
         self.plan = self._local_plan(plan)
+        if self.backend_name != "local" and self.plan.scalable():
+            raise OptionError(
+                f"{self.plan.source}: local.max_replicas (live scaling) runs on the local "
+                "backend only; remove it to deploy on Ray"
+            )
         self.model: ModelInfo = self._resolve_model()
         self.wiring: Wiring | None = None
         self.backend: Backend | None = None
@@ -81,6 +98,7 @@ class Deployment:
         self.port = o.port
         self._socket: socket.socket | None = None
         self._server = None  # the API server while it serves (api.shutdown.DrainingServer)
+        self._scaling = threading.Lock()  # one pool change at a time
 
     def _local_plan(self, plan: Plan) -> Plan:
         """The plan as this deployment runs it: the local profile's replicas, TLS on every
@@ -193,6 +211,69 @@ class Deployment:
         self.frontend.worker_restarted(instance, restarts)
         self.links.restarted(instance)  # it shapes its links as declared: re-tell a degrade
 
+    # ---- live scaling --------------------------------------------------------------------------
+    def scale(self, operator: str, replicas: int, say: Callable[[str], None] = log.warning) -> dict:
+        """Run `replicas` instances of `operator` (ScaleError: bounds, a start that failed, a
+        change already under way). Up: the next parked instances start and join routing once
+        ready. Down: the highest-numbered are drained (no new work; their legs finish, or past
+        --drain-timeout carry on elsewhere as for a lost worker), then stopped. The pool's state
+        as /health shows it."""
+        fe, be = self.frontend, self.backend
+        if fe is None or be is None:
+            raise ScaleError("the deployment is not running")
+        op = self.plan.operators.get(operator)
+        if op is None:
+            raise ScaleError(
+                f"no operator {operator!r}; operators: {', '.join(self.plan.operators)}",
+                status=404,
+            )
+        if not 1 <= replicas <= len(op.instances):
+            raise ScaleError(
+                f"{operator} scales within 1..{len(op.instances)} (local.max_replicas), "
+                f"not to {replicas}"
+            )
+        if not self._scaling.acquire(blocking=False):
+            raise ScaleError("another pool change is under way; retry when it ends", status=409)
+        try:
+            running = [i for i in op.instances if i not in fe.fleet.parked]
+            parked = [i for i in op.instances if i in fe.fleet.parked]
+            for inst in parked[: replicas - len(running)]:
+                self._start_one(inst, say)
+            for inst in reversed(running[replicas:]):
+                self._stop_one(inst, say)
+        finally:
+            self._scaling.release()
+        return fe.pools.state()[operator]
+
+    def _start_one(self, inst: str, say: Callable[[str], None]) -> None:
+        fe, be = self.frontend, self.backend
+        say(f"scaling up: starting {inst}")
+        fe.pools.expect(inst)
+        be.start_instance(inst)
+        deadline = time.monotonic() + self.options.startup_timeout_s
+        while inst in fe.fleet.starting:
+            if not be.alive(inst) or time.monotonic() > deadline:
+                why = be.exit_summary(inst) if not be.alive(inst) else "not ready in time"
+                be.stop_instance(inst)
+                fe.pools.park(inst)
+                raise ScaleError(f"{inst} did not start: {why}", status=503)
+            time.sleep(0.1)
+        say(f"scaling up: {inst} serves")
+
+    def _stop_one(self, inst: str, say: Callable[[str], None]) -> None:
+        fe, be = self.frontend, self.backend
+        say(f"scaling down: draining {inst}")
+        fe.pools.drain(inst)
+        deadline = time.monotonic() + self.options.drain_timeout_s
+        while fe.pools.busy(inst) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        held = fe.pools.busy(inst)
+        if held:
+            say(f"scaling down: {inst} still holds {held} legs after the drain: they move on")
+        fe.pools.park(inst)  # its legs, if any, go on elsewhere before the process stops
+        be.stop_instance(inst)
+        say(f"scaling down: {inst} stopped")
+
     def placement(self) -> str:
         """Where the instances run, in one line: their nodes (ray), or their cores (local)."""
         if self.backend_name == "ray":
@@ -225,6 +306,7 @@ class Deployment:
             admin_key=o.admin_key,
             links=self.links,
             placement=self.backend.describe,
+            scale=self.scale if self.plan.scalable() else None,
         )
         config = uvicorn.Config(
             app,

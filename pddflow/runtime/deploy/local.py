@@ -29,6 +29,8 @@ class LocalBackend:
         self.relays: dict[str, list[LinkRelay]] = {}  # link name -> relays of its endpoints
         self.wiring: Wiring | None = None
         self.cuda = False
+        self.plan: Plan | None = None
+        self.run_dir = self.wiring_file = Path()
 
     def start(self, plan: Plan, wiring: Wiring, run_dir: Path) -> None:
         import torch  # loaded already (the model's facts); says where the ranks compute
@@ -46,18 +48,27 @@ class LocalBackend:
                 relay = LinkRelay((host, int(port)), link=whole)
                 self.relays.setdefault(link, []).append(relay)
                 wiring.via[addr] = f"{scheme}://{relay.address}" if scheme else relay.address
-        path = run_dir / WIRING_FILE
+        path = self.wiring_file = run_dir / WIRING_FILE
         private_file(path)  # it holds the deployment's bearer token
         wiring.save(path)
-        for inst in plan.instances:
-            procs = self.ranks[inst.id] = []
-            for rank, name in enumerate(plan.rank_processes(inst.id)):
-                argv = [sys.executable, "-m", "pddflow.runtime.workers", str(path), inst.id]
-                w = WorkerProcess(
-                    name, argv + ([str(rank)] if rank else []), run_dir / log_name(name)
-                )
-                w.start()
-                procs.append(w)
+        self.plan, self.run_dir = plan, run_dir
+        for inst in plan.initial_instances():
+            self.start_instance(inst)
+
+    def start_instance(self, instance: str) -> None:
+        """Start every rank process of `instance` (at start, or when live scaling adds it)."""
+        procs = self.ranks[instance] = []
+        for rank, name in enumerate(self.plan.rank_processes(instance)):
+            argv = [sys.executable, "-m", "pddflow.runtime.workers", str(self.wiring_file)]
+            argv += [instance] + ([str(rank)] if rank else [])
+            w = WorkerProcess(name, argv, self.run_dir / log_name(name))
+            w.start()
+            procs.append(w)
+
+    def stop_instance(self, instance: str) -> None:
+        """Stop `instance`'s processes and stop watching it (live scaling took it away)."""
+        procs = self.ranks.pop(instance, [])
+        stop_all([p for p in procs if p.alive()])
 
     def check(self) -> str | None:
         for inst in self.ranks:
@@ -86,8 +97,9 @@ class LocalBackend:
         }
 
     def alive(self, instance: str) -> bool:
-        """Every rank runs: one rank lost is the instance lost."""
-        return all(p.alive() for p in self.ranks[instance])
+        """Every rank runs: one rank lost is the instance lost (one no longer run: nothing to
+        restart)."""
+        return all(p.alive() for p in self.ranks.get(instance, []))
 
     def exit_summary(self, instance: str) -> str:
         procs = self.ranks[instance]

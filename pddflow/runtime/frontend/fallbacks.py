@@ -112,7 +112,7 @@ class Fallbacks:
         log.error("worker %s is gone", inst)
         for flight in self.flights:
             if not flight.stream.finished:
-                self._without(flight, inst)
+                self.carry_on_without(flight, inst)
         for seq_id, route in list(self.flights.lingering.items()):
             if inst in (route.relay, route.main):  # main waits for IDs a lost relay never sends
                 self.flights.lingering.pop(seq_id)
@@ -140,8 +140,8 @@ class Fallbacks:
         self.metrics.worker_up.labels(inst).set(1)
         log.warning("worker %s is back", inst)
 
-    def _without(self, flight: Flight, inst: str) -> None:
-        """Carry `flight` on without the lost instance `inst`."""
+    def carry_on_without(self, flight: Flight, inst: str) -> None:
+        """Carry `flight` on without `inst` (lost, or stopped by live scaling)."""
         r = flight.route
         r.legs.discard(inst)
         if inst == r.prefill and inst not in r.resumed_on:
@@ -199,7 +199,7 @@ class Fallbacks:
     def around_lost(self, decision: Decision, feats: RequestFeatures) -> Decision:
         """`decision` if its instances are up; else the same request on a path that avoids the
         lost ones (relay lost: P-MD; main lost: the relay finishes it), else 503."""
-        lost = self.fleet.lost
+        lost = self.fleet.unavailable
         dead = [i for i in decision.instances if i in lost]
         if not dead:
             return decision

@@ -24,6 +24,11 @@ class Fleet:
         self.restarting: set[str] = set()  # lost, and not back before the deployer restarts it
         self.restarts: dict[str, int] = {}  # instance -> restarts by the deployer
         self.exits: dict[str, str] = {}  # instance -> why it last died
+        # live scaling: wired instances not running (not started yet, or scaled away), and
+        # those being drained before they stop; neither gets new work
+        self.parked: set[str] = {i.id for i in plan.instances} - set(plan.initial_instances())
+        self.draining: set[str] = set()
+        self.starting: set[str] = set()  # started by live scaling, not ready yet
 
     def call(self, inst: str, method: str, msg: Any) -> None:
         """Send and forget (a lost instance is skipped); a failure is logged."""
@@ -52,24 +57,37 @@ class Fleet:
         except Exception:  # noqa: BLE001 - any failure to answer counts as gone
             return False
 
+    @property
+    def unavailable(self) -> set[str]:
+        """Instances new work must not go to: lost, parked, draining or starting."""
+        return self.lost | self.parked | self.draining | self.starting
+
     def up(self) -> dict[str, pb.WorkerStatus]:
         """The last status of every instance not lost."""
         return {i: s for i, s in self.status.items() if i not in self.lost}
 
     def decoders(self, prefer: tuple[str, ...] = ()) -> list[str]:
         """Live decoding instances, `prefer`red ones first."""
+        off = self.unavailable
         alive = [
             i.id
             for i in self.plan.instances
-            if i.id not in self.lost and self.plan.operators[i.operator].type.decodes
+            if i.id not in off and self.plan.operators[i.operator].type.decodes
         ]
         return [i for i in prefer if i in alive] + [i for i in alive if i not in prefer]
 
     def health(self, inst: str) -> dict[str, Any]:
         s = self.status.get(inst)
         state = "lost" if inst in self.lost else ("up" if s is not None and s.ready else "starting")
+        for pool_state, members in (
+            ("parked", self.parked),
+            ("draining", self.draining),
+            ("starting", self.starting),
+        ):
+            if inst in members:
+                state = pool_state
         out: dict[str, Any] = {"ready": state == "up", "state": state}
-        if state == "up":
+        if state in ("up", "draining") and s is not None:
             out.update(
                 kv_blocks_used=s.kv_blocks_used,
                 cached_blocks=s.cached_blocks,

@@ -16,12 +16,13 @@ from pddflow.core.block_hash import chain_block_hashes
 from pddflow.core.payloads import SamplingParams
 from pddflow.graph.plan import Plan
 from pddflow.runtime.frontend.accounting import Accounting
-from pddflow.runtime.frontend.fallbacks import Fallbacks
+from pddflow.runtime.frontend.fallbacks import LOST_LOAD, Fallbacks
 from pddflow.runtime.frontend.fleet import Fleet
 from pddflow.runtime.frontend.flight import Flight, Flights
 from pddflow.runtime.frontend.link_watch import LinkWatch
 from pddflow.runtime.frontend.metrics import Metrics
 from pddflow.runtime.frontend.model_info import ModelInfo
+from pddflow.runtime.frontend.pools import Pools
 from pddflow.runtime.frontend.rejection import RequestRejected
 from pddflow.runtime.frontend.route import HANDOFF_MODES, Route, mode_name
 from pddflow.runtime.frontend.token_stream import StreamConflict, TokenRun, TokenStream
@@ -65,11 +66,22 @@ class Frontend:
         self.fallbacks = Fallbacks(
             plan, self.policy, self.sched, self.metrics, self.links, self.fleet, self.flights
         )
+        self.pools = Pools(
+            plan,
+            self.fleet,
+            self.flights,
+            self.fallbacks,
+            self.sched,
+            self.links,
+            self.metrics,
+            self._on_loop,
+        )
         self.accounting = Accounting(
             plan, self.sched, self.metrics, self.links, self.fleet, self.flights
         )
         self.metrics.watch_workers(self.fleet.status)
         self.metrics.watch_deployment(self.model_id, self.accounting.vllm_gauges)
+        self.metrics.watch_pools(self.pools.state)
         self.drift: list[str] = []
         self.loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
@@ -88,7 +100,7 @@ class Frontend:
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         workers = {i: self.fleet.health(i) for i in self.wiring.workers}
-        ready = all(w["ready"] for w in workers.values())
+        ready = all(w["ready"] for i, w in workers.items() if i not in self.fleet.parked)
         down = [i for i, w in workers.items() if w["state"] == "lost"]
         return ready, {
             "status": "ready" if ready else ("degraded" if down else "starting"),
@@ -98,6 +110,7 @@ class Frontend:
             "mirror_drift": self.drift,
             "links": self.links.report(),
             "kv_bytes_per_token": self.policy.kv_bytes_per_token,  # what transfers are sized by
+            "pools": self.pools.state(),
             "prefill_ms_per_1k_tokens": {
                 i: round(self.sched.prefill_s_per_token.get(i, 0.0) * 1e6, 3)
                 for i in self.accounting.prefill_rates
@@ -105,9 +118,10 @@ class Frontend:
         }
 
     def ready_count(self) -> tuple[int, int]:
-        """(instances reporting ready, instances)."""
+        """(instances reporting ready, instances running or starting)."""
         workers = self.health()[1]["workers"]
-        return sum(1 for w in workers.values() if w["ready"]), len(workers)
+        running = [w for i, w in workers.items() if i not in self.fleet.parked]
+        return sum(1 for w in running if w["ready"]), len(running)
 
     def max_serving_tokens(self) -> int | None:
         return self.fallbacks.max_serving_tokens()
@@ -123,6 +137,19 @@ class Frontend:
 
     def timeline(self, request_id: str) -> dict[str, Any] | None:
         return self.flights.timeline(request_id)
+
+    def _on_loop(self, fn: Callable[[], Any]) -> Any:
+        """fn() on the frontend's loop (where flight state lives), waited for: live scaling's
+        calls from the deployer's thread (pools.py)."""
+        with self._lock:
+            loop = self.loop
+        if loop is None:
+            return fn()
+
+        async def call() -> Any:
+            return fn()
+
+        return asyncio.run_coroutine_threadsafe(call(), loop).result(timeout=10)
 
     # ---- the deployer's word on its workers (any thread) ----------------------------------------
     def worker_exited(self, inst: str, summary: str) -> None:
@@ -285,6 +312,8 @@ class Frontend:
             self._drift(str(exc))
 
     def _on_status(self, inst: str, s: pb.WorkerStatus) -> None:
+        if inst in self.fleet.parked:
+            return  # a report that left before it was stopped
         self.fleet.status[inst] = s
         if s.kv_bytes_per_token:  # transfers are sized by the KV the served model moves
             self.policy.kv_bytes_per_token = s.kv_bytes_per_token
@@ -293,6 +322,9 @@ class Frontend:
             self.fallbacks.worker_back(inst)
         elif s.ready:
             self.metrics.worker_up.labels(inst).set(1)
+        if s.ready and inst in self.fleet.starting:  # live scaling's new instance joins
+            self.fleet.starting.discard(inst)
+            log.warning("%s joins its pool", inst)
         op = self.plan.operator_of(inst)
         load = InstanceLoad(
             running=s.running,
@@ -300,7 +332,8 @@ class Frontend:
             max_batch=op.max_batch,
             kv_used=s.kv_blocks_used / max(s.kv_blocks_total, 1),
         )
-        self.sched.set_load(inst, load)
+        off = inst in self.fleet.draining or inst in self.fleet.starting
+        self.sched.set_load(inst, LOST_LOAD if off else load)
         self.metrics.queue_depth.labels(inst).set(s.running + s.waiting)
         self.metrics.kv_blocks_used.labels(inst).set(s.kv_blocks_used)
         self.metrics.kv_blocks_total.labels(inst).set(s.kv_blocks_total)

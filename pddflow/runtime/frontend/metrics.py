@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -149,6 +150,11 @@ class Metrics:
         self.vllm.model_name = model_name
         self.registry.register(_VllmGauges(model_name, gauges))
 
+    def watch_pools(self, pools: Callable[[], dict[str, dict[str, Any]]]) -> None:
+        """pddflow_pool_instances{operator, state}: each pool's instances by state at each scrape
+        (`Frontend.pools`)."""
+        self.registry.register(_PoolGauges(pools))
+
     def render(self) -> tuple[bytes, str]:
         return generate_latest(self.registry), CONTENT_TYPE_LATEST
 
@@ -182,6 +188,26 @@ class _WorkerCounters:
             for instance, status in sorted(self.statuses.items()):
                 family.add_metric([instance], getattr(status, field))
             yield family
+
+
+POOL_STATES = ("up", "starting", "draining", "parked", "lost")
+
+
+class _PoolGauges:
+    def __init__(self, pools: Callable[[], dict[str, dict[str, Any]]]):
+        self.pools = pools
+
+    def collect(self):
+        family = GaugeMetricFamily(
+            "pddflow_pool_instances",
+            "a pool's instances by state (live scaling: parked ones are wired, not running)",
+            labels=["operator", "state"],
+        )
+        for operator, pool in sorted(self.pools().items()):
+            states = list(pool["instances"].values())
+            for state in POOL_STATES:
+                family.add_metric([operator, state], states.count(state))
+        yield family
 
 
 class VllmMetrics:
