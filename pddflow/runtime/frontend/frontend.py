@@ -100,7 +100,9 @@ class Frontend:
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         workers = {i: self.fleet.health(i) for i in self.wiring.workers}
-        ready = all(w["ready"] for i, w in workers.items() if i not in self.fleet.parked)
+        # an instance live scaling parked, or is starting, is not part of the serving deployment
+        scaling = self.fleet.parked | self.fleet.starting
+        ready = all(w["ready"] for i, w in workers.items() if i not in scaling)
         down = [i for i, w in workers.items() if w["state"] == "lost"]
         return ready, {
             "status": "ready" if ready else ("degraded" if down else "starting"),
