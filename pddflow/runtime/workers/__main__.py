@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pddflow.core.cpu_layout import pin_self
 from pddflow.graph.plan import rank_name
+from pddflow.runtime.deploy.processes import die_with_parent
 from pddflow.runtime.wiring import Wiring
 from pddflow.runtime.workers.ranks import follow
 from pddflow.runtime.workers.roster import worker_class
@@ -25,6 +26,7 @@ def main(argv: list[str] | None = None) -> int:
             "usage: python -m pddflow.runtime.workers WIRING.json INSTANCE [RANK]", file=sys.stderr
         )
         return 2
+    die_with_parent()
     wiring_file, instance = argv[:2]
     rank = int(argv[2]) if len(argv) == 3 else 0
     wiring = Wiring.load(Path(wiring_file))
