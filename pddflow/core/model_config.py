@@ -319,9 +319,9 @@ def checkpoint_arch(spec: str) -> ModelArch:
                 "downloaded); download it first, or name an arch preset"
             )
         path = cached
-    raw = _read_json(path)
+    raw = _read_json(path)  # read once: the dtype and the config (its EOS IDs plan nothing)
     dtype = str(raw.get("dtype") or raw.get("torch_dtype") or "bfloat16")
-    return read_config(path.parent).planning_arch(
+    return ModelConfig.from_hf(raw).planning_arch(
         f"checkpoint:{spec}", dtype_bytes=_DTYPE_BYTES.get(dtype, 2)
     )
 

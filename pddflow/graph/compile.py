@@ -36,7 +36,6 @@ from pddflow.graph.spec import ArchNumbers, GraphSpec
 from pddflow.graph.variants import check_variants
 from pddflow.graph.yaml_source import Source
 
-BUILTIN_MODELS = tuple(BUILTIN_CONFIGS)
 MEMORY_HEADROOM = 0.9  # share of device memory usable for weights + KV (activations, fragmentation)
 
 
@@ -125,11 +124,11 @@ class Compiler:
         weights = m.weights
         if weights.startswith("builtin:"):
             name = weights.split(":", 1)[1]
-            if name not in BUILTIN_MODELS:
+            if name not in BUILTIN_CONFIGS:
                 self.err(
                     ("model", "weights"),
-                    f"unknown built-in model {name!r}{did_you_mean(name, BUILTIN_MODELS)}; "
-                    f"built-in: {', '.join('builtin:' + b for b in BUILTIN_MODELS)}",
+                    f"unknown built-in model {name!r}{did_you_mean(name, BUILTIN_CONFIGS)}; "
+                    f"built-in: {', '.join('builtin:' + b for b in BUILTIN_CONFIGS)}",
                 )
         else:
             base = os.path.dirname(os.path.abspath(self.src.file))

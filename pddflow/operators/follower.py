@@ -7,17 +7,14 @@ joins the group (`TPConfig` as JSON of its fields; rank > 0), loads the model, k
 follows the leader's steps until the leader stops it (exit 0) or a rank is lost (exit 3, one line
 on stderr). `local_group` starts the N-1 followers of an instance led by this process on this
 machine (127.0.0.1, a free port): `pddflow generate --tensor-parallel N`, `bench engine`, tests.
-Followers started here die with their parent (PR_SET_PDEATHSIG).
+Followers started here die with their parent (core/parent_death.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import dataclasses
 import json
-import os
-import signal
 import socket
 import subprocess
 import sys
@@ -28,11 +25,11 @@ from pathlib import Path
 
 import torch
 
+from pddflow.core.parent_death import die_with_parent, parent_env
 from pddflow.operators.engine_config import EngineConfig
 from pddflow.operators.tensor_parallel import TPConfig, TPGroup, TPPeerLost, join
 
 EXIT_PEER_LOST = 3
-_PR_SET_PDEATHSIG = 1
 
 
 def rank_device(config: EngineConfig, rank: int) -> torch.device:
@@ -52,6 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tp-config", required=True, help="TPConfig fields as JSON (rank > 0)")
     p.add_argument("--device", default=None, help="this rank's device (default: cuda:RANK or cpu)")
     args = p.parse_args(argv)
+    die_with_parent()
     config = EngineConfig(**json.loads(args.engine_config))
     tp_cfg = TPConfig(**json.loads(args.tp_config))
     if tp_cfg.rank == 0 or tp_cfg.size < 2:
@@ -81,22 +79,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent(parent: int) -> None:  # runs in the child between fork and exec
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        pass  # not Linux: the leader's own cleanup still stops the child
-    if os.getppid() != parent:  # the parent died before prctl took hold
-        os._exit(1)
-
-
 def start_followers(
     spec: str, config: EngineConfig, tp: TPConfig, log_dir: Path
 ) -> list[subprocess.Popen]:
     """Ranks 1..size-1 of `tp` as processes of this one (they die with it); stderr to
     log_dir/rank-R.log."""
     procs = []
-    parent = os.getpid()
     for rank in range(1, tp.size):
         argv = [
             sys.executable,
@@ -116,9 +104,7 @@ def start_followers(
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=log,
-                    preexec_fn=(lambda: _die_with_parent(parent))
-                    if sys.platform == "linux"
-                    else None,
+                    env=parent_env(),
                 )
             )
     return procs

@@ -20,7 +20,6 @@ from pddflow.operators.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
 if TYPE_CHECKING:
     import torch
 
-BUILTIN_MODELS = BUILTIN_CONFIGS
 BUILTIN_SEED = 0
 
 
@@ -36,13 +35,13 @@ def load_model_source(spec: str, seed: int = BUILTIN_SEED) -> ModelSource:
     spec = str(spec)
     if spec.startswith("builtin:"):
         name = spec.split(":", 1)[1]
-        if name not in BUILTIN_MODELS:
-            valid = sorted(BUILTIN_MODELS)
+        if name not in BUILTIN_CONFIGS:
+            valid = sorted(BUILTIN_CONFIGS)
             raise ModelSpecError(
                 f"unknown builtin model {name!r}{did_you_mean(name, valid)}; "
                 f"valid: {', '.join('builtin:' + v for v in valid)}"
             )
-        config = BUILTIN_MODELS[name]
+        config = BUILTIN_CONFIGS[name]
         return ModelSource(spec, config, builtin_weights(config, seed), ByteTokenizer())
     from pddflow.operators.hub import resolve_model
 
@@ -140,7 +139,7 @@ def _load_checkpoint(path: Path) -> ModelSource:
     if not path.exists():
         raise ModelSpecError(
             f"model {str(path)!r} is neither builtin:<name> (valid: "
-            f"{', '.join('builtin:' + v for v in sorted(BUILTIN_MODELS))}) "
+            f"{', '.join('builtin:' + v for v in sorted(BUILTIN_CONFIGS))}) "
             "nor an existing directory"
         )
     if not path.is_dir():

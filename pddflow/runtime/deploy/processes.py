@@ -1,40 +1,20 @@
 """Worker processes of the local backend: start, watch, stop (SIGTERM, then SIGKILL), and die with
-the deployer (PR_SET_PDEATHSIG), so nothing is left behind.
-
-No Python runs in the child between fork and exec (no preexec_fn): the deployer has gRPC threads
-once it serves, and live scaling and restarts start workers then; a Python preexec_fn forces a
-fork whose child can abort in gRPC's fork handlers. The child sets its death signal itself
-(`die_with_parent`, first thing in the worker)."""
+the deployer (core/parent_death.py: the worker sets its death signal itself, first thing, since
+the deployer has gRPC threads once it serves and live scaling and restarts start workers then),
+so nothing is left behind."""
 
 from __future__ import annotations
 
-import ctypes
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from threading import Thread
 
-_PR_SET_PDEATHSIG = 1
-PARENT_ENV = "PDDFLOW_DIE_WITH_PARENT"  # the pid of the process a worker dies with
-
-
-def die_with_parent() -> None:
-    """In a worker started by WorkerProcess: be killed when the deployer ends (and end now if it
-    already has). Elsewhere (no PARENT_ENV, not Linux): nothing."""
-    parent = os.environ.get(PARENT_ENV)
-    if not parent or sys.platform != "linux":
-        return
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except OSError:
-        return  # the deployer's own cleanup still stops the worker
-    if os.getppid() != int(parent):  # the deployer died before prctl took hold
-        os._exit(1)
+from pddflow.core.parent_death import parent_env
 
 
 @dataclass
@@ -47,7 +27,7 @@ class WorkerProcess:
     tail: deque = field(default_factory=lambda: deque(maxlen=40))
 
     def start(self) -> None:
-        env = {**os.environ, **self.env, "PYTHONUNBUFFERED": "1", PARENT_ENV: str(os.getpid())}
+        env = parent_env({**os.environ, **self.env, "PYTHONUNBUFFERED": "1"})
         if getattr(self, "log", None) is not None and not self.log.closed:
             self.log.close()  # a restart: the dead process's output has ended
         # appended: a restarted worker's log follows its predecessor's

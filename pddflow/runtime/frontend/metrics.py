@@ -152,7 +152,7 @@ class Metrics:
 
     def watch_pools(self, pools: Callable[[], dict[str, dict[str, Any]]]) -> None:
         """pddflow_pool_instances{operator, state}: each pool's instances by state at each scrape
-        (`Frontend.pools`)."""
+        (`Pools.state`)."""
         self.registry.register(_PoolGauges(pools))
 
     def render(self) -> tuple[bytes, str]:

@@ -7,9 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pddflow.core.model_config import ModelConfig, ModelSpecError
+from pddflow.core.model_config import BUILTIN_CONFIGS, ModelConfig, ModelSpecError, read_config
 from pddflow.operators.tokenizer import ByteTokenizer, HFTokenizer
-from pddflow.operators.weights import BUILTIN_MODELS, read_config
 from pddflow.runtime.frontend.chat_template import (
     ChatTemplate,
     ChatTurn,
@@ -67,9 +66,9 @@ def model_info(spec: str, chat_template: Path | None = None) -> ModelInfo:
     """`spec` is `builtin:<name>` or a local checkpoint directory (`hub.resolve_model` first)."""
     if spec.startswith("builtin:"):
         name = spec.split(":", 1)[1]
-        if name not in BUILTIN_MODELS:
+        if name not in BUILTIN_CONFIGS:
             raise ModelSpecError(f"unknown builtin model {name!r}")
-        cfg = BUILTIN_MODELS[name]
+        cfg = BUILTIN_CONFIGS[name]
         tok: Any = ByteTokenizer()
         renderer = load_chat_renderer(None, chat_template)
     else:

@@ -12,8 +12,8 @@ import sys
 from pathlib import Path
 
 from pddflow.core.cpu_layout import pin_self
+from pddflow.core.parent_death import die_with_parent
 from pddflow.graph.plan import rank_name
-from pddflow.runtime.deploy.processes import die_with_parent
 from pddflow.runtime.wiring import Wiring
 from pddflow.runtime.workers.ranks import follow
 from pddflow.runtime.workers.roster import worker_class
