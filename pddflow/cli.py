@@ -43,6 +43,7 @@ def _options(
 COMMAND_MODULES = [
     "graph_cmds",
     "runtime_cmds",
+    "elastic_cmds",
     "engine_cmds",
     "channel_cmds",
     "handoff_cmds",

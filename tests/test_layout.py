@@ -19,7 +19,7 @@ LAYERS = [
     {"core"},
     {"graph"},
     {"channels", "operators"},
-    {"scheduler"},
+    {"scheduler", "planner"},
     {"runtime", "sim"},
     {"bench", "testing"},
     {"commands"},

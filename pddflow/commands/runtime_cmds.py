@@ -93,6 +93,14 @@ def deploy(
         "--chat-template",
         help="jinja chat template for /v1/chat/completions, instead of the checkpoint's own",
     ),
+    planner: bool | None = typer.Option(
+        None,
+        "--planner/--no-planner",
+        help="pools follow the load: every autoscale.interval_s the planner sizes each pool "
+        "within 1..local.max_replicas from what it measures (docs/runtime.md, The planner); "
+        "default: the graph's autoscale.enabled",
+        show_default=False,
+    ),
     cpu_pinning: str = typer.Option(
         "auto",
         help="auto: give each emulated cluster (and, with enough cores, each "
@@ -117,7 +125,7 @@ def deploy(
     options = DeployOptions(
         host, port, backend, address, kv_cache_mb, startup_timeout, leg_timeout, seed, wan_gbps,
         run_dir, drain_timeout, api_key, admin_key, log_level, model, chat_template,
-        check_cpu_pinning(cpu_pinning),
+        check_cpu_pinning(cpu_pinning), planner,
     )  # fmt: skip
     try:
         d = Deployment(load_or_exit(graph), options)

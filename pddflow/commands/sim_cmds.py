@@ -184,6 +184,20 @@ def simulate(
         "--check-mirrors",
         help="compare every scheduler mirror with its cache after every event (slow)",
     ),
+    planner: bool = typer.Option(
+        False,
+        "--planner",
+        help="pools follow the load: the graph's autoscale: planner resizes each operator within "
+        "autoscale.min_replicas..replicas every interval_s (new replicas serve startup_s later); "
+        "reports device-hours, the decisions and each pool's replica timeline",
+    ),
+    arrival_profile: str | None = typer.Option(
+        None,
+        "--arrival-profile",
+        help="re-time the workload's arrivals: diurnal[:R] (one day's cycle over the workload, "
+        "its middle R times busier than its ends, default 4) or T:M,T:M,... (the rate times M "
+        "from T s on, e.g. 0:1,600:4,1200:1)",
+    ),
     quiet: bool = typer.Option(False, "--quiet", "-q", help="no progress bar"),
 ) -> None:
     """Simulate graphs at cluster scale with the same Plan and scheduler the runtime uses: TTFT/TPOT
@@ -217,6 +231,10 @@ def simulate(
     if sweep and trace:
         fail("--sweep hit-rate generates agentic workloads; drop --trace", code=2)
     check_cpu_pinning(pinning)
+    profile_of = _arrival_profile(arrival_profile)
+    if sweep and (planner or profile_of):
+        fail("--sweep hit-rate runs fixed fleets at fixed rates; drop --planner and "
+             "--arrival-profile", code=2)  # fmt: skip
 
     plans = [
         with_stream_gbps(with_wan_gbps(load_or_exit(g), wan_gbps), stream_gbps) for g in graphs
@@ -240,6 +258,7 @@ def simulate(
         # with the default --seed 0)
         embedded=kind == "serve",
         wan_jitter_seed=0 if kind == "serve" else None,
+        planner=planner,
     )
 
     # a local (embedded) profile runs the small built-in model: hash prompts at its block size
@@ -277,6 +296,8 @@ def simulate(
         wl = _serve_workload(trace, sessions, base, plans[0].model.block_size, scale, max_output)
     else:
         wl = _workload(kind, trace, base, rate_scale, input_scale, output_scale, requests)
+    if profile_of is not None:
+        wl = profile_of.apply(wl)
     results, sims = [], []
     with _progress(quiet) as prog:
         for p, c in zip(plans, cals):
@@ -307,6 +328,17 @@ def simulate(
         print(json.dumps(out, indent=2, default=json_default))
         return
     print_table(results, wl)
+
+
+def _arrival_profile(text: str | None):
+    if text is None:
+        return None
+    from pddflow.sim.arrival_profile import ProfileError, parse_profile
+
+    try:
+        return parse_profile(text)
+    except ProfileError as exc:
+        fail(str(exc), code=2)
 
 
 def _measurements(calibrate: list[Path], kind: str):

@@ -18,6 +18,7 @@ from pddflow.core.model_ref import is_hub_id
 from pddflow.core.operator_types import OPERATOR_TYPES, OperatorType
 from pddflow.core.policies import POLICIES
 from pddflow.core.registry import did_you_mean
+from pddflow.graph.autoscale import check_autoscale
 from pddflow.graph.edges import check_cycles, check_edges, check_unfed_inputs
 from pddflow.graph.params import check_params
 from pddflow.graph.plan import (
@@ -67,6 +68,7 @@ class Compiler:
         local = self._local("replicas")
         local_max = self._local_max(local)
         local_devices = self._local_devices()
+        autoscale = check_autoscale(self.spec, self.src)
         if self._error_count() > before or model is None:
             return None
         return Plan(
@@ -86,6 +88,7 @@ class Compiler:
             local_devices=local_devices,
             local_scheduler_params=self._local_scheduler(scheduler),
             deploy=DeployPlan(**self.spec.deploy.model_dump()),
+            autoscale=autoscale,
         )
 
     def _error_count(self) -> int:

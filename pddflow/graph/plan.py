@@ -197,6 +197,18 @@ class DeployPlan:
 
 
 @dataclass(frozen=True)
+class AutoscalePlan:
+    """The graph's `autoscale:` section (pddflow/planner)."""
+
+    enabled: bool = False
+    min_replicas: dict[str, int] = field(default_factory=dict)  # production; default 1
+    interval_s: float = 5.0
+    target_utilization: float = 0.7
+    scale_down_after_s: float = 30.0
+    startup_s: float = 60.0
+
+
+@dataclass(frozen=True)
 class Plan:
     name: str
     source: str
@@ -216,6 +228,7 @@ class Plan:
     local_devices: dict[str, int] = field(default_factory=dict)  # the local profile's layout
     profile: str = "production"  # or "local" after scaled_to_local()
     deploy: DeployPlan = field(default_factory=DeployPlan)
+    autoscale: AutoscalePlan = field(default_factory=AutoscalePlan)
 
     # ---- queries the runtime and simulator use -------------------------------------------------
     def initial_instances(self) -> list[str]:
@@ -225,6 +238,16 @@ class Plan:
 
     def scalable(self) -> bool:
         return any(len(op.instances) > op.replicas for op in self.operators.values())
+
+    def pool_bounds(self) -> dict[str, tuple[int, int]]:
+        """Each operator's replicas the planner may pick: 1..its instances wired (local profile),
+        or autoscale.min_replicas..replicas (production)."""
+        if self.profile == "local":
+            return {name: (1, len(op.instances)) for name, op in self.operators.items()}
+        return {
+            name: (min(self.autoscale.min_replicas.get(name, 1), op.replicas), op.replicas)
+            for name, op in self.operators.items()
+        }
 
     def channel(self, channel_id: str) -> ChannelPlan:
         for ch in self.channels:
@@ -381,6 +404,7 @@ class Plan:
             local_devices=dict(d.get("local_devices", {})),
             profile=d.get("profile", "production"),
             deploy=DeployPlan(**d.get("deploy", {})),
+            autoscale=AutoscalePlan(**d.get("autoscale", {})),
         )
 
     @staticmethod

@@ -240,6 +240,35 @@ class DeploySpec(_Strict):
     )
 
 
+class AutoscaleSpec(_Strict):
+    enabled: bool = Field(
+        False,
+        description="the planner resizes pools while `deploy` serves (deploy --planner / "
+        "--no-planner win); `simulate --planner` runs it whatever this says",
+    )
+    min_replicas: dict[str, int] = Field(
+        default_factory=dict,
+        description="operator name -> fewest replicas in production (simulate; default 1); "
+        "the most is the operator's replicas. Deploy scales within 1..local.max_replicas",
+    )
+    interval_s: float = Field(5.0, gt=0, description="seconds between the planner's decisions")
+    target_utilization: float = Field(
+        0.7,
+        gt=0,
+        le=1,
+        description="the share of a pool's capacity within the SLA it is sized to use",
+    )
+    scale_down_after_s: float = Field(
+        30.0,
+        ge=0,
+        description="a pool shrinks after this long of lower load, and this long "
+        "after its last change (hysteresis)",
+    )
+    startup_s: float = Field(
+        60.0, ge=0, description="simulate: seconds a new replica takes to serve (weights loading)"
+    )
+
+
 class GraphSpec(_Strict):
     pddflow: Literal[1] = Field(description="format version; always 1")
     name: str = Field(min_length=1, description="the deployment's name")
@@ -257,6 +286,10 @@ class GraphSpec(_Strict):
     scheduler: SchedulerSpec = Field(default_factory=SchedulerSpec)
     deploy: DeploySpec = Field(
         default_factory=DeploySpec, description="how `pddflow deploy` runs the graph"
+    )
+    autoscale: AutoscaleSpec = Field(
+        default_factory=AutoscaleSpec,
+        description="the planner: pools follow the load (docs/runtime.md, The planner)",
     )
 
 

@@ -37,6 +37,12 @@ class InstanceLoad:
         )
 
 
+# what the scheduler sees of an instance that takes no new work (lost, starting, draining, parked)
+UNAVAILABLE = InstanceLoad(
+    running=1 << 30, queued=1 << 30, max_batch=1, kv_used=1.0, queued_tokens=1 << 40
+)
+
+
 @dataclass(frozen=True)
 class LinkEstimate:
     name: str

@@ -60,6 +60,7 @@ class SimFleet:
         }
         cal = calibration
         self.host = HostCpus(plan, cal.host) if cal.host is not None else None
+        self.plan, self.mirrors, self.strict_mirrors = plan, mirrors, strict_mirrors
         self.engines: dict[str, SimEngine] = {}
         self.stores: dict[str, KVStore] = {}
         for inst in plan.instances:
@@ -71,16 +72,27 @@ class SimFleet:
             self.engines[inst.id] = eng
             if self.host is not None:
                 self.host.attach(inst.id, eng)
-            block_bytes = self.kv_bytes_per_token * self.block_tokens
-            cap = int(op.kv_budget_bytes // block_bytes)
-            self.stores[inst.id] = KVStore(
-                inst.id,
-                cap,
-                op.caches_prefixes,
-                mirrors.get(inst.id),
-                strict_mirrors,
-                self._host_tier(op, block_bytes),
-            )
+            self.stores[inst.id] = self._store(inst.id)
+
+    def _store(self, iid: str) -> KVStore:
+        op = self.plan.operator_of(iid)
+        block_bytes = self.kv_bytes_per_token * self.block_tokens
+        return KVStore(
+            iid,
+            int(op.kv_budget_bytes // block_bytes),
+            op.caches_prefixes,
+            self.mirrors.get(iid),
+            self.strict_mirrors,
+            self._host_tier(op, block_bytes),
+        )
+
+    def fresh_store(self, iid: str) -> None:
+        """`iid` restarts (the planner parked it, or starts it again): an empty cache, and so an
+        empty mirror."""
+        self.stores[iid] = self._store(iid)
+        m = self.mirrors.get(iid)
+        if m is not None:
+            m.reset([])
 
     def _host_tier(self, op: OperatorPlan, block_bytes: int) -> HostTier | None:
         hc = op.host_cache

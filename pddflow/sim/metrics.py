@@ -130,12 +130,32 @@ def summarize(sim: Simulation, pricing: dict | None = None) -> dict:
             for v in sorted(variants)
         },
     }
+    hours = max(horizon, sim.loop.now) / 3600
+    result["device_hours"] = round(result["gpus"] * hours, 4)
+    if sim.elastic is not None:
+        _elastic(sim, result, hours, goodput)
     tiers = host_tiers(sim)
     if tiers:  # only with a tier bought: outputs without one stay as they were
         result["host_tiers"] = tiers
     if pricing:
         result["revenue"] = revenue(sim, ok_in, span, pricing)
     return result
+
+
+def _elastic(sim: Simulation, result: dict, hours: float, goodput: float) -> None:
+    """The planner's run: what its devices cost while they were up, and its decisions; `gpus`
+    and `cost_per_hour` become their means over the run."""
+    plan, until = sim.plan, hours * 3600
+    used = sim.elastic.device_seconds(until)
+    usd = sum(
+        s / 3600 * plan.device_classes[plan.instance(i).device].usd_per_hour
+        for i, s in used.items()
+    )
+    result["device_hours"] = round(sum(used.values()) / 3600, 4)
+    result["gpus"] = round(sum(used.values()) / max(until, 1e-9), 3)
+    result["cost_per_hour"] = round(usd / max(hours, 1e-12), 3)
+    result["bcr"] = round(goodput * 3600 / result["cost_per_hour"], 4) if usd else math.nan
+    result["planner"] = sim.elastic.report(until)
 
 
 def host_tiers(sim: Simulation) -> dict[str, dict]:

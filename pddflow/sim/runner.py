@@ -23,6 +23,7 @@ class RunOptions:
     strict_mirrors: bool = False
     embedded: bool = False
     wan_jitter_seed: int | None = None
+    planner: bool = False  # pools follow the load (the graph's autoscale: section)
 
 
 def with_wan_gbps(plan: Plan, gbps: float | None) -> Plan:
@@ -67,6 +68,7 @@ def simulate(
             calibration=cal,
             embedded=options.embedded,
             wan_jitter_seed=options.wan_jitter_seed,
+            planner=plan.autoscale if options.planner else None,
         )
         sim.run(progress=progress)
         return sim

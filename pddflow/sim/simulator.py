@@ -9,7 +9,7 @@ import time
 from collections.abc import Callable
 from dataclasses import replace
 
-from pddflow.graph.plan import Plan
+from pddflow.graph.plan import AutoscalePlan, Plan
 from pddflow.scheduler import (
     InstanceLoad,
     LinkEstimate,
@@ -21,6 +21,7 @@ from pddflow.scheduler.base import Policy
 from pddflow.scheduler.prefill_rate import PrefillRate
 from pddflow.sim.calibration.terms import Calibration, Draws
 from pddflow.sim.decode_legs import DecodeLegs
+from pddflow.sim.elastic import ElasticPools
 from pddflow.sim.engine import Job, Seq
 from pddflow.sim.fleet import SimFleet
 from pddflow.sim.flight import LegState, SimFlight
@@ -49,6 +50,7 @@ class Simulation:
         calibration: Calibration | None = None,
         embedded: bool = False,
         wan_jitter_seed: int | None = None,
+        planner: AutoscalePlan | None = None,
     ):
         self.plan, self.workload, self.seed = plan, workload, seed
         self.calibration = cal = calibration or Calibration()
@@ -88,6 +90,12 @@ class Simulation:
             if r.parent >= 0:
                 self._children.setdefault(r.parent, []).append(r)
         self._arrived = 0
+        # `planner`: pools follow the load (sim/elastic.py); None: the plan's fixed replicas
+        self.elastic = (
+            ElasticPools(fleet, self.state, planner, self._all_arrived)
+            if planner is not None
+            else None
+        )
 
     def run(self, progress: Callable[[int, int], None] | None = None) -> list[SimFlight]:
         t0 = time.perf_counter()
@@ -95,6 +103,8 @@ class Simulation:
         reqs = self.workload.requests
         if self._roots:
             self.loop.at(self._roots[0].arrival_s, self._arrive_root)
+            if self.elastic is not None:
+                self.elastic.start()
         tick = (lambda _t: progress(self._arrived, len(reqs))) if progress else None
         self.loop.run(tick=tick)
         if progress:
@@ -135,6 +145,9 @@ class Simulation:
             if store.host is not None:
                 store.host.settle()
 
+    def _all_arrived(self) -> bool:
+        return self._arrived >= len(self.workload.requests)
+
     def _check_end(self) -> None:
         stuck = [r for r in self.flights if not r.done and not r.failed]
         if stuck:
@@ -167,6 +180,8 @@ class Simulation:
         dec = self.policy.decide(feats, self.state)
         flight = SimFlight(req, dec, self.topo.paths[dec.variant], self.loop.now)
         self.flights.append(flight)
+        if self.elastic is not None:
+            self.elastic.arrived(flight)
         path = flight.path
         if not path.colocated and path.finisher != path.relay:
             # the finisher adopts its cached prefix when the job arrives (runtime: _adopt_prefix)
@@ -180,6 +195,8 @@ class Simulation:
         for name, link in self.links.items():
             est = LinkEstimate.from_model(link.model, link.in_flight)
             self.state.links[name] = replace(est, bytes_per_s=link.new_flow_rate())
+        if self.elastic is not None:
+            self.elastic.mask()
 
     def _acquire(
         self, flight: SimFlight, inst: str, extra_tokens: int, then: Callable[[Hold], None]

@@ -238,3 +238,30 @@ def test_local_max_replicas_bounds_live_scaling(tmp_path: Path):
     (err,) = exc.value.diagnostics
     assert "max_replicas of main is 1 but it starts with 2" in err.message
     assert err.line == lines.splitlines().index("  max_replicas: {main: 1}") + 1
+
+
+def test_autoscale_section(tmp_path: Path):
+    """autoscale: the planner's settings (a round trip keeps them) and the production bounds it
+    scales within; a min_replicas beyond an operator's replicas, or of no operator, is an error
+    on its line."""
+    from pddflow.graph.plan import Plan
+
+    text = (ROOT / "graphs" / "pdd.yaml").read_text()
+    graph = tmp_path / "g.yaml"
+    block = "\nautoscale:\n  interval_s: 2\n  min_replicas: {main: 3}\n"
+    graph.write_text(text + block)
+    plan = load_plan(str(graph))
+    assert plan.autoscale.interval_s == 2 and not plan.autoscale.enabled
+    assert plan.pool_bounds() == {"prefill": (1, 8), "relay": (1, 2), "main": (3, 10)}
+    assert Plan.from_json(json.dumps(plan.to_dict())).autoscale == plan.autoscale
+    for bad, says in (
+        ("{main: 11}", "scales it within min..10"),
+        ("{mian: 1}", "did you mean 'main'"),
+    ):
+        lines = text + block.replace("{main: 3}", bad)
+        graph.write_text(lines)
+        with pytest.raises(GraphError) as exc:
+            load_plan(str(graph))
+        (err,) = exc.value.diagnostics
+        assert says in err.message, err.message
+        assert err.line == lines.splitlines().index(f"  min_replicas: {bad}") + 1

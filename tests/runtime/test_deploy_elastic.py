@@ -18,6 +18,7 @@ pytestmark = pytest.mark.slow  # a deployment: worker processes
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["An elastic pool grows.", "And shrinks again, while a request still streams."]
+LONG = 400  # tokens: a request still streaming when its instance is killed mid-drain
 
 
 @pytest.fixture(scope="module")
@@ -134,3 +135,83 @@ def test_pool_changes_outside_the_bounds_are_refused(dep, operator, replicas, ke
     code, out = _scale(dep, operator, replicas, key)
     assert code == status, out
     assert dep.health()["pools"]["main"]["serving"] == 1
+
+
+def _process_of(dep, instance: str, timeout_s: float = 30.0) -> int:
+    """The pid of `instance`'s worker process (before it is ready: by its command line)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for p in Path("/proc").iterdir():
+            if not p.name.isdigit():
+                continue
+            try:
+                argv = (p / "cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if b"pddflow.runtime.workers" in argv and instance.encode() in argv:
+                if str(dep.run_dir).encode() in b" ".join(argv):
+                    return int(p.name)
+        time.sleep(0.05)
+    raise AssertionError(f"no process of {instance}")
+
+
+def test_a_new_instance_that_fails_to_start_is_reported_and_parked(dep, reference):
+    """Killed while it starts: the scale answers 503 with its exit, the pool keeps serving on one,
+    nothing is restarted behind its back, and the next scale-up starts it cleanly."""
+    import os
+    import signal
+
+    answer: list[tuple[int, dict]] = []
+    scaling = threading.Thread(target=lambda: answer.append(_scale(dep, "main", 2)))
+    scaling.start()
+    os.kill(_process_of(dep, "main/1"), signal.SIGKILL)
+    scaling.join()
+    ((code, out),) = answer
+    assert code == 503 and "main/1 did not start" in out["error"]["message"], out
+    time.sleep(3)  # past the supervisor's backoff: no restart of a parked instance
+    assert dep.health()["pools"]["main"]["instances"] == {"main/0": "up", "main/1": "parked"}
+    assert _complete(dep, PROMPTS[0], "p_md", 60) == reference[PROMPTS[0]]
+    code, out = _scale(dep, "main", 2)
+    assert code == 200, out
+    code, out = _scale(dep, "main", 1)
+    assert code == 200 and out["instances"]["main/1"] == "parked", out
+
+
+def test_an_instance_lost_while_draining_loses_no_request(dep):
+    """main/1 holds a streaming request and is drained; killed mid-drain, the request goes on
+    elsewhere from its tokens so far and ends as the reference; the scale-down completes."""
+    import os
+    import signal
+
+    from pddflow.core.payloads import SamplingParams
+    from pddflow.operators.engine import Engine
+
+    eng = Engine.from_spec("builtin:tiny-llama")
+    ids = eng.tokenizer.encode(PROMPTS[1])
+    params = SamplingParams(LONG, stop_token_ids=tuple(eng.tokenizer.eos_token_ids))
+    want = eng.generate([ids], params)[0].output_ids
+    code, out = _scale(dep, "main", 2)
+    assert code == 200, out
+    results: list[list[int]] = []
+    streaming = threading.Thread(
+        target=lambda: results.append(_complete(dep, PROMPTS[1], "p_rld_md", LONG))
+    )
+    streaming.start()
+    deadline = time.monotonic() + 30
+    while dep.health()["workers"]["main/1"].get("legs", 0) < 1:
+        assert time.monotonic() < deadline, dep.health()
+        time.sleep(0.02)
+    answer: list[tuple[int, dict]] = []
+    scaling = threading.Thread(target=lambda: answer.append(_scale(dep, "main", 1)))
+    scaling.start()
+    while dep.health()["workers"]["main/1"]["state"] != "draining":
+        assert time.monotonic() < deadline, dep.health()
+        time.sleep(0.02)
+    os.kill(dep.worker_pid("main/1"), signal.SIGKILL)
+    scaling.join()
+    streaming.join()
+    ((code, out),) = answer
+    assert code == 200 and out["instances"]["main/1"] == "parked", out
+    assert results == [want]
+    time.sleep(3)  # no restart of what was scaled away
+    assert dep.health()["workers"]["main/1"]["state"] == "parked"

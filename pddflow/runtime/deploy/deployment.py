@@ -67,6 +67,7 @@ class DeployOptions:
     model: str | None = None  # instead of the graph's model.weights
     chat_template: Path | None = None
     cpu_pinning: str = "auto"  # cpu_layout.MODES: auto | none
+    planner: bool | None = None  # pools follow the load (None: the graph's autoscale.enabled)
 
 
 class Deployment:
@@ -87,6 +88,13 @@ class Deployment:
                 f"{self.plan.source}: local.max_replicas (live scaling) runs on the local "
                 "backend only; remove it to deploy on Ray"
             )
+        self.planning = plan.autoscale.enabled if o.planner is None else o.planner
+        if self.planning and not self.plan.scalable():
+            raise OptionError(
+                f"{self.plan.source}: the planner resizes pools within 1..local.max_replicas, and "
+                "this graph sets none above its replicas; add e.g. local: {max_replicas: "
+                "{prefill: 3, relay: 3, main: 3}}"
+            )
         self.model: ModelInfo = self._resolve_model()
         self.wiring: Wiring | None = None
         self.backend: Backend | None = None
@@ -99,6 +107,7 @@ class Deployment:
         self._socket: socket.socket | None = None
         self._server = None  # the API server while it serves (api.shutdown.DrainingServer)
         self._scaling = threading.Lock()  # one pool change at a time
+        self.autoscaler = None  # the planner's thread (runtime/deploy/autoscaler.py)
 
     def _local_plan(self, plan: Plan) -> Plan:
         """The plan as this deployment runs it: the local profile's replicas, TLS on every
@@ -206,6 +215,12 @@ class Deployment:
         self.links = LinkAdmin(plan, self.frontend.fleet.clients, be.cutter())
         # a worker that dies is restarted; until it is back, requests go around it
         self.supervisor = Supervisor(be, self.frontend.worker_exited, self._restarted).start()
+        if self.planning:
+            from pddflow.runtime.deploy.autoscaler import Autoscaler
+
+            self.autoscaler = Autoscaler(plan, self.frontend, self.scale)
+            self.frontend.planner = self.autoscaler
+            self.autoscaler.start()
 
     def _restarted(self, instance: str, restarts: int) -> None:
         self.frontend.worker_restarted(instance, restarts)
@@ -255,6 +270,7 @@ class Deployment:
             if not be.alive(inst) or time.monotonic() > deadline:
                 why = be.exit_summary(inst) if not be.alive(inst) else "not ready in time"
                 be.stop_instance(inst)
+                self._forget(inst)
                 fe.pools.park(inst)
                 raise ScaleError(f"{inst} did not start: {why}", status=503)
             time.sleep(0.1)
@@ -272,7 +288,13 @@ class Deployment:
             say(f"scaling down: {inst} still holds {held} legs after the drain: they move on")
         fe.pools.park(inst)  # its legs, if any, go on elsewhere before the process stops
         be.stop_instance(inst)
+        self._forget(inst)
         say(f"scaling down: {inst} stopped")
+
+    def _forget(self, inst: str) -> None:
+        """A stopped instance: no restart due (one lost while starting or draining)."""
+        if self.supervisor is not None:
+            self.supervisor.forget(inst)
 
     def placement(self) -> str:
         """Where the instances run, in one line: their nodes (ray), or their cores (local)."""
@@ -328,6 +350,9 @@ class Deployment:
     def stop(self) -> None:
         """Every instance stopped, the frontend closed, the run directory removed (or, kept, its
         secrets); safe to call twice."""
+        if self.autoscaler is not None:  # first: no pool change while everything stops
+            self.autoscaler.stop()
+            self.autoscaler = None
         if self.supervisor is not None:
             self.supervisor.stop()
             self.supervisor = None

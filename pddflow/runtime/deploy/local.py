@@ -108,7 +108,9 @@ class LocalBackend:
     def restart(self, instance: str) -> None:
         """All its ranks together: the survivors of a lost rank are stopped first (a tensor
         parallel group cannot take a new member)."""
-        procs = self.ranks[instance]
+        procs = self.ranks.get(instance)
+        if procs is None:  # live scaling stopped it meanwhile
+            return
         stop_all([p for p in procs if p.alive()])
         for p in procs:
             p.start()

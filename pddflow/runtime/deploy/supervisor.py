@@ -42,6 +42,7 @@ class Supervisor:
         self.due: dict[str, float] = {}  # dead instance -> when to restart it
         self.given_up: set[str] = set()
         self._stop = threading.Event()
+        self._lock = threading.Lock()  # a check and live scaling's forget, one at a time
         self._thread = threading.Thread(target=self._watch, name="supervisor", daemon=True)
 
     def start(self) -> Supervisor:
@@ -52,11 +53,19 @@ class Supervisor:
         self._stop.set()
         self._thread.join(timeout=5)
 
+    def forget(self, inst: str) -> None:
+        """`inst` was stopped on purpose (live scaling): no restart due, its count starts over."""
+        with self._lock:
+            self.due.pop(inst, None)
+            self.history.pop(inst, None)
+            self.given_up.discard(inst)
+
     def _watch(self) -> None:
         while not self._stop.wait(self.poll_s):
             for inst in self.backend.instances():
                 try:
-                    self._check(inst)
+                    with self._lock:
+                        self._check(inst)
                 except Exception:  # noqa: BLE001 - one instance's trouble must not stop the watch
                     log.exception("supervising %s", inst)
 

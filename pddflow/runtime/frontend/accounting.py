@@ -71,7 +71,10 @@ class Accounting:
             r = flight.route
             if r.prefill in pending and not r.prefill_counted:
                 pending[r.prefill] += flight.stream.prompt_len
+        off = self.fleet.unavailable  # keeps what the scheduler sees of it: no new work
         for inst, tokens in pending.items():
+            if inst in off:
+                continue
             load = self.sched.loads.get(inst) or InstanceLoad()
             self.sched.set_load(inst, replace(load, queued_tokens=tokens))
 

@@ -18,14 +18,13 @@ from pddflow.runtime.frontend.rejection import RequestRejected
 from pddflow.runtime.frontend.route import Route
 from pddflow.runtime.proto import runtime_pb2 as pb
 from pddflow.runtime.wire import sampling_to_pb
-from pddflow.scheduler import InstanceLoad, Policy, RequestFeatures, SchedulerState
+from pddflow.scheduler import Policy, RequestFeatures, SchedulerState
 from pddflow.scheduler.decision import Decision
+from pddflow.scheduler.features import UNAVAILABLE
 
 log = logging.getLogger("pddflow.frontend")
 ORPHAN_GRACE_S = 5.0  # a leg whose request ended this long ago, still held, is aborted
 RETRY_AFTER_S = 5  # what a 503 tells the client while a lost worker restarts
-# the load a lost instance shows the scheduler: any other replica wins
-LOST_LOAD = InstanceLoad(running=1 << 30, queued=1 << 30, max_batch=1, kv_used=1.0)
 
 
 class Fallbacks:
@@ -106,7 +105,7 @@ class Fallbacks:
         if inst in self.fleet.lost:
             return
         self.fleet.lost.add(inst)
-        self.sched.set_load(inst, LOST_LOAD)
+        self.sched.set_load(inst, UNAVAILABLE)
         self.links.forget(inst)
         self.metrics.worker_up.labels(inst).set(0)
         log.error("worker %s is gone", inst)
@@ -141,8 +140,12 @@ class Fallbacks:
         log.warning("worker %s is back", inst)
 
     def carry_on_without(self, flight: Flight, inst: str) -> None:
-        """Carry `flight` on without `inst` (lost, or stopped by live scaling)."""
+        """Carry `flight` on without `inst` (lost, or stopped by live scaling); nothing when a
+        decoder holds no leg of it (any more: one lost twice, restarted between). A prefill's
+        leg ends with its first token, but the KV it sends may not have landed yet."""
         r = flight.route
+        if inst not in r.legs and inst != r.prefill:
+            return
         r.legs.discard(inst)
         if inst == r.prefill and inst not in r.resumed_on:
             if not r.first_fed:  # no first token yet: a decoder prefills the request itself

@@ -16,13 +16,13 @@ from pddflow.core.block_hash import chain_block_hashes
 from pddflow.core.payloads import SamplingParams
 from pddflow.graph.plan import Plan
 from pddflow.runtime.frontend.accounting import Accounting
-from pddflow.runtime.frontend.fallbacks import LOST_LOAD, Fallbacks
+from pddflow.runtime.frontend.fallbacks import Fallbacks
 from pddflow.runtime.frontend.fleet import Fleet
 from pddflow.runtime.frontend.flight import Flight, Flights
 from pddflow.runtime.frontend.link_watch import LinkWatch
 from pddflow.runtime.frontend.metrics import Metrics
 from pddflow.runtime.frontend.model_info import ModelInfo
-from pddflow.runtime.frontend.pools import Pools
+from pddflow.runtime.frontend.pools import PlannerView, Pools
 from pddflow.runtime.frontend.rejection import RequestRejected
 from pddflow.runtime.frontend.route import HANDOFF_MODES, Route, mode_name
 from pddflow.runtime.frontend.token_stream import StreamConflict, TokenRun, TokenStream
@@ -37,6 +37,7 @@ from pddflow.scheduler import (
     SchedulerState,
     make_policy,
 )
+from pddflow.scheduler.features import UNAVAILABLE
 
 log = logging.getLogger("pddflow.frontend")
 
@@ -83,6 +84,7 @@ class Frontend:
         self.metrics.watch_deployment(self.model_id, self.accounting.vllm_gauges)
         self.metrics.watch_pools(self.pools.state)
         self.drift: list[str] = []
+        self.planner: PlannerView | None = None  # deploy --planner's thread (pools.py)
         self.loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
         self.server, _ = serve(
@@ -113,6 +115,7 @@ class Frontend:
             "links": self.links.report(),
             "kv_bytes_per_token": self.policy.kv_bytes_per_token,  # what transfers are sized by
             "pools": self.pools.state(),
+            "planner": self.planner.report() if self.planner is not None else None,
             "prefill_ms_per_1k_tokens": {
                 i: round(self.sched.prefill_s_per_token.get(i, 0.0) * 1e6, 3)
                 for i in self.accounting.prefill_rates
@@ -243,6 +246,8 @@ class Frontend:
             self.policy.params.get("catch_up_load", 0.0),
         )
         self.fallbacks.admit(route, len(prompt_ids), sampling.max_tokens)
+        if self.planner is not None:
+            self.planner.arrived(route.prefill, feats)
         return route
 
     async def _submit(self, flight: Flight) -> None:
@@ -335,7 +340,7 @@ class Frontend:
             kv_used=s.kv_blocks_used / max(s.kv_blocks_total, 1),
         )
         off = inst in self.fleet.draining or inst in self.fleet.starting
-        self.sched.set_load(inst, LOST_LOAD if off else load)
+        self.sched.set_load(inst, UNAVAILABLE if off else load)
         self.metrics.queue_depth.labels(inst).set(s.running + s.waiting)
         self.metrics.kv_blocks_used.labels(inst).set(s.kv_blocks_used)
         self.metrics.kv_blocks_total.labels(inst).set(s.kv_blocks_total)

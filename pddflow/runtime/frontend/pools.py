@@ -7,17 +7,27 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from pddflow.graph.plan import Plan
-from pddflow.runtime.frontend.fallbacks import LOST_LOAD, Fallbacks
+from pddflow.runtime.frontend.fallbacks import Fallbacks
 from pddflow.runtime.frontend.fleet import Fleet
 from pddflow.runtime.frontend.flight import Flights
 from pddflow.runtime.frontend.link_watch import LinkWatch
 from pddflow.runtime.frontend.metrics import Metrics
-from pddflow.scheduler import SchedulerState
+from pddflow.scheduler import RequestFeatures, SchedulerState
+from pddflow.scheduler.features import UNAVAILABLE
 
 log = logging.getLogger("pddflow.frontend")
+
+
+class PlannerView(Protocol):
+    """The planner's thread as the frontend sees it (runtime/deploy/autoscaler.py): it hears
+    each routed request, and /health shows its report."""
+
+    def arrived(self, entry: str, req: RequestFeatures) -> None: ...
+
+    def report(self) -> dict: ...
 
 
 class Pools:
@@ -35,7 +45,7 @@ class Pools:
         self.plan, self.fleet, self.flights, self.fallbacks = plan, fleet, flights, fallbacks
         self.sched, self.links, self.metrics, self.on_loop = sched, links, metrics, on_loop
         for inst in fleet.parked:  # wired for live scaling, not running: no work
-            sched.set_load(inst, LOST_LOAD)
+            sched.set_load(inst, UNAVAILABLE)
 
     def state(self) -> dict[str, dict[str, Any]]:
         """Each operator's instances by state, and how many serve."""
@@ -56,7 +66,7 @@ class Pools:
         def move() -> None:
             self.fleet.starting.add(inst)
             self.fleet.parked.discard(inst)
-            self.sched.set_load(inst, LOST_LOAD)
+            self.sched.set_load(inst, UNAVAILABLE)
 
         self.on_loop(move)
 
@@ -65,7 +75,7 @@ class Pools:
 
         def move() -> None:
             self.fleet.draining.add(inst)
-            self.sched.set_load(inst, LOST_LOAD)
+            self.sched.set_load(inst, UNAVAILABLE)
 
         self.on_loop(move)
 
@@ -76,7 +86,8 @@ class Pools:
         def count() -> int:
             held = sum(1 for f in self.flights if inst in f.route.legs)
             held += sum(1 for r in self.flights.lingering.values() if inst in (r.relay, r.main))
-            status = self.fleet.status.get(inst)
+            # a lost instance's last status is stale: its legs went on elsewhere
+            status = self.fleet.status.get(inst) if inst not in self.fleet.lost else None
             return held + (len(status.legs) if status is not None else 0)
 
         return self.on_loop(count)
@@ -96,7 +107,7 @@ class Pools:
             self.fleet.starting.discard(inst)
             self.fleet.parked.add(inst)
             self.fleet.status.pop(inst, None)
-            self.sched.set_load(inst, LOST_LOAD)
+            self.sched.set_load(inst, UNAVAILABLE)
             m = self.sched.mirror(inst)
             if m is not None:
                 m.reset([])

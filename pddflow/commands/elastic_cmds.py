@@ -1,0 +1,169 @@
+"""`pddflow bench elastic`: fixed pools against the planner on one load ramp."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import typer
+
+from pddflow.commands.common import (
+    GRAPH_HELP,
+    check_cpu_pinning,
+    fail,
+    load_or_exit,
+    resolve_or_exit,
+)
+from pddflow.commands.progress import console, progress_bar
+from pddflow.data import MOONCAKE_TRACE
+
+
+def bench_elastic(
+    graph: Path = typer.Argument(..., help=GRAPH_HELP, show_default=False),
+    most: int = typer.Option(
+        3, "--max-replicas", min=2, help="each pool's most replicas (its fewest is 1)"
+    ),
+    low_rps: float = typer.Option(0.25, min=0.01, help="session starts per second, low phases"),
+    peak_rps: float = typer.Option(1.0, min=0.01, help="session starts per second, the peak"),
+    phase_s: float = typer.Option(
+        60.0, min=5.0, help="seconds of a phase: low for one, the peak for one, low for two"
+    ),
+    turns: int = typer.Option(2, min=1, help="turns per session"),
+    scale: float = typer.Option(1 / 32, min=1e-4, help="built-in model tokens per trace token"),
+    max_output: int = typer.Option(64, min=1, help="cap on one turn's output tokens"),
+    think: float = typer.Option(1.0, min=0.0, help="seconds between a session's turns"),
+    interval: float = typer.Option(2.0, min=0.5, help="the planner's autoscale.interval_s"),
+    scale_down_after: float = typer.Option(
+        20.0, min=0.0, help="the planner's autoscale.scale_down_after_s"
+    ),
+    sla_ttft_s: float | None = typer.Option(
+        None, min=0.001, help="the SLA's TTFT, s (default: the graph's scheduler.sla)"
+    ),
+    sla_tpot_ms: float | None = typer.Option(
+        None,
+        min=0.001,
+        help="the SLA's TPOT, ms (default: the graph's; one CPU replica of the built-in model "
+        "steps slower than a production SLA's 50 ms once it shares the cores)",
+    ),
+    modes: str = typer.Option(
+        "fixed_min,fixed_max,planner", help="which runs, in order (comma-separated)"
+    ),
+    timeout: float = typer.Option(120.0, min=1.0, help="deadline of one request, s"),
+    seed: int = typer.Option(0, help="workload seed"),
+    cpu_pinning: str = typer.Option("none", help="passed to every `pddflow deploy`"),
+    as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
+) -> None:
+    """Serve one load ramp (low, about 4x, low) of the shipped trace's sessions three ways in one
+    run: every pool fixed at 1 replica, fixed at --max-replicas, and sized live by the planner
+    (deploy --planner). Reports each run's SLA attainment, device-seconds, errors, replica
+    timeline per pool and its direction changes, and checks every answer's tokens against the
+    colocated engine's greedy reference (docs/benchmarks.md, Elastic pools)."""
+    import tempfile
+
+    from pddflow.bench.deploy_process import LaunchError
+    from pddflow.bench.elastic import (
+        MODES,
+        elastic_graph,
+        ramp_starts,
+        reference_mismatches,
+        run_mode,
+        summarize,
+    )
+    from pddflow.core.serve_sessions import TraceError, build
+
+    check_cpu_pinning(cpu_pinning)
+    picked = [m.strip() for m in modes.split(",") if m.strip()]
+    bad = [m for m in picked if m not in MODES]
+    if bad or not picked:
+        fail(f"--modes: unknown {', '.join(bad) or '(none)'}; modes: {', '.join(MODES)}", code=2)
+    path = resolve_or_exit(graph)
+    given = {"ttft_s": sla_ttft_s, "tpot_ms": sla_tpot_ms}
+    sla_over = {k: v for k, v in given.items() if v is not None}
+    plan = load_or_exit(path).scaled_to_local()
+    starts = ramp_starts(low_rps, peak_rps, phase_s)
+    try:
+        from pddflow.operators.hub import resolve_model
+        from pddflow.runtime.frontend.model_info import model_info
+
+        weights = resolve_model(plan.model.weights)
+        vocab = model_info(weights).vocab_size
+        workload = build(
+            MOONCAKE_TRACE, len(starts), turns, scale, min(vocab, 256), seed, max_output
+        )
+    except (TraceError, OSError) as exc:
+        fail(str(exc))
+    ranks = {n: op.ranks for n, op in plan.operators.items()}
+    autoscale = {"interval_s": interval, "scale_down_after_s": scale_down_after}
+    err = console(stderr=True)
+    signal.signal(signal.SIGTERM, _interrupt)
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="pddflow-elastic-graphs-") as gd:
+        with progress_bar(err, counted=True) as bar:
+            for mode in picked:
+                g = elastic_graph(path, mode, most, autoscale, Path(gd), sla_over)
+                task = bar.add_task(f"{mode}", total=workload.requests)
+                try:
+                    runs.append(
+                        run_mode(
+                            mode,
+                            g,
+                            ranks,
+                            workload,
+                            starts,
+                            think,
+                            timeout,
+                            lambda t=task: bar.advance(t),
+                            ("--cpu-pinning", cpu_pinning),
+                        )  # fmt: skip
+                    )
+                except LaunchError as exc:
+                    fail(f"{path} ({mode}): {exc}")
+    err.print("checking every answer against the colocated engine's greedy tokens")
+    wrong = reference_mismatches(str(weights), runs)
+    ttft_s = sla_ttft_s or plan.scheduler.ttft_s
+    tpot_ms = sla_tpot_ms or plan.scheduler.tpot_ms
+    rows = [summarize(r, ttft_s, tpot_ms / 1e3, wrong[r.mode]) for r in runs]
+    out = {
+        "graph": str(path),
+        "workload": {
+            "sessions": len(starts),
+            "turns": turns,
+            "requests": workload.requests,
+            "low_rps": low_rps,
+            "peak_rps": peak_rps,
+            "phase_s": phase_s,
+            "max_replicas": most,
+            "autoscale": autoscale,
+            "sla": {"ttft_s": ttft_s, "tpot_ms": tpot_ms},
+        },
+        "runs": rows,
+    }
+    by = {r["mode"]: r for r in rows}
+    if "fixed_max" in by and "planner" in by and by["fixed_max"]["device_seconds"]:
+        p, m = by["planner"], by["fixed_max"]
+        out["planner_vs_fixed_max"] = {
+            "sla_attainment_points": round(
+                100 * ((p["sla_attainment"] or 0) - (m["sla_attainment"] or 0)), 2
+            ),
+            "device_seconds_ratio": round(p["device_seconds"] / m["device_seconds"], 4),
+        }
+    if as_json:
+        print(json.dumps(out, indent=2))
+        return
+    for r in rows:
+        err.print(
+            f"{r['mode']:>9}: SLA {r['sla_attainment']}, device-s {r['device_seconds']}, "
+            f"errors {r['errors']}, wrong tokens {r['token_mismatches']}, direction changes "
+            f"{r['direction_changes']}, replicas {r['replicas']}"
+        )
+    if "planner_vs_fixed_max" in out:
+        err.print(f"planner vs fixed_max: {out['planner_vs_fixed_max']}")
+
+
+def _interrupt(*_: object) -> None:
+    raise KeyboardInterrupt
+
+
+def register(app: typer.Typer, bench_app: typer.Typer) -> None:
+    bench_app.command("elastic")(bench_elastic)
