@@ -18,7 +18,7 @@ pytestmark = pytest.mark.slow  # a deployment: worker processes
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = ["An elastic pool grows.", "And shrinks again, while a request still streams."]
-LONG = 400  # tokens: a request still streaming when its instance is killed mid-drain
+LONG = 200  # tokens: a request still streaming when its instance is killed mid-drain
 
 
 @pytest.fixture(scope="module")
@@ -156,8 +156,8 @@ def _process_of(dep, instance: str, timeout_s: float = 30.0) -> int:
 
 
 def test_a_new_instance_that_fails_to_start_is_reported_and_parked(dep, reference):
-    """Killed while it starts: the scale answers 503 with its exit, the pool keeps serving on one,
-    nothing is restarted behind its back, and the next scale-up starts it cleanly."""
+    """Killed while it starts: the scale answers 503 with its exit, the pool keeps serving on one
+    and nothing is restarted behind its back (the next test's scale-up starts it cleanly)."""
     import os
     import signal
 
@@ -168,13 +168,9 @@ def test_a_new_instance_that_fails_to_start_is_reported_and_parked(dep, referenc
     scaling.join()
     ((code, out),) = answer
     assert code == 503 and "main/1 did not start" in out["error"]["message"], out
-    time.sleep(3)  # past the supervisor's backoff: no restart of a parked instance
+    time.sleep(2)  # past the supervisor's 1 s backoff: no restart of a parked instance
     assert dep.health()["pools"]["main"]["instances"] == {"main/0": "up", "main/1": "parked"}
     assert _complete(dep, PROMPTS[0], "p_md", 60) == reference[PROMPTS[0]]
-    code, out = _scale(dep, "main", 2)
-    assert code == 200, out
-    code, out = _scale(dep, "main", 1)
-    assert code == 200 and out["instances"]["main/1"] == "parked", out
 
 
 def test_an_instance_lost_while_draining_loses_no_request(dep):
@@ -213,5 +209,5 @@ def test_an_instance_lost_while_draining_loses_no_request(dep):
     ((code, out),) = answer
     assert code == 200 and out["instances"]["main/1"] == "parked", out
     assert results == [want]
-    time.sleep(3)  # no restart of what was scaled away
+    time.sleep(2)  # no restart of what was scaled away
     assert dep.health()["workers"]["main/1"]["state"] == "parked"

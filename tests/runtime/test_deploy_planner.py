@@ -30,7 +30,7 @@ def dep(tmp_path_factory):
     assert replicas in text and main in text
     text = text.replace(replicas, replicas + "\n  max_replicas: {main: 2}")
     text = text.replace(main, "params: {radix_cache: true, max_batch: 2}}")
-    text += "\nautoscale: {interval_s: 1, scale_down_after_s: 4}\n"
+    text += "\nautoscale: {interval_s: 1, scale_down_after_s: 2}\n"
     graph = tmp / "pdd.yaml"
     graph.write_text(text)
     d = DeployProcess(graph, tmp / "run", "--planner")

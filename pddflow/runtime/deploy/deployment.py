@@ -339,7 +339,15 @@ class Deployment:
             timeout_graceful_shutdown=5,  # the drain has ended every request by then
         )
         self._server = DrainingServer(config, admission, o.drain_timeout_s, say)
-        self._server.run(sockets=[self._socket])
+        try:
+            self._server.run(sockets=[self._socket])
+        finally:  # the planner measures on the frontend's loop, which stops with the server
+            self._stop_planner()
+
+    def _stop_planner(self) -> None:
+        if self.autoscaler is not None:
+            self.autoscaler.stop()
+            self.autoscaler = None
 
     def stop_serving(self) -> None:
         """From another thread: drain and end `serve()` as a signal would."""
@@ -350,9 +358,7 @@ class Deployment:
     def stop(self) -> None:
         """Every instance stopped, the frontend closed, the run directory removed (or, kept, its
         secrets); safe to call twice."""
-        if self.autoscaler is not None:  # first: no pool change while everything stops
-            self.autoscaler.stop()
-            self.autoscaler = None
+        self._stop_planner()  # first: no pool change while everything stops
         if self.supervisor is not None:
             self.supervisor.stop()
             self.supervisor = None

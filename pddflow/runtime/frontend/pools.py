@@ -105,6 +105,9 @@ class Pools:
                     self.flights.lingering.pop(seq_id)
             self.fleet.draining.discard(inst)
             self.fleet.starting.discard(inst)
+            # lost while starting or draining: it starts again, when it does, as a new instance
+            self.fleet.lost.discard(inst)
+            self.fleet.restarting.discard(inst)
             self.fleet.parked.add(inst)
             self.fleet.status.pop(inst, None)
             self.sched.set_load(inst, UNAVAILABLE)
