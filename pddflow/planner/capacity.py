@@ -12,8 +12,6 @@ from typing import Protocol
 class StepTimes(Protocol):
     """What the planner reads of the simulator's step-time model (`pddflow.sim.device`)."""
 
-    def prefill_s(self, tokens: int, cached: int = 0) -> float: ...
-
     def decode_step_s(self, batch: int, ctx_sum: float) -> float: ...
 
 
@@ -30,12 +28,6 @@ def batch_within(step_s: Callable[[int], float], tpot_s: float, max_batch: int) 
         else:
             hi = mid - 1
     return lo
-
-
-def modeled_prefill(model: StepTimes, new_tokens: float, cached_tokens: float) -> float:
-    """Uncached prompt tokens per second, prompts of `new_tokens` over `cached_tokens`."""
-    n = max(1, round(new_tokens))
-    return n / model.prefill_s(n, round(cached_tokens))
 
 
 def modeled_decode(model: StepTimes, context: float, tpot_s: float, max_batch: int) -> int:

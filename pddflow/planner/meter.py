@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from collections import deque
 
+from pddflow.graph.plan import AutoscalePlan
+
 
 class Meter:
     def __init__(self, window_s: float):
@@ -14,6 +16,11 @@ class Meter:
         self._held: dict[str, deque[tuple[float, float, float]]] = {}  # pool -> (t, seqs, ctx)
         self._sent: dict[str, deque[tuple[float, float]]] = {}  # link -> (t, bytes sent so far)
         self.started_at: float | None = None
+
+    @classmethod
+    def for_autoscale(cls, a: AutoscalePlan) -> Meter:
+        """The window the planner judges by: its down stretch, at least two decisions."""
+        return cls(max(2 * a.interval_s, a.scale_down_after_s))
 
     def arrived(self, now: float, pool: str, work: float) -> None:
         """A prompt came to `pool`: `work` to prefill it (uncached tokens, or modeled seconds)."""
@@ -57,6 +64,10 @@ class Meter:
         if len(q) < 2 or q[-1][0] <= q[0][0]:
             return 0.0
         return (q[-1][1] - q[0][1]) / (q[-1][0] - q[0][0])
+
+    def link_share(self, now: float, link: str, gbps: float) -> float:
+        """`link_rate` over the link's bandwidth."""
+        return self.link_rate(now, link) / (gbps * 1e9 / 8)
 
     def sequences(self, now: float, pool: str) -> tuple[float, float]:
         """The mean sequences held over the window's samples, and their mean context."""

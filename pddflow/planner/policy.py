@@ -19,12 +19,13 @@ import math
 from collections import deque
 from dataclasses import dataclass, field
 
+from pddflow.graph.plan import Plan
+
 DOWN_BAND = 0.8
 
 
 @dataclass(frozen=True)
 class PlannerConfig:
-    interval_s: float = 5.0  # how often it decides
     target_utilization: float = 0.7  # headroom: the share of its capacity a pool is sized to use
     scale_down_after_s: float = 30.0  # a smaller count must have sufficed this long
     queue_drain_s: float = 2.5  # queued prompt tokens must be prefilled within this (TTFT SLA / 2)
@@ -109,6 +110,16 @@ class Planner:
             raise ValueError("target_utilization must be in (0, 1]")
         self.config, self.bounds = config, bounds
         self._memory = {op: _PoolMemory() for op in bounds}
+
+    @classmethod
+    def for_plan(cls, plan: Plan) -> Planner:
+        """The graph's `autoscale:` planner over the plan's pools (its SLA's TTFT halved is the
+        queue's deadline); the caller decides every `autoscale.interval_s`."""
+        a = plan.autoscale
+        config = PlannerConfig(
+            a.target_utilization, a.scale_down_after_s, plan.scheduler.ttft_s / 2
+        )
+        return cls(config, plan.pool_bounds())
 
     def decide(self, now: float, load: PoolLoad, current: int) -> PoolDecision:
         """The count `load.operator` should run, `current` running now."""

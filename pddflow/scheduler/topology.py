@@ -86,6 +86,16 @@ class Topology:
         return out
 
     @cached_property
+    def cache_links(self) -> dict[str, str]:
+        """Finisher with a radix cache -> the link its KV crosses: the bytes its cache spares
+        (the planner grows such a pool while that link is busy)."""
+        return {
+            p.finisher: p.wan_link
+            for p in self.paths.values()
+            if p.wan_link is not None and p.finisher in self.cached_operators
+        }
+
+    @cached_property
     def singular_paths(self) -> list[PathInfo]:
         return [p for p in self.paths.values() if p.singular]
 

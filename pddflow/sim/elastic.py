@@ -11,7 +11,7 @@ import math
 from collections.abc import Callable
 
 from pddflow.graph.plan import AutoscalePlan
-from pddflow.planner import Meter, Planner, PlannerConfig, PoolDecision, PoolLoad
+from pddflow.planner import Meter, Planner, PoolDecision, PoolLoad
 from pddflow.planner.capacity import modeled_decode
 from pddflow.planner.policy import direction_changes
 from pddflow.scheduler import SchedulerState
@@ -36,16 +36,8 @@ class ElasticPools:
         self.all_arrived = all_arrived
         self.loop, self.plan = fleet.loop, fleet.plan
         plan = fleet.plan
-        self.planner = Planner(
-            PlannerConfig(
-                autoscale.interval_s,
-                autoscale.target_utilization,
-                autoscale.scale_down_after_s,
-                plan.scheduler.ttft_s / 2,
-            ),
-            plan.pool_bounds(),
-        )
-        self.meter = Meter(max(2 * autoscale.interval_s, autoscale.scale_down_after_s))
+        self.planner = Planner.for_plan(plan)
+        self.meter = Meter.for_autoscale(autoscale)
         self.tpot_s = plan.scheduler.tpot_ms / 1e3
         self.pools = {name: list(op.instances) for name, op in plan.operators.items()}
         self.serving: set[str] = {i for ids in self.pools.values() for i in ids}
@@ -56,12 +48,7 @@ class ElasticPools:
         self._devices = {i.id: i.devices for i in plan.instances}
         self._open: set[SimFlight] = set()
         self.decisions: list[PoolDecision] = []
-        # a finisher whose radix cache spares the bytes of a link: that link
-        self._cache_link = {
-            p.finisher: p.wan_link
-            for p in fleet.topo.paths.values()
-            if p.wan_link is not None and plan.operators[p.finisher].caches_prefixes
-        }
+        self._cache_link = fleet.topo.cache_links
         self.timeline: dict[str, list[tuple[float, int]]] = {
             name: [(0.0, len(ids))] for name, ids in self.pools.items()
         }
@@ -144,8 +131,8 @@ class ElasticPools:
             load.update(sequences=seqs, decode_capacity=min(batch, kv_seqs))
         link = self._cache_link.get(name)
         if link is not None:
-            rate = self.meter.link_rate(now, link)
-            load["link_utilization"] = rate / (self.fleet.links[link].model.gbps * 1e9 / 8)
+            gbps = self.fleet.links[link].model.gbps
+            load["link_utilization"] = self.meter.link_share(now, link, gbps)
         return PoolLoad(name, **load)
 
     def _decide(self, now: float, name: str) -> None:

@@ -7,7 +7,7 @@ import pytest
 
 from pddflow.core.arch import ARCHS
 from pddflow.core.device import DeviceClass
-from pddflow.planner.capacity import StepFit, batch_within, modeled_decode, modeled_prefill
+from pddflow.planner.capacity import StepFit, batch_within, modeled_decode
 from pddflow.planner.meter import Meter
 from pddflow.sim.device import DeviceModel
 
@@ -34,7 +34,6 @@ def test_step_fit_recovers_a_line_and_is_flat_with_one_batch_seen():
 
 def test_modeled_capacity_follows_the_device_model():
     m = DeviceModel(DeviceClass("g", 989, 80, 3.35, 400, 2.0), 4, ARCHS.get("llama-3-70b"))
-    assert modeled_prefill(m, 8000, 0) == pytest.approx(8000 / m.prefill_s(8000, 0))
     b = modeled_decode(m, 8000, 0.050, 256)
     assert m.decode_step_s(b, b * 8000) <= 0.050 < m.decode_step_s(b + 1, (b + 1) * 8000)
 

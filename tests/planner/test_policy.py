@@ -10,7 +10,7 @@ import pytest
 
 from pddflow.planner import Planner, PlannerConfig, PoolLoad, direction_changes
 
-CFG = PlannerConfig(interval_s=5, target_utilization=0.7, scale_down_after_s=30, queue_drain_s=2.5)
+CFG = PlannerConfig(target_utilization=0.7, scale_down_after_s=30, queue_drain_s=2.5)
 
 
 def decode(seqs: float, capacity: float = 10, link: float | None = None) -> PoolLoad:

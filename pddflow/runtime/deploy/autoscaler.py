@@ -16,7 +16,7 @@ from typing import Any
 from prometheus_client import Counter, Gauge
 
 from pddflow.graph.plan import Plan
-from pddflow.planner import Meter, Planner, PlannerConfig, PoolDecision, PoolLoad
+from pddflow.planner import Meter, Planner, PoolDecision, PoolLoad
 from pddflow.planner.capacity import StepFit
 from pddflow.planner.policy import direction_changes
 from pddflow.runtime.frontend.frontend import Frontend
@@ -35,21 +35,12 @@ class Autoscaler:
         self.plan, self.fe, self.scale = plan, frontend, scale
         a = plan.autoscale
         self.interval_s = a.interval_s
-        self.planner = Planner(
-            PlannerConfig(
-                a.interval_s, a.target_utilization, a.scale_down_after_s, plan.scheduler.ttft_s / 2
-            ),
-            plan.pool_bounds(),
-        )
-        self.meter = Meter(max(2 * a.interval_s, a.scale_down_after_s))
+        self.planner = Planner.for_plan(plan)
+        self.meter = Meter.for_autoscale(a)
         self.tpot_s = plan.scheduler.tpot_ms / 1e3
         self.steps = {n: StepFit() for n, op in plan.operators.items() if op.type.decodes}
         self._seen: dict[str, tuple[int, int, float]] = {}  # instance -> its decode counters
-        self._cache_link = {
-            p.finisher: p.wan_link
-            for p in frontend.policy.topo.paths.values()
-            if p.wan_link is not None and plan.operators[p.finisher].caches_prefixes
-        }
+        self._cache_link = frontend.policy.topo.cache_links
         self.changes: deque[PoolDecision] = deque(maxlen=KEEP_CHANGES)
         self.last: dict[str, PoolDecision] = {}
         self.t0 = time.monotonic()
@@ -156,7 +147,7 @@ class Autoscaler:
         link = self._cache_link.get(name)
         if link is not None:
             gbps = self.plan.links[link].gbps
-            load["link_utilization"] = self.meter.link_rate(now, link) / (gbps * 1e9 / 8)
+            load["link_utilization"] = self.meter.link_share(now, link, gbps)
         return PoolLoad(name, **load)
 
     def _running(self, name: str) -> int:
