@@ -1,6 +1,7 @@
 """Paged attention for decode rows and prefill/extend chunks alike, so a token's output cannot
 depend on its entry point; the torch path is tiled to stay batch-invariant on CPU BLAS
-(docs/engine.md, Batch invariance)."""
+(docs/engine.md, Batch invariance). A pool of one plane is latent attention's (MLA, absorbed): its
+one KV head is the key, the first `value_dim` values of it the value."""
 
 from __future__ import annotations
 
@@ -56,6 +57,8 @@ class AttentionPlan:
     tile: int
     row_multiple: int
     decode_kt_view: bool = True
+    kv_planes: int = 2  # 1: latent attention's one plane, its value the key's first value_dim
+    value_dim: int = 0  # 0: head_dim
     groups: list[_Group] = field(default_factory=list)
     triton_meta: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
@@ -79,6 +82,8 @@ def plan_attention(
     tile: int = DEFAULT_TILE,
     row_multiple: int = 8,
     decode_kt_view: bool = True,
+    kv_planes: int = 2,
+    value_dim: int = 0,
 ) -> AttentionPlan:
     device = torch.device(device)
     if tile % block_size:
@@ -94,6 +99,8 @@ def plan_attention(
         tile,
         row_multiple,
         decode_kt_view,
+        kv_planes,
+        value_dim,
     )
     if device.type == "cuda":
         plan.triton_meta = _triton_meta(spans, block_size, device)
@@ -134,7 +141,7 @@ def _key_index(
         # Padding reads block 0: its keys are masked and the pool is finite, so 0 * V stays 0.
         tables[i, :need] = torch.as_tensor(list(s.block_table[:need]), dtype=torch.long)
     # row index into pool.view(-1, head_dim) for layer 0, K
-    block_stride = plan.num_layers * 2 * bs * hkv
+    block_stride = plan.num_layers * plan.kv_planes * bs * hkv
     slot = (tables[:, :, None] * block_stride + torch.arange(bs)[None, None, :] * hkv).reshape(
         len(spans), key_len
     )
@@ -197,11 +204,18 @@ def _triton_meta(spans: list[SeqSpan], block_size: int, device: torch.device):
 def paged_attention(
     q: torch.Tensor, pool: torch.Tensor, layer: int, plan: AttentionPlan, scale: float
 ) -> torch.Tensor:
-    """q [T, H, D] (RoPE applied), this step's K/V already in the pool; returns [T, H, D]."""
+    """q [T, H, D] (RoPE applied), this step's K/V already in the pool; returns [T, H, D] (of
+    latent attention [T, H, value_dim])."""
     if q.device.type == "cuda":
+        tables, row_span, row_ctx = plan.triton_meta  # type: ignore[misc]
+        if plan.kv_planes == 1:
+            from pddflow.kernels._triton_mla import mla_attention_triton
+
+            return mla_attention_triton(
+                q, pool, layer, tables, row_span, row_ctx, scale, plan.value_dim
+            )
         from pddflow.kernels._triton_attention import paged_attention_triton
 
-        tables, row_span, row_ctx = plan.triton_meta  # type: ignore[misc]
         return paged_attention_triton(q, pool, layer, tables, row_span, row_ctx, scale)
     return paged_attention_torch(q, pool, layer, plan, scale)
 
@@ -211,19 +225,20 @@ def paged_attention_torch(
 ) -> torch.Tensor:
     T, H, D = q.shape
     hkv, g, row_mult = plan.num_kv_heads, plan.group_size, plan.row_multiple
+    Dv = plan.value_dim or D
     flat = pool.view(-1, D)
-    layer_off = layer * 2 * plan.block_size * hkv
+    layer_off = layer * plan.kv_planes * plan.block_size * hkv
     v_off = plan.block_size * hkv
     q = q * scale
-    out = torch.empty_like(q)
+    out = q.new_empty(T, H, Dv)
     for grp in plan.groups:
         idx = grp.key_index + layer_off
-        Kt = (
-            flat.index_select(0, idx.view(-1))
-            .view(grp.batch, hkv, grp.key_len, D)
-            .transpose(-1, -2)
-        )
-        V = flat.index_select(0, (idx + v_off).view(-1)).view(grp.batch, hkv, grp.key_len, D)
+        K = flat.index_select(0, idx.view(-1)).view(grp.batch, hkv, grp.key_len, D)
+        Kt = K.transpose(-1, -2)
+        if plan.kv_planes == 1:  # latent: the value is the key's first Dv values
+            V = K[..., :Dv]
+        else:
+            V = flat.index_select(0, (idx + v_off).view(-1)).view(grp.batch, hkv, grp.key_len, D)
         if grp.mask is None or not plan.decode_kt_view:
             # contiguous K^T speeds a chunk's GEMMs; same bits either way (calibrate() checks)
             Kt = Kt.contiguous()
@@ -231,11 +246,11 @@ def paged_attention_torch(
             qg = q.index_select(0, grp.rows).view(grp.batch, hkv, g, D)  # type: ignore[arg-type]
             qg = _pad_rows(qg, _round_up(g, row_mult))
             o = attend_tiles(qg, Kt, V, grp.mask, 0, plan.tile)[:, :, :g]
-            out.index_copy_(0, grp.rows, o.reshape(grp.batch, H, D))  # type: ignore[arg-type]
+            out.index_copy_(0, grp.rows, o.reshape(grp.batch, H, Dv))  # type: ignore[arg-type]
             continue
         n = grp.num_rows
         qg = q[grp.rows].view(n, hkv, g, D).permute(1, 0, 2, 3).reshape(1, hkv, n * g, D)
-        og = torch.empty(1, hkv, n * g, D, dtype=q.dtype)
+        og = torch.empty(1, hkv, n * g, Dv, dtype=q.dtype)
         for r0, r1, keys, mask_from, hidden in grp.blocks:
             qb = _pad_rows(qg[:, :, r0:r1], _round_up(r1 - r0, row_mult))
             og[:, :, r0:r1] = attend_tiles(
@@ -246,7 +261,7 @@ def paged_attention_torch(
                 mask_from,
                 plan.tile,
             )[:, :, : r1 - r0]
-        out[grp.rows] = og.view(hkv, n, g, D).permute(1, 0, 2, 3).reshape(n, H, D)
+        out[grp.rows] = og.view(hkv, n, g, Dv).permute(1, 0, 2, 3).reshape(n, H, Dv)
     return out
 
 
@@ -267,10 +282,10 @@ def attend_tiles(
     mask_from: int,
     tile: int,
 ) -> torch.Tensor:
-    """Row-invariant attention: q [B, Hkv, R, D] (pre-scaled), Kt [B, Hkv, D, L], V [B, Hkv, L, D],
-    L a multiple of `tile`; `hidden` (True = masked) covers keys [mask_from, L). [B, Hkv, R, D]."""
-    B, hkv, R, D = q.shape
-    L = V.shape[2]
+    """Row-invariant attention: q [B, Hkv, R, D] (pre-scaled), Kt [B, Hkv, D, L], V [B, Hkv, L, Dv],
+    L a multiple of `tile`; `hidden` (True = masked) covers keys [mask_from, L). [B, Hkv, R, Dv]."""
+    B, hkv, R, _ = q.shape
+    L, D = V.shape[2], V.shape[3]
     num_tiles = L // tile
     s = torch.matmul(q, Kt)
     if hidden is not None and mask_from < L:
@@ -303,12 +318,19 @@ class Numerics:
 
 @functools.cache
 def calibrate(
-    head_dim: int, num_kv_heads: int, group_size: int, tile: int, num_threads: int
+    head_dim: int,
+    num_kv_heads: int,
+    group_size: int,
+    tile: int,
+    num_threads: int,
+    kv_planes: int = 2,
+    value_dim: int = 0,
 ) -> Numerics:
     """The cheapest row-invariant setting on this machine; warns if none is."""
+    shape = (head_dim, num_kv_heads, group_size, tile, kv_planes, value_dim)
     for row_multiple in (4, 8, 16, 32, 64):
         for kt_view in (True, False):
-            if _rows_invariant(head_dim, num_kv_heads, group_size, tile, row_multiple, kt_view):
+            if _rows_invariant(*shape, row_multiple, kt_view):
                 return Numerics(row_multiple, kt_view, True)
     warnings.warn(
         "this machine's BLAS gave shape-dependent attention results for every setting tried; "
@@ -319,13 +341,22 @@ def calibrate(
     return Numerics(64, False, False)
 
 
-def _rows_invariant(D: int, hkv: int, g: int, tile: int, row_multiple: int, kt_view: bool) -> bool:
+def _rows_invariant(
+    D: int,
+    hkv: int,
+    g: int,
+    tile: int,
+    planes: int,
+    value_dim: int,
+    row_multiple: int,
+    kt_view: bool,
+) -> bool:
     """One synthetic sequence as one chunk, as two chunks and as decode rows: equal bits?"""
     gen = torch.Generator().manual_seed(1234)
     bs = 16 if tile % 16 == 0 else tile
     ctx = max(2 * ROW_BLOCK // g, 2 * tile) + 5  # several row blocks and key tiles
     nblocks = -(-ctx // bs) + 2
-    pool = torch.randn(nblocks, 1, 2, bs, hkv, D, generator=gen)
+    pool = torch.randn(nblocks, 1, planes, bs, hkv, D, generator=gen)
     q = torch.randn(ctx, hkv * g, D, generator=gen)
     table = list(range(nblocks - 1, -1, -1))  # not in order, like a real block table
 
@@ -339,6 +370,8 @@ def _rows_invariant(D: int, hkv: int, g: int, tile: int, row_multiple: int, kt_v
             tile=tile,
             row_multiple=row_multiple,
             decode_kt_view=kt_view,
+            kv_planes=planes,
+            value_dim=value_dim,
         )
         return paged_attention_torch(rows, pool, 0, plan, 0.125)
 

@@ -1,14 +1,12 @@
-"""Model configuration from an HF `config.json` (Llama, Mistral, Qwen2, Qwen3, and the
-mixture-of-experts Qwen3-MoE and Mixtral) or builtin, pure Python; what the engine does not
-implement is refused, never silently computed wrong. Also what planning assumes of a checkpoint
-(`checkpoint_arch`): the graph compiler reads it here, below the engine."""
+"""Model configuration, pure Python: what the engine computes with, for Llama, Mistral, Qwen2,
+Qwen3, the mixtures of experts Qwen3-MoE and Mixtral, and DeepSeek-V2/V3 with latent attention
+(read from an HF config.json by core.hf_config, which refuses what the engine does not implement:
+never silently computed wrong), the built-in models, and what planning assumes of a model."""
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field, replace
-from pathlib import Path
-from typing import Any
+import math
+from dataclasses import dataclass, field
 
 from pddflow.core.arch import ModelArch
 
@@ -18,19 +16,54 @@ class ModelSpecError(ValueError):
 
 
 # HF `model_type` -> the architecture the engine runs it as; all are the Llama decoder with
-# per-architecture switches (biases, q/k norms, a mixture of experts for the MLP), see
-# `ModelConfig.from_hf`.
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral")
+# per-architecture switches (biases, q/k norms, a mixture of experts for the MLP, latent attention),
+# see `ModelConfig.from_hf`.
+SUPPORTED_MODEL_TYPES = (
+    "llama",
+    "mistral",
+    "qwen2",
+    "qwen3",
+    "qwen3_moe",
+    "mixtral",
+    "deepseek_v2",
+    "deepseek_v3",
+)
 MOE_MODEL_TYPES = ("qwen3_moe", "mixtral")
+MLA_MODEL_TYPES = ("deepseek_v2", "deepseek_v3")
+# how a router picks its experts: softmax top-k (Qwen3-MoE, Mixtral, DeepSeek-V2 `greedy`); the
+# softmax's best experts within the `topk_group` groups of highest maximum (DeepSeek-V2
+# `group_limited_greedy`); sigmoid scores plus a correction bias, groups ranked by their two best
+# (DeepSeek-V3 `noaux_tc`)
+ROUTERS = ("softmax", "group_limited_greedy", "noaux_tc")
 
 
 @dataclass(frozen=True)
 class RopeScaling:
-    rope_type: str = "default"  # default | linear | llama3
+    rope_type: str = "default"  # default | linear | llama3 | yarn
     factor: float = 1.0
     low_freq_factor: float = 1.0  # llama3 only
     high_freq_factor: float = 4.0  # llama3 only
-    original_max_position_embeddings: int = 8192  # llama3 only
+    original_max_position_embeddings: int = 8192  # llama3 and yarn
+    beta_fast: float = 32.0  # yarn only, and below
+    beta_slow: float = 1.0
+    mscale: float = 0.0  # 0: not given
+    mscale_all_dim: float = 0.0
+    attention_factor: float = 0.0  # 0: from factor, mscale and mscale_all_dim
+    truncate: bool = True
+
+    def yarn_attention_factor(self) -> float:
+        """What YaRN multiplies cos and sin by (as transformers computes it)."""
+        if self.attention_factor:
+            return self.attention_factor
+        if self.mscale and self.mscale_all_dim:
+            return yarn_mscale(self.factor, self.mscale) / yarn_mscale(
+                self.factor, self.mscale_all_dim
+            )
+        return yarn_mscale(self.factor)
+
+
+def yarn_mscale(scale: float, mscale: float = 1.0) -> float:
+    return 1.0 if scale <= 1 else 0.1 * mscale * math.log(scale) + 1.0
 
 
 @dataclass(frozen=True)
@@ -62,6 +95,26 @@ class ModelConfig:
     moe_intermediate_size: int = 0
     norm_topk_prob: bool = True
     dense_layers: tuple[int, ...] = ()
+    # DeepSeek's mixture: `shared_experts` x moe_intermediate_size of one MLP every token takes;
+    # the router (ROUTERS) over `router_groups` groups of which `router_topk_groups` are kept; the
+    # chosen weights times `routed_scaling_factor`; `router_bias`: e_score_correction_bias
+    shared_experts: int = 0
+    router: str = "softmax"
+    router_groups: int = 1
+    router_topk_groups: int = 1
+    routed_scaling_factor: float = 1.0
+    router_bias: bool = False
+    # multi-head latent attention (DeepSeek-V2/V3), when kv_lora_rank > 0: the KV cache holds one
+    # latent of kv_lora_rank and one shared RoPE key of qk_rope_head_dim per token and layer.
+    # Attention runs in the absorbed form, where that latent is the one KV head every query head
+    # reads: num_kv_heads is 1 and head_dim kv_lora_rank + qk_rope_head_dim, the cache's geometry.
+    # q_lora_rank 0: the query straight from q_proj. rope_interleave: RoPE on adjacent pairs.
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
+    rope_interleave: bool = False
 
     def __post_init__(self) -> None:
         if self.num_heads % self.num_kv_heads:
@@ -74,6 +127,54 @@ class ModelConfig:
                 f"num_experts_per_tok ({self.experts_per_token}) must be in 1..num_experts "
                 f"({self.num_experts})"
             )
+        if self.router not in ROUTERS:
+            raise ModelSpecError(f"router {self.router!r} is not one of {', '.join(ROUTERS)}")
+        if self.router != "softmax" and not (
+            0 < self.router_topk_groups <= self.router_groups
+            and self.num_experts % self.router_groups == 0
+            and self.experts_per_token
+            <= self.router_topk_groups * self.num_experts // self.router_groups
+        ):
+            raise ModelSpecError(
+                f"topk_group ({self.router_topk_groups}) of n_group ({self.router_groups}) "
+                f"cannot hold {self.experts_per_token} of {self.num_experts} experts"
+            )
+        if self.mla and (
+            self.num_kv_heads != 1 or self.head_dim != self.kv_lora_rank + self.qk_rope_head_dim
+        ):
+            raise ModelSpecError("latent attention keeps one KV head of kv_lora_rank + rope dims")
+        if self.mla and self.qk_rope_head_dim % 2:
+            raise ModelSpecError(f"qk_rope_head_dim ({self.qk_rope_head_dim}) must be even")
+
+    @property
+    def mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    @property
+    def kv_planes(self) -> int:
+        """Planes a KV block holds per layer: K and V, or MLA's one latent (+ RoPE key)."""
+        return 1 if self.mla else 2
+
+    @property
+    def value_dim(self) -> int:
+        """Width of what attention averages per KV head: V, or MLA's latent (the plane's first
+        kv_lora_rank values)."""
+        return self.kv_lora_rank if self.mla else self.head_dim
+
+    @property
+    def rope_dim(self) -> int:
+        return self.qk_rope_head_dim if self.mla else self.head_dim
+
+    @property
+    def softmax_scale(self) -> float:
+        """MLA scales by the uncompressed query-key width, and YaRN's mscale_all_dim squared."""
+        if not self.mla:
+            return self.head_dim**-0.5
+        scale = (self.qk_nope_head_dim + self.qk_rope_head_dim) ** -0.5
+        rs = self.rope_scaling
+        if rs.rope_type == "yarn" and rs.mscale_all_dim:
+            scale *= yarn_mscale(rs.factor, rs.mscale_all_dim) ** 2
+        return scale
 
     def moe_layer(self, layer: int) -> bool:
         """Whether layer `layer`'s MLP is the mixture of experts."""
@@ -84,16 +185,27 @@ class ModelConfig:
         return self.num_heads // self.num_kv_heads
 
     def kv_bytes_per_token(self, dtype_bytes: int = 4) -> int:
-        return self.num_layers * 2 * self.num_kv_heads * self.head_dim * dtype_bytes
+        return self.num_layers * self.kv_planes * self.num_kv_heads * self.head_dim * dtype_bytes
+
+    def _attention_params(self) -> int:
+        h, H = self.hidden_size, self.num_heads
+        if not self.mla:
+            kv, q = self.num_kv_heads * self.head_dim, H * self.head_dim
+            return h * (q + 2 * kv) + q * h + (2 * self.head_dim if self.qk_norm else 0)
+        qk = H * (self.qk_nope_head_dim + self.qk_rope_head_dim)
+        r = self.q_lora_rank
+        q = (h * r + r + r * qk) if r else h * qk
+        kv = h * (self.kv_lora_rank + self.qk_rope_head_dim) + self.kv_lora_rank
+        kv += self.kv_lora_rank * H * (self.qk_nope_head_dim + self.v_head_dim)
+        return q + kv + H * self.v_head_dim * h
 
     def num_params(self, active: bool = False) -> int:
         """Every parameter; `active`: those one token computes with (its experts only)."""
-        h, kv = self.hidden_size, self.num_kv_heads * self.head_dim
-        q = self.num_heads * self.head_dim
-        per_layer = h * (q + 2 * kv) + q * h + 2 * h
-        per_layer += 2 * self.head_dim if self.qk_norm else 0
+        h = self.hidden_size
+        per_layer = self._attention_params() + 2 * h
         experts = self.experts_per_token if active else self.num_experts
-        moe = experts * 3 * h * self.moe_intermediate_size + self.num_experts * h
+        moe = (experts + self.shared_experts) * 3 * h * self.moe_intermediate_size
+        moe += self.num_experts * (h + (1 if self.router_bias else 0))  # the router
         mlps = sum(
             moe if self.moe_layer(i) else 3 * h * self.intermediate_size
             for i in range(self.num_layers)
@@ -111,133 +223,17 @@ class ModelConfig:
             2.0 * self.num_params(active=True),
             self.num_params() * dtype_bytes,
             f"{self.arch} from its checkpoint's config.json, {dtype_bytes}-byte values",
-            attn_flops_per_pair=4.0 * self.num_layers * self.num_heads * self.head_dim,
+            attn_flops_per_pair=self._attention_flops_per_pair(),
         )
 
-    @classmethod
-    def from_hf(cls, d: dict[str, Any]) -> ModelConfig:
-        model_type = d.get("model_type")
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            archs = d.get("architectures")
-            named = f" ({', '.join(map(str, archs))})" if isinstance(archs, list) and archs else ""
-            raise ModelSpecError(
-                f"model_type {model_type!r}{named} is not supported; supported: "
-                + ", ".join(repr(t) for t in SUPPORTED_MODEL_TYPES)
-            )
-        act = d.get("hidden_act", "silu")
-        if act != "silu":
-            raise ModelSpecError(f"hidden_act {act!r} is not supported (only 'silu')")
-        if model_type in ("qwen2", "qwen3", "qwen3_moe") and d.get("use_sliding_window"):
-            raise ModelSpecError(
-                f"{model_type} sliding-window attention (use_sliding_window: true) is not supported"
-            )
-        if model_type in ("mistral", "mixtral"):
-            _check_mistral_window(d)
-        try:
-            heads = int(d["num_attention_heads"])
-            hidden = int(d["hidden_size"])
-            theta, scaling = _rope_from_hf(d)
-            eos = d.get("eos_token_id")
-            eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
-            attention_bias = bool(d.get("attention_bias", False))
-            qwen2 = model_type == "qwen2"
-            layers = int(d["num_hidden_layers"])
-            return cls(
-                arch=model_type,
-                vocab_size=int(d["vocab_size"]),
-                hidden_size=hidden,
-                intermediate_size=int(d["intermediate_size"]),
-                num_layers=layers,
-                num_heads=heads,
-                num_kv_heads=int(d.get("num_key_value_heads") or heads),
-                head_dim=int(d.get("head_dim") or hidden // heads),
-                rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-                rope_theta=theta,
-                rope_scaling=scaling,
-                max_position_embeddings=int(d.get("max_position_embeddings", 4096)),
-                # Qwen2 always biases q/k/v, never o; the others follow `attention_bias` (all four)
-                qkv_bias=True if qwen2 else attention_bias,
-                o_bias=False if qwen2 else attention_bias,
-                mlp_bias=bool(d.get("mlp_bias", False)),
-                qk_norm=model_type in ("qwen3", "qwen3_moe"),
-                tie_word_embeddings=bool(d.get("tie_word_embeddings", qwen2)),
-                bos_token_id=d.get("bos_token_id"),
-                eos_token_ids=eos_ids,
-                **(_moe_from_hf(d, model_type, layers) if model_type in MOE_MODEL_TYPES else {}),
-            )
-        except KeyError as exc:
-            raise ModelSpecError(f"config.json lacks required key {exc.args[0]!r}") from None
-        except (TypeError, ValueError) as exc:
-            if isinstance(exc, ModelSpecError):
-                raise
-            raise ModelSpecError(f"config.json has a malformed value: {exc}") from None
-
-
-def _moe_from_hf(d: dict[str, Any], model_type: str, layers: int) -> dict[str, Any]:
-    """The experts of a Qwen3-MoE (its config names them num_experts; transformers 5 writes
-    num_local_experts) or Mixtral config."""
-    experts = int(d.get("num_local_experts") or d.get("num_experts") or 0)
-    if experts < 1:
-        raise ModelSpecError(f"{model_type}: config.json names no experts (num_local_experts)")
-    if (
-        model_type == "mixtral"
-    ):  # every layer, top-k always renormalised, experts as wide as the MLP
-        return dict(
-            num_experts=experts,
-            experts_per_token=int(d["num_experts_per_tok"]),
-            moe_intermediate_size=int(d["intermediate_size"]),
-            norm_topk_prob=True,
-        )
-    if d.get("shared_expert_intermediate_size"):
-        raise ModelSpecError(f"{model_type}: shared experts are not supported")
-    step = int(d.get("decoder_sparse_step") or 1)
-    only_mlp = {int(i) for i in d.get("mlp_only_layers") or []}
-    dense = tuple(i for i in range(layers) if i in only_mlp or (i + 1) % step)
-    return dict(
-        num_experts=experts,
-        experts_per_token=int(d["num_experts_per_tok"]),
-        moe_intermediate_size=int(d["moe_intermediate_size"]),
-        norm_topk_prob=bool(d.get("norm_topk_prob", False)),
-        dense_layers=dense,
-    )
-
-
-def _check_mistral_window(d: dict[str, Any]) -> None:
-    """Attention here is full causal: a window is harmless only when no sequence can exceed it."""
-    window = d.get("sliding_window")
-    if window is None:
-        return
-    max_pos = int(d.get("max_position_embeddings", 4096))
-    if int(window) < max_pos:
-        raise ModelSpecError(
-            f"Mistral sliding_window {window} is smaller than max_position_embeddings {max_pos}: "
-            "sliding-window attention is not supported (set sliding_window to null, or "
-            f"max_position_embeddings to at most {window}, in config.json)"
-        )
-
-
-def _rope_from_hf(d: dict[str, Any]) -> tuple[float, RopeScaling]:
-    # transformers 5 writes `rope_parameters` (theta inside); 4.x `rope_theta` + `rope_scaling`.
-    params = d.get("rope_parameters") or d.get("rope_scaling") or {}
-    theta = float(params.get("rope_theta", d.get("rope_theta", 10000.0)))
-    rope_type = params.get("rope_type", params.get("type", "default"))
-    if params.get("partial_rotary_factor", d.get("partial_rotary_factor", 1.0)) != 1.0:
-        raise ModelSpecError("partial_rotary_factor != 1 is not supported")
-    if rope_type == "default":
-        return theta, RopeScaling()
-    if rope_type == "linear":
-        return theta, RopeScaling("linear", factor=float(params["factor"]))
-    if rope_type == "llama3":
-        return theta, RopeScaling(
-            "llama3",
-            factor=float(params["factor"]),
-            low_freq_factor=float(params["low_freq_factor"]),
-            high_freq_factor=float(params["high_freq_factor"]),
-            original_max_position_embeddings=int(params["original_max_position_embeddings"]),
-        )
-    raise ModelSpecError(
-        f"RoPE type {rope_type!r} is not supported; supported: default, linear, llama3"
-    )
+    def _attention_flops_per_pair(self) -> float:
+        """2 x (query-key width + value width) per query head and layer; MLA counted in its
+        uncompressed form, as the presets count DeepSeek-V3 (what prefill computes)."""
+        if self.mla:
+            widths = self.qk_nope_head_dim + self.qk_rope_head_dim + self.v_head_dim
+        else:
+            widths = 2 * self.head_dim
+        return 2.0 * self.num_layers * self.num_heads * widths
 
 
 # 32 KiB of fp32 KV per token (inside PDD's 10-80 KB range), GQA and llama3 RoPE: every code path
@@ -267,69 +263,3 @@ TINY_LLAMA = ModelConfig(
 
 # the built-in models (`builtin:<name>`) and their configs
 BUILTIN_CONFIGS: dict[str, ModelConfig] = {"tiny-llama": TINY_LLAMA}
-
-
-def _read_json(file: Path) -> dict:
-    try:
-        raw = json.loads(file.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise ModelSpecError(f"{file}: cannot parse: {exc}") from None
-    if not isinstance(raw, dict):
-        raise ModelSpecError(f"{file}: expected a JSON object")
-    return raw
-
-
-def read_config(path: Path) -> ModelConfig:
-    """A checkpoint directory's config.json; EOS IDs also from generation_config.json, which is
-    where instruct checkpoints list their end-of-turn token (and what transformers stops at)."""
-    cfg_file = path / "config.json"
-    if not cfg_file.is_file():
-        raise ModelSpecError(f"{path}: no config.json")
-    config = ModelConfig.from_hf(_read_json(cfg_file))
-    gen_file = path / "generation_config.json"
-    if gen_file.is_file():
-        eos = _read_json(gen_file).get("eos_token_id")
-        extra = eos if isinstance(eos, list) else ([] if eos is None else [eos])
-        merged = tuple(dict.fromkeys([*config.eos_token_ids, *(int(e) for e in extra)]))
-        config = replace(config, eos_token_ids=merged)
-    return config
-
-
-# config.json's dtype (transformers 5) or torch_dtype -> bytes a value is served at
-_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2, "float8_e4m3fn": 1}
-
-
-def checkpoint_arch(spec: str) -> ModelArch:
-    """What planning assumes of the model `spec` names (`builtin:<name>`, a checkpoint directory,
-    or a Hub id already in the Hub cache: nothing is downloaded), from its config.json and the
-    dtype it was saved in (bf16 when it does not say). ModelSpecError when there is none."""
-    if spec.startswith("builtin:"):
-        name = spec.split(":", 1)[1]
-        if name not in BUILTIN_CONFIGS:
-            raise ModelSpecError(f"unknown builtin model {name!r}")
-        return BUILTIN_CONFIGS[name].planning_arch(spec, dtype_bytes=4)  # fp32, as it is served
-    path = Path(spec) / "config.json"
-    if not path.is_file():
-        from pddflow.core.model_ref import is_hub_id
-
-        cached = _cached_hub_config(spec) if is_hub_id(spec) else None
-        if cached is None:
-            raise ModelSpecError(
-                f"no config.json for {spec!r} here (a checkpoint directory, or a Hub id already "
-                "downloaded); download it first, or name an arch preset"
-            )
-        path = cached
-    raw = _read_json(path)  # read once: the dtype and the config (its EOS IDs plan nothing)
-    dtype = str(raw.get("dtype") or raw.get("torch_dtype") or "bfloat16")
-    return ModelConfig.from_hf(raw).planning_arch(
-        f"checkpoint:{spec}", dtype_bytes=_DTYPE_BYTES.get(dtype, 2)
-    )
-
-
-def _cached_hub_config(repo_id: str) -> Path | None:
-    try:
-        from huggingface_hub import try_to_load_from_cache
-    except ImportError:  # pragma: no cover - a dependency
-        return None
-    found = try_to_load_from_cache(repo_id, "config.json")
-    return Path(found) if isinstance(found, str) else None

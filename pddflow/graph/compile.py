@@ -12,8 +12,9 @@ from typing import Any
 
 from pddflow.core.arch import ARCHS, FROM_CHECKPOINT, ModelArch
 from pddflow.core.device import GIB, DeviceClass
+from pddflow.core.hf_config import checkpoint_arch
 from pddflow.core.link import Jitter, LinkModel, window_stream_gbps
-from pddflow.core.model_config import BUILTIN_CONFIGS, ModelSpecError, checkpoint_arch
+from pddflow.core.model_config import BUILTIN_CONFIGS, ModelSpecError
 from pddflow.core.model_ref import is_hub_id
 from pddflow.core.operator_types import OPERATOR_TYPES, OperatorType
 from pddflow.core.policies import POLICIES

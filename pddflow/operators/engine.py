@@ -84,6 +84,8 @@ class Engine:
                 local.group_size,
                 config.attention_tile,
                 torch.get_num_threads(),
+                local.kv_planes,
+                local.value_dim,
             )
             if self.device.type == "cpu"
             else Numerics(1, True, False)
@@ -356,10 +358,10 @@ class Engine:
         return continuous_batching.generate(self, requests, sampling, max_batch, on_step)
 
     def _block_shape(self, heads: int | None = None) -> tuple[int, ...]:
-        """One block of the whole model (or of `heads` KV heads): [layers, 2, block_size,
+        """One block of the whole model (or of `heads` KV heads): [layers, planes, block_size,
         num_kv_heads, head_dim]."""
         c = self.model_config
-        return (c.num_layers, 2, self.block_size, heads or c.num_kv_heads, c.head_dim)
+        return (c.num_layers, c.kv_planes, self.block_size, heads or c.num_kv_heads, c.head_dim)
 
     def _allocate(self, n: int, what: str) -> list[int]:
         short = n - self.allocator.num_free
@@ -430,6 +432,8 @@ class Engine:
             tile=self.config.attention_tile,
             row_multiple=self.numerics.row_multiple,
             decode_kt_view=self.numerics.decode_kt_view,
+            kv_planes=self.model.config.kv_planes,
+            value_dim=self.model.config.value_dim,
         )
         rows = None
         if logits:

@@ -1,4 +1,6 @@
-"""The paged KV pool: one tensor, each block one contiguous slab (docs/engine.md, KV layout)."""
+"""The paged KV pool: one tensor, each block one contiguous slab (docs/engine.md, KV layout):
+[blocks, layers, planes, block_size, KV heads, head_dim], the planes K and V, or latent attention's
+one (the latent and the RoPE key of each token)."""
 
 from __future__ import annotations
 
@@ -32,7 +34,7 @@ class KVPool:
         self.tensor = torch.zeros(
             num_blocks,
             config.num_layers,
-            2,
+            config.kv_planes,
             block_size,
             config.num_kv_heads,
             config.head_dim,
@@ -48,10 +50,12 @@ class KVPool:
         self,
         layer: int,
         k: torch.Tensor,
-        v: torch.Tensor,
+        v: torch.Tensor | None,
         slot_blocks: torch.Tensor,
         slot_offsets: torch.Tensor,
     ) -> None:
-        """Store K/V [T, Hkv, D] of T tokens at (block, offset) slots."""
+        """Store K/V [T, Hkv, D] of T tokens at (block, offset) slots (latent attention: its
+        one plane as k, v None)."""
         self.tensor[slot_blocks, layer, 0, slot_offsets] = k.to(self.tensor.dtype)
-        self.tensor[slot_blocks, layer, 1, slot_offsets] = v.to(self.tensor.dtype)
+        if v is not None:
+            self.tensor[slot_blocks, layer, 1, slot_offsets] = v.to(self.tensor.dtype)

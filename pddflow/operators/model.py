@@ -1,6 +1,7 @@
 """The Llama-architecture decoder (Llama, Mistral, Qwen2, Qwen3; Qwen3-MoE and Mixtral with a
-mixture of experts for the MLP) over the paged KV pool; every op is row-wise or batch-invariant,
-so any mix of prefill, extend and decode rows can share a forward."""
+mixture of experts for the MLP; DeepSeek-V2/V3 with latent attention and shared experts) over the
+paged KV pool; every op is row-wise or batch-invariant, so any mix of prefill, extend and decode
+rows can share a forward."""
 
 from __future__ import annotations
 
@@ -12,26 +13,23 @@ import torch
 from pddflow.core.model_config import ModelConfig
 from pddflow.kernels.paged_attention import AttentionPlan, paged_attention
 from pddflow.operators.kv_cache import KVPool
+from pddflow.operators.latent_attention import LatentAttention
 from pddflow.operators.linear import Linear
-from pddflow.operators.mlp import GatedMLP, MixtureOfExperts
+from pddflow.operators.mlp import GatedMLP, MixtureOfExperts, Routing
+from pddflow.operators.norm import rms_norm
 from pddflow.operators.rope import Rope
 from pddflow.operators.tensor_parallel import Shard
 from pddflow.operators.weights import moe_weight_names
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    xf = x.float()
-    xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * xf.to(x.dtype)
 
 
 @dataclass
 class _Layer:
     ln1: torch.Tensor
     ln2: torch.Tensor
-    qkv: Linear
+    qkv: Linear | None  # None: latent attention (mla)
     o: Linear
     mlp: GatedMLP | MixtureOfExperts
+    mla: LatentAttention | None = None
     q_norm: torch.Tensor | None = None  # Qwen3: per-head RMSNorm weights [head_dim]
     k_norm: torch.Tensor | None = None
     # tensor parallel: o and down hold partial sums; their biases are added once, after the sum
@@ -87,8 +85,8 @@ class LlamaModel:
             )
 
         def feed_forward(i: int) -> GatedMLP | MixtureOfExperts:
+            m = f"model.layers.{i}.mlp."
             if not config.moe_layer(i):
-                m = f"model.layers.{i}.mlp."
                 return gated(m + "gate_proj", m + "up_proj", m + "down_proj", "inter", True)
             router, *projs = moe_weight_names(config, i)
             experts: list[GatedMLP | None] = []
@@ -98,11 +96,48 @@ class LlamaModel:
                     continue
                 gate, up, down = (n.removesuffix(".weight") for n in projs[3 * e : 3 * e + 3])
                 experts.append(gated(gate, up, down, "expert", bias=False))
+            s = m + "shared_experts."
+            shared = config.shared_experts and gated(
+                s + "gate_proj", s + "up_proj", s + "down_proj", "shared", bias=False
+            )
+            bias = router.removesuffix("weight") + "e_score_correction_bias"
             return MixtureOfExperts(
                 Linear(w(router), None, max_rows),
                 experts,
-                config.experts_per_token,
-                config.norm_topk_prob,
+                Routing.of(config),
+                weights[bias].float().to(device) if config.router_bias else None,
+                shared or None,
+            )
+
+        def latent_attention(i: int) -> LatentAttention:
+            a = f"model.layers.{i}.self_attn."
+            heads = range(shard.h0, shard.h1) if shard is not None else range(config.num_heads)
+            return LatentAttention.of(
+                lambda n: w(
+                    a + n, {"q_proj.weight": "mla_q", "q_b_proj.weight": "mla_q"}.get(n, "")
+                ),
+                lambda n: opt(a + n),
+                w(a + "kv_b_proj.weight"),
+                heads,
+                config.qk_nope_head_dim,
+                config.qk_rope_head_dim,
+                config.v_head_dim,
+                max_rows,
+            )
+
+        def qkv(a: str) -> Linear:
+            return Linear(
+                torch.cat(
+                    [
+                        w(a + "q_proj.weight", "q"),
+                        w(a + "k_proj.weight", "kv"),
+                        w(a + "v_proj.weight", "kv"),
+                    ]
+                ),
+                cat_bias(
+                    [(a + "q_proj.bias", "q"), (a + "k_proj.bias", "kv"), (a + "v_proj.bias", "kv")]
+                ),
+                max_rows,
             )
 
         self.embed = w("model.embed_tokens.weight")
@@ -115,25 +150,14 @@ class LlamaModel:
                 _Layer(
                     ln1=w(p + "input_layernorm.weight"),
                     ln2=w(p + "post_attention_layernorm.weight"),
-                    qkv=Linear(
-                        torch.cat(
-                            [
-                                w(a + "q_proj.weight", "q"),
-                                w(a + "k_proj.weight", "kv"),
-                                w(a + "v_proj.weight", "kv"),
-                            ]
-                        ),
-                        cat_bias(
-                            [
-                                (a + "q_proj.bias", "q"),
-                                (a + "k_proj.bias", "kv"),
-                                (a + "v_proj.bias", "kv"),
-                            ]
-                        ),
+                    qkv=None if config.mla else qkv(a),
+                    o=Linear(
+                        w(a + "o_proj.weight", "mla_o" if config.mla else "o"),
+                        o_bias if whole else None,
                         max_rows,
                     ),
-                    o=Linear(w(a + "o_proj.weight", "o"), o_bias if whole else None, max_rows),
                     mlp=feed_forward(i),
+                    mla=latent_attention(i) if config.mla else None,
                     q_norm=opt(a + "q_norm.weight") if config.qk_norm else None,
                     k_norm=opt(a + "k_norm.weight") if config.qk_norm else None,
                     o_bias=None if whole else o_bias,
@@ -144,7 +168,36 @@ class LlamaModel:
         head = self.embed if config.tie_word_embeddings else w("lm_head.weight")
         self.lm_head = Linear(head, None, max_rows)
         self.rope = Rope(config, device, dtype)
-        self.scale = config.head_dim**-0.5
+        self.scale = config.softmax_scale
+
+    def _attention(
+        self,
+        layer: _Layer,
+        i: int,
+        x: torch.Tensor,
+        positions: torch.Tensor,
+        slot_blocks: torch.Tensor,
+        slot_offsets: torch.Tensor,
+        plan: AttentionPlan,
+        pool: KVPool,
+    ) -> torch.Tensor:
+        """Grouped-query attention of layer i: [T, heads x head_dim], before o_proj."""
+        c = self.config
+        T = x.shape[0]
+        H, Hkv, D = c.num_heads, c.num_kv_heads, c.head_dim
+        qd, kvd = H * D, Hkv * D
+        assert layer.qkv is not None
+        qkv = layer.qkv(x)
+        q = qkv[:, :qd].view(T, H, D)
+        k = qkv[:, qd : qd + kvd].view(T, Hkv, D)
+        if layer.q_norm is not None and layer.k_norm is not None:  # Qwen3, before RoPE
+            q = rms_norm(q, layer.q_norm, c.rms_norm_eps)
+            k = rms_norm(k, layer.k_norm, c.rms_norm_eps)
+        q = self.rope(q, positions)
+        k = self.rope(k, positions)
+        v = qkv[:, qd + kvd :].view(T, Hkv, D)
+        pool.write(i, k, v, slot_blocks, slot_offsets)
+        return paged_attention(q, pool.tensor, i, plan, self.scale).reshape(T, qd)
 
     def _row_parallel(self, y: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.reduce is None:
@@ -165,24 +218,18 @@ class LlamaModel:
         """Run T token rows, writing their K/V into `pool`; fp32 logits of `logit_rows` (None:
         no logits, a follower's forward)."""
         c = self.config
-        T = input_ids.shape[0]
-        H, Hkv, D = c.num_heads, c.num_kv_heads, c.head_dim
-        qd, kvd = H * D, Hkv * D
         h = self.embed[input_ids]
         for i, layer in enumerate(self.layers):
             x = rms_norm(h, layer.ln1, c.rms_norm_eps)
-            qkv = layer.qkv(x)
-            q = qkv[:, :qd].view(T, H, D)
-            k = qkv[:, qd : qd + kvd].view(T, Hkv, D)
-            if layer.q_norm is not None and layer.k_norm is not None:  # Qwen3, before RoPE
-                q = rms_norm(q, layer.q_norm, c.rms_norm_eps)
-                k = rms_norm(k, layer.k_norm, c.rms_norm_eps)
-            q = self.rope(q, positions)
-            k = self.rope(k, positions)
-            v = qkv[:, qd + kvd :].view(T, Hkv, D)
-            pool.write(i, k, v, slot_blocks, slot_offsets)
-            attn = paged_attention(q, pool.tensor, i, plan, self.scale)
-            h = h + self._row_parallel(layer.o(attn.reshape(T, qd)), layer.o_bias)
+            if layer.mla is not None:
+                attn = layer.mla(
+                    x, positions, self.rope, pool, i, slot_blocks, slot_offsets, plan, self.scale
+                )
+            else:
+                attn = self._attention(
+                    layer, i, x, positions, slot_blocks, slot_offsets, plan, pool
+                )
+            h = h + self._row_parallel(layer.o(attn), layer.o_bias)
             x = rms_norm(h, layer.ln2, c.rms_norm_eps)
             h = h + self._row_parallel(layer.mlp(x), layer.down_bias)
         if logit_rows is None:

@@ -62,6 +62,9 @@ def layout_problems(config: ModelConfig, size: int, expert_parallel: bool = Fals
         )
     if inter % size:
         out.append(f"intermediate size {inter} does not split over {size} ranks")
+    shared = config.shared_experts * config.moe_intermediate_size
+    if shared % size:
+        out.append(f"shared experts' intermediate size {shared} does not split over {size} ranks")
     moe, experts = config.moe_intermediate_size, config.num_experts
     if experts and expert_parallel and experts % size:
         out.append(f"{experts} experts do not split over {size} ranks (expert parallel)")
@@ -135,20 +138,28 @@ class Shard:
         return kv_heads(config.num_kv_heads, size, rank)
 
     def slice(self, t: torch.Tensor, part: str) -> torch.Tensor:
-        """This rank's slice of a full weight or bias: q, kv, inter and expert rows
-        (column-parallel), o, inter_down and expert_down columns (row-parallel). A copy, so the
-        full tensor can be freed."""
-        d = self.full.head_dim
+        """This rank's slice of a full weight or bias: q, kv, inter, expert and shared rows
+        (column-parallel), o, inter_down, expert_down and shared_down columns (row-parallel);
+        latent attention's per-head query rows (mla_q) and output columns (mla_o). A copy, so
+        the full tensor can be freed."""
+        c, d = self.full, self.full.head_dim
+        qk, v = c.qk_nope_head_dim + c.qk_rope_head_dim, c.v_head_dim
+        w = c.shared_experts * c.moe_intermediate_size // self.size
         rows = {
             "q": (self.h0 * d, self.h1 * d),
             "kv": (self.k0 * d, self.k1 * d),
             "inter": (self.i0, self.i1),
             "expert": (self.m0, self.m1),
+            "shared": (self.rank * w, (self.rank + 1) * w),
+            "mla_q": (self.h0 * qk, self.h1 * qk),
             "o": (self.h0 * d, self.h1 * d),
             "inter_down": (self.i0, self.i1),
             "expert_down": (self.m0, self.m1),
+            "shared_down": (self.rank * w, (self.rank + 1) * w),
+            "mla_o": (self.h0 * v, self.h1 * v),
         }[part]
-        dim = t.dim() - 1 if part in ("o", "inter_down", "expert_down") else 0
+        row_parallel = ("o", "inter_down", "expert_down", "shared_down", "mla_o")
+        dim = t.dim() - 1 if part in row_parallel else 0
         return t.narrow(dim, rows[0], rows[1] - rows[0]).clone()
 
     def kv_owners(self) -> list[int]:

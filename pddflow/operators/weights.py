@@ -8,11 +8,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from pddflow.core.hf_config import read_config
 from pddflow.core.model_config import (
     BUILTIN_CONFIGS,
     ModelConfig,
     ModelSpecError,
-    read_config,
 )
 from pddflow.core.registry import did_you_mean
 from pddflow.operators.tokenizer import ByteTokenizer, HFTokenizer, Tokenizer
@@ -53,14 +53,21 @@ def hf_weight_names(config: ModelConfig) -> list[str]:
     for i in range(config.num_layers):
         p = f"model.layers.{i}."
         names += [p + "input_layernorm.weight", p + "post_attention_layernorm.weight"]
-        for proj in ("q", "k", "v", "o"):
-            names.append(p + f"self_attn.{proj}_proj.weight")
-            if (config.qkv_bias and proj != "o") or (config.o_bias and proj == "o"):
-                names.append(p + f"self_attn.{proj}_proj.bias")
+        if config.mla:
+            names += [p + "self_attn." + n for n in _mla_names(config)]
+        else:
+            for proj in ("q", "k", "v", "o"):
+                names.append(p + f"self_attn.{proj}_proj.weight")
+                if (config.qkv_bias and proj != "o") or (config.o_bias and proj == "o"):
+                    names.append(p + f"self_attn.{proj}_proj.bias")
         if config.qk_norm:
             names += [p + "self_attn.q_norm.weight", p + "self_attn.k_norm.weight"]
         if config.moe_layer(i):
             names += moe_weight_names(config, i)
+            if config.router_bias:
+                names.append(p + "mlp.gate.e_score_correction_bias")
+            if config.shared_experts:
+                names += [p + f"mlp.shared_experts.{x}_proj.weight" for x in ("gate", "up", "down")]
             continue
         for proj in ("gate", "up", "down"):
             names.append(p + f"mlp.{proj}_proj.weight")
@@ -72,10 +79,24 @@ def hf_weight_names(config: ModelConfig) -> list[str]:
     return names
 
 
+def _mla_names(config: ModelConfig) -> list[str]:
+    """Latent attention's projections under self_attn. (DeepSeek-V2-Lite has no query LoRA)."""
+    q = ["q_a_proj.weight", "q_a_layernorm.weight", "q_b_proj.weight"]
+    return [
+        *(q if config.q_lora_rank else ["q_proj.weight"]),
+        "kv_a_proj_with_mqa.weight",
+        "kv_a_layernorm.weight",
+        "kv_b_proj.weight",
+        "o_proj.weight",
+    ]
+
+
 # an MoE layer's names: (router, each expert's gate, up, down) under its module, by architecture
 _MOE_NAMES = {
     "qwen3_moe": ("mlp", "gate_proj", "up_proj", "down_proj"),
     "mixtral": ("block_sparse_moe", "w1", "w3", "w2"),
+    "deepseek_v2": ("mlp", "gate_proj", "up_proj", "down_proj"),
+    "deepseek_v3": ("mlp", "gate_proj", "up_proj", "down_proj"),
 }
 
 
@@ -94,11 +115,17 @@ def _shape(config: ModelConfig, name: str) -> tuple[int, ...]:
     q, kv, inter = config.num_heads * d, config.num_kv_heads * d, config.intermediate_size
     leaf = name.rsplit(".", 2)[-2:]
     module, kind = leaf[0], leaf[1]
-    if ".experts." in name:  # gate and up: [moe_inter, h]; down: [h, moe_inter]
+    if ".experts." in name or ".shared_experts." in name:  # gate, up: [inter, h]; down: [h, inter]
         mi = config.moe_intermediate_size
+        if ".shared_experts." in name:
+            mi *= config.shared_experts
         return (h, mi) if module in ("down_proj", "w2") else (mi, h)
     if module == "gate":  # the router
-        return (config.num_experts, h)
+        return (
+            (config.num_experts,) if kind == "e_score_correction_bias" else (config.num_experts, h)
+        )
+    if config.mla and ".self_attn." in name:
+        return _mla_shape(config, module)
     if module in ("embed_tokens", "lm_head"):
         return (config.vocab_size, h)
     if module in ("input_layernorm", "post_attention_layernorm", "norm"):
@@ -115,6 +142,22 @@ def _shape(config: ModelConfig, name: str) -> tuple[int, ...]:
         "down_proj": (h, inter),
     }[module]
     return out_in if kind == "weight" else (out_in[0],)
+
+
+def _mla_shape(config: ModelConfig, module: str) -> tuple[int, ...]:
+    H, h = config.num_heads, config.hidden_size
+    qk = H * (config.qk_nope_head_dim + config.qk_rope_head_dim)
+    kv_lora, q_lora = config.kv_lora_rank, config.q_lora_rank
+    return {
+        "q_proj": (qk, h),
+        "q_a_proj": (q_lora, h),
+        "q_a_layernorm": (q_lora,),
+        "q_b_proj": (qk, q_lora),
+        "kv_a_proj_with_mqa": (kv_lora + config.qk_rope_head_dim, h),
+        "kv_a_layernorm": (kv_lora,),
+        "kv_b_proj": (H * (config.qk_nope_head_dim + config.v_head_dim), kv_lora),
+        "o_proj": (h, H * config.v_head_dim),
+    }[module]
 
 
 def builtin_weights(config: ModelConfig, seed: int) -> dict[str, torch.Tensor]:

@@ -289,3 +289,107 @@ def tiny_mixtral(path: Path, seed: int = 0, layers: int = 2, experts: int = 4) -
         eos_token_id=special["</s>"],
     )
     return _save(transformers.MixtralForCausalLM(cfg), path, seed)
+
+
+def _deepseek_dims(vocab: int, layers: int, heads: int) -> dict:
+    """Latent attention at toy widths (latent 32, RoPE 16, no-RoPE 16, value 24: every width
+    apart) and a mixture of 8 experts of 32, 2 per token, after one dense layer."""
+    return dict(
+        **_tiny_dims(vocab, layers, heads=heads, kv_heads=heads),
+        kv_lora_rank=32,
+        qk_rope_head_dim=16,
+        qk_nope_head_dim=16,
+        v_head_dim=24,
+        n_routed_experts=8,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        first_k_dense_replace=1,
+        rms_norm_eps=1e-6,
+    ) | {"max_position_embeddings": 256}  # YaRN's factor 4 x its original 64
+
+
+def _randomize_deepseek(model, seed: int) -> None:
+    """_randomize, plus what it leaves at HF's init: the fused experts at the projections'
+    scale, and V3's routing bias (a buffer) large enough to change choices."""
+    import torch
+
+    _randomize(model, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.2)
+        for name, b in model.named_buffers():
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(torch.randn(b.shape, generator=gen) * 0.1)
+
+
+def tiny_deepseek_v2(path: Path, seed: int = 0, layers: int = 3, heads: int = 4) -> Path:
+    """Shaped like DeepSeek-V2-Lite: latent attention without a query LoRA, YaRN (mscale equal
+    to mscale_all_dim, as V2-Lite has it), softmax routing (`greedy`), 2 shared experts, the first
+    layer dense, ChatML."""
+    import transformers
+
+    vocab, special = _chatml_tokenizer(path, CHATML_TEMPLATE)
+    cfg = transformers.DeepseekV2Config(
+        **_deepseek_dims(vocab, layers, heads),
+        q_lora_rank=None,
+        n_shared_experts=2,
+        topk_method="greedy",
+        n_group=1,
+        topk_group=1,
+        norm_topk_prob=False,
+        routed_scaling_factor=1.0,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 1e4,
+            "factor": 4.0,
+            "original_max_position_embeddings": 64,
+            "mscale": 0.707,
+            "mscale_all_dim": 0.707,
+            "beta_fast": 32,
+            "beta_slow": 1,
+        },
+        bos_token_id=special["<|endoftext|>"],
+        eos_token_id=special["<|im_end|>"],
+    )
+    model = transformers.DeepseekV2ForCausalLM(cfg)
+    _randomize_deepseek(model, seed)
+    model.save_pretrained(path)
+    return path
+
+
+def tiny_deepseek_v3(path: Path, seed: int = 0, layers: int = 3, heads: int = 4) -> Path:
+    """Shaped like DeepSeek-V3: latent attention with a query LoRA, interleaved RoPE with YaRN
+    (mscale apart from mscale_all_dim, so cos and sin are scaled too), sigmoid routing with the
+    correction bias over 4 groups of which 2 are kept, renormalised and scaled by 2.5, one shared
+    expert, the first layer dense, ChatML."""
+    import transformers
+
+    vocab, special = _chatml_tokenizer(path, CHATML_TEMPLATE)
+    cfg = transformers.DeepseekV3Config(
+        **_deepseek_dims(vocab, layers, heads),
+        q_lora_rank=48,
+        n_shared_experts=1,
+        n_group=4,
+        topk_group=2,
+        norm_topk_prob=True,
+        routed_scaling_factor=2.5,
+        rope_interleave=True,
+        rope_parameters={
+            "rope_type": "yarn",
+            "rope_theta": 1e4,
+            "factor": 4.0,
+            "original_max_position_embeddings": 64,
+            "mscale": 1.0,
+            "mscale_all_dim": 0.8,
+            "beta_fast": 32,
+            "beta_slow": 1,
+        },
+        bos_token_id=special["<|endoftext|>"],
+        eos_token_id=special["<|im_end|>"],
+    )
+    model = transformers.DeepseekV3ForCausalLM(cfg)
+    _randomize_deepseek(model, seed)
+    model.save_pretrained(path)
+    return path

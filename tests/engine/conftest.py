@@ -43,6 +43,35 @@ SMALL_MOE = replace(
     SMALL, arch="mixtral", num_experts=4, experts_per_token=2, moe_intermediate_size=32
 )
 
+# DeepSeek-V3's shape: latent attention (latent 32 + RoPE 16 as the one KV head, a query LoRA,
+# interleaved RoPE with YaRN), a dense first layer, then 8 experts in 4 groups (2 kept), 2 per
+# token by biased sigmoid scores, and a shared expert
+SMALL_MLA = replace(
+    SMALL,
+    arch="deepseek_v3",
+    num_kv_heads=1,
+    head_dim=48,
+    kv_lora_rank=32,
+    q_lora_rank=24,
+    qk_nope_head_dim=16,
+    qk_rope_head_dim=16,
+    v_head_dim=24,
+    rope_interleave=True,
+    rope_scaling=RopeScaling(
+        "yarn", factor=4.0, original_max_position_embeddings=32, mscale=1.0, mscale_all_dim=0.8
+    ),
+    num_experts=8,
+    experts_per_token=2,
+    moe_intermediate_size=32,
+    dense_layers=(0,),
+    shared_experts=1,
+    router="noaux_tc",
+    router_groups=4,
+    router_topk_groups=2,
+    routed_scaling_factor=2.5,
+    router_bias=True,
+)
+
 
 @pytest.fixture(autouse=True, scope="module")
 def _one_thread():
@@ -166,6 +195,16 @@ def tiny_qwen3_moe_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_mixtral_dir(tmp_path_factory) -> Path:
     return _tiny(tmp_path_factory, "mixtral", 5)
+
+
+@pytest.fixture(scope="session")
+def tiny_deepseek_v2_dir(tmp_path_factory) -> Path:
+    return _tiny(tmp_path_factory, "deepseek_v2", 6)
+
+
+@pytest.fixture(scope="session")
+def tiny_deepseek_v3_dir(tmp_path_factory) -> Path:
+    return _tiny(tmp_path_factory, "deepseek_v3", 7)
 
 
 @pytest.fixture(scope="session")

@@ -1,12 +1,14 @@
 """The engine against transformers on the same weights: logits within 1e-4 (fp32) and identical
 greedy continuations, for Llama (GQA, llama3 RoPE scaling), Qwen2 (q/k/v bias, tied embeddings),
-Qwen3 (per-head q/k RMSNorm, head_dim apart from hidden / heads), Mistral, and the mixtures of
-experts Qwen3-MoE (a dense layer among MoE ones) and Mixtral."""
+Qwen3 (per-head q/k RMSNorm, head_dim apart from hidden / heads), Mistral, the mixtures of
+experts Qwen3-MoE (a dense layer among MoE ones) and Mixtral, and DeepSeek-V2-Lite and V3 shapes
+(latent attention, YaRN, shared experts, softmax and biased-sigmoid group routing)."""
 
 import pytest
 import torch
 from conftest import with_config
 
+from pddflow.core.hf_config import config_from_hf
 from pddflow.core.model_config import ModelSpecError
 from pddflow.core.payloads import SamplingParams
 from pddflow.operators.engine import Engine, EngineConfig
@@ -26,6 +28,8 @@ ARCH_FIXTURES = [
     "tiny_mistral_dir",
     "tiny_qwen3_moe_dir",
     "tiny_mixtral_dir",
+    "tiny_deepseek_v2_dir",
+    "tiny_deepseek_v3_dir",
 ]
 
 
@@ -93,8 +97,8 @@ def test_builtin_weights_are_deterministic():
         ({"model_type": "gpt2"}, "model_type 'gpt2' (LlamaForCausalLM) is not supported"),
         ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
         (
-            {"rope_parameters": {"rope_type": "yarn", "rope_theta": 1e4, "factor": 2.0}},
-            "RoPE type 'yarn'",
+            {"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "factor": 2.0}},
+            "RoPE type 'longrope'",
         ),
         ({"num_hidden_layers": None}, "lacks required key 'num_hidden_layers'"),
         ({"num_hidden_layers": 5}, "checkpoint lacks model.layers.3"),
@@ -127,7 +131,6 @@ def test_bad_moe_checkpoints_give_clear_errors(tiny_qwen3_moe_dir, tmp_path, cha
 def test_an_moe_config_names_its_dense_and_expert_layers():
     """Qwen3-MoE's mlp_only_layers and decoder_sparse_step; Mixtral's experts everywhere, as
     wide as its MLP; parameters: every expert, or the chosen ones (`active`)."""
-    from pddflow.core.model_config import ModelConfig
 
     base = {
         "vocab_size": 100,
@@ -137,7 +140,7 @@ def test_an_moe_config_names_its_dense_and_expert_layers():
         "num_attention_heads": 2,
         "num_experts_per_tok": 2,
     }
-    q = ModelConfig.from_hf(
+    q = config_from_hf(
         {
             **base,
             "model_type": "qwen3_moe",
@@ -150,10 +153,127 @@ def test_an_moe_config_names_its_dense_and_expert_layers():
     )
     assert [q.moe_layer(i) for i in range(6)] == [False, True, False, False, False, True]
     assert q.qk_norm and q.norm_topk_prob and q.moe_intermediate_size == 4
-    m = ModelConfig.from_hf({**base, "model_type": "mixtral", "num_local_experts": 4})
+    m = config_from_hf({**base, "model_type": "mixtral", "num_local_experts": 4})
     assert all(m.moe_layer(i) for i in range(6)) and m.moe_intermediate_size == 16
     expert = 3 * 8 * 16
     assert m.num_params() - m.num_params(active=True) == 6 * 2 * expert
+
+
+DEEPSEEK_V3 = {
+    "model_type": "deepseek_v3",
+    "vocab_size": 100,
+    "hidden_size": 8,
+    "intermediate_size": 16,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "num_experts_per_tok": 2,
+    "n_routed_experts": 8,
+    "n_group": 4,
+    "topk_group": 2,
+    "n_shared_experts": 1,
+    "moe_intermediate_size": 4,
+    "first_k_dense_replace": 1,
+    "kv_lora_rank": 16,
+    "q_lora_rank": 12,
+    "qk_rope_head_dim": 4,
+    "qk_nope_head_dim": 8,
+    "v_head_dim": 6,
+    "rope_scaling": {
+        "type": "yarn",
+        "factor": 40,
+        "original_max_position_embeddings": 4096,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+        "beta_fast": 32,
+        "beta_slow": 1,
+    },
+}
+
+
+def test_a_deepseek_config_keeps_one_latent_per_token():
+    """DeepSeek-V3 (its original keys: rope_scaling with `type`): the KV cache is the latent and
+    the RoPE key, one copy whatever the head count: (16 + 4) x 4 layers x 2 B; the first layer
+    dense; YaRN's mscale_all_dim in the softmax scale."""
+    from pddflow.core.model_config import yarn_mscale
+
+    c = config_from_hf(DEEPSEEK_V3)
+    assert (c.num_kv_heads, c.head_dim, c.kv_planes, c.value_dim) == (1, 20, 1, 16)
+    assert c.kv_bytes_per_token(2) == (16 + 4) * 4 * 2
+    assert [c.moe_layer(i) for i in range(4)] == [False, True, True, True]
+    assert (c.router, c.router_bias, c.norm_topk_prob, c.shared_experts) == (
+        "noaux_tc",
+        True,
+        True,
+        1,
+    )
+    assert c.rope_scaling.rope_type == "yarn" and c.rope_scaling.factor == 40
+    assert c.softmax_scale == pytest.approx((8 + 4) ** -0.5 * yarn_mscale(40, 1.0) ** 2)
+    wider = config_from_hf({**DEEPSEEK_V3, "num_attention_heads": 8, "num_key_value_heads": 8})
+    assert wider.kv_bytes_per_token(2) == c.kv_bytes_per_token(2)
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        ({"topk_method": "greedy"}, "deepseek_v3: topk_method 'greedy'"),
+        ({"model_type": "deepseek_v2", "norm_topk_prob": True}, "norm_topk_prob: true"),
+        ({"model_type": "deepseek_v2", "topk_method": "noaux_tc"}, "deepseek_v2: topk_method"),
+        ({"n_group": 3}, "8 experts do not split into 3 groups"),
+        ({"topk_group": 1, "num_experts_per_tok": 3}, "cannot hold 3 of 8 experts"),
+        ({"moe_layer_freq": 2}, "moe_layer_freq 2"),
+        ({"kv_lora_rank": None}, "malformed"),
+        ({"qk_nope_head_dim": None}, "malformed"),
+    ],
+)
+def test_bad_deepseek_configs_are_refused_in_one_line(changes, message):
+
+    cfg = {**DEEPSEEK_V3, **changes}
+    with pytest.raises(ModelSpecError, match=message):
+        config_from_hf({k: v for k, v in cfg.items()})
+
+
+@pytest.mark.parametrize("version", ["v2", "v3"])
+def test_deepseek_routers_choose_and_weigh_as_transformers(version):
+    """Group-limited routing on scores built to make the group limit bind: V2's
+    group_limited_greedy (groups by their best, the rest zeroed) and V3's noaux_tc (groups by
+    their two best after the bias, weights from the unbiased sigmoid), against transformers'
+    own router modules on the same logits."""
+    transformers = pytest.importorskip("transformers")
+    from pddflow.operators.mlp import Routing
+
+    gen = torch.Generator().manual_seed(3)
+    hidden, experts = 8, 16
+    x = torch.randn(64, hidden, generator=gen)
+    common = dict(
+        hidden_size=hidden,
+        num_attention_heads=2,
+        n_routed_experts=experts,
+        num_experts_per_tok=3,
+        n_group=4,
+        topk_group=2,
+        routed_scaling_factor=1.5,
+    )
+    if version == "v2":
+        cfg = transformers.DeepseekV2Config(**common, topk_method="group_limited_greedy")
+        hf = transformers.models.deepseek_v2.modeling_deepseek_v2.DeepseekV2TopkRouter(cfg)
+        ours = Routing(3, False, "group_limited_greedy", 4, 2, 1.5)
+        bias = None
+    else:
+        cfg = transformers.DeepseekV3Config(**common, norm_topk_prob=True)
+        hf = transformers.models.deepseek_v3.modeling_deepseek_v3.DeepseekV3TopkRouter(cfg)
+        bias = torch.randn(experts, generator=gen) * 0.5
+        hf.e_score_correction_bias.copy_(bias)
+        ours = Routing(3, True, "noaux_tc", 4, 2, 1.5)
+    with torch.no_grad():
+        hf.weight.copy_(torch.randn(experts, hidden, generator=gen))
+        _, want_w, want_i = hf(x)
+    got_w, got_i = ours(x @ hf.weight.detach().t(), bias)
+    order_w, order_g = want_i.sort(-1), got_i.sort(-1)
+    assert torch.equal(order_w.values, order_g.values)
+    assert torch.allclose(want_w.gather(1, order_w.indices), got_w.gather(1, order_g.indices))
+    groups = got_i // (experts // 4)
+    assert max(len(set(r.tolist())) for r in groups) <= 2  # the group limit held
 
 
 def test_checkpoint_without_safetensors(tmp_path):
@@ -163,7 +283,6 @@ def test_checkpoint_without_safetensors(tmp_path):
 
 
 def test_legacy_rope_scaling_keys_are_read():
-    from pddflow.core.model_config import ModelConfig
 
     d = {
         "model_type": "llama",
@@ -182,7 +301,7 @@ def test_legacy_rope_scaling_keys_are_read():
             "original_max_position_embeddings": 8192,
         },
     }
-    c = ModelConfig.from_hf(d)
+    c = config_from_hf(d)
     assert c.rope_theta == 5e5 and c.rope_scaling.rope_type == "llama3" and c.head_dim == 4
 
 
@@ -199,10 +318,9 @@ def _hf_config(**extra):
 
 
 def test_unsupported_architecture_names_it_and_the_supported_ones():
-    from pddflow.core.model_config import ModelConfig
 
     with pytest.raises(ModelSpecError) as err:
-        ModelConfig.from_hf(_hf_config(model_type="gemma2", architectures=["Gemma2ForCausalLM"]))
+        config_from_hf(_hf_config(model_type="gemma2", architectures=["Gemma2ForCausalLM"]))
     msg = str(err.value)
     assert "\n" not in msg and "'gemma2' (Gemma2ForCausalLM) is not supported" in msg
     for arch in ("'llama'", "'mistral'", "'qwen2'", "'qwen3'"):
@@ -210,23 +328,21 @@ def test_unsupported_architecture_names_it_and_the_supported_ones():
 
 
 def test_mistral_sliding_window():
-    from pddflow.core.model_config import ModelConfig
 
-    cfg = ModelConfig.from_hf(_hf_config(model_type="mistral", sliding_window=None))
+    cfg = config_from_hf(_hf_config(model_type="mistral", sliding_window=None))
     assert cfg.arch == "mistral" and not cfg.qk_norm
     # a window at least the context long never cuts anything
-    ModelConfig.from_hf(_hf_config(model_type="mistral", sliding_window=4096))
+    config_from_hf(_hf_config(model_type="mistral", sliding_window=4096))
     with pytest.raises(ModelSpecError, match="sliding_window 1024 is smaller than"):
-        ModelConfig.from_hf(_hf_config(model_type="mistral", sliding_window=1024))
+        config_from_hf(_hf_config(model_type="mistral", sliding_window=1024))
 
 
 def test_qwen3_config():
-    from pddflow.core.model_config import ModelConfig
 
-    cfg = ModelConfig.from_hf(_hf_config(model_type="qwen3", head_dim=16))
+    cfg = config_from_hf(_hf_config(model_type="qwen3", head_dim=16))
     assert cfg.qk_norm and not cfg.qkv_bias and cfg.head_dim == 16 and not cfg.tie_word_embeddings
     with pytest.raises(ModelSpecError, match="sliding-window"):
-        ModelConfig.from_hf(_hf_config(model_type="qwen3", use_sliding_window=True))
+        config_from_hf(_hf_config(model_type="qwen3", use_sliding_window=True))
 
 
 @pytest.mark.slow  # builds the checkpoint

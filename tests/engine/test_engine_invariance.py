@@ -1,13 +1,14 @@
 """The correctness invariant: with greedy sampling, any split of a request into prefill, extend and
 decode (on one engine or across engines, with or without prefix-cache hits, batched with anything)
-emits exactly the colocated reference's tokens, for a dense model and a mixture of experts.
+emits exactly the colocated reference's tokens, for a dense model, a mixture of experts and
+DeepSeek-V3's latent attention with its routing.
 Property-based over prompts, split points and chunk sizes."""
 
 from __future__ import annotations
 
 import pytest
 import torch
-from conftest import SMALL, SMALL_MOE, small_engine
+from conftest import SMALL, SMALL_MLA, SMALL_MOE, small_engine
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -20,10 +21,11 @@ SETTINGS = settings(
 prompts = st.lists(st.integers(0, SMALL.vocab_size - 1), min_size=1, max_size=70)
 
 
-@pytest.fixture(params=["dense", "moe"])
+@pytest.fixture(params=["dense", "moe", "mla"])
 def engine(request) -> Engine:
-    """Every invariant holds for a mixture of experts too (tokens grouped by expert)."""
-    return small_engine(SMALL_MOE if request.param == "moe" else SMALL)
+    """Every invariant holds for a mixture of experts too (tokens grouped by expert), and for
+    latent attention (one plane of the pool, absorbed projections)."""
+    return small_engine({"dense": SMALL, "moe": SMALL_MOE, "mla": SMALL_MLA}[request.param])
 
 
 def fresh(engine: Engine) -> Engine:

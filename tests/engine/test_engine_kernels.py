@@ -41,7 +41,31 @@ CASE = textwrap.dedent("""
         return pool, q, ref, meta
 """)
 
-SCRIPT = CASE + textwrap.dedent("""
+# Latent attention (MLA, absorbed) over a one-plane pool: by default latent 24 + RoPE 8 as the one
+# KV head and 5 query heads (not powers of two: the elementwise path); 16 heads over 32 + 16, the
+# dot path. The same mixed batch.
+MLA_CASE = textwrap.dedent("""
+    import torch
+    from pddflow.kernels.paged_attention import (
+        SeqSpan, plan_attention, paged_attention_torch, _triton_meta)
+    def mla_case(device, H=5, DL=24, DR=8):
+        g = torch.Generator().manual_seed(5)
+        NB, L, bs = 12, 2, 16
+        pool = torch.randn(NB, L, 1, bs, 1, DL + DR, generator=g)
+        spans = [SeqSpan(0, 1, 20, [3, 7]), SeqSpan(1, 5, 10, [5]), SeqSpan(6, 1, 0, [9]),
+                 SeqSpan(7, 3, 30, [1, 2, 4]), SeqSpan(10, 1, 47, [11, 0, 6])]
+        q = torch.randn(11, H, DL + DR, generator=g)
+        plan = plan_attention(spans, block_size=bs, num_layers=L, num_kv_heads=1, group_size=H,
+                              tile=16, row_multiple=4, kv_planes=1, value_dim=DL)
+        ref = paged_attention_torch(q, pool, 1, plan, 0.2)
+        meta = _triton_meta(spans, bs, torch.device(device))
+        return pool, q, ref, meta, DL
+""")
+
+SCRIPT = (
+    CASE
+    + MLA_CASE
+    + textwrap.dedent("""
     import json, os
     assert os.environ["TRITON_INTERPRET"] == "1"
     from pddflow.kernels._triton_attention import paged_attention_triton
@@ -53,10 +77,18 @@ SCRIPT = CASE + textwrap.dedent("""
     data = torch.randn(3, *pool.shape[1:])
     p2 = pool.clone(); scatter_blocks_triton(p2, ids, data)
     p3 = pool.clone(); p3[ids] = data
+    from pddflow.kernels._triton_mla import mla_attention_triton
+    mla_diffs = []
+    for shape, hpp in (((5, 24, 8), 4), ((16, 32, 16), 16)):
+        lpool, lq, lref, (lt, lspan, lctx), dl = mla_case("cpu", *shape)
+        mla = mla_attention_triton(lq, lpool, 1, lt, lspan, lctx, 0.2, dl, heads_per_program=hpp)
+        mla_diffs.append((mla - lref).abs().max().item())
     print(json.dumps({"attn_max_diff": (out - ref).abs().max().item(),
+                      "mla_max_diff": max(mla_diffs),
                       "gather_equal": torch.equal(gathered, pool[ids]),
                       "scatter_equal": torch.equal(p2, p3)}))
 """)
+)
 
 
 @pytest.mark.slow
@@ -69,6 +101,7 @@ def test_triton_kernels_match_reference_under_interpreter():
     assert out.returncode == 0, out.stderr[-3000:]
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["attn_max_diff"] < 1e-5
+    assert res["mla_max_diff"] < 1e-5  # 5 heads in blocks of 4 (one masked), and dots
     assert res["gather_equal"] and res["scatter_equal"]
 
 
@@ -113,6 +146,35 @@ def test_reference_matches_naive_attention():
             assert torch.allclose(out[r, h], expect, atol=1e-5)
 
 
+def test_latent_reference_matches_naive_attention():
+    """One plane: every query head scores against [latent, RoPE key] and averages the latent."""
+    g = torch.Generator().manual_seed(2)
+    NB, bs, DL, DR, H = 9, 4, 12, 4, 3
+    pool = torch.randn(NB, 1, 1, bs, 1, DL + DR, generator=g)
+    table = [8, 2, 5, 0, 7]
+    n, start = 6, 13
+    q = torch.randn(n, H, DL + DR, generator=g)
+    plan = plan_attention(
+        [SeqSpan(0, n, start, table)],
+        block_size=bs,
+        num_layers=1,
+        num_kv_heads=1,
+        group_size=H,
+        tile=8,
+        row_multiple=4,
+        kv_planes=1,
+        value_dim=DL,
+    )
+    out = paged_attention_torch(q, pool, 0, plan, 0.3)
+    assert out.shape == (n, H, DL)
+    K = pool[table, 0, 0].reshape(-1, DL + DR)
+    for r in range(n):
+        ctx = start + r + 1
+        for h in range(H):
+            expect = torch.softmax((K[:ctx] @ q[r, h]) * 0.3, 0) @ K[:ctx, :DL]
+            assert torch.allclose(out[r, h], expect, atol=1e-5)
+
+
 def test_gather_scatter_reference():
     from pddflow.kernels.kv_copy import gather_blocks, scatter_blocks
 
@@ -139,6 +201,19 @@ def test_triton_attention_on_cuda_matches_reference():
 
     out = paged_attention_triton(q.cuda(), pool.cuda(), 1, *meta, 0.25)
     assert (out.cpu() - ref).abs().max().item() < 1e-4
+
+
+@pytest.mark.gpu
+@gpu
+def test_triton_mla_on_cuda_matches_reference():
+    ns: dict = {}
+    exec(MLA_CASE, ns)
+    from pddflow.kernels._triton_mla import mla_attention_triton
+
+    for shape, hpp in (((5, 24, 8), 4), ((16, 32, 16), 16)):
+        pool, q, ref, meta, dl = ns["mla_case"]("cuda", *shape)
+        out = mla_attention_triton(q.cuda(), pool.cuda(), 1, *meta, 0.2, dl, heads_per_program=hpp)
+        assert (out.cpu() - ref).abs().max().item() < 1e-4
 
 
 @pytest.mark.gpu

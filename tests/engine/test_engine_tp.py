@@ -1,6 +1,7 @@
 """Tensor parallelism (docs/engine.md, Tensor parallelism): tiny random Llama and Qwen3 checkpoints
-with 2, 4 and 8 KV heads (of 8 query heads) at TP 1, 2 and 4, TP 4 over 2 KV heads included, and a
-Qwen3-MoE (4 heads, 2 KV heads: every expert's intermediate columns split over the ranks).
+with 2, 4 and 8 KV heads (of 8 query heads) at TP 1, 2 and 4, TP 4 over 2 KV heads included, a
+Qwen3-MoE (4 heads, 2 KV heads: every expert's intermediate columns split over the ranks) and a
+DeepSeek-V3 (8 heads over one latent every rank keeps whole; routed and shared experts split).
 Logits within 1e-4 of TP 1 and of transformers, greedy tokens identical, through chunked prefill,
 continuous batching with radix-cache hits, extends beside decodes, and KV moved between degrees
 (1 -> 4, 1 -> 2, 4 -> 2, 2 -> 1, 4 -> 1) continuing exactly. The TP runs are processes
@@ -17,20 +18,25 @@ from pddflow.testing.tp_harness import CONFIG, CONTINUATION, PROMPT, run_harness
 
 pytestmark = pytest.mark.slow
 TOL = 1e-4
-NAMES = [f"{arch}-kv{kv}" for arch in ("llama", "qwen3") for kv in (2, 4, 8)] + ["qwen3_moe-kv2"]
+NAMES = [f"{arch}-kv{kv}" for arch in ("llama", "qwen3") for kv in (2, 4, 8)]
+NAMES += ["qwen3_moe-kv2", "deepseek_v3-kv1"]  # MLA: the latent is its one KV head
 DEGREES = [2, 4]
 
 
 @pytest.fixture(scope="session")
 def tp_checkpoints(tmp_path_factory) -> dict[str, str]:
     pytest.importorskip("transformers")
-    from pddflow.testing.tiny_checkpoints import tiny_llama, tiny_qwen3, tiny_qwen3_moe
+    from pddflow.testing import tiny_checkpoints as tiny
 
     out = {}
     for i, name in enumerate(NAMES):
         arch, kv = name.split("-kv")
-        make = {"llama": tiny_llama, "qwen3": tiny_qwen3, "qwen3_moe": tiny_qwen3_moe}[arch]
-        out[name] = str(make(tmp_path_factory.mktemp(name), seed=20 + i, heads=8, kv_heads=int(kv)))
+        path, seed = tmp_path_factory.mktemp(name), 20 + i
+        if arch == "deepseek_v3":
+            out[name] = str(tiny.tiny_deepseek_v3(path, seed=seed, heads=8))
+            continue
+        make = getattr(tiny, f"tiny_{arch}")
+        out[name] = str(make(path, seed=seed, heads=8, kv_heads=int(kv)))
     return out
 
 

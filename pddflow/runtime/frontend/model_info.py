@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pddflow.core.model_config import BUILTIN_CONFIGS, ModelConfig, ModelSpecError, read_config
+from pddflow.core.hf_config import read_config
+from pddflow.core.model_config import BUILTIN_CONFIGS, ModelConfig, ModelSpecError
 from pddflow.operators.tokenizer import ByteTokenizer, HFTokenizer
 from pddflow.runtime.frontend.chat_template import (
     ChatTemplate,
