@@ -18,6 +18,20 @@ def hf_model_from_source(source: ModelSource):
     rope: dict[str, Any] = {"rope_type": c.rope_scaling.rope_type, "rope_theta": c.rope_theta}
     if c.rope_scaling.rope_type == "linear":
         rope["factor"] = c.rope_scaling.factor
+    elif c.rope_scaling.rope_type == "yarn":
+        rs = c.rope_scaling
+        rope.update(
+            factor=rs.factor,
+            original_max_position_embeddings=rs.original_max_position_embeddings,
+            beta_fast=rs.beta_fast,
+            beta_slow=rs.beta_slow,
+            truncate=rs.truncate,
+            **{
+                k: v
+                for k in ("mscale", "mscale_all_dim", "attention_factor")
+                if (v := getattr(rs, k))
+            },
+        )
     elif c.rope_scaling.rope_type == "llama3":
         rs = c.rope_scaling
         rope.update(
@@ -57,6 +71,8 @@ def hf_model_from_source(source: ModelSource):
             mlp_only_layers=list(c.dense_layers),
         )
         model = transformers.Qwen3MoeForCausalLM(cfg)
+    elif c.arch in ("deepseek_v2", "deepseek_v3"):
+        model = _deepseek(c, common)
     elif c.arch == "mixtral":
         cfg = transformers.MixtralConfig(
             **{**common, "intermediate_size": c.moe_intermediate_size},
@@ -78,6 +94,38 @@ def hf_model_from_source(source: ModelSource):
             f"weights do not fit the HF model: missing {missing}, unexpected {unexpected}"
         )
     return model.eval()
+
+
+def _deepseek(c, common: dict[str, Any]):
+    """A DeepSeek-V2/V3 of the config's shapes (its head counts are the HF ones, not the latent
+    cache's one KV head)."""
+    import transformers
+
+    kw = dict(
+        common,
+        num_key_value_heads=c.num_heads,
+        kv_lora_rank=c.kv_lora_rank,
+        q_lora_rank=c.q_lora_rank or None,
+        qk_nope_head_dim=c.qk_nope_head_dim,
+        qk_rope_head_dim=c.qk_rope_head_dim,
+        v_head_dim=c.v_head_dim,
+        n_routed_experts=c.num_experts,
+        num_experts_per_tok=c.experts_per_token,
+        moe_intermediate_size=c.moe_intermediate_size,
+        n_shared_experts=c.shared_experts,
+        first_k_dense_replace=len(c.dense_layers),
+        n_group=c.router_groups,
+        topk_group=c.router_topk_groups,
+        routed_scaling_factor=c.routed_scaling_factor,
+    )
+    if c.arch == "deepseek_v2":
+        method = "greedy" if c.router == "softmax" else c.router
+        cfg = transformers.DeepseekV2Config(**kw, topk_method=method, norm_topk_prob=False)
+        return transformers.DeepseekV2ForCausalLM(cfg)
+    cfg = transformers.DeepseekV3Config(
+        **kw, norm_topk_prob=c.norm_topk_prob, rope_interleave=c.rope_interleave
+    )
+    return transformers.DeepseekV3ForCausalLM(cfg)
 
 
 def _as_hf_state(source: ModelSource, hf_keys: set[str]) -> dict[str, torch.Tensor]:

@@ -69,6 +69,33 @@ def test_generate_an_moe_expert_parallel_equals_one_rank(tiny_qwen3_moe_dir):
 
 
 @pytest.mark.slow
+@pytest.mark.parametrize(
+    "fixture, ranks", [("tiny_deepseek_v2_dir", "1"), ("tiny_deepseek_v3_dir", "2")]
+)
+def test_generate_deepseek_equals_transformers(fixture, ranks, request):
+    """generate on DeepSeek-V2-Lite and V3 shapes (the V3 one on 2 ranks: heads split, the
+    latent whole on each): transformers' greedy tokens, to its EOS."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    path = request.getfixturevalue(fixture)
+    prompt = "Hello there! How are you today?"
+    res = run(
+        "generate", "--model", str(path), "--prompt", prompt, "--max-tokens", "12",
+        "--tensor-parallel", ranks, "--json",
+    )  # fmt: skip
+    assert res.exit_code == 0, res.output
+    tok = transformers.AutoTokenizer.from_pretrained(path)
+    hf = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    ids = tok.encode(prompt, add_special_tokens=False)
+    with torch.inference_mode():
+        out = hf.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False, pad_token_id=0)
+    ref = out[0, len(ids) :].tolist()
+    eos = hf.generation_config.eos_token_id
+    ref = ref[: ref.index(eos) + 1] if eos in ref else ref
+    assert json.loads(res.stdout)["token_ids"] == ref
+
+
+@pytest.mark.slow
 def test_generate_builtin_text_prompt():
     res = run(
         "generate",

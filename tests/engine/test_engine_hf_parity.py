@@ -356,7 +356,10 @@ def test_generation_config_eos_is_honoured(tiny_mistral_dir, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("fixture", ["tiny_qwen3_moe_dir", "tiny_mixtral_dir"])
+@pytest.mark.parametrize(
+    "fixture",
+    ["tiny_qwen3_moe_dir", "tiny_mixtral_dir", "tiny_deepseek_v2_dir", "tiny_deepseek_v3_dir"],
+)
 def test_the_hf_reference_of_an_moe_checkpoint_is_transformers_own(fixture, request):
     """bench engine's HF side, built from the engine's weights (each expert named as checkpoints
     name them, fused as transformers 5 holds them), computes what from_pretrained's does."""

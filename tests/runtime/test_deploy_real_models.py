@@ -1,8 +1,8 @@
-"""Acceptance for real checkpoints: tiny random Qwen3, Mistral and the mixtures of experts
-Qwen3-MoE and Mixtral (with a trained BPE tokenizer and a chat template, made here by
-transformers) served by `pddflow deploy graphs/pdd.yaml --model DIR`: the official openai client's
-greedy chat output is exactly transformers' greedy output on the chat-templated prompt (the MoE
-ones on every route: p_md, one-shot and catch-up handoffs)."""
+"""Acceptance for real checkpoints: tiny random Qwen3, Mistral, the mixtures of experts Qwen3-MoE
+and Mixtral, and DeepSeek-V2-Lite and V3 shapes (latent attention) (with a trained BPE tokenizer
+and a chat template, made here by transformers) served by `pddflow deploy graphs/pdd.yaml --model
+DIR`: the official openai client's greedy chat output is exactly transformers' greedy output on the
+chat-templated prompt (the MoE ones on every route: p_md, one-shot and catch-up handoffs)."""
 
 from __future__ import annotations
 
@@ -68,7 +68,10 @@ ROUTES = {
 }
 
 
-@pytest.mark.parametrize("arch", ["qwen3", "mistral", "qwen3_moe", "mixtral"])
+MOE = ("qwen3_moe", "mixtral", "deepseek_v2", "deepseek_v3")
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "mistral", *MOE])
 def test_deploy_serves_a_real_checkpoint_exactly(arch, tmp_path):
     import torch
 
@@ -92,7 +95,7 @@ def test_deploy_serves_a_real_checkpoint_exactly(arch, tmp_path):
         client = openai.OpenAI(
             base_url=f"{dep.base}/v1", api_key="unused", timeout=60, max_retries=0
         )
-        routes = ROUTES["moe" if arch in ("qwen3_moe", "mixtral") else "dense"]
+        routes = ROUTES["moe" if arch in MOE else "dense"]
         for (chat, ref), route in [(c, r) for c in zip(CHATS, refs) for r in routes]:
             extra_body = {"return_token_ids": True}
             if route is not None:
@@ -117,15 +120,27 @@ def test_deploy_serves_a_real_checkpoint_exactly(arch, tmp_path):
     assert dep.leftover_children() == []
 
 
-def test_an_moe_replica_on_two_ranks_expert_parallel(tmp_path):
-    """Qwen3-MoE with prefill on 2 ranks (every expert's columns split) and main on 2 ranks
-    expert parallel (4 whole experts each): the chat output on every route is transformers'."""
+def _kv_bytes_per_token(config: dict) -> int:
+    """fp32, all layers: K and V of every KV head, or latent attention's latent and RoPE key."""
+    if "kv_lora_rank" in config:
+        return (
+            4 * config["num_hidden_layers"] * (config["kv_lora_rank"] + config["qk_rope_head_dim"])
+        )
+    return 4 * 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * config["head_dim"]
+
+
+@pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v3"])
+def test_an_moe_replica_on_two_ranks_expert_parallel(arch, tmp_path):
+    """Prefill on 2 ranks (heads and every expert's columns split) and main on 2 ranks expert
+    parallel (4 whole experts each), relay on one: the chat output on every route is
+    transformers'. DeepSeek-V3's latent is no head to split: every rank keeps it whole, and it
+    crosses the WAN once per instance."""
     import torch
 
-    from pddflow.testing.tiny_checkpoints import tiny_qwen3_moe
+    from pddflow.testing import tiny_checkpoints as tiny
 
     torch.set_num_threads(1)
-    path = tiny_qwen3_moe(tmp_path / "moe", seed=5)
+    path = getattr(tiny, f"tiny_{arch}")(tmp_path / "moe", seed=5)
     eos = transformers.AutoConfig.from_pretrained(path).eos_token_id
     text = (ROOT / "graphs" / "pdd.yaml").read_text()
     layout = "devices_per_replica: {prefill: 1, relay: 1, main: 1}"
@@ -144,8 +159,7 @@ def test_an_moe_replica_on_two_ranks_expert_parallel(tmp_path):
         )
         health = dep.health()
         assert len(health["workers"]["main/0"]["ranks"]) == 2
-        c = json.loads((path / "config.json").read_text())  # fp32 K and V, all layers
-        per_token = 4 * 2 * c["num_hidden_layers"] * c["num_key_value_heads"] * c["head_dim"]
+        per_token = _kv_bytes_per_token(json.loads((path / "config.json").read_text()))
         assert health["kv_bytes_per_token"] == per_token
         for variant, handoff in ROUTES["moe"]:
             r = client.chat.completions.create(
