@@ -265,3 +265,61 @@ def test_autoscale_section(tmp_path: Path):
         (err,) = exc.value.diagnostics
         assert says in err.message, err.message
         assert err.line == lines.splitlines().index(f"  min_replicas: {bad}") + 1
+
+
+# DeepSeek-V3's published config.json (the keys planning reads; weights in fp8, KV served in bf16)
+DEEPSEEK_V3 = {
+    "model_type": "deepseek_v3",
+    "vocab_size": 129280,
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "moe_intermediate_size": 2048,
+    "num_hidden_layers": 61,
+    "num_attention_heads": 128,
+    "num_key_value_heads": 128,
+    "n_shared_experts": 1,
+    "n_routed_experts": 256,
+    "routed_scaling_factor": 2.5,
+    "kv_lora_rank": 512,
+    "q_lora_rank": 1536,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "qk_nope_head_dim": 128,
+    "topk_method": "noaux_tc",
+    "n_group": 8,
+    "topk_group": 4,
+    "num_experts_per_tok": 8,
+    "moe_layer_freq": 1,
+    "first_k_dense_replace": 3,
+    "norm_topk_prob": True,
+    "scoring_func": "sigmoid",
+    "max_position_embeddings": 163840,
+    "rope_theta": 10000,
+    "rope_scaling": {
+        "type": "yarn",
+        "factor": 40,
+        "beta_fast": 32,
+        "beta_slow": 1,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+        "original_max_position_embeddings": 4096,
+    },
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+}
+
+
+def test_deepseek_v3_planned_from_its_config_is_its_preset():
+    """Planning from DeepSeek-V3's own config.json (arch: checkpoint) gives the deepseek-v3
+    preset's KV bytes per token (one latent + RoPE key per layer, whatever the head count) and
+    attention FLOPs, and its published 671B parameters of which 37B are active."""
+    from pddflow.core.arch import ARCHS
+    from pddflow.core.hf_config import config_from_hf
+
+    config = config_from_hf(DEEPSEEK_V3)
+    planned, preset = config.planning_arch("checkpoint", dtype_bytes=2), ARCHS.get("deepseek-v3")
+    assert planned.kv_bytes_per_token == preset.kv_bytes_per_token == 576 * 61 * 2
+    assert planned.attention_flops_per_pair == preset.attention_flops_per_pair
+    assert round(config.num_params() / 1e9) == 671
+    assert round(config.num_params(active=True) / 1e9) == 38  # 37.6: "37B activated"
+    assert planned.flops_per_token == pytest.approx(preset.flops_per_token, rel=0.02)
