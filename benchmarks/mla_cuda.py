@@ -7,10 +7,11 @@
    decode row per sequence, beside torch doing the same absorbed attention by gathering each
    sequence's latents and two batched matmuls (what the engine would do without the kernel): the
    time per layer of each, the latent bytes read per second, the largest difference between them.
-   Heads 128 (one rank) and 16 (a rank of TP 8), `--heads-per-program` choices for the kernel.
+   Heads 128 (one rank) and 16 (a rank of TP 8); the kernel at each `--heads-per-program` x
+   `--tokens-per-tile` choice, its context split over enough programs to fill the device.
 
     python benchmarks/mla_cuda.py [--json] [--batch 64] [--context 4096] [--repeats 20]
-        [--heads-per-program 16,32,64] [--device cpu]
+        [--heads-per-program 16,32,64] [--tokens-per-tile 32,64] [--device cpu]
 
 Needs the dev extra (transformers) and a CUDA device (exits 2 without); `--device cpu` with
 TRITON_INTERPRET=1 and small sizes is a dry run of the script. Nothing is downloaded.
@@ -77,7 +78,13 @@ def _time(fn, repeats: int, dev: torch.device) -> float:
 
 
 def decode_kernel(
-    heads: int, batch: int, context: int, repeats: int, hpps: list[int], device: str
+    heads: int,
+    batch: int,
+    context: int,
+    repeats: int,
+    hpps: list[int],
+    tiles: list[int],
+    device: str,
 ) -> dict:
     from pddflow.kernels._triton_mla import mla_attention_triton
     from pddflow.kernels.paged_attention import SeqSpan, _triton_meta
@@ -108,16 +115,20 @@ def decode_kernel(
     row["torch_ms"] = t_torch * 1e3
     row["torch_gb_per_s"] = latent_bytes / t_torch / 1e9
     for hpp in hpps:
+        for tile in tiles:
 
-        def kernel(hpp=hpp) -> torch.Tensor:
-            return mla_attention_triton(q, pool, 0, *meta, scale, latent, heads_per_program=hpp)
+            def kernel(hpp=hpp, tile=tile) -> torch.Tensor:
+                return mla_attention_triton(
+                    q, pool, 0, *meta, scale, latent, heads_per_program=hpp, tokens_per_tile=tile
+                )
 
-        out = kernel()
-        t = _time(kernel, repeats, dev)
-        row[f"triton_hpp{hpp}_ms"] = t * 1e3
-        row[f"triton_hpp{hpp}_gb_per_s"] = latent_bytes / t / 1e9
-        row[f"triton_hpp{hpp}_max_diff_vs_torch"] = float((out.float() - ref.float()).abs().max())
-        row[f"triton_hpp{hpp}_speedup"] = t_torch / t
+            out = kernel()
+            t = _time(kernel, repeats, dev)
+            key = f"triton_hpp{hpp}_n{tile}"
+            row[f"{key}_ms"] = t * 1e3
+            row[f"{key}_gb_per_s"] = latent_bytes / t / 1e9
+            row[f"{key}_max_diff_vs_torch"] = float((out.float() - ref.float()).abs().max())
+            row[f"{key}_speedup"] = t_torch / t
     return row
 
 
@@ -128,19 +139,21 @@ def main() -> int:
     ap.add_argument("--context", type=int, default=4096)
     ap.add_argument("--repeats", type=int, default=20)
     ap.add_argument("--heads-per-program", default="16,32,64")
+    ap.add_argument("--tokens-per-tile", default="32,64")
     ap.add_argument("--device", default="cuda")
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         print("needs a CUDA device (or --device cpu with TRITON_INTERPRET=1)", file=sys.stderr)
         return 2
     hpps = [int(x) for x in args.heads_per_program.split(",")]
+    tiles = [int(x) for x in args.tokens_per_tile.split(",")]
     dev = args.device
     out = {
         "device": torch.cuda.get_device_name() if dev == "cuda" else dev,
         "exactness": [exactness("deepseek_v2", 6, dev), exactness("deepseek_v3", 7, dev)],
         "decode": [
             decode_kernel(
-                h, args.batch, args.context, args.repeats, [x for x in hpps if x <= h], dev
+                h, args.batch, args.context, args.repeats, [x for x in hpps if x <= h], tiles, dev
             )
             for h in (128, 16)
         ],

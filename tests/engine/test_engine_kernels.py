@@ -79,9 +79,10 @@ SCRIPT = (
     p3 = pool.clone(); p3[ids] = data
     from pddflow.kernels._triton_mla import mla_attention_triton
     mla_diffs = []
-    for shape, hpp in (((5, 24, 8), 4), ((16, 32, 16), 16)):
+    for shape, hpp, splits in (((5, 24, 8), 4, None), ((16, 32, 16), 16, 3)):
         lpool, lq, lref, (lt, lspan, lctx), dl = mla_case("cpu", *shape)
-        mla = mla_attention_triton(lq, lpool, 1, lt, lspan, lctx, 0.2, dl, heads_per_program=hpp)
+        mla = mla_attention_triton(lq, lpool, 1, lt, lspan, lctx, 0.2, dl, heads_per_program=hpp,
+                                   tokens_per_tile=16, splits=splits)
         mla_diffs.append((mla - lref).abs().max().item())
     print(json.dumps({"attn_max_diff": (out - ref).abs().max().item(),
                       "mla_max_diff": max(mla_diffs),
@@ -101,7 +102,7 @@ def test_triton_kernels_match_reference_under_interpreter():
     assert out.returncode == 0, out.stderr[-3000:]
     res = json.loads(out.stdout.strip().splitlines()[-1])
     assert res["attn_max_diff"] < 1e-5
-    assert res["mla_max_diff"] < 1e-5  # 5 heads in blocks of 4 (one masked), and dots
+    assert res["mla_max_diff"] < 1e-5  # 5 heads in blocks of 4 (one masked); dots, 3 splits
     assert res["gather_equal"] and res["scatter_equal"]
 
 
@@ -210,9 +211,11 @@ def test_triton_mla_on_cuda_matches_reference():
     exec(MLA_CASE, ns)
     from pddflow.kernels._triton_mla import mla_attention_triton
 
-    for shape, hpp in (((5, 24, 8), 4), ((16, 32, 16), 16)):
+    for shape, hpp, splits in (((5, 24, 8), 4, None), ((16, 32, 16), 16, 3)):
         pool, q, ref, meta, dl = ns["mla_case"]("cuda", *shape)
-        out = mla_attention_triton(q.cuda(), pool.cuda(), 1, *meta, 0.2, dl, heads_per_program=hpp)
+        out = mla_attention_triton(
+            q.cuda(), pool.cuda(), 1, *meta, 0.2, dl, heads_per_program=hpp, splits=splits
+        )
         assert (out.cpu() - ref).abs().max().item() < 1e-4
 
 
