@@ -118,7 +118,7 @@ def test_soak_leaves_nothing_behind(pdd, reference):
         assert all(pool.map(one, range(8)))
     before = sample()
     with ThreadPoolExecutor(4) as pool:
-        assert all(pool.map(one, range(48)))
+        assert all(pool.map(one, range(32)))
     # main's copies of turns the relay finished may still be crossing the slow WAN
     h = pdd.wait_idle(timeout_s=90)
     after = sample()

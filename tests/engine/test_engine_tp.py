@@ -1,11 +1,12 @@
-"""Tensor parallelism (docs/engine.md, Tensor parallelism): tiny random Llama and Qwen3 checkpoints
-with 2, 4 and 8 KV heads (of 8 query heads) at TP 1, 2 and 4, TP 4 over 2 KV heads included, a
-Qwen3-MoE (4 heads, 2 KV heads: every expert's intermediate columns split over the ranks) and a
-DeepSeek-V3 (8 heads over one latent every rank keeps whole; routed and shared experts split).
+"""Tensor parallelism (docs/engine.md, Tensor parallelism): tiny random Llama checkpoints with 2, 4
+and 8 KV heads (of 8 query heads) at TP 1, 2 and 4, TP 4 over 2 KV heads included, a Qwen3 (its
+q/k norms) with 2, a Qwen3-MoE (2 KV heads: every expert's intermediate columns split over the
+ranks) and a DeepSeek-V3 (8 heads over one latent every rank keeps whole; routed and shared
+experts split).
 Logits within 1e-4 of TP 1 and of transformers, greedy tokens identical, through chunked prefill,
 continuous batching with radix-cache hits, extends beside decodes, and KV moved between degrees
 (1 -> 4, 1 -> 2, 4 -> 2, 2 -> 1, 4 -> 1) continuing exactly. The TP runs are processes
-(pddflow.testing.tp_harness); one TP 4 and one TP 2 instance walk all seven checkpoints."""
+(pddflow.testing.tp_harness); one TP 4 and one TP 2 instance walk all six checkpoints."""
 
 from __future__ import annotations
 
@@ -18,8 +19,9 @@ from pddflow.testing.tp_harness import CONFIG, CONTINUATION, PROMPT, run_harness
 
 pytestmark = pytest.mark.slow
 TOL = 1e-4
-NAMES = [f"{arch}-kv{kv}" for arch in ("llama", "qwen3") for kv in (2, 4, 8)]
-NAMES += ["qwen3_moe-kv2", "deepseek_v3-kv1"]  # MLA: the latent is its one KV head
+# every KV layout on Llama; Qwen3's q/k norms (per head, whatever the KV heads) on one
+NAMES = [f"llama-kv{kv}" for kv in (2, 4, 8)] + ["qwen3-kv2", "qwen3_moe-kv2"]
+NAMES += ["deepseek_v3-kv1"]  # MLA: the latent is its one KV head
 DEGREES = [2, 4]
 
 

@@ -19,7 +19,7 @@ from pddflow.graph.plan import Plan
 from pddflow.planner import Meter, Planner, PoolDecision, PoolLoad
 from pddflow.planner.capacity import StepFit
 from pddflow.planner.policy import direction_changes
-from pddflow.runtime.frontend.frontend import Frontend
+from pddflow.runtime.frontend.frontend import Frontend, LoopStopped
 from pddflow.scheduler import RequestFeatures
 
 log = logging.getLogger("pddflow.planner")
@@ -86,6 +86,8 @@ class Autoscaler:
                         if self._stop.is_set():
                             return
                         self._decide(name)
+            except LoopStopped:  # the server ended: nothing left to measure or scale
+                return
             except Exception:  # noqa: BLE001 - the planner must not stop serving; it says why
                 log.exception("planner: this round failed; the next one tries again")
 

@@ -107,6 +107,7 @@ class Deployment:
         self._socket: socket.socket | None = None
         self._server = None  # the API server while it serves (api.shutdown.DrainingServer)
         self._scaling = threading.Lock()  # one pool change at a time
+        self._ending = threading.Event()  # serving ended: a pool change under way gives up
         self.autoscaler = None  # the planner's thread (runtime/deploy/autoscaler.py)
 
     def _local_plan(self, plan: Plan) -> Plan:
@@ -267,8 +268,8 @@ class Deployment:
         be.start_instance(inst)
         deadline = time.monotonic() + self.options.startup_timeout_s
         while inst in fe.fleet.starting:
-            if not be.alive(inst) or time.monotonic() > deadline:
-                why = be.exit_summary(inst) if not be.alive(inst) else "not ready in time"
+            why = self._start_failed(inst, deadline)
+            if why:
                 be.stop_instance(inst)
                 self._forget(inst)
                 fe.pools.park(inst)
@@ -276,12 +277,20 @@ class Deployment:
             time.sleep(0.1)
         say(f"scaling up: {inst} serves")
 
+    def _start_failed(self, inst: str, deadline: float) -> str | None:
+        """Why a start under way has failed, or None while it may still succeed."""
+        if self._ending.is_set():
+            return "the deployment is stopping"
+        if not self.backend.alive(inst):
+            return self.backend.exit_summary(inst)
+        return "not ready in time" if time.monotonic() > deadline else None
+
     def _stop_one(self, inst: str, say: Callable[[str], None]) -> None:
         fe, be = self.frontend, self.backend
         say(f"scaling down: draining {inst}")
         fe.pools.drain(inst)
         deadline = time.monotonic() + self.options.drain_timeout_s
-        while fe.pools.busy(inst) and time.monotonic() < deadline:
+        while not self._ending.is_set() and fe.pools.busy(inst) and time.monotonic() < deadline:
             time.sleep(0.1)
         held = fe.pools.busy(inst)
         if held:
@@ -345,6 +354,7 @@ class Deployment:
             self._stop_planner()
 
     def _stop_planner(self) -> None:
+        self._ending.set()  # a scale it has under way stops waiting for a start or a drain
         if self.autoscaler is not None:
             self.autoscaler.stop()
             self.autoscaler = None

@@ -102,7 +102,7 @@ class Fallbacks:
 
     # ---- workers lost and back -----------------------------------------------------------------
     def worker_lost(self, inst: str) -> None:
-        if inst in self.fleet.lost:
+        if inst in self.fleet.lost or inst in self.fleet.parked:  # parked: stopped on purpose
             return
         self.fleet.lost.add(inst)
         self.sched.set_load(inst, UNAVAILABLE)

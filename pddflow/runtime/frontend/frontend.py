@@ -4,6 +4,7 @@ on gRPC threads; all flight state is touched only on the asyncio loop."""
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import logging
 import random
 import threading
@@ -44,6 +45,10 @@ log = logging.getLogger("pddflow.frontend")
 
 def event_name(kind: pb.EventKind.ValueType) -> str:
     return pb.EventKind.Name(kind).removeprefix("EVENT_").lower()
+
+
+class LoopStopped(RuntimeError):
+    """A call for the frontend's loop found it stopped: the server has ended."""
 
 
 class Frontend:
@@ -143,9 +148,10 @@ class Frontend:
     def timeline(self, request_id: str) -> dict[str, Any] | None:
         return self.flights.timeline(request_id)
 
-    def _on_loop(self, fn: Callable[[], Any]) -> Any:
+    def _on_loop(self, fn: Callable[[], Any], timeout_s: float = 10.0) -> Any:
         """fn() on the frontend's loop (where flight state lives), waited for: live scaling's
-        calls from the deployer's thread (pools.py)."""
+        and the planner's calls from their threads (pools.py). LoopStopped at once when the loop
+        stops (the server ended) rather than after the timeout."""
         with self._lock:
             loop = self.loop
         if loop is None:
@@ -154,7 +160,17 @@ class Frontend:
         async def call() -> Any:
             return fn()
 
-        return asyncio.run_coroutine_threadsafe(call(), loop).result(timeout=10)
+        done = asyncio.run_coroutine_threadsafe(call(), loop)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                return done.result(timeout=0.1)
+            except concurrent.futures.TimeoutError:
+                if not loop.is_running():
+                    done.cancel()
+                    raise LoopStopped("the frontend's loop has stopped") from None
+                if time.monotonic() > deadline:
+                    raise
 
     # ---- the deployer's word on its workers (any thread) ----------------------------------------
     def worker_exited(self, inst: str, summary: str) -> None:
