@@ -19,9 +19,17 @@ from pddflow.testing.tp_harness import CONFIG, CONTINUATION, PROMPT, run_harness
 
 pytestmark = pytest.mark.slow
 TOL = 1e-4
-# every KV layout on Llama; Qwen3's q/k norms (per head, whatever the KV heads) on one
-NAMES = [f"llama-kv{kv}" for kv in (2, 4, 8)] + ["qwen3-kv2", "qwen3_moe-kv2"]
-NAMES += ["deepseek_v3-kv1"]  # MLA: the latent is its one KV head
+# every KV layout on Llama; Qwen3's q/k norms (per head, whatever the KV heads) on one; MLA's
+# latent is its one KV head. Each checkpoint's seed: one whose greedy continuation is varied.
+SEEDS = {
+    "llama-kv2": 20,
+    "llama-kv4": 21,
+    "llama-kv8": 22,
+    "qwen3-kv2": 23,
+    "qwen3_moe-kv2": 26,
+    "deepseek_v3-kv1": 27,
+}
+NAMES = list(SEEDS)
 DEGREES = [2, 4]
 
 
@@ -31,9 +39,9 @@ def tp_checkpoints(tmp_path_factory) -> dict[str, str]:
     from pddflow.testing import tiny_checkpoints as tiny
 
     out = {}
-    for i, name in enumerate(NAMES):
+    for name, seed in SEEDS.items():
         arch, kv = name.split("-kv")
-        path, seed = tmp_path_factory.mktemp(name), 20 + i
+        path = tmp_path_factory.mktemp(name)
         if arch == "deepseek_v3":
             out[name] = str(tiny.tiny_deepseek_v3(path, seed=seed, heads=8))
             continue
