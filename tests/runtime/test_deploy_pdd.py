@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from pddflow.bench.deploy_process import DeployProcess, get_json, post_json
+from pddflow.bench.deploy_process import get_json, post_json
 
 pytestmark = pytest.mark.slow  # starts a deployment: worker processes
 
@@ -43,15 +43,8 @@ def reference() -> dict[str, list[int]]:
 
 
 @pytest.fixture(scope="module")
-def pdd(tmp_path_factory):
-    shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-    dep = DeployProcess(ROOT / "graphs" / "pdd.yaml", tmp_path_factory.mktemp("pdd-run"))
-    yield dep
-    dep.stop()
-    assert dep.leftover_children() == []
-    # rdma_tensor maps memfd regions (gone with their processes); nothing may stay in /dev/shm
-    if os.path.isdir("/dev/shm"):
-        assert set(os.listdir("/dev/shm")) - shm_before == set()
+def pdd(shipped_pdd):
+    return shipped_pdd  # conftest.py: shared with the other request-only modules
 
 
 @pytest.fixture(scope="module")

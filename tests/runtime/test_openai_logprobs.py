@@ -5,12 +5,10 @@ the handoff), and the values are those of a colocated reference engine (docs/ope
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
-from pddflow.bench.deploy_process import DeployProcess, get_json
+from pddflow.bench.deploy_process import get_json
 from pddflow.core.payloads import SamplingParams
 from pddflow.operators.engine import Engine
 from pddflow.runtime.api.schema import ChatMessage
@@ -20,7 +18,6 @@ pytestmark = pytest.mark.slow  # starts a deployment: worker processes
 
 openai = pytest.importorskip("openai")
 
-ROOT = Path(__file__).resolve().parents[2]
 SPEC = "builtin:tiny-llama"
 ROUTES = [
     {"variant": "p_md"},
@@ -32,11 +29,8 @@ TOL = 1e-4
 
 
 @pytest.fixture(scope="module")
-def dep(tmp_path_factory):
-    d = DeployProcess(ROOT / "graphs" / "pdd.yaml", tmp_path_factory.mktemp("logprobs-run"))
-    yield d
-    out = d.stop()
-    assert d.leftover_children() == [], out
+def dep(shipped_pdd):
+    return shipped_pdd  # conftest.py: shared with the other request-only modules
 
 
 @pytest.fixture(scope="module")

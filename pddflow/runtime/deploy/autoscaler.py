@@ -19,7 +19,8 @@ from pddflow.graph.plan import Plan
 from pddflow.planner import Meter, Planner, PoolDecision, PoolLoad
 from pddflow.planner.capacity import StepFit
 from pddflow.planner.policy import direction_changes
-from pddflow.runtime.frontend.frontend import Frontend, LoopStopped
+from pddflow.runtime.frontend.frontend import Frontend
+from pddflow.runtime.frontend.loop_call import LoopStopped
 from pddflow.scheduler import RequestFeatures
 
 log = logging.getLogger("pddflow.planner")

@@ -4,7 +4,6 @@ on gRPC threads; all flight state is touched only on the asyncio loop."""
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import logging
 import random
 import threading
@@ -21,6 +20,7 @@ from pddflow.runtime.frontend.fallbacks import Fallbacks
 from pddflow.runtime.frontend.fleet import Fleet
 from pddflow.runtime.frontend.flight import Flight, Flights
 from pddflow.runtime.frontend.link_watch import LinkWatch
+from pddflow.runtime.frontend.loop_call import call_on_loop
 from pddflow.runtime.frontend.metrics import Metrics
 from pddflow.runtime.frontend.model_info import ModelInfo
 from pddflow.runtime.frontend.pools import PlannerView, Pools
@@ -45,10 +45,6 @@ log = logging.getLogger("pddflow.frontend")
 
 def event_name(kind: pb.EventKind.ValueType) -> str:
     return pb.EventKind.Name(kind).removeprefix("EVENT_").lower()
-
-
-class LoopStopped(RuntimeError):
-    """A call for the frontend's loop found it stopped: the server has ended."""
 
 
 class Frontend:
@@ -150,27 +146,10 @@ class Frontend:
 
     def _on_loop(self, fn: Callable[[], Any], timeout_s: float = 10.0) -> Any:
         """fn() on the frontend's loop (where flight state lives), waited for: live scaling's
-        and the planner's calls from their threads (pools.py). LoopStopped at once when the loop
-        stops (the server ended) rather than after the timeout."""
+        and the planner's calls from their threads (pools.py); LoopStopped once it has stopped."""
         with self._lock:
             loop = self.loop
-        if loop is None:
-            return fn()
-
-        async def call() -> Any:
-            return fn()
-
-        done = asyncio.run_coroutine_threadsafe(call(), loop)
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                return done.result(timeout=0.1)
-            except concurrent.futures.TimeoutError:
-                if not loop.is_running():
-                    done.cancel()
-                    raise LoopStopped("the frontend's loop has stopped") from None
-                if time.monotonic() > deadline:
-                    raise
+        return fn() if loop is None else call_on_loop(loop, fn, timeout_s)
 
     # ---- the deployer's word on its workers (any thread) ----------------------------------------
     def worker_exited(self, inst: str, summary: str) -> None:
