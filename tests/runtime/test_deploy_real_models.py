@@ -110,6 +110,10 @@ def test_deploy_serves_a_real_checkpoint_exactly(arch, tmp_path):
             ids = r.choices[0].model_extra["token_ids"]
             assert _strip_eos(ids, eos) == _strip_eos(ref, eos), route
             assert r.choices[0].message.content  # decoded by the checkpoint's tokenizer
+        per_token = _kv_bytes_per_token(json.loads((path / "config.json").read_text()))
+        assert dep.health()["kv_bytes_per_token"] == per_token
+        if arch in MOE:  # a cold prompt's KV crosses the WAN once, at the served model's bytes
+            _assert_cold_prompt_bytes(client, dep, per_token)
         if arch == "mistral":  # the template's raise_exception is the client's 400
             with pytest.raises(openai.BadRequestError, match="no system turns"):
                 client.chat.completions.create(
@@ -127,6 +131,21 @@ def _kv_bytes_per_token(config: dict) -> int:
             4 * config["num_hidden_layers"] * (config["kv_lora_rank"] + config["qk_rope_head_dim"])
         )
     return 4 * 2 * config["num_hidden_layers"] * config["num_key_value_heads"] * config["head_dim"]
+
+
+def _assert_cold_prompt_bytes(client, dep, per_token: int) -> None:
+    """A cold prompt's KV crosses the WAN once, at the served model's bytes per token (its last
+    block whole)."""
+    before = dep.metric("pddflow_wan_bytes_sent_total")
+    r = client.completions.create(
+        model="pdd",
+        prompt="A cold prompt for the mixture of experts, a few blocks long. " * 3,
+        max_tokens=2,
+        temperature=0,
+        extra_body={"variant": "p_md"},
+    )
+    sent, tokens = dep.metric("pddflow_wan_bytes_sent_total") - before, r.usage.prompt_tokens
+    assert tokens * per_token <= sent <= -(-tokens // 16) * 16 * per_token, (sent, tokens)
 
 
 @pytest.mark.parametrize("arch", ["qwen3_moe", "deepseek_v3"])
@@ -171,17 +190,7 @@ def test_an_moe_replica_on_two_ranks_expert_parallel(arch, tmp_path):
             )
             ids = r.choices[0].model_extra["token_ids"]
             assert _strip_eos(ids, eos) == _strip_eos(ref, eos), (variant, handoff)
-        # a cold prompt's KV crosses the WAN once, at the served model's bytes per token
-        before = dep.metric("pddflow_wan_bytes_sent_total")
-        r = client.completions.create(
-            model="pdd",
-            prompt="A cold prompt for the mixture of experts, a few blocks long. " * 3,
-            max_tokens=2,
-            temperature=0,
-            extra_body={"variant": "p_md"},
-        )
-        sent, tokens = dep.metric("pddflow_wan_bytes_sent_total") - before, r.usage.prompt_tokens
-        assert tokens * per_token <= sent <= -(-tokens // 16) * 16 * per_token, (sent, tokens)
+        _assert_cold_prompt_bytes(client, dep, per_token)
     finally:
         dep.stop()
     assert dep.leftover_children() == []
