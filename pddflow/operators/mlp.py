@@ -73,7 +73,7 @@ class Routing:
         weights, chosen = torch.topk(probs, self.top_k, dim=-1)
         if self.renormalize:
             weights = weights / weights.sum(dim=-1, keepdim=True)
-        return (weights * self.scaling if self.scaling != 1.0 else weights), chosen
+        return weights * self.scaling, chosen  # x 1.0 is exact: Qwen3-MoE's bits unchanged
 
     def _kept(self, by_group: torch.Tensor, experts: int) -> torch.Tensor:
         """[T, E] True where the expert's group is among each token's `topk_groups` best."""
