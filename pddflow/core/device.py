@@ -7,6 +7,8 @@ from dataclasses import dataclass
 GIB = 1024**3
 # `pddflow deploy --kv-cache-mb` default; the simulator's replay of a deployment uses it too
 LOCAL_KV_CACHE_MIB = 256
+LOCAL_HOST_CACHE_MIB = 64  # a declared host_cache tier on one machine (local.cache_mib wins)
+LOCAL_DISK_CACHE_MIB = 256  # and a disk_cache tier
 
 
 @dataclass(frozen=True)

@@ -20,12 +20,12 @@ from pddflow.core.operator_types import OPERATOR_TYPES, OperatorType
 from pddflow.core.policies import POLICIES
 from pddflow.core.registry import did_you_mean
 from pddflow.graph.autoscale import check_autoscale
+from pddflow.graph.cache_tiers import disk_cache, host_cache, local_cache_mib
 from pddflow.graph.edges import check_cycles, check_edges, check_unfed_inputs
 from pddflow.graph.params import check_params
 from pddflow.graph.plan import (
     ClusterPlan,
     DeployPlan,
-    HostCachePlan,
     ModelPlan,
     OperatorPlan,
     Plan,
@@ -87,6 +87,7 @@ class Compiler:
             local_replicas=local,
             local_max_replicas=local_max,
             local_devices=local_devices,
+            local_cache_mib=local_cache_mib(self.err, self.spec),
             local_scheduler_params=self._local_scheduler(scheduler),
             deploy=DeployPlan(**self.spec.deploy.model_dump()),
             autoscale=autoscale,
@@ -295,7 +296,8 @@ class Compiler:
                 budget,
                 tuple(f"{name}/{i}" for i in range(o.replicas)),
                 self._choices(name, o, clusters, devices),
-                self._host_cache(name, o, params),
+                host_cache(self.err, name, o, params),
+                disk_cache(self.err, name, o, params),
             )
         for (cluster, dev), names in used.items():
             need = sum(
@@ -315,31 +317,6 @@ class Compiler:
                     f"clusters.{cluster}",
                 )
         return out
-
-    def _host_cache(self, name: str, o: Any, params: dict[str, Any]) -> HostCachePlan | None:
-        """The tier as declared; it only makes sense under a cache that keeps prefixes."""
-        hc = o.host_cache
-        if hc is None:
-            return None
-        at = ("operators", name, "host_cache")
-        if not (params.get("radix_cache") or params.get("prefix_cache")):
-            self.err(
-                at,
-                f"operator {name} has a host_cache but no prefix cache to sit under (op {o.op} "
-                "with radix_cache/prefix_cache false or not declared); set params.radix_cache "
-                "(decoders) or params.prefix_cache (prefill) to true, or drop host_cache",
-                key=True,
-            )
-            return None
-        max_gib = hc.gib if hc.max_gib is None else hc.max_gib
-        if max_gib < hc.gib:
-            self.err(
-                at + ("max_gib",),
-                f"operator {name}: host_cache.max_gib ({max_gib:g}) is below host_cache.gib "
-                f"({hc.gib:g}); the most `size` may buy cannot be less than what is declared",
-            )
-            return None
-        return HostCachePlan(hc.gib, max_gib, hc.usd_per_gib_hour, hc.gbytes_per_s)
 
     def _choices(
         self,

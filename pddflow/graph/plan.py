@@ -80,6 +80,30 @@ class HostCachePlan:
 
 
 @dataclass(frozen=True)
+class DiskCachePlan:
+    """A local-disk KV tier under an operator's cache (graph: `operators.X.disk_cache`)."""
+
+    gib: float  # per replica
+    usd_per_gib_hour: float
+    gbytes_per_s: float  # disk -> HBM, per replica
+    dir: str | None = None  # None: the deployment's run directory
+    persist: bool = False
+
+    @property
+    def usd_per_replica_hour(self) -> float:
+        return self.gib * self.usd_per_gib_hour
+
+
+@dataclass(frozen=True)
+class LocalCache:
+    """The local profile's sizes of one operator's KV pool and tiers, MiB (None: the default)."""
+
+    kv: float | None = None
+    host: float | None = None
+    disk: float | None = None
+
+
+@dataclass(frozen=True)
 class OperatorPlan:
     name: str
     op_type: str
@@ -93,6 +117,7 @@ class OperatorPlan:
     instances: tuple[str, ...] = ()
     choices: tuple[Shape, ...] = ()  # other shapes `pddflow size` may pick (the graph's `choices`)
     host_cache: HostCachePlan | None = None
+    disk_cache: DiskCachePlan | None = None
     local_ranks: int = 0  # the local profile's layout (set by Plan.scaled_to_local; 0: none)
 
     @property
@@ -146,9 +171,14 @@ class OperatorPlan:
         return self.host_cache.gib if self.host_cache is not None else 0.0
 
     def usd_per_replica_hour(self, device: DeviceClass) -> float:
-        """One replica's devices plus its host cache tier."""
-        tier = self.host_cache.usd_per_replica_hour if self.host_cache is not None else 0.0
-        return self.devices_per_replica * device.usd_per_hour + tier
+        """One replica's devices plus its cache tiers."""
+        return self.devices_per_replica * device.usd_per_hour + self.tiers_usd_per_replica_hour
+
+    @property
+    def tiers_usd_per_replica_hour(self) -> float:
+        host = self.host_cache.usd_per_replica_hour if self.host_cache is not None else 0.0
+        disk = self.disk_cache.usd_per_replica_hour if self.disk_cache is not None else 0.0
+        return host + disk
 
 
 @dataclass(frozen=True)
@@ -226,6 +256,7 @@ class Plan:
     local_max_replicas: dict[str, int] = field(default_factory=dict)
     local_scheduler_params: dict[str, Any] = field(default_factory=dict)
     local_devices: dict[str, int] = field(default_factory=dict)  # the local profile's layout
+    local_cache_mib: dict[str, LocalCache] = field(default_factory=dict)  # the local KV sizes
     profile: str = "production"  # or "local" after scaled_to_local()
     deploy: DeployPlan = field(default_factory=DeployPlan)
     autoscale: AutoscalePlan = field(default_factory=AutoscalePlan)
@@ -303,11 +334,8 @@ class Plan:
         )
 
     def host_cache_cost_per_hour(self) -> float:
-        return sum(
-            op.replicas * op.host_cache.usd_per_replica_hour
-            for op in self.operators.values()
-            if op.host_cache is not None
-        )
+        """Every cache tier's price (host memory and disk)."""
+        return sum(op.replicas * op.tiers_usd_per_replica_hour for op in self.operators.values())
 
     def scaled_to_local(self) -> Plan:
         """The same plan with the `local` profile's replica counts (default 1 per operator), rank
@@ -387,6 +415,9 @@ class Plan:
                         "host_cache": HostCachePlan(**v["host_cache"])
                         if v.get("host_cache")
                         else None,
+                        "disk_cache": DiskCachePlan(**v["disk_cache"])
+                        if v.get("disk_cache")
+                        else None,
                     }
                 )
                 for k, v in d["operators"].items()
@@ -402,6 +433,7 @@ class Plan:
             local_max_replicas=dict(d.get("local_max_replicas", {})),
             local_scheduler_params=dict(d.get("local_scheduler_params", {})),
             local_devices=dict(d.get("local_devices", {})),
+            local_cache_mib={k: LocalCache(**v) for k, v in d.get("local_cache_mib", {}).items()},
             profile=d.get("profile", "production"),
             deploy=DeployPlan(**d.get("deploy", {})),
             autoscale=AutoscalePlan(**d.get("autoscale", {})),

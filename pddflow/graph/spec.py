@@ -58,6 +58,11 @@ class LocalProfile(_Strict):
         description="operator name -> rank processes (tensor-parallel degree) of each instance "
         "deployed, at most the operator's devices_per_replica (default: that, all of them)",
     )
+    cache_mib: dict[str, LocalCacheSpec] = Field(
+        default_factory=dict,
+        description="operator name -> sizes on one machine, MiB: its device KV pool (kv) and "
+        "the host_cache / disk_cache tiers it declares (host, disk)",
+    )
     scheduler: dict[str, Any] = Field(
         default_factory=dict,
         description="policy parameters on one machine, over scheduler.params (thresholds in "
@@ -144,6 +149,38 @@ class HostCacheSpec(_Strict):
     )
 
 
+class DiskCacheSpec(_Strict):
+    """A local-disk tier under an operator's prefix/radix cache, below `host_cache` when both are
+    declared: every block the device caches is written through, so a restarted worker re-opens
+    it (docs/engine.md, Tiered cache)."""
+
+    gib: float = Field(gt=0, description="disk for KV per replica, GiB")
+    usd_per_gib_hour: float = Field(
+        0.0, ge=0, description="price of one GiB of local disk for an hour, for cost and BCR"
+    )
+    gbytes_per_s: float = Field(
+        5.0, gt=0, description="disk-to-HBM bandwidth of one replica, GB/s (default 5: one NVMe)"
+    )
+    dir: str | None = Field(
+        None,
+        description="directory of the instances' arenas (one subdirectory each); default: the "
+        "deployment's run directory, removed when it stops",
+    )
+    persist: bool = Field(
+        False,
+        description="keep the arenas after `stop` (needs `dir`): a later deployment of the same "
+        "model re-opens them; false: no file is left",
+    )
+
+
+class LocalCacheSpec(_Strict):
+    kv: float | None = Field(
+        None, gt=0, description="the device KV pool, MiB (default: deploy --kv-cache-mb)"
+    )
+    host: float | None = Field(None, gt=0, description="the host_cache tier, MiB (default 64)")
+    disk: float | None = Field(None, gt=0, description="the disk_cache tier, MiB (default 256)")
+
+
 class OperatorSpec(_Strict):
     op: str = Field(
         description="operator type (prefill, relay_decode, main_decode, decode, colocated, "
@@ -166,6 +203,9 @@ class OperatorSpec(_Strict):
     host_cache: HostCacheSpec | None = Field(
         None,
         description="a priced host-memory KV tier under this operator's prefix/radix cache",
+    )
+    disk_cache: DiskCacheSpec | None = Field(
+        None, description="a local-disk KV tier under the cache (and under host_cache)"
     )
 
 

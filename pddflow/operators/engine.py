@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import random
+import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import replace
@@ -16,12 +17,13 @@ from pddflow.core.kv_budget import blocks_for
 from pddflow.core.model_config import ModelConfig
 from pddflow.core.payloads import KVBlocks, Request, SamplingParams
 from pddflow.kernels.paged_attention import Numerics, calibrate, plan_attention
-from pddflow.operators import continuous_batching, kv_exchange
+from pddflow.operators import continuous_batching, kv_exchange, kv_tiers
 from pddflow.operators.block_allocator import BlockAllocator, KVCacheFull
 from pddflow.operators.engine_config import EngineConfig, prepare
 from pddflow.operators.grammar import Grammars
 from pddflow.operators.kv_cache import KVPool, block_bytes, blocks_for_budget
 from pddflow.operators.kv_exchange import KVShardMissing
+from pddflow.operators.kv_tiers import NO_LOAD, KVTiers, TierLoad
 from pddflow.operators.model import LlamaModel
 from pddflow.operators.radix_cache import RadixCache
 from pddflow.operators.sampling import sample_sequences
@@ -74,9 +76,9 @@ class Engine:
         self.pool = KVPool(local, num_blocks, bs, self.dtype, self.device)
         self.allocator = BlockAllocator(num_blocks)
         self.radix = RadixCache(
-            on_evict=lambda b: self.allocator.decref([b]),
-            evictable=lambda b: self.allocator.refcount(b) == 1,
+            on_evict=self._evicted, evictable=lambda b: self.allocator.refcount(b) == 1
         )
+        self.tiers: KVTiers | None = kv_tiers.for_engine(config, source, self.pool.tensor, tp)
         self.numerics = (
             calibrate(
                 local.head_dim,
@@ -142,6 +144,9 @@ class Engine:
     def close(self) -> None:
         """Leader: tell the followers to stop (their follow() returns); idempotent; a no-op at TP
         1 and on followers. The group itself is closed by whoever joined it."""
+        if self.tiers is not None:
+            self.tiers.close(remove_disk=not self.config.disk_cache_persist)
+            self.tiers = None
         if self._tp is None or not self._tp.is_leader or self._closed:
             return
         self._closed = True
@@ -204,11 +209,37 @@ class Engine:
             return 0
         bs = self.block_size
         limit = (len(seq.token_ids) - 1) // bs if keep_last else len(seq.token_ids) // bs
-        blocks = self.radix.match(seq.block_hashes(bs, limit * bs))
-        self.allocator.incref(blocks)
-        seq.block_table = list(blocks)
-        seq.num_computed = len(blocks) * bs
+        self.adopt_cached(seq, limit)
         return seq.num_computed
+
+    def adopt_cached(self, seq: Sequence, blocks: int) -> TierLoad:
+        """Give a fresh sequence the cached blocks among the first `blocks` of its tokens: the
+        device cache's prefix, then the run after it the lower tiers hold, loaded into new device
+        blocks. Returns what was loaded from below the device."""
+        bs = self.block_size
+        hashes = seq.block_hashes(bs, blocks * bs)
+        have = self.radix.match(hashes)
+        self.allocator.incref(have)
+        seq.block_table, seq.num_computed = list(have), len(have) * bs
+        if self.tiers is None or len(have) == len(hashes):
+            return NO_LOAD
+        run = self.tiers.run(hashes, len(have))
+        if not run:
+            return NO_LOAD
+        t0 = time.perf_counter()
+        data, per = self.tiers.read(hashes[len(have) : len(have) + run])
+        if data.shape[0]:
+            new = self._allocate(data.shape[0], seq.seq_id)
+            self.pool.tensor[torch.tensor(new, device=self.device)] = data.to(self.device)
+            seq.block_table += new
+            seq.num_computed += len(new) * bs
+            self.cache_sequence(seq)
+        return self.tiers.loaded(per, time.perf_counter() - t0)
+
+    def _evicted(self, h: int, block: int) -> None:
+        if self.tiers is not None:  # copied down while the block's bytes are still there
+            self.tiers.device_evicted(h, block)
+        self.allocator.decref([block])
 
     def match(self, hashes: Seq[int]) -> int:
         """Cached prefix length in blocks; read-only (a hit prediction must not touch the LRU)."""
@@ -228,8 +259,12 @@ class Engine:
         if n == 0:
             return
         blocks = seq.block_table[:n]
-        stored = self.radix.insert(seq.block_hashes(self.block_size, n * self.block_size), blocks)
-        self.allocator.incref([b for b, new in zip(blocks, stored) if new])
+        hashes = seq.block_hashes(self.block_size, n * self.block_size)
+        stored = self.radix.insert(hashes, blocks)
+        new = [(h, b) for h, b, s in zip(hashes, blocks, stored) if s]
+        self.allocator.incref([b for _, b in new])
+        if self.tiers is not None and new:
+            self.tiers.device_inserted(new)
 
     def prefill(self, seq: Sequence, chunk_size: int | None = None) -> int:
         """Returns the first token, appended with its KV pending."""

@@ -31,6 +31,12 @@ class EngineConfig:
     # tensor parallel over a mixture of experts: each rank keeps whole experts (num_experts /
     # ranks of them) instead of a slice of every expert; attention stays split by heads
     expert_parallel: bool = False
+    # tiers under the prefix cache (kv_tiers.py): host memory and local disk, whole-model bytes;
+    # the disk tier's directory, and whether its arena outlives the engine's close()
+    host_cache_bytes: int = 0
+    disk_cache_bytes: int = 0
+    disk_cache_dir: str = ""
+    disk_cache_persist: bool = False
 
 
 DTYPES = {

@@ -21,12 +21,13 @@ class _Node:
 
 
 class RadixCache:
-    """`capacity` None: the owner calls `evict`. `evictable(v)` False: a sequence reads it."""
+    """`capacity` None: the owner calls `evict`. `evictable(v)` False: a sequence reads it.
+    `on_evict(hash, value)` runs for each block leaving the cache."""
 
     def __init__(
         self,
         capacity: int | None = None,
-        on_evict: Callable[[Any], None] | None = None,
+        on_evict: Callable[[int, Any], None] | None = None,
         evictable: Callable[[Any], bool] | None = None,
     ):
         if capacity is not None and capacity < 0:
@@ -113,7 +114,7 @@ class RadixCache:
             self._note(node.hash, inserted=False)  # type: ignore[arg-type]
             evicted.append(node.value)
             if self._on_evict is not None:
-                self._on_evict(node.value)
+                self._on_evict(node.hash, node.value)
             if parent is not self._root and not parent.children:
                 self._push_leaf(parent)
         for entry in held:
@@ -139,13 +140,14 @@ class RadixCache:
         return count
 
     def clear(self) -> list[Any]:
-        values = [v for _, v in self]
+        pairs = list(self)
         if self._changes is not None:
-            for h, _ in self:
+            for h, _ in pairs:
                 self._note(h, inserted=False)
         if self._on_evict is not None:
-            for v in values:
-                self._on_evict(v)
+            for h, v in pairs:
+                self._on_evict(h, v)
+        values = [v for _, v in pairs]
         self._root.children.clear()
         self._size = 0
         self._heap.clear()

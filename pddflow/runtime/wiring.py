@@ -16,7 +16,7 @@ from pddflow.channels.security import TLSConfig
 from pddflow.core.channel_kinds import Kind
 from pddflow.core.cpu_layout import CpuLayout, host_cores, plan_layout
 from pddflow.core.device import LOCAL_KV_CACHE_MIB
-from pddflow.graph.plan import Plan
+from pddflow.graph.plan import OperatorPlan, Plan
 from pddflow.runtime.rpc import Credentials
 from pddflow.runtime.transports import NETWORK, SHM, incoming, routes
 
@@ -58,6 +58,13 @@ class Wiring:
     transports: dict[str, str] = field(default_factory=dict)
     # rdma_tensor: "src>dst" instance pair -> shm | tcp | nixl (rdma_routes.py)
     rdma: dict[str, str] = field(default_factory=dict)
+    cache_dir: str = ""  # disk_cache tiers without a `dir` of their own: one subdirectory each
+
+    def disk_cache_dir(self, op: OperatorPlan, instance: str) -> Path:
+        """Where `instance`'s disk tier keeps its arena (the same after a restart)."""
+        assert op.disk_cache is not None
+        base = Path(op.disk_cache.dir).expanduser() if op.disk_cache.dir else Path(self.cache_dir)
+        return base / instance.replace("/", "-")
 
     def bind_host(self, address: str) -> str:
         """Where a server publishing `address` ([scheme://]host:port) listens: that host, or every

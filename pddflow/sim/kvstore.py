@@ -278,7 +278,7 @@ class KVStore:
         finally:
             self._waking = False
 
-    def _on_evict(self, block: _Block) -> None:
+    def _on_evict(self, _h: int, block: _Block) -> None:
         self._evicted.append(block.h)
 
     def _check(self) -> None:

@@ -1,6 +1,8 @@
-"""A real deployment of graphs/pdd.yaml over a slow emulated WAN, for fault drills: one for the
-whole chaos suite (each test leaves it serving again: that is what the drills assert), started
-once because a start costs about 10 s of the suite's 20 minutes."""
+"""A real deployment of PDD over a slow emulated WAN, for fault drills: one for the whole chaos
+suite (each test leaves it serving again: that is what the drills assert), started once because a
+start costs about 10 s of the suite's 20 minutes. It is graphs/pdd_tiered.yaml served as `pdd`:
+main has host-memory and disk tiers under its cache, so every drill runs over them too and a main
+killed -9 restarts from its disk tier."""
 
 from __future__ import annotations
 
@@ -19,12 +21,14 @@ WAN_GBPS = "0.05"  # a 360-token prompt's KV (11 MB) takes about 2 s to cross
 
 @pytest.fixture(scope="session")
 def pdd(tmp_path_factory):
-    dep = DeployProcess(
-        ROOT / "graphs" / "pdd.yaml", tmp_path_factory.mktemp("chaos"), "--wan-gbps", WAN_GBPS
-    )
+    graph = tmp_path_factory.mktemp("graph") / "pdd.yaml"
+    tiered = (ROOT / "graphs" / "pdd_tiered.yaml").read_text()
+    graph.write_text(tiered.replace("name: pdd_tiered\n", "name: pdd\n", 1))
+    dep = DeployProcess(graph, tmp_path_factory.mktemp("chaos"), "--wan-gbps", WAN_GBPS)
     yield dep
     out = dep.stop()
     assert dep.leftover_children() == [], out
+    assert not (dep.run_dir / "kv").exists(), out  # the disk tier does not persist: no file left
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ back."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -11,11 +12,12 @@ import time
 
 import pytest
 
-from pddflow.bench.deploy_process import post, post_json
+from pddflow.bench.deploy_process import get_json, post, post_json
 
 pytestmark = pytest.mark.slow
 
 LONG = "KV crosses the WAN in blocks; " * 12  # ~360 tokens: ~11 MB of KV, ~2 s over the WAN
+BLOCK_TOKENS = 16  # the built-in model's KV block
 
 
 def complete(dep, prompt: str, n: int, timeout: float = 60, **extra) -> tuple[int, dict]:
@@ -90,9 +92,49 @@ def test_relay_down_cold_prompt_goes_p_md(pdd, reference, wait_until):
     assert code == 200 and tokens(out) == reference(prompt + " again", 12)
 
 
+def disk_tier_slots(dep, inst: str) -> dict[int, int]:
+    """block hash -> byte offset of its slot in `inst`'s disk-tier arena (read from the headers)."""
+    from pddflow.operators.kv_disk import _HEADER, ARENA, MAGIC
+
+    arena = dep.run_dir / "kv" / inst.replace("/", "-") / ARENA
+    meta = json.loads((arena.parent / "meta.json").read_text())
+    data, out = arena.read_bytes(), {}
+    for off in range(0, len(data), meta["slot_bytes"]):
+        magic, h, _, _ = _HEADER.unpack_from(data, off)
+        if magic == MAGIC:
+            out[h] = off
+    return out
+
+
+def prompt_hashes(prompt: str) -> list[int]:
+    from pddflow.core.block_hash import chain_block_hashes
+    from pddflow.operators.tokenizer import ByteTokenizer
+
+    return chain_block_hashes(ByteTokenizer().encode(prompt), BLOCK_TOKENS)
+
+
 def test_main_down_the_relay_finishes_even_forced_p_md(pdd, reference, wait_until):
-    """D7: with main dead the relay finishes requests, also those forced to p_md."""
+    """D7: with main dead the relay finishes requests, also those forced to p_md. Main comes back
+    from its disk tier: a returning session's next turn loads its prefix from disk (its timeline
+    names the tier), and a session whose blocks were corrupted meanwhile gets its KV over the WAN
+    again; every token exact."""
+    keep, spoil = "A returning session. " + LONG, "A session whose blocks rot. " + LONG
+    for prompt in (keep, spoil):
+        code, out = complete(pdd, prompt, 4, variant="p_md")
+        assert code == 200 and tokens(out) == reference(prompt, 4)
+    wanted = set(prompt_hashes(keep)[:-1] + prompt_hashes(spoil)[:-1])
+    wait_until("main's blocks on disk", lambda: wanted <= disk_tier_slots(pdd, "main/0").keys(), 10)
     os.kill(pdd.worker_pid("main/0"), signal.SIGKILL)
+    slots = disk_tier_slots(pdd, "main/0")
+    arena = pdd.run_dir / "kv" / "main-0" / "arena.kv"
+    rotten = [h for h in prompt_hashes(spoil) if h in slots]
+    assert len(rotten) >= len(prompt_hashes(spoil)) - 1
+    with open(arena, "r+b") as f:  # one flipped byte in each of spoil's blocks, past the header
+        for h in rotten:
+            f.seek(slots[h] + 4000)
+            byte = f.read(1)[0]
+            f.seek(slots[h] + 4000)
+            f.write(bytes([byte ^ 0x5A]))
     wait_until("main lost", lambda: pdd.health()["workers"]["main/0"]["state"] != "up", 20)
     for variant in ("p_md", None):
         prompt = f"main is down ({variant})"
@@ -105,3 +147,18 @@ def test_main_down_the_relay_finishes_even_forced_p_md(pdd, reference, wait_unti
     back_up(pdd, "main/0", wait_until)
     code, out = complete(pdd, "main is back", 10)
     assert code == 200 and tokens(out) == reference("main is back", 10)
+    assert pdd.metric("pddflow_kv_tier_corrupt_blocks_total", instance="main/0") == len(rotten)
+
+    wan = wan_bytes(pdd)
+    code, out = complete(pdd, keep + " Next turn.", 4, variant="p_md")
+    assert code == 200 and tokens(out) == reference(keep + " Next turn.", 4)
+    _, timeline = get_json(f"{pdd.base}/v1/requests/{out['id']}/timeline")
+    loads = [e for e in timeline["events"] if e["event"] == "cache_tier_loaded"]
+    assert loads and loads[0]["disk_blocks"] >= len(wanted) // 2 - 1, timeline
+    block_bytes = BLOCK_TOKENS * pdd.health()["kv_bytes_per_token"]
+    assert wan_bytes(pdd) - wan < 4 * block_bytes  # only the new tail crossed
+
+    wan = wan_bytes(pdd)
+    code, out = complete(pdd, spoil + " Next turn.", 4, variant="p_md")
+    assert code == 200 and tokens(out) == reference(spoil + " Next turn.", 4)
+    assert wan_bytes(pdd) - wan >= len(rotten) * block_bytes  # dropped, so sent again

@@ -20,7 +20,7 @@ def test_insert_keeps_existing_values():
 
 def test_lru_eviction_is_leaf_first_and_least_recent_first():
     evicted = []
-    c = RadixCache(on_evict=evicted.append)
+    c = RadixCache(on_evict=lambda _h, v: evicted.append(v))
     c.insert([1, 2, 3], ["a", "b", "c"])  # path A
     c.insert([1, 5], ["a", "e"])  # branch B shares block 1
     c.match([1, 2, 3])  # A is now more recent than B
@@ -68,6 +68,6 @@ def test_many_touches_keep_heap_bounded():
 
 def test_clear_calls_on_evict_for_everything():
     seen = []
-    c = RadixCache(on_evict=seen.append)
+    c = RadixCache(on_evict=lambda h, v: seen.append((h, v)))
     c.insert([1, 2], ["a", "b"])
-    assert sorted(c.clear()) == ["a", "b"] and sorted(seen) == ["a", "b"] and len(c) == 0
+    assert sorted(c.clear()) == ["a", "b"] and sorted(seen) == [(1, "a"), (2, "b")] and len(c) == 0

@@ -22,7 +22,7 @@ from pathlib import Path
 from pddflow.core.device import LOCAL_KV_CACHE_MIB
 from pddflow.graph.plan import Plan
 from pddflow.runtime.deploy.backend import Backend, DeployError, Progress, wait_ready
-from pddflow.runtime.deploy.run_dir import make_run_dir, remove_run_dir
+from pddflow.runtime.deploy.run_dir import make_run_dir, remove_disk_tiers, remove_run_dir
 from pddflow.runtime.deploy.supervisor import Supervisor
 from pddflow.runtime.frontend.frontend import Frontend
 from pddflow.runtime.frontend.link_admin import LinkAdmin
@@ -210,6 +210,7 @@ class Deployment:
             # the emulated datacenters trust one self-signed certificate
             tls = self_signed(self.run_dir / "tls")
             wiring.tls_cert, wiring.tls_key = tls.cert_chain, tls.private_key
+        wiring.cache_dir = str(self.run_dir / "kv")
         be.start(plan, wiring, self.run_dir)  # before any gRPC thread here: children fork cleanly
         self.frontend = Frontend(plan, wiring, self.model)
         wait_ready(self.frontend.ready_count, be, self.options.startup_timeout_s, progress)
@@ -378,6 +379,8 @@ class Deployment:
         if self.frontend is not None:
             self.frontend.close()
             self.frontend = None
+        if self.wiring is not None:  # a worker killed without its close() left its arena
+            remove_disk_tiers(self.plan, self.wiring)
         if self.run_dir is not None:
             remove_run_dir(self.run_dir, kept=self.options.run_dir is not None)
         if self._socket is not None:

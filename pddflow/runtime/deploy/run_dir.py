@@ -4,6 +4,7 @@ ones whose deployer died, and left with its secrets removed when kept (--run-dir
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -89,3 +90,15 @@ def remove_run_dir(path: Path, kept: bool) -> None:
         return
     for secret in (path / WIRING_FILE, path / "tls" / "key.pem", path / "tls" / "ca-key.pem"):
         secret.unlink(missing_ok=True)
+
+
+def remove_disk_tiers(plan, wiring) -> None:
+    """The disk-tier arenas of every instance whose graph does not ask them to persist."""
+    for op in plan.operators.values():
+        if op.disk_cache is None or op.disk_cache.persist:
+            continue
+        for inst in op.instances:
+            shutil.rmtree(wiring.disk_cache_dir(op, inst), ignore_errors=True)
+    if wiring.cache_dir:
+        with contextlib.suppress(OSError):  # the default tiers' parent, once empty
+            Path(wiring.cache_dir).rmdir()

@@ -88,12 +88,24 @@ class Fleet:
                 state = pool_state
         out: dict[str, Any] = {"ready": state == "up", "state": state}
         if state in ("up", "draining") and s is not None:
+            # the device cache's blocks (what kv_blocks_used counts); the tiers below in cache_tiers
+            device = next((t.blocks for t in s.tiers if t.tier == "device"), s.cached_blocks)
             out.update(
                 kv_blocks_used=s.kv_blocks_used,
-                cached_blocks=s.cached_blocks,
+                cached_blocks=device,
                 running=s.running,
                 legs=len(s.legs),
             )
+            if s.tiers:  # the cache's tiers: where its cached blocks are, hits loaded from each
+                out["cache_tiers"] = {
+                    t.tier: {
+                        "blocks": t.blocks,
+                        "capacity_blocks": t.capacity_blocks,
+                        "hit_blocks": t.hit_blocks,
+                        "load_s": round(t.load_s, 6),
+                    }
+                    for t in s.tiers
+                }
         if inst in self.restarts or inst in self.exits:
             out.update(restarts=self.restarts.get(inst, 0), last_exit=self.exits.get(inst))
         return out

@@ -306,10 +306,12 @@ class Frontend:
             return
         try:
             if delta.full:
-                m.reset(delta.inserted)
+                m.reset(delta.inserted, delta.inserted_tier)
                 return
             m.on_evict(delta.evicted)
-            m.on_insert(delta.inserted)
+            m.on_insert(delta.inserted, delta.inserted_tier)
+            if delta.moved:
+                m.on_move(delta.moved, delta.moved_tier)
         except MirrorDrift as exc:
             self._drift(str(exc))
 

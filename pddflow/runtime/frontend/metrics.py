@@ -178,6 +178,23 @@ DECODE_COUNTERS = {
 }
 
 
+# TierStats field -> (family, help, counter?): each tier of a cache that has tiers under it
+TIER_METRICS = {
+    "blocks": ("pddflow_kv_tier_blocks", "KV blocks the tier holds", False),
+    "capacity_blocks": ("pddflow_kv_tier_capacity_blocks", "KV blocks the tier can hold", False),
+    "hit_blocks": ("pddflow_kv_tier_hit_blocks", "blocks loaded from the tier on a hit", True),
+    "loaded_bytes": ("pddflow_kv_tier_loaded_bytes", "bytes loaded from the tier", True),
+    "load_s": ("pddflow_kv_tier_load_seconds", "seconds the tier's loads took", True),
+    "stored_blocks": ("pddflow_kv_tier_stored_blocks", "blocks written into the tier", True),
+    "evicted_blocks": ("pddflow_kv_tier_evicted_blocks", "blocks the tier dropped for room", True),
+    "corrupt_blocks": (
+        "pddflow_kv_tier_corrupt_blocks",
+        "disk blocks whose checksum failed, dropped",
+        True,
+    ),
+}
+
+
 class _WorkerCounters:
     def __init__(self, statuses: dict[str, pb.WorkerStatus]):
         self.statuses = statuses
@@ -187,6 +204,13 @@ class _WorkerCounters:
             family = CounterMetricFamily(name, doc, labels=["instance"])
             for instance, status in sorted(self.statuses.items()):
                 family.add_metric([instance], getattr(status, field))
+            yield family
+        for field, (name, doc, counter) in TIER_METRICS.items():
+            kind = CounterMetricFamily if counter else GaugeMetricFamily
+            family = kind(name, doc, labels=["instance", "tier"])
+            for instance, status in sorted(self.statuses.items()):
+                for tier in status.tiers:
+                    family.add_metric([instance, tier.tier], getattr(tier, field))
             yield family
 
 

@@ -13,10 +13,12 @@ from typing import Any
 from pddflow.channels.errors import ChannelError
 from pddflow.core.payloads import TokenLogprob
 from pddflow.graph.plan import OperatorPlan
+from pddflow.operators.kv_tiers import cache_changes, cache_listing
 from pddflow.runtime.proto import runtime_pb2 as pb
 from pddflow.runtime.rpc import WORKER, serve
 from pddflow.runtime.wire import logprobs_from_pb, logprobs_to_pb, sampling_from_pb
 from pddflow.runtime.wiring import Wiring
+from pddflow.runtime.workers.cache_report import delta, tier_stats
 from pddflow.runtime.workers.connections import WorkerIO
 from pddflow.runtime.workers.inbox import (
     Abort,
@@ -246,8 +248,8 @@ class Worker:
         """A snapshot, taken on the loop thread (RPC threads answer with the last one)."""
         alloc = self.engine.allocator
         digest = 0
-        cached = [h for h, _ in self.engine.radix]
-        for h in cached:
+        cached = cache_listing(self.engine.radix, self.engine.tiers)
+        for h, _ in cached:
             digest ^= h
         return pb.WorkerStatus(
             instance=self.instance,
@@ -260,6 +262,7 @@ class Worker:
             cache_digest=digest,
             legs=list(self.legs),
             kv_bytes_per_token=self.engine.block_bytes // self.engine.block_size,
+            tiers=tier_stats(self.engine),
         )
 
     def running(self) -> int:
@@ -268,15 +271,15 @@ class Worker:
 
     def publish(self) -> None:
         if self.op.caches_prefixes:  # the router mirrors every cache it can route on
-            radix = self.engine.radix
+            radix, tiers = self.engine.radix, self.engine.tiers
             if self.io.resync.is_set():  # the report stream reconnected and may have lost a delta
                 self.io.resync.clear()
-                radix.take_changes()
-                self.io.report(cache=pb.CacheDelta(inserted=sorted(h for h, _ in radix), full=True))
+                cache_changes(radix, tiers)
+                self.io.report(cache=delta(cache_listing(radix, tiers), [], [], full=True))
             else:
-                inserted, evicted = radix.take_changes()  # O(change), not a diff of the cache
-                if inserted or evicted:
-                    self.io.report(cache=pb.CacheDelta(inserted=inserted, evicted=evicted))
+                inserted, evicted, moved = cache_changes(radix, tiers)  # O(change), not a diff
+                if inserted or evicted or moved:
+                    self.io.report(cache=delta(inserted, evicted, moved))
         if time.monotonic() - self._last_status > STATUS_EVERY_S:
             self._last_status = time.monotonic()
             self._status = self.status()

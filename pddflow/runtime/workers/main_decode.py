@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pddflow.core.kv_reuse import reused_blocks
 from pddflow.core.payloads import TokenIds
 from pddflow.runtime.proto import runtime_pb2 as pb
+from pddflow.runtime.workers.cache_report import load_event
 from pddflow.runtime.workers.decoder import DecodeLeg, DecoderWorker
 from pddflow.runtime.workers.inbox import HandoffTokens, InboxItem
 from pddflow.runtime.workers.registry import runs
@@ -42,19 +43,20 @@ class MainWorker(DecoderWorker):
             super().on_input(leg, item)
 
     def adopt_prefix(self, leg: MainLeg) -> None:
-        """Take exactly the cached prefix blocks the router counted on (prefill sends the rest);
-        blocks evicted since the decision are recomputed from the prompt's token IDs."""
+        """Take exactly the cached prefix blocks the router counted on (prefill sends the rest),
+        from the device cache or loaded from a tier below it; blocks evicted from every tier since
+        the decision are recomputed from the prompt's token IDs."""
         seq, bs = leg.seq, self.engine.block_size
         blocks = reused_blocks(leg.order.main_cached_blocks, seq.num_prompt_tokens, bs)
         if blocks == 0:
             return
-        have = self.engine.radix.match(seq.block_hashes(bs, blocks * bs))
-        self.engine.allocator.incref(have)
-        seq.block_table, seq.num_computed = list(have), len(have) * bs
-        if len(have) < blocks:
+        load = self.engine.adopt_cached(seq, blocks)
+        if load.total:
+            self.io.event(leg.seq_id, pb.EVENT_CACHE_TIER_LOADED, **load_event(load))
+        have = seq.num_computed // bs
+        if have < blocks:
             self.engine.compute_to(seq, blocks * bs)
-            missing = blocks - len(have)
-            self.io.event(leg.seq_id, pb.EVENT_CACHE_MISS_RECOMPUTED, blocks=missing)
+            self.io.event(leg.seq_id, pb.EVENT_CACHE_MISS_RECOMPUTED, blocks=blocks - have)
 
     def maybe_start(self, leg: MainLeg) -> None:
         if leg.kv_ready and not leg.decoding and leg.handoff:

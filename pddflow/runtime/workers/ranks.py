@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import os
 
-from pddflow.graph.plan import rank_name
+from pddflow.core.device import LOCAL_DISK_CACHE_MIB, LOCAL_HOST_CACHE_MIB
+from pddflow.graph.plan import LocalCache, OperatorPlan, rank_name
 from pddflow.runtime.wiring import Wiring, rank_device
+
+MIB = 2**20
 
 
 def build_engine(wiring: Wiring, instance: str, rank: int):
@@ -21,16 +24,34 @@ def build_engine(wiring: Wiring, instance: str, rank: int):
     op = plan.operator_of(instance)
     config = EngineConfig(
         block_size=plan.model.block_size,
-        kv_cache_bytes=wiring.kv_cache_bytes,  # the instance's, in whole-model blocks
         chunk_size=op.chunk_tokens,
         prefix_cache=op.caches_prefixes,
         num_threads=wiring.threads.get(rank_name(instance, rank)) or None,  # its share of the host
         expert_parallel=op.expert_parallel,
+        **cache_sizes(wiring, op, instance),
     )
     tp = TPConfig(op.ranks, rank, wiring.workers[instance].tp_init, wiring.tp_timeout_s)
     device = torch.device(rank_device(rank, torch.cuda.is_available()))
     group = join(tp, device) if op.ranks > 1 else None
     return Engine.from_spec(plan.model.weights, config, tp=group)
+
+
+def cache_sizes(wiring: Wiring, op: OperatorPlan, instance: str) -> dict:
+    """The instance's KV pool (in whole-model bytes) and the tiers under it, as the local profile
+    sizes them. Tiers sit under a single-rank engine only: a tensor-parallel one deploys none."""
+    local = wiring.plan().local_cache_mib.get(op.name, LocalCache())
+    sizes = {"kv_cache_bytes": int(local.kv * MIB) if local.kv else wiring.kv_cache_bytes}
+    if op.ranks > 1:
+        if op.host_cache or op.disk_cache:
+            print(f"{instance}: KV tiers are not deployed under a tensor-parallel instance")
+        return sizes
+    if op.host_cache is not None and (op.host_cache.gib > 0 or local.host):
+        sizes["host_cache_bytes"] = int((local.host or LOCAL_HOST_CACHE_MIB) * MIB)
+    if op.disk_cache is not None:
+        sizes["disk_cache_bytes"] = int((local.disk or LOCAL_DISK_CACHE_MIB) * MIB)
+        sizes["disk_cache_dir"] = str(wiring.disk_cache_dir(op, instance))
+        sizes["disk_cache_persist"] = op.disk_cache.persist
+    return sizes
 
 
 def follow(wiring: Wiring, instance: str, rank: int) -> int:
