@@ -38,6 +38,7 @@ class Sample:
     start_s: float = 0.0  # when the client sent it, from the run's start
     prompt_tokens: int = 0
     timeline: dict | None = None  # the frontend's /v1/requests/{id}/timeline, with --per-request
+    token_ids: list[int] = field(default_factory=list, repr=False)  # what the client received
 
 
 @dataclass
@@ -135,6 +136,7 @@ async def _session(
             tick()
             return
         sample.session, sample.turn, sample.start_s = index, turn, start
+        sample.token_ids = out
         res.samples.append(sample)
         context += out
         tick()
@@ -145,6 +147,10 @@ def _scrape(base: str) -> dict[str, float]:
     out: dict[str, float] = {}
     for name in ("pddflow_wan_bytes_sent_total", "pddflow_wan_bytes_saved_total"):
         out[name] = sum(float(v) for v in re.findall(rf"^{name}{{[^}}]*}} (\S+)$", text, re.M))
+    for name in ("pddflow_kv_tier_hit_blocks_total", "pddflow_kv_tier_load_seconds_total"):
+        for tier, v in re.findall(rf'^{name}{{[^}}]*tier="(\w+)"[^}}]*}} (\S+)$', text, re.M):
+            key = f"{name}:{tier}"
+            out[key] = out.get(key, 0.0) + float(v)
     m = re.search(r"^pddflow_relay_token_share (\S+)$", text, re.M)
     out["relay_token_share"] = float(m.group(1)) if m else 0.0
     return out
@@ -259,7 +265,31 @@ def run_graph(
     return res
 
 
-def summarize(res: GraphResult, sla_ttft_s: float, sla_tpot_s: float) -> dict:
+def tier_rows(metrics: dict[str, float]) -> dict[str, dict] | None:
+    """Per tier below the device: blocks hit there and the seconds their loads took."""
+    rows: dict[str, dict] = {}
+    for key, v in metrics.items():
+        name, _, tier = key.partition(":")
+        if tier and tier != "device":
+            field_ = "hit_blocks" if name.startswith("pddflow_kv_tier_hit") else "load_s"
+            rows.setdefault(tier, {})[field_] = round(v, 4)
+    return rows or None
+
+
+def exactness(samples: list[Sample], reference: dict[tuple[int, int], list[int]]) -> dict:
+    """How many served answers equal the colocated reference's (`bench serve --exact`)."""
+    wrong = [
+        (s.session, s.turn) for s in samples if reference.get((s.session, s.turn)) != s.token_ids
+    ]
+    return {"checked": len(samples), "mismatched": len(wrong), "first_mismatched": wrong[:5]}
+
+
+def summarize(
+    res: GraphResult,
+    sla_ttft_s: float,
+    sla_tpot_s: float,
+    reference: dict[tuple[int, int], list[int]] | None = None,
+) -> dict:
     ttft = [s.ttft_s for s in res.samples]
     tpot = [s.tpot_s for s in res.samples if s.tpot_s is not None]
     ok = sum(1 for s in res.samples if s.ttft_s <= sla_ttft_s and (s.tpot_s or 0) <= sla_tpot_s)
@@ -283,6 +313,10 @@ def summarize(res: GraphResult, sla_ttft_s: float, sla_tpot_s: float) -> dict:
         "wan_bytes": int(sent),
         "wan_bytes_saved_by_drc": int(saved),
         "wan_share_of_full_kv": round(sent / (sent + saved), 4) if sent + saved else None,
+        # the share of prompt KV the finishing decoder's cache held (any tier): the WAN spared it
+        "prefix_hit_rate": round(saved / (sent + saved), 4) if sent + saved else None,
+        "cache_tiers": tier_rows(res.metrics),
+        **({"tokens_exact": exactness(res.samples, reference)} if reference is not None else {}),
         "relay_token_share": round(res.metrics.get("relay_token_share", 0.0), 4),
         "requests_by_variant": res.variants,
         **({"wan_degrade": _degrade_row(res)} if res.degrade is not None else {}),

@@ -221,10 +221,17 @@ def bench_serve(
         help="with --json: every request's session, turn, "
         "start, TTFT and server-side timeline (KV sent/landed, first token)",
     ),
+    exact: bool = typer.Option(
+        False,
+        "--exact",
+        help="also run the workload on the colocated engine (greedy, before the graphs) and "
+        "count the served answers that differ from it (tokens_exact in --json)",
+    ),
     as_json: bool = typer.Option(False, "--json", help="machine-readable output"),
 ) -> None:
     """Serve one multi-turn agentic workload (derived from a trace) on each graph in turn, under the
-    same emulated WAN, and compare TTFT, TPOT, SLA goodput, WAN bytes and relay token share."""
+    same emulated WAN, and compare TTFT, TPOT, SLA goodput, WAN bytes, the decode-side prefix hit
+    rate and relay token share."""
     import json as _json
 
     from rich.console import Console
@@ -252,6 +259,12 @@ def bench_serve(
     except (TraceError, OSError) as exc:
         fail(str(exc))
     err = Console(stderr=True)
+    reference = None
+    if exact:
+        from pddflow.bench.serve_reference import reference_outputs
+
+        err.print(f"the colocated reference: {workload.requests} requests ...")
+        reference = reference_outputs(plans[0].model.weights, workload)
     results = []
     # SIGTERM stops the deployment under test as Ctrl-C does (it would outlive this process)
     signal.signal(signal.SIGTERM, _interrupt)
@@ -282,7 +295,7 @@ def bench_serve(
             except LaunchError as exc:
                 fail(f"{g}: {exc}")
     sla = plans[0].scheduler
-    rows = [summarize(r, sla.ttft_s, sla.tpot_ms / 1e3) for r in results]
+    rows = [summarize(r, sla.ttft_s, sla.tpot_ms / 1e3, reference) for r in results]
     out = {
         "workload": {
             "sessions": sessions,
@@ -329,7 +342,13 @@ def _print_serve(out: dict) -> None:
                 "WAN MB (share of full KV)",
                 lambda r: f"{r['wan_bytes'] / 1e6:.1f} ({r['wan_share_of_full_kv'] or 0:.0%})",
             ),
+            ("prefix hit rate", lambda r: f"{r['prefix_hit_rate'] or 0:.1%}"),
             ("relay token share", lambda r: f"{r['relay_token_share']:.1%}"),
+            *(
+                [("answers not exact", lambda r: str(r["tokens_exact"]["mismatched"]))]
+                if "tokens_exact" in out["graphs"][0]
+                else []
+            ),
             *(_degrade_rows() if degrade is not None else []),
             ("errors", lambda r: str(r["errors"])),
         ],

@@ -12,7 +12,7 @@ from typing import Any
 
 from pddflow.core.arch import ModelArch
 from pddflow.core.channel_kinds import Kind
-from pddflow.core.device import DeviceClass
+from pddflow.core.device import LOCAL_DISK_CACHE_MIB, LOCAL_HOST_CACHE_MIB, DeviceClass
 from pddflow.core.link import Jitter, LinkModel
 from pddflow.core.operator_types import (
     DEFAULT_CHUNK_TOKENS,
@@ -101,6 +101,19 @@ class LocalCache:
     kv: float | None = None
     host: float | None = None
     disk: float | None = None
+
+
+def _local_cache(op: OperatorPlan, local: LocalCache) -> OperatorPlan:
+    """An operator's KV sizes on one machine: its pool (when the profile gives one) and its tiers,
+    a host tier only where the graph buys one (gib > 0) or the profile sizes it."""
+    host, disk = op.host_cache, op.disk_cache
+    if host is not None:
+        mib = local.host or (LOCAL_HOST_CACHE_MIB if host.gib > 0 else 0)
+        host = replace(host, gib=mib / 1024, max_gib=max(host.max_gib, mib / 1024))
+    if disk is not None:
+        disk = replace(disk, gib=(local.disk or LOCAL_DISK_CACHE_MIB) / 1024)
+    kv = float(local.kv * 2**20) if local.kv else op.kv_budget_bytes
+    return replace(op, host_cache=host, disk_cache=disk, kv_budget_bytes=kv)
 
 
 @dataclass(frozen=True)
@@ -339,15 +352,17 @@ class Plan:
 
     def scaled_to_local(self) -> Plan:
         """The same plan with the `local` profile's replica counts (default 1 per operator), rank
-        processes per instance (default: the operator's devices_per_replica) and scheduler
-        parameters; devices_per_replica itself stays the production shape the simulator times."""
+        processes per instance (default: the operator's devices_per_replica), scheduler parameters
+        and KV sizes (`local.cache_mib`: the device pool, and the tiers at their local sizes);
+        devices_per_replica itself stays the production shape the simulator times."""
         ops = {}
         for name, op in self.operators.items():
             n = self.local_replicas.get(name, 1)
             ranks = self.local_devices.get(name, op.devices_per_replica)
             # every instance live scaling may start is wired from the start; `replicas` of them run
             ids = tuple(f"{name}/{i}" for i in range(max(n, self.local_max_replicas.get(name, n))))
-            ops[name] = replace(op, replicas=n, instances=ids, local_ranks=ranks)
+            op = replace(op, replicas=n, instances=ids, local_ranks=ranks)
+            ops[name] = _local_cache(op, self.local_cache_mib.get(name, LocalCache()))
         params = {**self.scheduler.params, **self.local_scheduler_params}
         return replace(
             self,

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import itertools
 import random
-import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from dataclasses import replace
@@ -212,29 +211,20 @@ class Engine:
         self.adopt_cached(seq, limit)
         return seq.num_computed
 
-    def adopt_cached(self, seq: Sequence, blocks: int) -> TierLoad:
+    def adopt_cached(self, seq: Sequence, blocks: int, lower: bool = True) -> TierLoad:
         """Give a fresh sequence the cached blocks among the first `blocks` of its tokens: the
-        device cache's prefix, then the run after it the lower tiers hold, loaded into new device
-        blocks. Returns what was loaded from below the device."""
+        device cache's prefix, then (`lower`) the run after it the tiers below hold, loaded into
+        new device blocks. Returns what was loaded from below the device."""
         bs = self.block_size
-        hashes = seq.block_hashes(bs, blocks * bs)
-        have = self.radix.match(hashes)
+        have = self.radix.match(seq.block_hashes(bs, blocks * bs))
         self.allocator.incref(have)
         seq.block_table, seq.num_computed = list(have), len(have) * bs
-        if self.tiers is None or len(have) == len(hashes):
-            return NO_LOAD
-        run = self.tiers.run(hashes, len(have))
-        if not run:
-            return NO_LOAD
-        t0 = time.perf_counter()
-        data, per = self.tiers.read(hashes[len(have) : len(have) + run])
-        if data.shape[0]:
-            new = self._allocate(data.shape[0], seq.seq_id)
-            self.pool.tensor[torch.tensor(new, device=self.device)] = data.to(self.device)
-            seq.block_table += new
-            seq.num_computed += len(new) * bs
-            self.cache_sequence(seq)
-        return self.tiers.loaded(per, time.perf_counter() - t0)
+        return self.load_lower(seq, blocks) if lower else NO_LOAD
+
+    def load_lower(self, seq: Sequence, blocks: int) -> TierLoad:
+        """Extend the sequence's cached prefix, up to its first `blocks` blocks, with the run of
+        blocks the tiers below the device hold (kv_tiers.load_run)."""
+        return kv_tiers.load_run(self, seq, blocks) if self.tiers is not None else NO_LOAD
 
     def _evicted(self, h: int, block: int) -> None:
         if self.tiers is not None:  # copied down while the block's bytes are still there

@@ -1,10 +1,11 @@
 """The tiers under an engine's device radix cache: host memory, then local disk (graph:
 `host_cache`, `disk_cache`; docs/engine.md, Tiered cache).
 
-Inclusion policy: the host tier is a victim cache (a block the device evicts is copied down; one
-loaded back up keeps its host copy, so evicting it again costs no copy); the disk tier is
-write-through (every block the device caches is written once), so a worker killed without warning
-leaves its whole cache on disk for the next one. Each tier evicts least-recently-used on its own;
+Inclusion policy: the host tier is a victim cache, exclusive of the device (a block the device
+evicts is copied down; one loaded back up leaves host memory, so the two hold the most distinct
+blocks; the simulator's host tier behaves the same); the disk tier is write-through (every block
+the device caches is written once), so a worker killed without warning leaves its whole cache on
+disk for the next one. Each tier evicts least-recently-used on its own;
 a chained hash names its whole prefix, so a lower tier is a flat map, not a tree.
 
 The journal reports, per block, the fastest tier holding it: the router's mirror is the union of
@@ -12,6 +13,7 @@ the tiers, each block tagged with where a hit on it would be loaded from."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,11 +22,10 @@ import numpy as np
 import torch
 import xxhash
 
+from pddflow.core.cache_tiers import DEVICE, DISK, HOST, TIER_NAMES
 from pddflow.operators.kv_disk import DiskTier
 from pddflow.operators.kv_slots import TierSlots
 
-DEVICE, HOST, DISK = 0, 1, 2
-TIER_NAMES = ("device", "host", "disk")
 _BIT = (1, 2, 4)
 
 
@@ -77,9 +78,13 @@ class KVTiers:
 
     # -- events from the device cache ------------------------------------------------------
     def device_inserted(self, pairs: Iterable[tuple[int, int]]) -> None:
-        """(hash, device block) the radix cache stored: written through to disk."""
+        """(hash, device block) the radix cache stored: written through to disk, and out of host
+        memory if it was there (exclusive)."""
         for h, block in pairs:
             self._set(h, DEVICE)
+            if self.host is not None and h in self.host:  # computed again: one copy, on device
+                self.host.release(h)
+                self._clear(h, HOST)
             if self.disk is not None and h not in self.disk:
                 self._stored(DISK, self.disk.put(h, self._bytes(block)))
                 self._set(h, DISK)
@@ -88,11 +93,8 @@ class KVTiers:
         """Called before the device block is freed: its bytes are still there to copy down."""
         self._clear(h, DEVICE)
         self.stats["device"].evicted_blocks += 1
-        if self.host is not None:
-            if h not in self.host:
-                self._stored(HOST, self.host.put(h, self.pool[block]))
-            else:
-                self.host.slots.move_to_end(h)
+        if self.host is not None:  # exclusive: it is not there yet
+            self._stored(HOST, self.host.put(h, self.pool[block]))
             self._set(h, HOST)
 
     def _stored(self, tier: int, dropped: int | None) -> None:
@@ -115,11 +117,13 @@ class KVTiers:
         disk block ends the run and is dropped), and how many came from each tier."""
         staged: list[torch.Tensor] = []
         per: dict[str, int] = {}
+        from_host: list[int] = []
         shape, dtype = self.pool.shape[1:], self.pool.dtype
         for h in hashes:
             tier = fastest(self._mask.get(h, 0) & ~_BIT[DEVICE])
             if tier == HOST:
                 block = self.host.read(h)  # type: ignore[union-attr]
+                from_host.append(h)
             elif tier == DISK:
                 raw = self.disk.read(h)  # type: ignore[union-attr]
                 if raw is None:  # checksum failed: dropped, the caller recomputes from here
@@ -131,6 +135,9 @@ class KVTiers:
             staged.append(block)
             per[TIER_NAMES[tier]] = per.get(TIER_NAMES[tier], 0) + 1
         out = torch.stack(staged) if staged else self.pool.new_empty((0, *shape), device="cpu")
+        for h in from_host:  # copied out above: the device holds them next (exclusive)
+            self.host.release(h)  # type: ignore[union-attr]
+            self._clear(h, HOST)
         return out, per
 
     def loaded(self, per: dict[str, int], seconds: float) -> TierLoad:
@@ -213,6 +220,28 @@ class TierLoad:
 
 
 NO_LOAD = TierLoad({}, 0.0)
+
+
+def load_run(engine, seq, blocks: int) -> TierLoad:
+    """Load into new device blocks the run of `seq`'s first `blocks` blocks, after those it holds,
+    that the engine's tiers hold; they join its block table and the device cache."""
+    tiers, bs = engine.tiers, engine.block_size
+    hashes = seq.block_hashes(bs, blocks * bs)
+    start = seq.num_computed // bs
+    if start >= len(hashes) or seq.num_computed % bs or len(seq.block_table) != start:
+        return NO_LOAD
+    run = tiers.run(hashes, start)
+    if not run:
+        return NO_LOAD
+    t0 = time.perf_counter()
+    data, per = tiers.read(hashes[start : start + run])
+    if data.shape[0]:
+        new = engine._allocate(data.shape[0], seq.seq_id)
+        engine.pool.tensor[torch.tensor(new, device=engine.device)] = data.to(engine.device)
+        seq.block_table += new
+        seq.num_computed += len(new) * bs
+        engine.cache_sequence(seq)
+    return tiers.loaded(per, time.perf_counter() - t0)
 
 
 def weights_fingerprint(weights: dict[str, torch.Tensor]) -> str:

@@ -82,6 +82,19 @@ class Policy:
         queued = ld.queued_tokens if ld is not None else 0
         return (queued + req.prompt_tokens - hit) * rate
 
+    def tier_load_s(
+        self, instance: str, req: RequestFeatures, hit_blocks: int, state: SchedulerState
+    ) -> float:
+        """Seconds to load the part of a hit that `instance` holds below its device (host
+        memory, disk) into device blocks, at each tier's rate."""
+        m, rates = state.mirrors.get(instance), state.tier_s_per_byte.get(instance)
+        if m is None or not rates or not hit_blocks:
+            return 0.0
+        return sum(
+            req.cached_tokens(n) * self.kv_bytes_per_token * rates.get(tier, 0.0)
+            for tier, n in m.lower(req.block_hashes, hit_blocks).items()
+        )
+
     def pick_least_loaded(self, operator: str, state: SchedulerState) -> str:
         insts = self.plan.operators[operator].instances
         return min(insts, key=lambda i: (state.load(i), insts.index(i)))

@@ -19,9 +19,10 @@ class PredictedHitRatePolicy(Policy):
         for finisher, paths in self.topo.pools.items():
             inst, hit = self.pick_cached(finisher, req, state)
             hit_tokens = req.cached_tokens(hit)
+            load_s = self.tier_load_s(inst, req, hit, state)  # the hit below the device, if any
             direct = [x for x in paths if not x.has_handoff]
             timed = [
-                (self.transfer(x, hit_tokens, req, state)[1], i, x)
+                (self.transfer(x, hit_tokens, req, state)[1] + load_s, i, x)
                 for i, x in enumerate(direct or paths)
             ]
             t, _, path = min(timed, key=lambda e: (e[0], e[1]))

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
+from pddflow.core.leg_lifetimes import LINGER_MAX_S, ORPHAN_GRACE_S
 from pddflow.scheduler import Policy, SchedulerState
 from pddflow.sim.engine import Job, Seq, StepKind
 from pddflow.sim.fleet import SimFleet
@@ -161,13 +162,26 @@ class DecodeLegs:
         self.ends.finish(flight, t)
         fin = flight.finisher
         if flight.decision.singular and fin.state in (LegState.MEMORY, LegState.TRANSFER):
-            if fin.flow is not None:
-                fin.bytes = self.links[flight.path.wan_link].cancel(fin.flow)
-                self._copy_left(flight)
-            elif fin.state is LegState.TRANSFER:
-                return  # an RDMA leg: it lands on its own
-            fin.state = LegState.CANCELLED
-            self.finisher_release(flight)
+            self._cancel_finisher(flight)
+        elif fin.state in (LegState.MEMORY, LegState.TRANSFER):
+            # main may still extend over the ended turn; the runtime's orphan sweep aborts a leg
+            # that has not landed by then (one waiting for memory held by others like it would
+            # wait forever: their pinned prefixes fill the pool)
+            self.loop.after(LINGER_MAX_S + ORPHAN_GRACE_S, self._reap, flight)
+
+    def _reap(self, flight: SimFlight) -> None:
+        if flight.finisher.state in (LegState.MEMORY, LegState.TRANSFER):
+            self._cancel_finisher(flight)
+
+    def _cancel_finisher(self, flight: SimFlight) -> None:
+        fin = flight.finisher
+        if fin.flow is not None:
+            fin.bytes = self.links[flight.path.wan_link].cancel(fin.flow)
+            self._copy_left(flight)
+        elif fin.state is LegState.TRANSFER:
+            return  # an RDMA leg: it lands on its own
+        fin.state = LegState.CANCELLED
+        self.finisher_release(flight)
 
     def finisher_send(self, flight: SimFlight) -> None:
         fin = flight.finisher

@@ -84,6 +84,7 @@ class SimFleet:
             self.mirrors.get(iid),
             self.strict_mirrors,
             self._host_tier(op, block_bytes),
+            self._disk_tier(op, block_bytes),
         )
 
     def fresh_store(self, iid: str) -> None:
@@ -102,6 +103,13 @@ class SimFleet:
         if blocks <= 0:
             return None  # declared but none bought (or less than one block)
         return HostTier(blocks, block_bytes / (hc.gbytes_per_s * 1e9), lambda: self.loop.now)
+
+    def _disk_tier(self, op: OperatorPlan, block_bytes: int) -> HostTier | None:
+        dc = op.disk_cache
+        if dc is None or not op.caches_prefixes or dc.gib * 2**30 < block_bytes:
+            return None
+        blocks = int(dc.gib * 2**30 // block_bytes)
+        return HostTier(blocks, block_bytes / (dc.gbytes_per_s * 1e9), lambda: self.loop.now)
 
     def kv_bytes(self, prompt_tokens: int, hit_blocks: int) -> float:
         """As the runtime: whole pages from the first not reused (see `reused_blocks`)."""

@@ -7,7 +7,11 @@ land (cached, still locked) and `release`d when done (evictable LRU).
 With a host tier (`host_tier.py`) evicted blocks move there instead of vanishing, and `pin` loads
 the run of the prompt's blocks the tier holds after the HBM match back into HBM: they count as hit,
 and the hold's `ready_at` is when their load completes. The mirror then holds both tiers (what a
-router may predict as a hit): moving a block between them is no mirror event."""
+router may predict as a hit): moving a block between them is no mirror event.
+
+A disk tier (graph: `disk_cache`; the same HostTier bookkeeping, its own link) is write-through,
+as the runtime's: every block HBM caches is on it too until its LRU drops it, and a hit on it is
+loaded (copied, not moved) as a host-tier one. The mirror holds the union of the three."""
 
 from __future__ import annotations
 
@@ -60,6 +64,7 @@ class KVStore:
         mirror: CacheMirror | None = None,
         strict: bool = False,
         host: HostTier | None = None,
+        disk: HostTier | None = None,
     ):
         self.name = name
         self.capacity = capacity_blocks
@@ -67,6 +72,8 @@ class KVStore:
             RadixCache(None, on_evict=self._on_evict, evictable=_unreferenced) if cached else None
         )
         self.host = host if cached else None
+        self.disk = disk if cached else None
+        self._hbm: set[int] = set()  # with a disk tier: HBM's hashes (is a block anywhere else?)
         self.mirror = mirror
         self.strict = strict  # full mirror comparison after every event (tests)
         self.reserved = 0
@@ -109,38 +116,75 @@ class KVStore:
             if b.refs == 1:
                 self._locked += 1
         hold = Hold(matched, 0, len(matched), len(hashes) - len(matched))
-        if self.host is not None:
-            hold.ready_at = self.host.ready_at(b.h for b in matched)
-            n = self.host.run_of(hashes, len(matched))
+        tiers = self._tiers()
+        if tiers:
+            hold.ready_at = max(t.ready_at(b.h for b in matched) for t in tiers)
+            n = self._run_of(hashes, len(matched))
             if n and defer:
                 hold.deferred = list(hashes[len(matched) : len(matched) + n])
-                self.host.pin(hold.deferred)
+                for t in tiers:
+                    t.pin(h for h in hold.deferred if h in t)
                 hold.hit += n
             elif n:
                 self._load(hold, hashes)
         return hold
+
+    def _tiers(self) -> list[HostTier]:
+        return [t for t in (self.host, self.disk) if t is not None]
+
+    def _run_of(self, hashes: tuple[int, ...], start: int) -> int:
+        """How many of `hashes[start:]`, in order, a tier below HBM holds."""
+        if self.disk is None:
+            return self.host.run_of(hashes, start) if self.host is not None else 0
+        n, host, disk = 0, self.host, self.disk
+        while start + n < len(hashes) and (
+            hashes[start + n] in disk or (host is not None and hashes[start + n] in host)
+        ):
+            n += 1
+        return n
+
+    def _unpin(self, hashes: list[int]) -> None:
+        for t in self._tiers():
+            t.unpin(h for h in hashes if h in t._pins)
+
+    def _queue_loads(self, hashes: list[int], in_host: set[int]) -> float:
+        """Load `hashes` into HBM, those in `in_host` over the host link and the rest from disk;
+        returns when both are done."""
+        if self.disk is None:
+            return self.host.load(hashes)
+        ready = 0.0
+        if in_host:
+            ready = self.host.load([h for h in hashes if h in in_host])
+        rest = [h for h in hashes if h not in in_host]
+        if rest:
+            ready = max(ready, self.disk.load(rest))
+        return ready
 
     def load_deferred(self, hold: Hold) -> float:
         """The landed request's reservation holds room for its deferred blocks: queue their load;
         returns when they (and any hit block still loading) are in HBM."""
         if hold.deferred:
             hold.loaded = len(hold.deferred)
-            hold.ready_at = max(hold.ready_at, self.host.load(hold.deferred))
+            in_host = {h for h in hold.deferred if self.host is not None and h in self.host}
+            hold.ready_at = max(hold.ready_at, self._queue_loads(hold.deferred, in_host))
         return hold.ready_at
 
     def _load(self, hold: Hold, hashes: tuple[int, ...]) -> None:
         """Move the host tier's run of `hashes` after the HBM match into HBM (locked, as much as
         fits: a swap, the room made sends other blocks down) and queue its load on the link."""
         host, k = self.host, hold.hit
-        run = list(hashes[k : k + host.run_of(hashes, k)])
-        host.take(run)  # first, so the evictions below cannot push them out of the tier
+        run = list(hashes[k : k + self._run_of(hashes, k)])
+        in_host = {h for h in run if host is not None and h in host}
+        if in_host:  # first, so the evictions below cannot push them out of the tier
+            host.take([h for h in run if h in in_host])
         self._moving = run  # held by neither tier meanwhile: the mirror checks count them
         self._make_room(len(run))
         fit = min(len(run), max(self.capacity - self.used, 0))
         back, run = run[fit:], run[:fit]
         self._moving = run
+        back = [h for h in back if h in in_host]  # disk blocks never left the disk
         if back:  # no room for them in HBM: back to the tier
-            dropped = host.put(back)
+            dropped = [h for h in host.put(back) if self.disk is None or h not in self.disk]
             if dropped and self.mirror is not None:
                 self.mirror.on_evict(dropped)
         if run:
@@ -153,7 +197,7 @@ class KVStore:
         hold.hit += fit
         hold.missing -= fit
         hold.loaded = fit
-        hold.ready_at = max(hold.ready_at, host.load(run))
+        hold.ready_at = max(hold.ready_at, self._queue_loads(run, in_host))
         if self.used > self.peak_used:
             self.peak_used = self.used
 
@@ -184,7 +228,7 @@ class KVStore:
             return 0
         have = len(hold.blocks)  # the hit less any deferred blocks, which are inserted now
         if hold.deferred:
-            self.host.unpin(hold.deferred)
+            self._unpin(hold.deferred)
             hold.deferred = []
         hold.missing = 0
         if not hashes[have:]:
@@ -224,6 +268,13 @@ class KVStore:
             # computed or arrived again while the host tier still held them: one copy, in HBM
             back = {h for h in new if h in self.host}
             self.host.take(back)
+        if self.disk is not None and new:
+            self._hbm.update(new)
+            back |= {h for h in new if h in self.disk}  # the mirror holds them already
+            gone = [h for h in self.disk.put(new) if h not in self._hbm]  # written through
+            gone = [h for h in gone if self.host is None or h not in self.host]
+            if gone and self.mirror is not None:
+                self.mirror.on_evict(gone)
         if new and self.mirror is not None and not moved:
             if len(back) < len(new):
                 self.mirror.on_insert([h for h in new if h not in back])
@@ -232,7 +283,7 @@ class KVStore:
 
     def release(self, hold: Hold) -> None:
         if hold.deferred:  # never landed
-            self.host.unpin(hold.deferred)
+            self._unpin(hold.deferred)
             hold.deferred = []
         self._unlock(hold)
         self.reserved -= hold.reserved
@@ -258,6 +309,8 @@ class KVStore:
                 self.evicted_blocks += len(self._evicted)
                 # to the host tier, if any: the mirror forgets only what leaves every tier
                 gone = self._evicted if self.host is None else self.host.put(self._evicted)
+                if self.disk is not None:  # on disk too: still cached, still mirrored
+                    gone = [h for h in gone if h not in self.disk]
                 self._evicted = []
                 if self.mirror is not None:
                     if gone:
@@ -280,8 +333,13 @@ class KVStore:
 
     def _on_evict(self, _h: int, block: _Block) -> None:
         self._evicted.append(block.h)
+        self._hbm.discard(block.h)
 
     def _check(self) -> None:
+        if self.disk is not None:  # the tiers overlap: only a full comparison tells
+            if self.strict:
+                self.check_mirror()
+            return
         held = len(self.cache) + len(self._moving)
         held += len(self.host) if self.host is not None else 0
         if len(self.mirror) != held:
@@ -297,6 +355,8 @@ class KVStore:
             cached = (h for h, _ in self.cache)
             if self.host is not None:
                 cached = itertools.chain(cached, self.host.blocks, self._moving)
+            if self.disk is not None:
+                cached = itertools.chain(cached, self.disk.blocks, self._moving)
             self.mirror.check(cached)
 
 

@@ -159,25 +159,30 @@ def _elastic(sim: Simulation, result: dict, hours: float, goodput: float) -> Non
 
 
 def host_tiers(sim: Simulation) -> dict[str, dict]:
-    """Per operator with a host tier bought: its size and what its replicas' tiers did."""
+    """Per operator with a host (or disk) tier bought: its size and what its replicas' tiers did;
+    a disk tier's row is keyed `OPERATOR (disk)`."""
     out: dict[str, dict] = {}
     for iid, st in sim.stores.items():
-        if st.host is None:
-            continue
         op = sim.plan.operator_of(iid)
-        row = out.setdefault(
-            op.name,
-            {
-                "gib_per_replica": op.host_cache.gib,
-                "usd_per_hour": round(op.replicas * op.host_cache.usd_per_replica_hour, 4),
-                "loaded_blocks": 0,
-                "dropped_blocks": 0,
-                "load_s": 0.0,
-            },
-        )
-        row["loaded_blocks"] += st.host.loaded_blocks
-        row["dropped_blocks"] += st.host.dropped_blocks
-        row["load_s"] = round(row["load_s"] + st.host.load_s, 4)
+        for name, tier, cache in (
+            (op.name, st.host, op.host_cache),
+            (f"{op.name} (disk)", st.disk, op.disk_cache),
+        ):
+            if tier is None:
+                continue
+            row = out.setdefault(
+                name,
+                {
+                    "gib_per_replica": cache.gib,
+                    "usd_per_hour": round(op.replicas * cache.usd_per_replica_hour, 4),
+                    "loaded_blocks": 0,
+                    "dropped_blocks": 0,
+                    "load_s": 0.0,
+                },
+            )
+            row["loaded_blocks"] += tier.loaded_blocks
+            row["dropped_blocks"] += tier.dropped_blocks
+            row["load_s"] = round(row["load_s"] + tier.load_s, 4)
     return out
 
 

@@ -142,8 +142,9 @@ class Simulation:
                 placed[iid] = placed.get(iid, 0) + 1
         self.policy.decided, self.policy.singular_count = decided, singular
         for store in self.stores.values():
-            if store.host is not None:
-                store.host.settle()
+            for tier in (store.host, store.disk):
+                if tier is not None:
+                    tier.settle()
 
     def _all_arrived(self) -> bool:
         return self._arrived >= len(self.workload.requests)

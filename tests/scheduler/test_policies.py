@@ -249,3 +249,28 @@ def test_local_profile_scales_the_policy_thresholds():
         f.flush()
         with pytest.raises(GraphError, match="did you mean 'singular_min_prompt_tokens'"):
             load_plan(f.name)
+
+
+def test_a_hit_below_the_device_costs_its_load():
+    """pdd_tiered: main holds the whole prompt; on its device the direct path costs only the WAN's
+    latency (P90 ~0.4 s), but a load from host memory (25 GB/s: 0.43 s) or disk (5 GB/s: 2.1 s)
+    comes on top and passes relay_if_transfer_over_s (0.5 s): the relay hides it."""
+    p = plan("pdd_tiered.yaml")
+    pol, st = make_policy(p), SchedulerState.for_plan(p)
+    r = req(rid="warm")
+    n = len(r.block_hashes)
+    for tier, variant in ((0, "p_md"), (1, "p_rld_md"), (2, "p_rld_md")):
+        m = st.mirrors["main/0"]
+        m.reset(r.block_hashes, [tier] * n)
+        d = pol.decide(r, st)
+        assert d.predicted_hit == 1.0 and d.transfer_bytes == 0
+        assert d.variant == variant, (tier, d.reason)
+        load = pol.tier_load_s("main/0", r, n, st)
+        assert load == pytest.approx(
+            [0.0, 0.43, 2.15][tier], rel=0.02
+        ), "32K tokens x 320 KiB at the tier's GB/s"
+    # a measured rate replaces the declared one
+    from pddflow.runtime.proto import runtime_pb2 as pb
+
+    st.measured_tiers("main/0", [pb.TierStats(tier="disk", loaded_bytes=10**9, load_s=0.001)])
+    assert pol.decide(r, st).variant == "p_md"

@@ -9,6 +9,7 @@ import time
 from collections.abc import Iterable
 
 from pddflow.core.kv_budget import kv_fit
+from pddflow.core.leg_lifetimes import ORPHAN_GRACE_S
 from pddflow.graph.plan import Plan
 from pddflow.runtime.frontend.fleet import Fleet
 from pddflow.runtime.frontend.flight import Flight, Flights
@@ -23,7 +24,6 @@ from pddflow.scheduler.decision import Decision
 from pddflow.scheduler.features import UNAVAILABLE
 
 log = logging.getLogger("pddflow.frontend")
-ORPHAN_GRACE_S = 5.0  # a leg whose request ended this long ago, still held, is aborted
 RETRY_AFTER_S = 5  # what a 503 tells the client while a lost worker restarts
 
 

@@ -8,6 +8,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from pddflow.core.leg_lifetimes import LINGER_MAX_S
 from pddflow.core.payloads import SamplingParams
 from pddflow.graph.plan import Plan
 from pddflow.runtime.frontend.route import RESUMED, Route
@@ -17,7 +18,6 @@ from pddflow.runtime.wire import sampling_to_pb
 
 TIMELINES_KEPT = 1000  # ended flights whose timelines /v1/requests/{id}/timeline still answers
 # main's copy of a turn the relay finished still crossing a slow WAN, or queued behind others
-LINGER_MAX_S = 60.0
 
 
 @dataclass(eq=False)

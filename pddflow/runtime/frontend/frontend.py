@@ -321,6 +321,7 @@ class Frontend:
         self.fleet.status[inst] = s
         if s.kv_bytes_per_token:  # transfers are sized by the KV the served model moves
             self.policy.kv_bytes_per_token = s.kv_bytes_per_token
+        self.sched.measured_tiers(inst, s.tiers)  # a hit below the device: its load's rate
         self.fallbacks.reap_orphans(inst, s.legs)
         if inst in self.fleet.lost and s.ready:
             self.fallbacks.worker_back(inst)

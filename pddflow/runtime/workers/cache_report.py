@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from pddflow.operators.kv_tiers import TIER_NAMES, TierLoad
+from pddflow.core.cache_tiers import TIER_NAMES
+from pddflow.operators.kv_tiers import TierLoad
 from pddflow.runtime.proto import runtime_pb2 as pb
 
 if TYPE_CHECKING:

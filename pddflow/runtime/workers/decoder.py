@@ -139,11 +139,16 @@ class DecoderWorker(Worker):
     def on_finished(self, leg: DecodeLeg) -> None:
         """`leg` emitted its last token; the leg ends after this."""
 
+    def before_landing(self, leg: DecodeLeg) -> None:
+        """The leg's room is there and its KV (or its recompute) goes in next (MainWorker: the
+        cached prefix blocks held below the device come up first)."""
+
     def land(self, leg: DecodeLeg) -> None:
         if not self.room_for(leg):
             return
         waited_ms = (time.monotonic() - leg.kv_arrived) * 1e3
         try:
+            self.before_landing(leg)
             self.engine.import_kv(leg.seq, leg.kv)
         except KVShardMissing as exc:  # a rank's heads are late, or lost on their way
             if time.monotonic() - leg.kv_arrived < self.shards.ttl_s / 2:
@@ -221,6 +226,7 @@ class DecoderWorker(Worker):
             leg.kv_lost = error
             return
         try:
+            self.before_landing(leg)
             self.engine.compute_to(leg.seq, leg.seq.num_prompt_tokens)
             self.engine.reserve(leg.seq, self.total_tokens(leg))
         except Exception as exc:  # noqa: BLE001

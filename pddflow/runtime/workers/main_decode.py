@@ -20,6 +20,7 @@ from pddflow.runtime.workers.registry import runs
 class MainLeg(DecodeLeg):
     handoff: list[TokenIds] = field(default_factory=list)  # the relay's IDs, not yet extended
     relay: str = ""  # the relay instance that sends them
+    lower_blocks: int = 0  # its cached prefix reaches below the device: loaded when its KV lands
 
 
 @runs("main_decode", "decode")
@@ -43,16 +44,32 @@ class MainWorker(DecoderWorker):
             super().on_input(leg, item)
 
     def adopt_prefix(self, leg: MainLeg) -> None:
-        """Take exactly the cached prefix blocks the router counted on (prefill sends the rest),
-        from the device cache or loaded from a tier below it; blocks evicted from every tier since
-        the decision are recomputed from the prompt's token IDs."""
+        """Take exactly the cached prefix blocks the router counted on (prefill sends the rest):
+        the device cache's now, a tier's below it when the KV lands (`before_landing`); blocks
+        evicted from every tier since the decision are recomputed from the prompt's token IDs."""
         seq, bs = leg.seq, self.engine.block_size
         blocks = reused_blocks(leg.order.main_cached_blocks, seq.num_prompt_tokens, bs)
         if blocks == 0:
             return
-        load = self.engine.adopt_cached(seq, blocks)
+        self.engine.adopt_cached(seq, blocks, lower=False)
+        if self.engine.tiers is not None and seq.num_computed < blocks * bs:
+            # the rest is below the device: loaded once the KV has landed and has its room, so
+            # that no device memory is held while the copy crosses the WAN
+            leg.lower_blocks = blocks
+            return
+        self._recompute_missing(leg, blocks)
+
+    def before_landing(self, leg: MainLeg) -> None:
+        if not leg.lower_blocks:
+            return
+        blocks, leg.lower_blocks = leg.lower_blocks, 0
+        load = self.engine.load_lower(leg.seq, blocks)
         if load.total:
             self.io.event(leg.seq_id, pb.EVENT_CACHE_TIER_LOADED, **load_event(load))
+        self._recompute_missing(leg, blocks)
+
+    def _recompute_missing(self, leg: MainLeg, blocks: int) -> None:
+        seq, bs = leg.seq, self.engine.block_size
         have = seq.num_computed // bs
         if have < blocks:
             self.engine.compute_to(seq, blocks * bs)

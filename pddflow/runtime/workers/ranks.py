@@ -6,11 +6,8 @@ from __future__ import annotations
 
 import os
 
-from pddflow.core.device import LOCAL_DISK_CACHE_MIB, LOCAL_HOST_CACHE_MIB
-from pddflow.graph.plan import LocalCache, OperatorPlan, rank_name
+from pddflow.graph.plan import OperatorPlan, rank_name
 from pddflow.runtime.wiring import Wiring, rank_device
-
-MIB = 2**20
 
 
 def build_engine(wiring: Wiring, instance: str, rank: int):
@@ -38,19 +35,23 @@ def build_engine(wiring: Wiring, instance: str, rank: int):
 
 def cache_sizes(wiring: Wiring, op: OperatorPlan, instance: str) -> dict:
     """The instance's KV pool (in whole-model bytes) and the tiers under it, as the local profile
-    sizes them. Tiers sit under a single-rank engine only: a tensor-parallel one deploys none."""
-    local = wiring.plan().local_cache_mib.get(op.name, LocalCache())
-    sizes = {"kv_cache_bytes": int(local.kv * MIB) if local.kv else wiring.kv_cache_bytes}
+    sizes them (Plan.scaled_to_local). Tiers sit under a single-rank engine only: a
+    tensor-parallel one deploys none."""
+    local = wiring.plan().local_cache_mib.get(op.name)
+    sizes = {
+        "kv_cache_bytes": int(op.kv_budget_bytes) if local and local.kv else wiring.kv_cache_bytes
+    }
+    host, disk = op.host_cache, op.disk_cache
     if op.ranks > 1:
-        if op.host_cache or op.disk_cache:
+        if host or disk:
             print(f"{instance}: KV tiers are not deployed under a tensor-parallel instance")
         return sizes
-    if op.host_cache is not None and (op.host_cache.gib > 0 or local.host):
-        sizes["host_cache_bytes"] = int((local.host or LOCAL_HOST_CACHE_MIB) * MIB)
-    if op.disk_cache is not None:
-        sizes["disk_cache_bytes"] = int((local.disk or LOCAL_DISK_CACHE_MIB) * MIB)
+    if host is not None and host.gib > 0:
+        sizes["host_cache_bytes"] = int(host.bytes)
+    if disk is not None:
+        sizes["disk_cache_bytes"] = int(disk.gib * 2**30)
         sizes["disk_cache_dir"] = str(wiring.disk_cache_dir(op, instance))
-        sizes["disk_cache_persist"] = op.disk_cache.persist
+        sizes["disk_cache_persist"] = disk.persist
     return sizes
 
 

@@ -209,16 +209,20 @@ def calibrated_plan(
     kv_cache_bytes: int = LOCAL_KV_CACHE_MIB << 20,
 ) -> Plan:
     """`plan` as the embedded deployment runs it: local replicas, the benchmark's architecture, the
-    fitted device (price kept), the deployment's KV memory per worker."""
+    fitted device (price kept), the deployment's KV memory per worker (`local.cache_mib` kv where
+    the graph gives it)."""
     p = plan.scaled_to_local() if local else plan
     devices = {
         k: replace(v, tflops=engine.device.tflops, hbm_tbps=engine.device.hbm_tbps)
         for k, v in p.device_classes.items()
     }
     if local:
+        sized = {k for k, c in p.local_cache_mib.items() if c.kv}  # the profile's own pool size
         ops = {
             k: replace(
-                op, devices_per_replica=engine.facts.devices, kv_budget_bytes=float(kv_cache_bytes)
+                op,
+                devices_per_replica=engine.facts.devices,
+                kv_budget_bytes=op.kv_budget_bytes if k in sized else float(kv_cache_bytes),
             )
             for k, op in p.operators.items()
         }
