@@ -196,6 +196,17 @@ def plan(
                 if op.host_cache is not None
                 else {}
             ),
+            **(
+                {
+                    "disk_cache_gib": op.disk_cache.gib,
+                    "disk_cache_gbytes_per_s": op.disk_cache.gbytes_per_s,
+                    "disk_cache_usd_per_hour": round(
+                        op.replicas * op.disk_cache.usd_per_replica_hour, 2
+                    ),
+                }
+                if op.disk_cache is not None
+                else {}
+            ),
         }
         for op in p.operators.values()
     ]
@@ -294,6 +305,19 @@ def _print_plan(p, placement, report) -> None:
                 f"{r['host_cache_usd_per_hour']:.2f}",
             )
         con.print(ht)
+    disks = [r for r in placement if "disk_cache_gib" in r]
+    if disks:
+        dt = Table(title="disk KV tiers (under the operator's cache, written through)")
+        for col in ("operator", "GiB/replica", "GB/s to HBM", "$/hour"):
+            dt.add_column(col, justify="left" if col == "operator" else "right")
+        for r in disks:
+            dt.add_row(
+                r["operator"],
+                f"{r['disk_cache_gib']:g}",
+                f"{r['disk_cache_gbytes_per_s']:g}",
+                f"{r['disk_cache_usd_per_hour']:.2f}",
+            )
+        con.print(dt)
     con.print(f"total hardware cost: ${p.cost_per_hour():.2f}/hour")
     for name, op in p.operators.items():
         if op.choices:

@@ -276,6 +276,29 @@ CASES = [
         "greater than 0",
     ),
     (
+        "disk_cache_without_a_cache",
+        "relay: {op: relay_decode, cluster: A, device: gpu_a, replicas: 1, devices_per_replica: 4}",
+        "relay: {op: relay_decode, cluster: A, device: gpu_a, replicas: 1, devices_per_replica: 4,"
+        " disk_cache: {gib: 64}}",
+        17,
+        "no prefix cache to sit under",
+    ),
+    (
+        "disk_cache_persists_in_the_run_directory",
+        "replicas: 2, devices_per_replica: 4}\nedges",
+        "replicas: 2, devices_per_replica: 4, params: {radix_cache: true},"
+        " disk_cache: {gib: 64, persist: true}}\nedges",
+        18,
+        "without disk_cache.dir",
+    ),
+    (
+        "local_cache_mib_sizes_an_undeclared_tier",
+        "device_classes:",
+        "local:\n  cache_mib: {main: {kv: 64, host: 8}}\ndevice_classes:",
+        8,
+        "add operators.main.host_cache",
+    ),
+    (
         "host_cache_unpriced",
         "replicas: 2, devices_per_replica: 4}\nedges",
         "replicas: 2, devices_per_replica: 4, host_cache: {gib: 64}}\nedges",

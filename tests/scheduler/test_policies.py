@@ -266,9 +266,9 @@ def test_a_hit_below_the_device_costs_its_load():
         assert d.predicted_hit == 1.0 and d.transfer_bytes == 0
         assert d.variant == variant, (tier, d.reason)
         load = pol.tier_load_s("main/0", r, n, st)
-        assert load == pytest.approx(
-            [0.0, 0.43, 2.15][tier], rel=0.02
-        ), "32K tokens x 320 KiB at the tier's GB/s"
+        assert load == pytest.approx([0.0, 0.43, 2.15][tier], rel=0.02), (
+            "32K tokens x 320 KiB at the tier's GB/s"
+        )
     # a measured rate replaces the declared one
     from pddflow.runtime.proto import runtime_pb2 as pb
 

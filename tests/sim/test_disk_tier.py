@@ -5,7 +5,7 @@ holds the union of the tiers, exactly."""
 from __future__ import annotations
 
 import pytest
-from test_host_tier import _Clock, _prompts, _serve
+from test_host_tier import _Clock, _replay, _serve
 
 from pddflow.scheduler import CacheMirror
 from pddflow.sim.host_tier import HostTier
@@ -42,11 +42,5 @@ def test_a_disk_tier_only_adds_hits_and_the_mirror_stays_exact(seed):
         host = HostTier(8, 0.001, clock)
         disk = HostTier(disk_cap, 0.01, clock) if disk_cap else None
         store = KVStore("d/0", 40, True, CacheMirror("d/0"), strict=True, host=host, disk=disk)
-        total = 0
-        for t, prompt in enumerate(_prompts(seed, 300)):
-            clock.now = float(t)
-            total += _serve(store, prompt)
-        store.check_mirror()
-        assert store.locked_or_reserved() == 0
-        hits.append(total)
+        hits.append(_replay(store, clock, seed))
     assert hits == sorted(hits) and hits[-1] > hits[0], hits
