@@ -78,19 +78,45 @@ FAULTS = {
 }
 
 
-def greedy_reference(spec: str = "builtin:tiny-llama") -> Reference:
-    """The colocated engine's greedy tokens for a prompt: what every drilled request must get."""
-    from pddflow.core.payloads import SamplingParams
-    from pddflow.operators.engine import Engine
+class GreedyReference:
+    """The colocated engine's greedy tokens for a prompt: what every drilled request must get.
+    Answers are kept; `many` computes several in one batch (the engine's outputs do not depend on
+    the batch: docs/engine.md, Batch invariance)."""
 
-    eng = Engine.from_spec(spec)
-    stops = tuple(eng.tokenizer.eos_token_ids)
+    def __init__(self, spec: str = "builtin:tiny-llama"):
+        from pddflow.operators.engine import Engine
 
-    def greedy(prompt: str, n: int) -> list[int]:
-        ids = eng.tokenizer.encode(prompt)
-        return eng.generate([ids], SamplingParams(max_tokens=n, stop_token_ids=stops))[0].output_ids
+        self.engine = Engine.from_spec(spec)
+        self._known: dict[tuple[str, int], list[int]] = {}
+        self._lock = threading.Lock()  # drills ask from several threads; the engine is not shared
 
-    return greedy
+    def __call__(self, prompt: str, n: int) -> list[int]:
+        return self.many([prompt], n)[prompt]
+
+    def many(self, prompts: list[str], n: int) -> dict[str, list[int]]:
+        from pddflow.core.payloads import SamplingParams
+
+        eng = self.engine
+        with self._lock:
+            todo = list(dict.fromkeys(p for p in prompts if (p, n) not in self._known))
+            if todo:
+                stops = tuple(eng.tokenizer.eos_token_ids)
+                greedy = SamplingParams(max_tokens=n, stop_token_ids=stops)
+                seqs = eng.generate([eng.tokenizer.encode(p) for p in todo], greedy, len(todo))
+                for p, seq in zip(todo, seqs, strict=True):
+                    self._known[(p, n)] = list(seq.output_ids)
+            return {p: self._known[(p, n)] for p in prompts}
+
+
+def greedy_reference(spec: str = "builtin:tiny-llama") -> GreedyReference:
+    return GreedyReference(spec)
+
+
+def greedy_outputs(
+    prompts: list[str], max_tokens: int, spec: str = "builtin:tiny-llama"
+) -> dict[str, list[int]]:
+    """Several prompts' greedy tokens, in one batch."""
+    return GreedyReference(spec).many(prompts, max_tokens)
 
 
 def drill(
@@ -111,7 +137,8 @@ def drill(
     prompts = [
         f"{tag} request {k}: " + "words on the wire " * (4 + 5 * (k % 4)) for k in range(burst)
     ]
-    want = {p: reference(p, tokens) for p in prompts}
+    many = getattr(reference, "many", None)  # one batch when the reference can
+    want = many(prompts, tokens) if many else {p: reference(p, tokens) for p in prompts}
     lock = threading.Lock()
 
     def one(k: int, prompt: str) -> None:

@@ -38,17 +38,9 @@ def dep(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference() -> dict[str, list[int]]:
-    from pddflow.core.payloads import SamplingParams
-    from pddflow.operators.engine import Engine
+    from pddflow.testing.chaos import greedy_outputs
 
-    eng = Engine.from_spec("builtin:tiny-llama")
-    eos = tuple(eng.tokenizer.eos_token_ids)
-    return {
-        p: eng.generate([eng.tokenizer.encode(p)], SamplingParams(60, stop_token_ids=eos))[
-            0
-        ].output_ids
-        for p in PROMPTS
-    }
+    return greedy_outputs(PROMPTS, 60)
 
 
 def _scale(dep, operator: str, replicas, key: str | None = "admin") -> tuple[int, dict]:

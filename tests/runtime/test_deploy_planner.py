@@ -41,10 +41,9 @@ def dep(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference() -> dict[str, list[int]]:
-    from pddflow.testing.chaos import greedy_reference
+    from pddflow.testing.chaos import greedy_outputs
 
-    greedy = greedy_reference()
-    return {p: greedy(p, TOKENS) for p in PROMPTS}
+    return greedy_outputs(PROMPTS, TOKENS)
 
 
 def _complete(dep, prompt: str) -> list[int]:
