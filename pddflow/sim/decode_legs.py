@@ -65,9 +65,11 @@ class DecodeLegs:
         waiting: Callable[[], bool],
         then: Callable[[], None],
         drop: Callable[[], None],
+        optional: Callable[[], bool] = lambda: False,
     ) -> None:
         """Reserve the rest of the prompt and the whole output now or, FIFO, when memory frees.
-        `waiting()` says the leg still wants the memory; if not, `drop()` it."""
+        `waiting()` says the leg still wants the memory; if not, `drop()` it. An `optional()` leg
+        (its turn ended elsewhere) is dropped rather than made to wait."""
         store = self.stores[inst]
         extra = -(-flight.req.output_tokens // self.block_tokens)
         landed = self.loop.now
@@ -78,6 +80,9 @@ class DecodeLegs:
                 return True
             try:
                 if not store.reserve(hold, extra):
+                    if optional():
+                        drop()
+                        return True
                     return False
             except ValueError as exc:
                 self.ends.fail(flight, str(exc))
@@ -91,6 +96,9 @@ class DecodeLegs:
                 then()
             return True
 
+        if store.waiters and optional():
+            drop()
+            return
         if store.waiters or not attempt():
             flight.memory_waits += 1
             store.wait(attempt)
@@ -163,11 +171,20 @@ class DecodeLegs:
         fin = flight.finisher
         if flight.decision.singular and fin.state in (LegState.MEMORY, LegState.TRANSFER):
             self._cancel_finisher(flight)
-        elif fin.state in (LegState.MEMORY, LegState.TRANSFER):
+        elif fin.state is LegState.MEMORY:  # as the runtime's main: no waiting to cache a turn
+            self._skip_turn(flight)
+        elif fin.state is LegState.TRANSFER:
             # main may still extend over the ended turn; the runtime's orphan sweep aborts a leg
-            # that has not landed by then (one waiting for memory held by others like it would
-            # wait forever: their pinned prefixes fill the pool)
+            # that has not landed by then
             self.loop.after(LINGER_MAX_S + ORPHAN_GRACE_S, self._reap, flight)
+
+    def _skip_turn(self, flight: SimFlight) -> None:
+        """The relay finished the turn and the finisher has no room to cache it: it lets it go
+        (MainWorker._skip_turn) instead of waiting with its prefix pinned."""
+        fin = flight.finisher
+        if fin.state is LegState.MEMORY:
+            fin.state = LegState.CANCELLED
+        self.finisher_release(flight)
 
     def _reap(self, flight: SimFlight) -> None:
         if flight.finisher.state in (LegState.MEMORY, LegState.TRANSFER):
@@ -225,7 +242,8 @@ class DecodeLegs:
             fin.hold,
             lambda: fin.state is LegState.MEMORY,
             lambda: self._finisher_start(flight),
-            lambda: self.finisher_release(flight),
+            lambda: self._skip_turn(flight),
+            lambda: flight.done and flight.path.has_handoff,
         )
 
     def _finisher_start(self, flight: SimFlight) -> None:

@@ -38,6 +38,9 @@ class MainWorker(DecoderWorker):
         if isinstance(item, HandoffTokens):
             leg.relay = item.peer
             leg.handoff.append(item.ids)
+            if leg in self.memory_wait and self._done_by_relay(leg):
+                self._skip_turn(leg)
+                return
             if leg.kv_ready and leg not in self.compute_queue:
                 self.compute_queue.append(leg)
         else:
@@ -74,6 +77,31 @@ class MainWorker(DecoderWorker):
         if have < blocks:
             self.engine.compute_to(seq, blocks * bs)
             self.io.event(leg.seq_id, pb.EVENT_CACHE_MISS_RECOMPUTED, blocks=blocks - have)
+
+    def room_for(self, leg: MainLeg) -> bool:
+        if super().room_for(leg):
+            return True
+        if leg.seq_id in self.legs and self._done_by_relay(leg):
+            self._skip_turn(leg)
+        return False
+
+    @staticmethod
+    def _done_by_relay(leg: MainLeg) -> bool:
+        """The relay's final IDs end the request: main would only keep its cache in step."""
+        if not leg.handoff or not leg.handoff[-1].final or not leg.handoff[-1].ids:
+            return False
+        last, sampling = leg.handoff[-1], leg.seq.sampling
+        end = last.start + len(last.ids)
+        return end >= sampling.max_tokens or last.ids[-1] in sampling.stop_token_ids
+
+    def _skip_turn(self, leg: MainLeg) -> None:
+        """Waiting for memory would keep the turn's cached prefix pinned (until the frontend's
+        orphan sweep, 65 s) while turns that still need main wait behind it: the cache does
+        without this turn, and the router's mirror says so."""
+        self.io.event(leg.seq_id, pb.EVENT_TURN_NOT_CACHED, blocks=len(leg.seq.block_table))
+        if leg in self.memory_wait:
+            self.memory_wait.remove(leg)
+        self.finish(leg, reason="the relay finished it; no memory to cache it")
 
     def maybe_start(self, leg: MainLeg) -> None:
         if leg.kv_ready and not leg.decoding and leg.handoff:
