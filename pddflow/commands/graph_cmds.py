@@ -184,29 +184,8 @@ def plan(
                 op.replicas * op.usd_per_replica_hour(p.device_classes[op.device]), 2
             ),
             # only with a tier declared, so graphs without one print what they always did
-            **(
-                {
-                    "host_cache_gib": op.host_cache.gib,
-                    "host_cache_max_gib": op.host_cache.max_gib,
-                    "host_cache_gbytes_per_s": op.host_cache.gbytes_per_s,
-                    "host_cache_usd_per_hour": round(
-                        op.replicas * op.host_cache.usd_per_replica_hour, 2
-                    ),
-                }
-                if op.host_cache is not None
-                else {}
-            ),
-            **(
-                {
-                    "disk_cache_gib": op.disk_cache.gib,
-                    "disk_cache_gbytes_per_s": op.disk_cache.gbytes_per_s,
-                    "disk_cache_usd_per_hour": round(
-                        op.replicas * op.disk_cache.usd_per_replica_hour, 2
-                    ),
-                }
-                if op.disk_cache is not None
-                else {}
-            ),
+            **_tier_fields("host_cache", op.host_cache, op.replicas),
+            **_tier_fields("disk_cache", op.disk_cache, op.replicas),
         }
         for op in p.operators.values()
     ]
@@ -253,6 +232,42 @@ def plan(
     raise typer.Exit(1 if check and not report.feasible else 0)
 
 
+def _tier_fields(key: str, tier, replicas: int) -> dict:
+    """A cache tier's fields of a placement row (`host_cache_gib`, ...); none without the tier."""
+    if tier is None:
+        return {}
+    out = {f"{key}_gib": tier.gib}
+    if hasattr(tier, "max_gib"):
+        out[f"{key}_max_gib"] = tier.max_gib
+    out[f"{key}_gbytes_per_s"] = tier.gbytes_per_s
+    out[f"{key}_usd_per_hour"] = round(replicas * tier.usd_per_replica_hour, 2)
+    return out
+
+
+# placement-row prefix, title, (column, field, format) of each cache tier's table
+TIER_TABLES = (
+    (
+        "host_cache",
+        "host-memory KV tiers (under the operator's cache)",
+        (
+            ("GiB/replica", "gib", "g"),
+            ("max GiB", "max_gib", "g"),
+            ("GB/s to HBM", "gbytes_per_s", "g"),
+            ("$/hour", "usd_per_hour", ".2f"),
+        ),
+    ),
+    (
+        "disk_cache",
+        "disk KV tiers (under the operator's cache, written through)",
+        (
+            ("GiB/replica", "gib", "g"),
+            ("GB/s to HBM", "gbytes_per_s", "g"),
+            ("$/hour", "usd_per_hour", ".2f"),
+        ),
+    ),
+)
+
+
 def _print_plan(p, placement, report) -> None:
     from rich.table import Table
 
@@ -291,33 +306,17 @@ def _print_plan(p, placement, report) -> None:
             f"{r['usd_per_hour']:.2f}",
         )
     con.print(t)
-    tiers = [r for r in placement if "host_cache_gib" in r]
-    if tiers:
-        ht = Table(title="host-memory KV tiers (under the operator's cache)")
-        for col in ("operator", "GiB/replica", "max GiB", "GB/s to HBM", "$/hour"):
-            ht.add_column(col, justify="left" if col == "operator" else "right")
-        for r in tiers:
-            ht.add_row(
-                r["operator"],
-                f"{r['host_cache_gib']:g}",
-                f"{r['host_cache_max_gib']:g}",
-                f"{r['host_cache_gbytes_per_s']:g}",
-                f"{r['host_cache_usd_per_hour']:.2f}",
-            )
-        con.print(ht)
-    disks = [r for r in placement if "disk_cache_gib" in r]
-    if disks:
-        dt = Table(title="disk KV tiers (under the operator's cache, written through)")
-        for col in ("operator", "GiB/replica", "GB/s to HBM", "$/hour"):
-            dt.add_column(col, justify="left" if col == "operator" else "right")
-        for r in disks:
-            dt.add_row(
-                r["operator"],
-                f"{r['disk_cache_gib']:g}",
-                f"{r['disk_cache_gbytes_per_s']:g}",
-                f"{r['disk_cache_usd_per_hour']:.2f}",
-            )
-        con.print(dt)
+    for key, title, columns in TIER_TABLES:
+        rows = [r for r in placement if f"{key}_gib" in r]
+        if not rows:
+            continue
+        tt = Table(title=title)
+        tt.add_column("operator")
+        for head, _, _ in columns:
+            tt.add_column(head, justify="right")
+        for r in rows:
+            tt.add_row(r["operator"], *(format(r[f"{key}_{f}"], spec) for _, f, spec in columns))
+        con.print(tt)
     con.print(f"total hardware cost: ${p.cost_per_hour():.2f}/hour")
     for name, op in p.operators.items():
         if op.choices:

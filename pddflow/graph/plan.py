@@ -90,6 +90,10 @@ class DiskCachePlan:
     persist: bool = False
 
     @property
+    def bytes(self) -> float:
+        return self.gib * 2**30
+
+    @property
     def usd_per_replica_hour(self) -> float:
         return self.gib * self.usd_per_gib_hour
 

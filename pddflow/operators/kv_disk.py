@@ -51,16 +51,25 @@ class DiskTier(TierSlots):
         os.ftruncate(self._fd, capacity_blocks * self.slot_bytes)
         self.reopened = self._scan() if same else 0
 
+    def _slot(self, slot: int) -> tuple[int | None, memoryview | None]:
+        """(the hash its header names, None without a header; the block's bytes, None when the
+        length or the checksum does not hold)."""
+        raw = os.pread(self._fd, self.slot_bytes, slot * self.slot_bytes)
+        magic, h, checksum, n = _HEADER.unpack_from(raw)
+        if magic != MAGIC:
+            return None, None
+        payload = memoryview(raw)[_HEADER.size : _HEADER.size + self.block_bytes]
+        ok = n == self.block_bytes and _sum(h, payload) == checksum
+        return h, payload if ok else None
+
     def _scan(self) -> int:
         """Index the blocks a previous worker left; returns how many were kept."""
         taken: set[int] = set()
         for slot in range(self.capacity):
-            raw = os.pread(self._fd, self.slot_bytes, slot * self.slot_bytes)
-            magic, h, checksum, n = _HEADER.unpack_from(raw)
-            if magic != MAGIC:
+            h, payload = self._slot(slot)
+            if h is None:
                 continue
-            payload = memoryview(raw)[_HEADER.size : _HEADER.size + n]
-            if n != self.block_bytes or _sum(h, payload) != checksum or h in self.slots:
+            if payload is None or h in self.slots:
                 self._erase(slot)
                 self.corrupt_dropped += 1
                 continue
@@ -68,10 +77,6 @@ class DiskTier(TierSlots):
             taken.add(slot)
         self._free = [s for s in range(self.capacity - 1, -1, -1) if s not in taken]
         return len(self.slots)
-
-    @property
-    def nbytes(self) -> int:
-        return self.capacity * self.slot_bytes
 
     def put(self, h: int, payload) -> int | None:
         """Store one block (any buffer of block_bytes); returns the hash dropped for room."""
@@ -83,16 +88,13 @@ class DiskTier(TierSlots):
 
     def read(self, h: int) -> bytearray | None:
         """The block's bytes, or None when its checksum fails (the block is dropped)."""
-        slot = self.slots[h]
-        raw = os.pread(self._fd, self.slot_bytes, slot * self.slot_bytes)
-        magic, hh, checksum, n = _HEADER.unpack_from(raw)
-        payload = bytearray(memoryview(raw)[_HEADER.size : _HEADER.size + self.block_bytes])
-        if magic != MAGIC or hh != h or n != self.block_bytes or _sum(h, payload) != checksum:
+        named, payload = self._slot(self.slots[h])
+        if named != h or payload is None:
             self.drop(h)
             self.corrupt_dropped += 1
             return None
         self.slots.move_to_end(h)
-        return payload
+        return bytearray(payload)
 
     def drop(self, h: int) -> None:
         self._erase(self.release(h))

@@ -158,6 +158,10 @@ class KVTiers:
     def tier_of(self, h: int) -> int | None:
         return fastest(self._mask.get(h, 0))
 
+    def held(self) -> Iterable[int]:
+        """Every block held in some tier, in no order."""
+        return self._mask.keys()
+
     def listing(self) -> list[tuple[int, int]]:
         """(hash, fastest tier) of every block held, sorted."""
         return sorted((h, fastest(m)) for h, m in self._mask.items())  # type: ignore[misc]
@@ -302,6 +306,11 @@ def cache_listing(radix, tiers: KVTiers | None) -> list[tuple[int, int]]:
     if tiers is not None:
         return tiers.listing()
     return sorted((h, DEVICE) for h, _ in radix)
+
+
+def cached_hashes(radix, tiers: KVTiers | None) -> Iterable[int]:
+    """Every block an engine caches, in no order (a status report's count and digest: no sort)."""
+    return tiers.held() if tiers is not None else (h for h, _ in radix)
 
 
 def cache_changes(

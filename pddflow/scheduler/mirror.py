@@ -82,9 +82,6 @@ class CacheMirror:
                     out[tier] = out.get(tier, 0) + 1
         return out
 
-    def tier_of(self, h: int) -> int | None:
-        return None if h not in self._blocks else self._lower.get(h, 0)
-
     def __len__(self) -> int:
         return len(self._blocks)
 

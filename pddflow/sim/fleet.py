@@ -106,9 +106,9 @@ class SimFleet:
 
     def _disk_tier(self, op: OperatorPlan, block_bytes: int) -> HostTier | None:
         dc = op.disk_cache
-        if dc is None or not op.caches_prefixes or dc.gib * 2**30 < block_bytes:
+        if dc is None or not op.caches_prefixes or dc.bytes < block_bytes:
             return None
-        blocks = int(dc.gib * 2**30 // block_bytes)
+        blocks = int(dc.bytes // block_bytes)
         return HostTier(blocks, block_bytes / (dc.gbytes_per_s * 1e9), lambda: self.loop.now)
 
     def kv_bytes(self, prompt_tokens: int, hit_blocks: int) -> float:

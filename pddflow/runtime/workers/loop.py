@@ -13,7 +13,7 @@ from typing import Any
 from pddflow.channels.errors import ChannelError
 from pddflow.core.payloads import TokenLogprob
 from pddflow.graph.plan import OperatorPlan
-from pddflow.operators.kv_tiers import cache_changes, cache_listing
+from pddflow.operators.kv_tiers import cache_changes, cache_listing, cached_hashes
 from pddflow.runtime.proto import runtime_pb2 as pb
 from pddflow.runtime.rpc import WORKER, serve
 from pddflow.runtime.wire import logprobs_from_pb, logprobs_to_pb, sampling_from_pb
@@ -248,8 +248,8 @@ class Worker:
         """A snapshot, taken on the loop thread (RPC threads answer with the last one)."""
         alloc = self.engine.allocator
         digest = 0
-        cached = cache_listing(self.engine.radix, self.engine.tiers)
-        for h, _ in cached:
+        cached = list(cached_hashes(self.engine.radix, self.engine.tiers))
+        for h in cached:
             digest ^= h
         return pb.WorkerStatus(
             instance=self.instance,

@@ -49,7 +49,7 @@ def cache_sizes(wiring: Wiring, op: OperatorPlan, instance: str) -> dict:
     if host is not None and host.gib > 0:
         sizes["host_cache_bytes"] = int(host.bytes)
     if disk is not None:
-        sizes["disk_cache_bytes"] = int(disk.gib * 2**30)
+        sizes["disk_cache_bytes"] = int(disk.bytes)
         sizes["disk_cache_dir"] = str(wiring.disk_cache_dir(op, instance))
         sizes["disk_cache_persist"] = disk.persist
     return sizes
