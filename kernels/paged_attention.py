@@ -11,8 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
-
-DEFAULT_TILE = 64
+from pddflow.kernels import DEFAULT_TILE
 
 
 @dataclass(frozen=True)

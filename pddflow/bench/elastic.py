@@ -166,15 +166,17 @@ async def _sessions(base, model, workload, starts, think_s, timeout_s, run, tick
         )
 
 
-def reference_mismatches(weights: str, runs: list[ModeRun], batch: int = 32) -> dict[str, int]:
+def reference_mismatches(
+    weights: str, runs: list[ModeRun], batch: int = 32, engine: str = "real"
+) -> dict[str, int]:
     """Per run: answers whose tokens are not the colocated engine's greedy tokens for the same
     prompt. Each distinct prompt is generated once, to the longest any answer asked for, in
     batches; an answer matches when it is that reference cut where it stopped (its max_tokens,
     or the reference's own end)."""
+    from pddflow.bench.serve_reference import reference_engine
     from pddflow.core.payloads import SamplingParams
-    from pddflow.operators.engine import Engine
 
-    eng = Engine.from_spec(weights)
+    eng = reference_engine(weights, engine)
     stops = tuple(eng.tokenizer.eos_token_ids)
     longest: dict[tuple[int, ...], int] = {}
     for r in runs:

@@ -6,20 +6,22 @@ from __future__ import annotations
 from pddflow.core.serve_sessions import WorkloadSpec
 
 
-def reference_outputs(weights: str, workload: WorkloadSpec) -> dict[tuple[int, int], list[int]]:
+def reference_outputs(
+    weights: str, workload: WorkloadSpec, engine_kind: str = "real"
+) -> dict[tuple[int, int], list[int]]:
     """(session, turn) -> the greedy tokens, the sessions of one turn in one batch."""
     from pddflow.core.payloads import Request, SamplingParams
-    from pddflow.operators.engine import Engine, EngineConfig
-    from pddflow.operators.weights import load_model_source
+    from pddflow.operators.weights import model_without_weights
 
     longest = max(
         len(s.first_prompt) + sum(map(len, s.user_turns)) + sum(s.output_tokens)
         for s in workload.sessions
     )
     tokens = longest * len(workload.sessions) + 64 * len(workload.sessions)
-    source = load_model_source(weights)
-    kv_bytes = tokens * source.config.kv_bytes_per_token(4)  # fp32: room at any dtype
-    engine = Engine(source, EngineConfig(kv_cache_bytes=kv_bytes))
+    kv_bytes = tokens * model_without_weights(weights).config.kv_bytes_per_token(
+        4
+    )  # fp32: room at any dtype
+    engine = reference_engine(weights, engine_kind, kv_bytes)
     stops = tuple(engine.tokenizer.eos_token_ids) if engine.tokenizer else ()
     contexts = [list(s.first_prompt) for s in workload.sessions]
     out: dict[tuple[int, int], list[int]] = {}
@@ -42,3 +44,16 @@ def reference_outputs(weights: str, workload: WorkloadSpec) -> dict[tuple[int, i
             out[(i, turn)] = list(seq.output_ids)
             contexts[i] += seq.output_ids
     return out
+
+
+def reference_engine(spec: str, engine: str = "real", kv_cache_bytes: int = 512 << 20):
+    """The colocated engine a deployment of `spec` on `engine` ("real" or "modeled") must agree
+    with, its tokenizer set."""
+    if engine == "modeled":
+        from pddflow.operators.modeled_engine import ModeledEngine
+
+        # a modeled reference's block is 64 bytes: this many hold plenty of contexts
+        return ModeledEngine.reference(spec, min(kv_cache_bytes, 64 << 20))
+    from pddflow.operators.engine import Engine, EngineConfig
+
+    return Engine.from_spec(spec, EngineConfig(kv_cache_bytes=kv_cache_bytes))

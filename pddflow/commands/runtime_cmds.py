@@ -19,6 +19,7 @@ from pddflow.commands.common import (
 from pddflow.commands.progress import console, progress_bar
 from pddflow.core.device import LOCAL_KV_CACHE_MIB
 from pddflow.data import MOONCAKE_TRACE
+from pddflow.runtime.deploy.modeled import DEFAULT_KV_SCALE
 
 
 def deploy(
@@ -107,6 +108,30 @@ def deploy(
         "instance) cores of its own, as separate hardware would; none: workers "
         "float over all cores",
     ),
+    engine: str = typer.Option(
+        "real",
+        help="real: run the model's weights; modeled: every step takes the simulator's device-"
+        "model time for the graph's model.arch on the operator's devices, tokens from a hash of "
+        "the context, no torch (fleet-scale tests of the runtime; docs/runtime.md)",
+    ),
+    profile: str = typer.Option(
+        "local",
+        help="local: the graph's local profile; production: every declared replica (with "
+        "--engine modeled)",
+    ),
+    kv_scale: float = typer.Option(
+        DEFAULT_KV_SCALE,
+        min=1e-6,
+        max=1.0,
+        help="modeled engine: KV payloads at this fraction of the arch's true bytes, and every "
+        "emulated link at this fraction of its bandwidth, so transfers take their true time",
+    ),
+    time_scale: float = typer.Option(
+        1.0,
+        min=1e-3,
+        help="modeled engine: every step lasts this many times its modeled time (slow a fleet "
+        "down uniformly when this machine cannot keep up)",
+    ),
 ) -> None:
     """Deploy GRAPH with its `local` profile: every operator instance as its own process, the
     clusters emulated on this machine and the WAN shaped by the graph's link model; serve the
@@ -125,7 +150,7 @@ def deploy(
     options = DeployOptions(
         host, port, backend, address, kv_cache_mb, startup_timeout, leg_timeout, seed, wan_gbps,
         run_dir, drain_timeout, api_key, admin_key, log_level, model, chat_template,
-        check_cpu_pinning(cpu_pinning), planner,
+        check_cpu_pinning(cpu_pinning), planner, engine, kv_scale, time_scale, profile,
     )  # fmt: skip
     try:
         d = Deployment(load_or_exit(graph), options)
@@ -186,11 +211,13 @@ def bench_serve(
     think: float = typer.Option(
         1.0, min=0.0, help="seconds between a turn's answer and the next turn (tool calls)"
     ),
-    wan_gbps: float = typer.Option(
-        0.1,
+    wan_gbps: float | None = typer.Option(
+        None,
         min=1e-6,
-        help="the emulated WAN's bandwidth for every graph "
-        "(0.1 Gbps: a cold 1,000-token prompt's KV takes about 2.6 s)",
+        help="the emulated WAN's bandwidth for every graph (default: 0.1 Gbps with the real "
+        "engine, where a cold 1,000-token prompt's KV takes about 2.6 s; the graphs' links "
+        "with the modeled one)",
+        show_default=False,
     ),
     wan_degrade: str | None = typer.Option(
         None,
@@ -214,6 +241,16 @@ def bench_serve(
     ),
     address: str | None = typer.Option(
         None, help="with --backend ray: the Ray cluster's address", show_default=False
+    ),
+    engine: str = typer.Option(
+        "real",
+        help="passed to every `pddflow deploy`: real, or modeled (the device model's time for "
+        "the graphs' model.arch; docs/runtime.md, The modeled engine)",
+    ),
+    profile: str = typer.Option(
+        "local",
+        help="passed to every `pddflow deploy`: local, or production (every declared replica; "
+        "with --engine modeled)",
     ),
     per_request: bool = typer.Option(
         False,
@@ -242,6 +279,12 @@ def bench_serve(
     from pddflow.core.serve_sessions import TraceError, build
 
     check_cpu_pinning(cpu_pinning)
+    if engine not in ("real", "modeled"):
+        fail(f"--engine: unknown {engine!r}; engines: real, modeled", code=2)
+    if profile == "production" and engine != "modeled":
+        fail("--profile production runs with --engine modeled", code=2)
+    if wan_gbps is None and engine == "real":
+        wan_gbps = 0.1
     try:
         degrade = WanDegrade.parse(wan_degrade) if wan_degrade is not None else None
     except ValueError as exc:
@@ -264,7 +307,7 @@ def bench_serve(
         from pddflow.bench.serve_reference import reference_outputs
 
         err.print(f"the colocated reference: {workload.requests} requests ...")
-        reference = reference_outputs(plans[0].model.weights, workload)
+        reference = reference_outputs(plans[0].model.weights, workload, engine)
     results = []
     # SIGTERM stops the deployment under test as Ctrl-C does (it would outlive this process)
     signal.signal(signal.SIGTERM, _interrupt)
@@ -286,6 +329,10 @@ def bench_serve(
                             cpu_pinning,
                             "--backend",
                             backend,
+                            "--engine",
+                            engine,
+                            "--profile",
+                            profile,
                             *(("--address", address) if address else ()),
                         ),
                         per_request=per_request,
@@ -310,6 +357,8 @@ def bench_serve(
             "trace": str(trace),
             "cpu_pinning": cpu_pinning,
             "backend": backend,
+            "engine": engine,
+            "profile": profile,
         },
         "graphs": rows,
         "ratios_vs_first": {r["graph"]: ratios(rows[0], r) for r in rows[1:]},
@@ -327,7 +376,8 @@ def _print_serve(out: dict) -> None:
     con = console()
     wl = out["workload"]
     degrade = wl.get("wan_degrade")
-    title = f"bench serve: {wl['requests']} requests, WAN {wl['wan_gbps']:g} Gbps"
+    wan = f"{wl['wan_gbps']:g} Gbps" if wl["wan_gbps"] else "as declared"
+    title = f"bench serve: {wl['requests']} requests, WAN {wan}"
     if degrade is not None:
         title += f" -> {WanDegrade(**degrade).describe()}"
     t = metric_table(

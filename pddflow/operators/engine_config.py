@@ -1,15 +1,18 @@
 """The engine's settings (`EngineConfig`, re-exported by engine.py) and how they resolve to a device
-and dtype."""
+and dtype (torch is imported by these functions only: a modeled engine reads the settings
+without it)."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from pddflow.core.host_memory import keep_freed_memory
-from pddflow.kernels.paged_attention import DEFAULT_TILE
+from pddflow.kernels import DEFAULT_TILE
+
+if TYPE_CHECKING:
+    import torch
 
 
 @dataclass(frozen=True)
@@ -40,26 +43,30 @@ class EngineConfig:
 
 
 DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
+    "float32": "float32",
+    "fp32": "float32",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
 }
 
 
 def resolve_device(config: EngineConfig) -> torch.device:
+    import torch
+
     if config.device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(config.device)
 
 
 def resolve_dtype(config: EngineConfig, device: torch.device) -> torch.dtype:
+    import torch
+
     if config.dtype is None:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     elif config.dtype in DTYPES:
-        dtype = DTYPES[config.dtype]
+        dtype = getattr(torch, DTYPES[config.dtype])
     else:
         raise ValueError(f"unknown dtype {config.dtype!r}; valid: {', '.join(sorted(DTYPES))}")
     if device.type == "cpu" and dtype != torch.float32:
@@ -79,6 +86,8 @@ def prepare(
 ) -> tuple[torch.device, torch.dtype]:
     """Check the settings and set up the process (glibc, torch threads) for an engine; its device
     (a tensor-parallel rank's own when given) and dtype."""
+    import torch
+
     device = rank_device if rank_device is not None else resolve_device(config)
     if rank_device is not None and config.device != "auto":
         if torch.device(config.device).type != rank_device.type:

@@ -23,6 +23,7 @@ import torch
 import xxhash
 
 from pddflow.core.cache_tiers import DEVICE, DISK, HOST, TIER_NAMES
+from pddflow.operators.cache_state import NO_LOAD, TierLoad
 from pddflow.operators.kv_disk import DiskTier
 from pddflow.operators.kv_slots import TierSlots
 
@@ -210,22 +211,6 @@ class KVTiers:
             self.disk.close(remove_disk)
 
 
-@dataclass(frozen=True)
-class TierLoad:
-    """What one adoption loaded from below the device: blocks per tier, and the seconds it took
-    (reading the tiers and copying into device blocks)."""
-
-    blocks: dict[str, int]
-    seconds: float
-
-    @property
-    def total(self) -> int:
-        return sum(self.blocks.values())
-
-
-NO_LOAD = TierLoad({}, 0.0)
-
-
 def load_run(engine, seq, blocks: int) -> TierLoad:
     """Load into new device blocks the run of `seq`'s first `blocks` blocks, after those it holds,
     that the engine's tiers hold; they join its block table and the device cache."""
@@ -298,27 +283,3 @@ def open_tiers(
             raise ValueError("a disk tier needs a directory (disk_cache.dir)")
         disk = DiskTier(Path(disk_dir), disk_bytes // nbytes, nbytes, identity)
     return KVTiers(pool, host, disk)
-
-
-def cache_listing(radix, tiers: KVTiers | None) -> list[tuple[int, int]]:
-    """(hash, fastest tier) of every block an engine caches, tier 0 the device: the mirror's
-    full listing."""
-    if tiers is not None:
-        return tiers.listing()
-    return sorted((h, DEVICE) for h, _ in radix)
-
-
-def cached_hashes(radix, tiers: KVTiers | None) -> Iterable[int]:
-    """Every block an engine caches, in no order (a status report's count and digest: no sort)."""
-    return tiers.held() if tiers is not None else (h for h, _ in radix)
-
-
-def cache_changes(
-    radix, tiers: KVTiers | None
-) -> tuple[list[tuple[int, int]], list[int], list[tuple[int, int]]]:
-    """Net (inserted, evicted, moved) since the last call (KVTiers.take_changes), with or without
-    tiers under the radix cache."""
-    if tiers is not None:
-        return tiers.take_changes()
-    inserted, evicted = radix.take_changes()
-    return [(h, DEVICE) for h in inserted], evicted, []

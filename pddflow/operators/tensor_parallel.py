@@ -20,6 +20,7 @@ import torch
 import torch.distributed as dist
 
 from pddflow.core.model_config import ModelConfig
+from pddflow.operators.engine_core import TPPeerLost
 from pddflow.operators.kv_shards import kv_heads, kv_owners
 
 STOP = 0  # step kind that ends a follower's loop (the others are tp_steps')
@@ -36,10 +37,6 @@ class TPConfig:
     init_address: str = ""  # host:port where rank 0 listens for the rendezvous (TCP store)
     timeout_s: float = 60.0  # every collective's deadline: a dead peer never hangs a step
     backend: str = "auto"  # auto: nccl on cuda, else gloo
-
-
-class TPPeerLost(RuntimeError):
-    """A collective failed or timed out: a rank of this instance (or its leader) is gone."""
 
 
 def valid_degrees(config: ModelConfig, expert_parallel: bool = False) -> list[int]:

@@ -34,18 +34,39 @@ class ModelSource:
 def load_model_source(spec: str, seed: int = BUILTIN_SEED) -> ModelSource:
     spec = str(spec)
     if spec.startswith("builtin:"):
-        name = spec.split(":", 1)[1]
-        if name not in BUILTIN_CONFIGS:
-            valid = sorted(BUILTIN_CONFIGS)
-            raise ModelSpecError(
-                f"unknown builtin model {name!r}{did_you_mean(name, valid)}; "
-                f"valid: {', '.join('builtin:' + v for v in valid)}"
-            )
-        config = BUILTIN_CONFIGS[name]
+        config = _builtin_config(spec.split(":", 1)[1])
         return ModelSource(spec, config, builtin_weights(config, seed), ByteTokenizer())
     from pddflow.operators.hub import resolve_model
 
     return _load_checkpoint(Path(resolve_model(spec)))
+
+
+def model_without_weights(spec: str) -> ModelSource:
+    """The model's configuration and tokenizer, no weights read and no torch: what a modeled
+    engine (operators/modeled_engine.py) stands for."""
+    spec = str(spec)
+    if spec.startswith("builtin:"):
+        return ModelSource(spec, _builtin_config(spec.split(":", 1)[1]), {}, ByteTokenizer())
+    from pddflow.operators.hub import resolve_model
+
+    path = Path(resolve_model(spec))
+    config = read_config(path)
+    return ModelSource(str(path), config, {}, _tokenizer(path, config))
+
+
+def _tokenizer(path: Path, config: ModelConfig) -> Tokenizer | None:
+    tok_file = path / "tokenizer.json"
+    return HFTokenizer(tok_file, config.eos_token_ids) if tok_file.is_file() else None
+
+
+def _builtin_config(name: str) -> ModelConfig:
+    if name not in BUILTIN_CONFIGS:
+        valid = sorted(BUILTIN_CONFIGS)
+        raise ModelSpecError(
+            f"unknown builtin model {name!r}{did_you_mean(name, valid)}; "
+            f"valid: {', '.join('builtin:' + v for v in valid)}"
+        )
+    return BUILTIN_CONFIGS[name]
 
 
 def hf_weight_names(config: ModelConfig) -> list[str]:
@@ -220,6 +241,4 @@ def _load_checkpoint(path: Path) -> ModelSource:
                 f"config implies {_shape(config, n)}"
             )
     weights = {n: weights[n] for n in expected}
-    tok_file = path / "tokenizer.json"
-    tokenizer = HFTokenizer(tok_file, config.eos_token_ids) if tok_file.is_file() else None
-    return ModelSource(str(path), config, weights, tokenizer)
+    return ModelSource(str(path), config, weights, _tokenizer(path, config))

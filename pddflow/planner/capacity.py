@@ -10,7 +10,7 @@ from typing import Protocol
 
 
 class StepTimes(Protocol):
-    """What the planner reads of the simulator's step-time model (`pddflow.sim.device`)."""
+    """What the planner reads of the simulator's step-time model (`pddflow.core.device_model`)."""
 
     def decode_step_s(self, batch: int, ctx_sum: float) -> float: ...
 

@@ -59,6 +59,11 @@ class Wiring:
     # rdma_tensor: "src>dst" instance pair -> shm | tcp | nixl (rdma_routes.py)
     rdma: dict[str, str] = field(default_factory=dict)
     cache_dir: str = ""  # disk_cache tiers without a `dir` of their own: one subdirectory each
+    # "real" (the model's weights) or "modeled" (operators/modeled_engine.py: the device model's
+    # time, payloads of kv_scale of the arch's KV bytes, every step time_scale times as long)
+    engine: str = "real"
+    kv_scale: float = 1.0
+    time_scale: float = 1.0
 
     def disk_cache_dir(self, op: OperatorPlan, instance: str) -> Path:
         """Where `instance`'s disk tier keeps its arena (the same after a restart)."""

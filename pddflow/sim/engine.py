@@ -10,7 +10,7 @@ from collections.abc import Callable
 from enum import IntEnum
 from heapq import heappop, heappush
 
-from pddflow.sim.device import DeviceModel
+from pddflow.core.device_model import DeviceModel
 from pddflow.sim.events import EventLoop
 
 MAX_PLANNED_STEPS = 1 << 16

@@ -83,10 +83,10 @@ class GreedyReference:
     Answers are kept; `many` computes several in one batch (the engine's outputs do not depend on
     the batch: docs/engine.md, Batch invariance)."""
 
-    def __init__(self, spec: str = "builtin:tiny-llama"):
-        from pddflow.operators.engine import Engine
+    def __init__(self, spec: str = "builtin:tiny-llama", engine: str = "real"):
+        from pddflow.bench.serve_reference import reference_engine
 
-        self.engine = Engine.from_spec(spec)
+        self.engine = reference_engine(spec, engine)
         self._known: dict[tuple[str, int], list[int]] = {}
         self._lock = threading.Lock()  # drills ask from several threads; the engine is not shared
 
@@ -108,8 +108,8 @@ class GreedyReference:
             return {p: self._known[(p, n)] for p in prompts}
 
 
-def greedy_reference(spec: str = "builtin:tiny-llama") -> GreedyReference:
-    return GreedyReference(spec)
+def greedy_reference(spec: str = "builtin:tiny-llama", engine: str = "real") -> GreedyReference:
+    return GreedyReference(spec, engine)
 
 
 def greedy_outputs(

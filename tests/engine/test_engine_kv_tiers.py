@@ -11,9 +11,10 @@ from conftest import small_engine, small_source
 
 from pddflow.core.block_hash import chain_block_hashes
 from pddflow.core.payloads import Request, SamplingParams
+from pddflow.operators.cache_state import cache_changes, cache_listing
 from pddflow.operators.engine import Engine, EngineConfig
 from pddflow.operators.kv_disk import ARENA
-from pddflow.operators.kv_tiers import DISK, HOST, cache_changes, cache_listing
+from pddflow.operators.kv_tiers import DISK, HOST
 
 BLOCK = 2048  # SMALL's block: 2 layers x K,V x 4 tokens x 2 heads x 16 x fp32
 GREEDY = SamplingParams(max_tokens=6)

@@ -7,9 +7,9 @@ import pytest
 
 from pddflow.core.arch import ARCHS
 from pddflow.core.device import DeviceClass
+from pddflow.core.device_model import DeviceModel
 from pddflow.planner.capacity import StepFit, batch_within, modeled_decode
 from pddflow.planner.meter import Meter
-from pddflow.sim.device import DeviceModel
 
 
 def test_batch_within_finds_the_largest_batch_inside_the_tpot():

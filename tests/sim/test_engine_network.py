@@ -8,8 +8,8 @@ import pytest
 
 from pddflow.core.arch import ARCHS
 from pddflow.core.device import DeviceClass
+from pddflow.core.device_model import DeviceModel
 from pddflow.core.link import Jitter, LinkModel
-from pddflow.sim.device import DeviceModel
 from pddflow.sim.engine import Job, Seq, SimEngine, StepKind
 from pddflow.sim.events import EventLoop
 from pddflow.sim.network import SharedLink

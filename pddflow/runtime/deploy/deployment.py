@@ -22,6 +22,7 @@ from pathlib import Path
 from pddflow.core.device import LOCAL_KV_CACHE_MIB
 from pddflow.graph.plan import Plan
 from pddflow.runtime.deploy.backend import Backend, DeployError, Progress, wait_ready
+from pddflow.runtime.deploy.modeled import DEFAULT_KV_SCALE, ENGINES, PROFILES, modeled_plan
 from pddflow.runtime.deploy.run_dir import make_run_dir, remove_disk_tiers, remove_run_dir
 from pddflow.runtime.deploy.supervisor import Supervisor
 from pddflow.runtime.frontend.frontend import Frontend
@@ -68,6 +69,10 @@ class DeployOptions:
     chat_template: Path | None = None
     cpu_pinning: str = "auto"  # cpu_layout.MODES: auto | none
     planner: bool | None = None  # pools follow the load (None: the graph's autoscale.enabled)
+    engine: str = "real"  # or "modeled": the device model's time, no weights (deploy/modeled.py)
+    kv_scale: float = DEFAULT_KV_SCALE  # modeled: a KV payload against the arch's true bytes
+    time_scale: float = 1.0  # modeled: every step lasts this many times its modeled time
+    profile: str = "local"  # or "production": every declared replica (modeled engine only)
 
 
 class Deployment:
@@ -82,6 +87,7 @@ class Deployment:
             )
         if self.backend_name != "ray" and o.address is not None:
             raise OptionError("--address is for --backend ray")
+        _check_engine(o)
         self.plan = self._local_plan(plan)
         if self.backend_name != "local" and self.plan.scalable():
             raise OptionError(
@@ -114,12 +120,17 @@ class Deployment:
         """The plan as this deployment runs it: the local profile's replicas, TLS on every
         cross-cluster edge on Ray (the WAN real unless --wan-gbps), the options' link and model."""
         o = self.options
-        plan = plan.scaled_to_local()
+        plan = plan.scaled_to_local() if o.profile == "local" else plan
         if self.backend_name == "ray":
             plan = secure_cross_cluster(plan, emulate=o.wan_gbps is not None)
         if o.wan_gbps is not None:
             links = {n: replace(link, gbps=o.wan_gbps) for n, link in plan.links.items()}
             plan = replace(plan, links=links)
+        if o.engine == "modeled":
+            try:
+                plan = modeled_plan(plan, o.kv_scale)
+            except ValueError as exc:
+                raise OptionError(str(exc)) from None
         if o.model is not None:
             plan = replace(plan, model=replace(plan.model, weights=o.model))
         return plan
@@ -141,6 +152,8 @@ class Deployment:
             raise DeployError(f"{where}: {exc}") from None
         self.plan = replace(self.plan, model=replace(self.plan.model, weights=weights))
         self._check_layouts(info)
+        if self.options.engine == "modeled":  # the arch's context, not the tokenizer model's
+            info = replace(info, max_context=self.plan.model.max_context)
         return info
 
     def _check_layouts(self, info: ModelInfo) -> None:
@@ -177,6 +190,8 @@ class Deployment:
         self.listen()
         kv_bytes = o.kv_cache_mb << 20
         self.wiring = wire(self.plan, o.seed, kv_bytes, o.leg_timeout_s, cpus)
+        self.wiring.engine, self.wiring.kv_scale = o.engine, o.kv_scale
+        self.wiring.time_scale = o.time_scale
         self.run_dir = make_run_dir(o.run_dir)
         # also when an exception or a second signal cuts stop() short
         atexit.register(remove_run_dir, self.run_dir, o.run_dir is not None)
@@ -399,3 +414,19 @@ def _listen(host: str, port: int) -> socket.socket:
         msg = f"cannot listen on {host}:{port}: {exc.strerror}; choose another --port"
         raise OptionError(msg) from None
     return sock
+
+
+def _check_engine(o: DeployOptions) -> None:
+    if o.engine not in ENGINES:
+        raise OptionError(f"unknown engine {o.engine!r}; engines: {', '.join(ENGINES)}")
+    if o.profile not in PROFILES:
+        raise OptionError(f"unknown profile {o.profile!r}; profiles: {', '.join(PROFILES)}")
+    if o.profile == "production" and o.engine != "modeled":
+        raise OptionError(
+            "--profile production starts every declared replica, each on its devices_per_replica "
+            "devices: on one machine that is for --engine modeled"
+        )
+    if not 0 < o.kv_scale <= 1:
+        raise OptionError(f"--kv-scale must be in (0, 1], got {o.kv_scale}")
+    if o.time_scale <= 0:
+        raise OptionError(f"--time-scale must be > 0, got {o.time_scale}")

@@ -33,9 +33,10 @@ class LocalBackend:
         self.run_dir = self.wiring_file = Path()
 
     def start(self, plan: Plan, wiring: Wiring, run_dir: Path) -> None:
-        import torch  # loaded already (the model's facts); says where the ranks compute
+        if wiring.engine == "real":
+            import torch  # loaded already (the model's facts); says where the ranks compute
 
-        self.cuda = torch.cuda.is_available()
+            self.cuda = torch.cuda.is_available()
         self.wiring = wiring
         # one host: rdma_tensor is shared memory unless an edge asked for a network transport
         wiring.transports = transports(plan, {}, wiring.rdma)

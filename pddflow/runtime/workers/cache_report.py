@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from pddflow.core.cache_tiers import TIER_NAMES
-from pddflow.operators.kv_tiers import TierLoad
+from pddflow.operators.cache_state import TierLoad
 from pddflow.runtime.proto import runtime_pb2 as pb
 
 if TYPE_CHECKING:

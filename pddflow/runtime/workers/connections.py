@@ -77,7 +77,6 @@ class WorkerIO:
                         wiring.bind_host(ep.kv_flight),
                         port,
                         params=self._flight_params(ch),
-                        tensor_lib="torch",
                     )
                 )
             elif ch.kind == Kind.TOKEN_IDS and self.handoff_server is None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pddflow.core.kv_budget import kv_fit
 from pddflow.core.payloads import KVBlocks, TokenLogprob
 from pddflow.operators.block_allocator import KVCacheFull
-from pddflow.operators.kv_exchange import KVShardMissing
+from pddflow.operators.engine_core import KVShardMissing
 from pddflow.runtime.proto import runtime_pb2 as pb
 from pddflow.runtime.workers.inbox import FirstToken, InboxItem, KVArrived, KVLost
 from pddflow.runtime.workers.loop import Leg, Worker

@@ -13,7 +13,8 @@ from typing import Any
 from pddflow.channels.errors import ChannelError
 from pddflow.core.payloads import TokenLogprob
 from pddflow.graph.plan import OperatorPlan
-from pddflow.operators.kv_tiers import cache_changes, cache_listing, cached_hashes
+from pddflow.operators.cache_state import cache_changes, cache_listing, cached_hashes
+from pddflow.operators.engine_core import TPPeerLost
 from pddflow.runtime.proto import runtime_pb2 as pb
 from pddflow.runtime.rpc import WORKER, serve
 from pddflow.runtime.wire import logprobs_from_pb, logprobs_to_pb, sampling_from_pb
@@ -108,8 +109,6 @@ class Worker:
     def run(self) -> None:
         """Until stopped; a rank of the instance lost ends it (TPPeerLost): the instance is lost,
         and the deployer restarts all its ranks."""
-        from pddflow.operators.tensor_parallel import TPPeerLost
-
         self.publish()  # the whole (empty) cache listing, then the status: the mirror starts exact
         while not self.stopping.is_set():
             try:

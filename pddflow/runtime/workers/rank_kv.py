@@ -12,8 +12,6 @@ from concurrent.futures import Future
 from dataclasses import replace
 from typing import Any
 
-import torch
-
 from pddflow.channels.errors import ChannelError
 from pddflow.channels.transfer import TransferReport
 from pddflow.core.channel_kinds import Kind
@@ -139,7 +137,12 @@ class ShardAssembler:
                 self._parts[key] = (first, parts)
                 return None
             self._parts.pop(key, None)
-        data = order[0].data if len(order) == 1 else torch.cat([p.data for p in order], dim=4)
+        if len(order) == 1:
+            data = order[0].data
+        else:
+            import torch  # several ranks' heads: a tensor-parallel, so a real, engine's
+
+            data = torch.cat([p.data for p in order], dim=4)
         return replace(piece, data=data, heads=self.heads), len(order)
 
     def put(self, piece: KVBlocks) -> None:
@@ -150,7 +153,7 @@ class ShardAssembler:
             with self._lock:
                 self._done[(whole.seq_id, whole.token_start)] = (time.monotonic(), whole)
 
-    def take(self, seq_id: str, token_start: int) -> torch.Tensor | None:
+    def take(self, seq_id: str, token_start: int) -> Any:
         with self._lock:
             entry = self._done.pop((seq_id, token_start), None)
         return None if entry is None else entry[1].data
@@ -209,7 +212,7 @@ class FollowerKV:
         for f in futures:
             f.add_done_callback(lambda f, sid=kv.seq_id: self._sent(sid, where.peer, f))
 
-    def take(self, seq_id: str, token_start: int) -> torch.Tensor | None:
+    def take(self, seq_id: str, token_start: int) -> Any:
         return self.shards.take(seq_id, token_start)
 
     def _sender(self, peer: str, rank: int) -> Any:

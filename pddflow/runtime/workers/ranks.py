@@ -12,6 +12,8 @@ from pddflow.runtime.wiring import Wiring, rank_device
 
 def build_engine(wiring: Wiring, instance: str, rank: int):
     """The engine of rank `rank` of `instance`, joined to its ranks' group when it has several."""
+    if wiring.engine == "modeled":
+        return modeled_engine(wiring, instance)
     import torch
 
     from pddflow.operators.engine import Engine, EngineConfig
@@ -31,6 +33,35 @@ def build_engine(wiring: Wiring, instance: str, rank: int):
     device = torch.device(rank_device(rank, torch.cuda.is_available()))
     group = join(tp, device) if op.ranks > 1 else None
     return Engine.from_spec(plan.model.weights, config, tp=group)
+
+
+def modeled_engine(wiring: Wiring, instance: str):
+    """One process standing for the whole replica: its time from the device model of the
+    operator's device class and devices per replica, its pool the replica's KV budget."""
+    from pddflow.core.device_model import DeviceModel
+    from pddflow.operators.engine_config import EngineConfig
+    from pddflow.operators.modeled_engine import ModeledEngine
+    from pddflow.operators.weights import model_without_weights
+
+    plan = wiring.plan()
+    op = plan.operator_of(instance)
+    arch, bs = plan.model.arch, plan.model.block_size
+    config = EngineConfig(
+        block_size=bs,
+        chunk_size=op.chunk_tokens,
+        max_decode_rows=max(op.max_batch, 1),
+        prefix_cache=op.caches_prefixes,
+        kv_cache_bytes=int(op.kv_budget_bytes),
+    )
+    step = DeviceModel(plan.device_classes[op.device], op.devices_per_replica, arch)
+    return ModeledEngine(
+        config,
+        model_without_weights(plan.model.weights).config,
+        step,
+        int(arch.kv_bytes_per_token * bs),
+        wiring.kv_scale,
+        wiring.time_scale,
+    )
 
 
 def cache_sizes(wiring: Wiring, op: OperatorPlan, instance: str) -> dict:

@@ -6,9 +6,9 @@ from dataclasses import dataclass, replace
 
 from pddflow.core.arch import ARCHS, ModelArch
 from pddflow.core.device import LOCAL_KV_CACHE_MIB, DeviceClass
+from pddflow.core.device_model import DeviceModel, Efficiency
 from pddflow.graph.plan import Plan, _instances
 from pddflow.sim.calibration.bench_files import BenchFacts
-from pddflow.sim.device import DeviceModel, Efficiency
 
 UNIT = Efficiency(prefill_mfu=1.0, decode_mbu=1.0, step_overhead_s=0.0)
 

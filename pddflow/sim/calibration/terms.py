@@ -8,8 +8,8 @@ from dataclasses import dataclass, field, replace
 
 from pddflow.core.arch import ModelArch
 from pddflow.core.device import DeviceClass
+from pddflow.core.device_model import DeviceModel, Efficiency
 from pddflow.sim.calibration.host import HostSpec
-from pddflow.sim.device import DeviceModel, Efficiency
 
 
 @dataclass(frozen=True)

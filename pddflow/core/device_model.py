@@ -1,5 +1,6 @@
 """Device model: an instance's step time from a roofline, max(compute, memory) + overhead
-(docs/simulator.md, Device model); `calibration/engine_fit.py` fits its efficiencies."""
+(docs/simulator.md, Device model): the simulator times its instances with it, the modeled engine
+(operators/modeled_engine.py) its steps; `sim/calibration/engine_fit.py` fits its efficiencies."""
 
 from __future__ import annotations
 
