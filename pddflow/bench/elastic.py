@@ -39,20 +39,26 @@ def ramp_starts(low_rps: float, peak_rps: float, phase_s: float) -> list[float]:
 
 
 def elastic_graph(
-    graph: Path, mode: str, most: int, autoscale: dict, out_dir: Path, sla: dict | None = None
+    graph: Path,
+    mode: str,
+    most: int | None,
+    autoscale: dict,
+    out_dir: Path,
+    sla: dict | None = None,
 ) -> Path:
-    """`graph` as `mode` runs it: every pool at 1 (fixed_min, planner) or at `most` (fixed_max)
-    replicas, wired for `most`, the planner on (planner) with `autoscale` over the graph's own,
-    and `sla` (ttft_s, tpot_ms) over the graph's scheduler.sla."""
+    """`graph` as `mode` runs it: every pool at 1 (fixed_min, planner) or at its most (fixed_max)
+    replicas, wired for its most (`most`, or None: each operator's declared replicas), the
+    planner on (planner) with `autoscale` over the graph's own, and `sla` (ttft_s, tpot_ms) over
+    the graph's scheduler.sla."""
     doc = yaml.safe_load(graph.read_text())
     if sla:
         sched = doc.setdefault("scheduler", {})
         sched["sla"] = {**sched.get("sla", {}), **sla}
-    ops = list(doc["operators"])
+    ops = doc["operators"]
+    bound = {op: int(most or ops[op].get("replicas", 1)) for op in ops}
     local = doc.setdefault("local", {})
-    start = most if mode == "fixed_max" else 1
-    local["replicas"] = dict.fromkeys(ops, start)
-    local["max_replicas"] = dict.fromkeys(ops, most)
+    local["replicas"] = bound if mode == "fixed_max" else dict.fromkeys(ops, 1)
+    local["max_replicas"] = bound
     doc["autoscale"] = {**doc.get("autoscale", {}), **autoscale, "enabled": mode == "planner"}
     weights = str(doc.get("model", {}).get("weights", ""))
     if weights and not weights.startswith("builtin:") and (graph.parent / weights).exists():

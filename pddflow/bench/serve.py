@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from pddflow.bench import control_plane
 from pddflow.bench.deploy_process import DeployProcess
 from pddflow.bench.wan_degrade import WanDegrade, after, degrade_at, variant_counts
 from pddflow.core.serve_sessions import WorkloadSpec
@@ -56,6 +57,7 @@ class GraphResult:
     # --wan-degrade: the scenario, when it was applied (s into the run) and what each link became
     degrade: dict | None = None
     variants: dict[str, int] = field(default_factory=dict)  # requests finished, by variant
+    control: dict | None = None  # the control plane's costs (bench/control_plane.py)
 
 
 def _pct(xs: list[float], q: float) -> float:
@@ -213,7 +215,9 @@ def run_graph(
         res.degrade = {**degrade.as_json(), "applied_at_s": None}
     args = list(extra) + (["--wan-gbps", str(wan_gbps)] if wan_gbps else [])
     with tempfile.TemporaryDirectory(prefix="pddflow-bench-") as rd:
+        started = time.perf_counter()
         dep = DeployProcess(graph, Path(rd), *args)
+        startup_s = time.perf_counter() - started
         try:
             model = httpx.get(f"{dep.base}/v1/models", timeout=10).json()["data"][0]["id"]
 
@@ -249,10 +253,20 @@ def run_graph(
 
             f0, c0 = _process_cpu_s(dep.proc.pid), _own_cpu_s()
             decode0 = decode_counters(dep.base)
+            control0 = control_plane.counters(dep.base)
             t0 = time.perf_counter()
             asyncio.run(main(t0))
             res.wall_s = time.perf_counter() - t0
             f1 = _process_cpu_s(dep.proc.pid)
+            res.control = control_plane.row(
+                control0,
+                control_plane.counters(dep.base),
+                res.wall_s,
+                startup_s,
+                control_plane.memory(dep.base, dep.proc.pid),
+                f1 - f0 if f0 is not None and f1 is not None else None,
+                len(res.samples),
+            )
             res.client_cpu_s = _own_cpu_s() - c0
             res.frontend_cpu_s = f1 - f0 if f0 is not None and f1 is not None else None
             res.decode = decode_counters(dep.base, decode0)
@@ -322,6 +336,7 @@ def summarize(
         **({"wan_degrade": _degrade_row(res)} if res.degrade is not None else {}),
         "first_errors": res.errors[:3],
         "host_cpu": _host_cpu(res),
+        "control_plane": res.control,
         "decode_steps": res.decode or None,
         "ttft_mean_s": round(statistics.fmean(ttft), 4) if ttft else None,
         # every request, to recompute any statistic

@@ -1,5 +1,7 @@
 """Link emulation: a real channel on one machine shaped like the WAN of a `LinkModel`, a token
-bucket shared by the link's lanes plus a seeded one-way delay per message (docs/channels.md).
+bucket shared by the link's lanes, one per lane at the link's `stream_gbps` (what one TCP stream
+sustains over the RTT: a transfer over N streams gets at most N x it, as the simulator's flows),
+plus a seeded one-way delay per message (docs/channels.md).
 
 Per message on lane k: arrival = max(previous arrival on k, departure + rtt/2 + jitter). Holding
 each message until its arrival, not sleeping between sends, keeps the link pipelined."""
@@ -42,11 +44,11 @@ class EmulatedLink:
         self.link = link
         self.seed = seed
         self.burst_bytes = burst_bytes
-        self.rate = link.bytes_per_s
-        self.burst_s = burst_bytes / self.rate
         self._clock, self._sleep = clock, sleep
         self._lock = threading.Lock()
         self._tat = float("-inf")  # theoretical arrival time of the bucket (GCRA)
+        self._lane_tat: dict[int | str, float] = {}  # each lane's own bucket (stream_gbps)
+        self._set_rates(link)
         self._last_arrival: dict[int | str, float] = {}
         self._rngs: dict[int | str, random.Random] = {}  # per jitter stream (a TCP connection)
         self.stats = LinkStats()
@@ -61,7 +63,7 @@ class EmulatedLink:
         """Emulated (departure, arrival). A backlogged sender passes the previous message's
         departure as ready_at: it would have handed this one to the NIC then."""
         with self._lock:
-            depart = self._reserve(nbytes, ready_at)
+            depart = self._reserve(nbytes, ready_at, lane)
             return depart, self._deliver(nbytes, lane, depart, jitter_lane)
 
     def hold(
@@ -80,7 +82,7 @@ class EmulatedLink:
             piece = min(left, SHARE_BYTES)
             left -= piece
             with self._lock:
-                depart = self._reserve(piece, offered)
+                depart = self._reserve(piece, offered, lane)
                 arrival = self._deliver(nbytes, lane, depart, jitter_lane) if left <= 0 else depart
             if left <= 0:
                 break
@@ -96,20 +98,31 @@ class EmulatedLink:
         if link.gbps <= 0:
             raise ValueError(f"link {link.name!r}: gbps must be > 0 to emulate it")
         with self._lock:
-            self.link, self.rate = link, link.bytes_per_s
-            self.burst_s = self.burst_bytes / self.rate
+            self._set_rates(link)
+
+    def _set_rates(self, link: LinkModel) -> None:
+        self.link, self.rate = link, link.bytes_per_s
+        self.burst_s = self.burst_bytes / self.rate
+        self.lane_rate = link.stream_gbps * 1e9 / 8 if link.stream_gbps > 0 else 0.0
 
     def end_lane(self, lane: int | str) -> None:
         with self._lock:
             self._last_arrival.pop(lane, None)
+            self._lane_tat.pop(lane, None)
 
-    def _reserve(self, nbytes: int, ready_at: float | None) -> float:
+    def _reserve(self, nbytes: int, ready_at: float | None, lane: int | str | None = None) -> float:
         now = self._clock()
         offered = now if ready_at is None else min(now, ready_at)
         # GCRA: a message may leave once tat - burst is not in the future
         tat = max(self._tat, offered) + nbytes / self.rate
         self._tat = tat
-        return max(offered, tat - self.burst_s)
+        depart = max(offered, tat - self.burst_s)
+        if lane is not None and self.lane_rate:  # and within its own stream's rate
+            lane_tat = max(self._lane_tat.get(lane, float("-inf")), offered)
+            lane_tat += nbytes / self.lane_rate
+            self._lane_tat[lane] = lane_tat
+            depart = max(depart, lane_tat - self.burst_bytes / self.lane_rate)
+        return depart
 
     def _deliver(
         self, nbytes: int, lane: int | str, depart: float, jitter_lane: int | str | None = None

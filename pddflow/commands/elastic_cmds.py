@@ -21,8 +21,11 @@ from pddflow.data import MOONCAKE_TRACE
 
 def bench_elastic(
     graph: Path = typer.Argument(..., help=GRAPH_HELP, show_default=False),
-    most: int = typer.Option(
-        3, "--max-replicas", min=2, help="each pool's most replicas (its fewest is 1)"
+    most: str = typer.Option(
+        "3",
+        "--max-replicas",
+        help="each pool's most replicas (its fewest is 1), or 'declared': each operator's "
+        "replicas as the graph declares them (e.g. the 88-GPU graphs' 10 / 2 / 10)",
     ),
     low_rps: float = typer.Option(0.25, min=0.01, help="session starts per second, low phases"),
     peak_rps: float = typer.Option(1.0, min=0.01, help="session starts per second, the peak"),
@@ -93,6 +96,9 @@ def bench_elastic(
         fail(f"--engine: unknown {engine!r}; engines: real, modeled", code=2)
     if engine == "real" and time_scale != 1.0:
         fail("--time-scale slows the modeled engine; add --engine modeled", code=2)
+    if most != "declared" and not (most.isdigit() and int(most) >= 2):
+        fail(f"--max-replicas: {most!r} is neither a count of 2 or more nor 'declared'", code=2)
+    bound = None if most == "declared" else int(most)
     path = resolve_or_exit(graph)
     plan = load_or_exit(path).scaled_to_local()
     ttft_s = sla_ttft_s or plan.scheduler.ttft_s
@@ -129,7 +135,7 @@ def bench_elastic(
     with tempfile.TemporaryDirectory(prefix="pddflow-elastic-graphs-") as gd:
         with progress_bar(err, counted=True) as bar:
             for mode in picked:
-                g = elastic_graph(path, mode, most, autoscale, Path(gd), sla_over)
+                g = elastic_graph(path, mode, bound, autoscale, Path(gd), sla_over)
                 task = bar.add_task(f"{mode}", total=workload.requests)
                 try:
                     runs.append(

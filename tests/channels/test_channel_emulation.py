@@ -41,6 +41,27 @@ def test_token_bucket_paces_at_link_rate():
     assert clock.t - t0 == pytest.approx(1.0, rel=1e-9)
 
 
+def test_one_lane_is_capped_at_the_streams_rate_and_lanes_share_the_link():
+    """What one TCP stream sustains (stream_gbps) caps a lane; N lanes get N times it, up to the
+    link's own rate (the simulator's per-flow cap: plan.flow_cap_gbps)."""
+    from dataclasses import replace
+
+    def seconds(lanes: int) -> float:
+        clock = FakeClock()
+        link = replace(_link(gbps=0.8, rtt_ms=0, jitter=Jitter()), stream_gbps=0.16)
+        em = EmulatedLink(link, burst_bytes=0, clock=clock, sleep=clock.sleep)
+        ready: dict[int, float] = dict.fromkeys(range(lanes), clock.t)
+        last = clock.t
+        for i in range(100):  # 100 MB over `lanes` backlogged lanes
+            ready[i % lanes], arrival = em.schedule(1_000_000, i % lanes, ready[i % lanes])
+            last = max(last, arrival)
+        return last - clock.t
+
+    assert seconds(1) == pytest.approx(5.0, rel=1e-6)  # 20 MB/s: one stream's rate
+    assert seconds(4) == pytest.approx(1.25, rel=1e-2)  # 4 x 20 MB/s
+    assert seconds(8) == pytest.approx(1.0, rel=1e-2)  # the link's 100 MB/s binds
+
+
 def test_delay_adds_latency_not_throughput_loss():
     clock = FakeClock()
     em = EmulatedLink(

@@ -102,3 +102,22 @@ def test_a_degrade_due_after_the_run_says_so():
     res.degrade = {"at_s": 99.0, "gbps": 0.01, "jitter_p99_ms": None, "applied_at_s": None}
     d = summarize(res, sla_ttft_s=1.0, sla_tpot_s=0.05)["wan_degrade"]
     assert d["applied_at_s"] is None and "ended before" in d["note"]
+
+
+def test_control_plane_row_brackets_the_workload():
+    """Reports per second and routing time count only what happened between the two scrapes."""
+    from pddflow.bench.control_plane import row
+
+    before = {"reports:status": 10, "reports:tokens": 5, "pddflow_route_seconds_count": 2}
+    before |= {"pddflow_route_seconds_sum": 0.002, "route_le:0.001": 2, "route_le:0.0025": 2}
+    before["route_le:+Inf"] = 2
+    after = {"reports:status": 30, "reports:tokens": 105, "reports:event": 10}
+    after |= {"pddflow_route_seconds_count": 12, "pddflow_route_seconds_sum": 0.012}
+    after |= {"route_le:0.001": 10, "route_le:0.0025": 11, "route_le:+Inf": 12}
+    mem = {"instances": 3, "worker_rss_mib": {"mean": 100.0}, "frontend_rss_mib": 250.0}
+    r = row(before, after, 10.0, 4.0, mem, 0.5, 10)
+    assert r["reports_per_s"] == {"all": 13.0, "event": 1.0, "status": 2.0, "tokens": 10.0}
+    assert r["route_ms"]["mean"] == pytest.approx(1.0)
+    # 9 of the run's 10 routings within 2.5 ms, the tenth beyond every bound
+    assert r["route_ms"]["p99_at_most"] is None
+    assert r["frontend_cpu_ms_per_request"] == 50.0 and r["startup_s"] == 4.0

@@ -1,8 +1,10 @@
-"""The planner on a real deployment (docs/runtime.md, The planner): graphs/pdd.yaml with main
-wired for 2 instances, a batch of 2 and `deploy --planner`. Load on main grows it to 2 from what
-its workers measured; once the load is gone it shrinks back to 1 after scale_down_after_s. Every
-answer, those on the instance drained among them, is the colocated reference's; /health and
-/metrics show the decisions with their reasons."""
+"""The planner on a deployment (docs/runtime.md, The planner): graphs/pdd.yaml with main wired
+for 2 instances, a batch of 2 and `deploy --planner`, on the modeled engine (each replica takes
+its devices' modeled time, so one replica's capacity is what the device model says, not what two
+shared cores allow; real-engine scaling is test_deploy_elastic.py's). Load on main grows it to 2
+from what its workers measured; once the load is gone it shrinks back to 1 after
+scale_down_after_s. Every answer, those on the instance drained among them, is the colocated
+reference's; /health and /metrics show the decisions with their reasons."""
 
 from __future__ import annotations
 
@@ -33,7 +35,7 @@ def dep(tmp_path_factory):
     text += "\nautoscale: {interval_s: 1, scale_down_after_s: 2}\n"
     graph = tmp / "pdd.yaml"
     graph.write_text(text)
-    d = DeployProcess(graph, tmp / "run", "--planner")
+    d = DeployProcess(graph, tmp / "run", "--planner", "--engine", "modeled")
     yield d
     d.stop()
     assert d.leftover_children() == []
@@ -41,9 +43,9 @@ def dep(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference() -> dict[str, list[int]]:
-    from pddflow.testing.chaos import greedy_outputs
+    from pddflow.testing.chaos import GreedyReference
 
-    return greedy_outputs(PROMPTS, TOKENS)
+    return GreedyReference(engine="modeled").many(PROMPTS, TOKENS)
 
 
 def _complete(dep, prompt: str) -> list[int]:

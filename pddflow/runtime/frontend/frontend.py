@@ -170,7 +170,8 @@ class Frontend:
     ) -> AsyncIterator[list[int]]:
         if sampling.seed is None:  # every leg must draw the same randomness at each position
             sampling = replace(sampling, seed=random.getrandbits(63))
-        route = self._route(request_id, prompt_ids, sampling, variant, handoff)
+        with self.metrics.route_s.time():
+            route = self._route(request_id, prompt_ids, sampling, variant, handoff)
         d = route.decision
         st = TokenStream(
             request_id, len(prompt_ids), sampling.max_tokens, d.variant, mode_name(route.handoff)
@@ -288,6 +289,7 @@ class Frontend:
 
     def _on_report(self, rep: pb.Report) -> None:
         which = rep.WhichOneof("body")
+        self.metrics.reports.labels(which).inc()
         if which == "status":
             self._on_status(rep.instance, rep.status)
         elif which == "cache":

@@ -90,6 +90,20 @@ class Metrics:
         self.link_active = Gauge(
             "pddflow_link_active_transfers", "KV transfers crossing the link", ["link"], registry=r
         )
+        # the control plane's own costs (docs/simulator.md, Fleet scale): what grows with the
+        # instance count
+        self.reports = Counter(
+            "pddflow_reports",
+            "reports the frontend received from workers, by kind",
+            ["kind"],
+            registry=r,
+        )
+        self.route_s = Histogram(
+            "pddflow_route_seconds",
+            "the frontend's time to route one request (link estimate, policy, fallbacks)",
+            registry=r,
+            buckets=(1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 0.01, 0.025, 0.1),
+        )
         self.queue_depth = Gauge(
             "pddflow_queue_depth",
             "requests waiting or running per instance",

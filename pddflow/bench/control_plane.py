@@ -1,0 +1,102 @@
+"""What the control plane costs in one `bench serve` run, the figures that grow with the instance
+count (docs/simulator.md, Fleet scale): the time to start, each process's memory, the frontend's
+CPU per request, the workers' reports per second and the time to route a request."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+
+def counters(base: str) -> dict[str, float]:
+    """Reports received by kind, and the routing histogram's count and sum, as /metrics has them."""
+    text = httpx.get(f"{base}/metrics", timeout=10).text
+    out: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            if s.name == "pddflow_reports_total":
+                out[f"reports:{s.labels['kind']}"] = s.value
+            elif s.name in ("pddflow_route_seconds_count", "pddflow_route_seconds_sum"):
+                out[s.name] = s.value
+            elif s.name == "pddflow_route_seconds_bucket":
+                out[f"route_le:{s.labels['le']}"] = s.value
+    return out
+
+
+def memory(base: str, frontend_pid: int) -> dict:
+    """Resident memory of every worker process (/health's pids; this host's) and the frontend."""
+    workers = httpx.get(f"{base}/health", timeout=10).json()["workers"]
+    rss = [r for w in workers.values() for p in _pids(w) if (r := _rss_mib(p)) is not None]
+    return {
+        "instances": len(workers),
+        "worker_rss_mib": {
+            "mean": round(sum(rss) / len(rss), 1) if rss else None,
+            "max": round(max(rss), 1) if rss else None,
+            "total": round(sum(rss), 1),
+        },
+        "frontend_rss_mib": _rss_mib(frontend_pid),
+    }
+
+
+def row(
+    before: dict[str, float],
+    after: dict[str, float],
+    wall_s: float,
+    startup_s: float,
+    mem: dict,
+    frontend_cpu_s: float | None,
+    requests: int,
+) -> dict:
+    """The run's control-plane figures: `before` and `after` bracket the workload."""
+    kinds = sorted({k.split(":", 1)[1] for k in after if k.startswith("reports:")})
+    per_s = {
+        k: round((after.get(f"reports:{k}", 0) - before.get(f"reports:{k}", 0)) / wall_s, 1)
+        for k in kinds
+    }
+    n = after.get("pddflow_route_seconds_count", 0) - before.get("pddflow_route_seconds_count", 0)
+    total = after.get("pddflow_route_seconds_sum", 0) - before.get("pddflow_route_seconds_sum", 0)
+    return {
+        "startup_s": round(startup_s, 2),
+        **mem,
+        "frontend_cpu_ms_per_request": (
+            round(frontend_cpu_s / requests * 1e3, 2) if frontend_cpu_s and requests else None
+        ),
+        "reports_per_s": {"all": round(sum(per_s.values()), 1), **per_s},
+        "route_ms": {
+            "mean": round(total / n * 1e3, 4) if n else None,
+            "p99_at_most": _bucket_quantile(before, after, 0.99),
+        },
+    }
+
+
+def _bucket_quantile(before: dict[str, float], after: dict[str, float], q: float) -> float | None:
+    """The smallest bucket bound (ms) holding `q` of the run's routing times."""
+    bounds = sorted(
+        (float(k.split(":", 1)[1]), v - before.get(k, 0))
+        for k, v in after.items()
+        if k.startswith("route_le:")
+    )
+    if not bounds or bounds[-1][1] <= 0:
+        return None
+    for le, count in bounds:
+        if count >= q * bounds[-1][1]:
+            return le * 1e3 if le != float("inf") else None
+    return None
+
+
+def _pids(worker: dict) -> list[int]:
+    return [r["pid"] for r in worker.get("ranks", []) if r.get("pid")] or (
+        [worker["pid"]] if worker.get("pid") else []
+    )
+
+
+def _rss_mib(pid: int) -> float | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return None
