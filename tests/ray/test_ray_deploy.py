@@ -16,7 +16,9 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -40,12 +42,14 @@ CLIENT_TIMEOUT_S = 60
 # CPUs, for a prefill of one rank and a decode instance of two
 A_IPS = ("127.0.0.2", "127.0.0.3")
 B_IP = "127.0.0.4"  # a host of its own, so that it can be lost alone
+B2_IP = "127.0.0.6"  # cluster B's second node: where live scaling places a second main
 T_IP = "127.0.0.5"
 B_NODE = RayNode({"pddflow_cluster_B": 1}, num_cpus=1, ip=B_IP)
 NODES = [
     RayNode({"pddflow_cluster_G": 1}, num_cpus=1, num_gpus=1),
     *(RayNode({"pddflow_cluster_A": 1}, num_cpus=1, ip=ip) for ip in A_IPS),
     B_NODE,
+    RayNode({"pddflow_cluster_B": 1}, num_cpus=1, ip=B2_IP),
     RayNode({"pddflow_cluster_T": 1}, num_cpus=3, ip=T_IP),
 ]
 BYSTANDER = """
@@ -94,9 +98,15 @@ def cluster():
 
 
 @pytest.fixture(scope="module")
-def dep(cluster):
+def dep(cluster, tmp_path_factory):
+    # main wired for live scaling: its second instance is placed (on B's second node), parked
+    text = (ROOT / "graphs" / "pdd.yaml").read_text()
+    replicas = "  replicas: {prefill: 1, relay: 1, main: 1}\n"
+    assert replicas in text
+    graph = tmp_path_factory.mktemp("ray-graph") / "pdd.yaml"
+    graph.write_text(text.replace(replicas, replicas + "  max_replicas: {main: 2}\n"))
     d = DeployProcess(
-        ROOT / "graphs" / "pdd.yaml",
+        graph,
         None,
         "--backend",
         "ray",
@@ -271,6 +281,53 @@ def test_main_killed_mid_stream_the_stream_completes_and_main_comes_back(dep, cl
         timeout=CLIENT_TIMEOUT_S,
     )
     assert code == 200 and out["choices"][0]["token_ids"] == reference("main is back", 8), out
+
+
+def test_main_scales_onto_a_second_node_of_its_cluster_and_back_under_load(dep, reference):
+    """POST /admin/pools/main 2: main/1, placed on cluster B's second node at start, starts its
+    worker there and serves; 1 while a request streams on it: drained (the request ends there,
+    exact), its worker stopped, its actor kept parked."""
+    w = dep.health()["workers"]
+    assert w["main/1"]["state"] == "parked" and w["main/1"]["node_ip"] == B2_IP
+    assert w["main/1"]["pid"] == 0
+    code, out = _scale(dep, 2)
+    assert code == 200 and out["instances"] == {"main/0": "up", "main/1": "up"}, out
+    assert _state(dep, "main/1")["pid"] > 0
+    prompts = [f"Load on two mains, request {i}." for i in range(4)]
+    with ThreadPoolExecutor(len(prompts)) as pool:  # main/0 busy: some land on main/1
+        served = list(pool.map(lambda p: _served(dep, p, 24, variant="p_rld_md"), prompts))
+    assert [ids for ids, _ in served] == [reference(p, 24) for p in prompts]
+    assert any("main/1" in on for _, on in served), served
+    # shrink while a request streams on main/1: it holds the prompt's blocks, so it gets it
+    on_main1 = next(p for p, (_, on) in zip(prompts, served, strict=True) if "main/1" in on)
+    result: list = []
+    streaming = threading.Thread(
+        target=lambda: result.append(_served(dep, on_main1, 40, variant="p_rld_md"))
+    )
+    streaming.start()
+    wait_until("main/1 holds the leg", lambda: _state(dep, "main/1").get("legs", 0) >= 1, 30)
+    code, out = _scale(dep, 1)
+    streaming.join(CLIENT_TIMEOUT_S)
+    assert code == 200 and out["instances"] == {"main/0": "up", "main/1": "parked"}, out
+    ids, on = result[0]
+    assert ids == reference(on_main1, 40) and "main/1" in on
+    m = _state(dep, "main/1")
+    assert m["state"] == "parked" and m["pid"] == 0 and m["node_ip"] == B2_IP
+
+
+def _scale(dep, replicas: int) -> tuple[int, dict]:
+    url = f"{dep.base}/admin/pools/main"
+    return post_json(url, {"replicas": replicas}, timeout=CLIENT_TIMEOUT_S, key=dep.admin_key)
+
+
+def _served(dep, prompt: str, n: int, **extra) -> tuple[list[int], list[str]]:
+    """The answer's tokens and the instances its timeline names."""
+    code, out, _ = _complete(dep, prompt, n, **extra)
+    assert code == 200, out
+    _, timeline = get_json(f"{dep.base}/v1/requests/{out['id']}/timeline")
+    return out["choices"][0]["token_ids"], [
+        e["instance"] for e in timeline["events"] if "instance" in e
+    ]
 
 
 def _complete(dep, prompt: str, n: int, **extra) -> tuple[int, dict, str | None]:

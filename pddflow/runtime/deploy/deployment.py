@@ -89,11 +89,6 @@ class Deployment:
             raise OptionError("--address is for --backend ray")
         _check_engine(o)
         self.plan = self._local_plan(plan)
-        if self.backend_name != "local" and self.plan.scalable():
-            raise OptionError(
-                f"{self.plan.source}: local.max_replicas (live scaling) runs on the local "
-                "backend only; remove it to deploy on Ray"
-            )
         self.planning = plan.autoscale.enabled if o.planner is None else o.planner
         if self.planning and not self.plan.scalable():
             raise OptionError(

@@ -67,6 +67,9 @@ class RayBackend:
         self.bind_all = bind_all
         self.accelerators = dict(accelerators or {})
         self.hosts: dict[str, Hosted] = {}
+        # the instances whose workers run; the others are parked for live scaling: placed, their
+        # actor and addresses made (every worker learns every address at start), no process
+        self.running: set[str] = set()
         self.ranks: dict[str, int] = {}  # instance -> its rank processes
         self.transports: dict[str, str] = {}
         self.endpoints: dict[str, dict[str, str]] = {}  # instance -> its published addresses
@@ -152,16 +155,15 @@ class RayBackend:
         # the deployer's copy, as the local backend's (0600: it holds the token)
         private_file(run_dir / WIRING_FILE)
         wiring.save(run_dir / WIRING_FILE)
+        first = [self.hosts[i] for i in plan.initial_instances()]
         pids = ray.get(
-            [
-                h.actor.start.remote(self.wiring_json, self.files.get(i, {}))
-                for i, h in self.hosts.items()
-            ],
+            [h.actor.start.remote(self.wiring_json, self.files.get(h.instance, {})) for h in first],
             timeout=CALL_TIMEOUT_S,
         )
         now = time.monotonic()
-        for h, ranks in zip(self.hosts.values(), pids):
+        for h, ranks in zip(first, pids):
             h.alive, h.pid, h.ranks, h.last_answer = True, ranks[0], ranks, now
+            self.running.add(h.instance)
         self._watch = threading.Thread(target=self._watch_loop, name="ray-watch", daemon=True)
         self._watch.start()
 
@@ -268,7 +270,7 @@ class RayBackend:
 
     def _poll(self, ray: Any, h: Hosted) -> None:
         with self._lock:
-            if h.actor is None or h.restarting:
+            if h.actor is None or h.restarting or h.instance not in self.running:
                 return
             if h.pending is None:
                 h.pending = (h.actor.poll.remote(), h.generation)
@@ -303,13 +305,47 @@ class RayBackend:
     # -- the Backend / Restartable protocol --------------------------------------------------
 
     def check(self) -> str | None:
-        for h in self.hosts.values():
+        for i in self.running:
+            h = self.hosts[i]
             if not h.alive:
                 return h.summary or f"{h.instance} is not running"
         return None
 
     def instances(self) -> list[str]:
-        return list(self.hosts)
+        return [i for i in self.hosts if i in self.running]
+
+    # -- live scaling: a parked instance's worker starts in its placed actor, or stops there ----
+
+    def start_instance(self, instance: str) -> None:
+        ray = _ray()
+        h = self.hosts[instance]
+        if h.actor is None:  # its actor was lost while parked: a new one in the same bundle
+            self._restart(h, None)
+        else:
+            h.ranks = ray.get(
+                h.actor.start.remote(self.wiring_json, self.files.get(instance, {})),
+                timeout=CALL_TIMEOUT_S,
+            )
+            h.pid = h.ranks[0]
+        with self._lock:
+            h.generation += 1
+            h.pending, h.summary = None, ""
+            h.alive, h.last_answer = True, time.monotonic()
+            self.running.add(instance)
+
+    def stop_instance(self, instance: str) -> None:
+        """Stop its worker; the actor keeps its placement, addresses and TLS key for a start."""
+        ray = _ray()
+        h = self.hosts[instance]
+        with self._lock:
+            self.running.discard(instance)
+            h.generation += 1
+            h.pending, h.alive, h.pid, h.ranks = None, False, 0, []
+        if h.actor is not None:
+            try:
+                ray.get(h.actor.halt.remote(), timeout=CALL_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 - a lost actor has no worker left to stop
+                log.warning("%s: its actor did not answer the stop", instance)
 
     def alive(self, instance: str) -> bool:
         return self.hosts[instance].alive

@@ -94,9 +94,14 @@ class InstanceHost:
             return True, "", pid
         return False, f"{dead.exit_summary()} (on {socket.gethostname()})", pid
 
-    def stop(self, grace_s: float = 5.0) -> None:
+    def halt(self, grace_s: float = 5.0) -> None:
+        """Stop the ranks (live scaling parked the instance); its files stay for a new start."""
         for w in self.workers:
             w.stop(grace_s)
+        self.workers = []
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        self.halt(grace_s)
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
