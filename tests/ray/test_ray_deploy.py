@@ -1,5 +1,5 @@
 """`pddflow deploy --backend ray` on a real multi-node Ray cluster, started as a user would (`ray
-start`: a head node and three more, each with its graph cluster's resource), inside a private
+start`: a head node and five more, each with its graph cluster's resource), inside a private
 network namespace of this test module (nothing leaves it). Cluster A's two nodes have node IPs of
 their own (127.0.0.2, 127.0.0.3: two hosts as far as Ray and pddflow can tell), so prefill and
 relay land on different hosts and their rdma_tensor edge goes over tcp; the others are 127.0.0.1.
@@ -38,18 +38,17 @@ TOKENS = 16
 CLIENT_TIMEOUT_S = 60
 
 # the head carries cluster G (one GPU, for the shortfall test); A two one-CPU nodes on hosts of
-# their own (prefill and relay, one CPU each, cannot share one), B one node; T one node of three
-# CPUs, for a prefill of one rank and a decode instance of two
+# their own (prefill and relay, one CPU each, cannot share one), B two (below); T one node of
+# three CPUs, for a prefill of one rank and a decode instance of two
 A_IPS = ("127.0.0.2", "127.0.0.3")
-B_IP = "127.0.0.4"  # a host of its own, so that it can be lost alone
-B2_IP = "127.0.0.6"  # cluster B's second node: where live scaling places a second main
+# cluster B's two nodes, hosts of their own so that one can be lost alone: one main each (the
+# second placed at start for live scaling; which gets which is Ray's choice)
+B_IPS = ("127.0.0.4", "127.0.0.6")
 T_IP = "127.0.0.5"
-B_NODE = RayNode({"pddflow_cluster_B": 1}, num_cpus=1, ip=B_IP)
 NODES = [
     RayNode({"pddflow_cluster_G": 1}, num_cpus=1, num_gpus=1),
     *(RayNode({"pddflow_cluster_A": 1}, num_cpus=1, ip=ip) for ip in A_IPS),
-    B_NODE,
-    RayNode({"pddflow_cluster_B": 1}, num_cpus=1, ip=B2_IP),
+    *(RayNode({"pddflow_cluster_B": 1}, num_cpus=1, ip=ip) for ip in B_IPS),
     RayNode({"pddflow_cluster_T": 1}, num_cpus=3, ip=T_IP),
 ]
 BYSTANDER = """
@@ -140,10 +139,11 @@ def test_instances_run_on_their_clusters_nodes(dep, cluster):
     w = h["workers"]
     a, b = _node_ids(cluster, "pddflow_cluster_A"), _node_ids(cluster, "pddflow_cluster_B")
     assert w["prefill/0"]["node"] in a and w["relay/0"]["node"] in a
-    assert w["main/0"]["node"] in b
-    # prefill and relay on cluster A's two hosts, each serving on its node's address
+    assert w["main/0"]["node"] in b and w["main/1"]["node"] in b
+    # prefill and relay on cluster A's two hosts, each serving on its node's address; main/0 and
+    # the parked main/1 (placed at start) on cluster B's two, in either order
     assert {w["prefill/0"]["node_ip"], w["relay/0"]["node_ip"]} == set(A_IPS)
-    assert w["main/0"]["node_ip"] == B_IP
+    assert {w["main/0"]["node_ip"], w["main/1"]["node_ip"]} == set(B_IPS)
     for inst in ("prefill/0", "relay/0", "main/0"):
         assert w[inst]["state"] == "up"
         assert w[inst]["address"].startswith(w[inst]["node_ip"] + ":")
@@ -288,7 +288,8 @@ def test_main_scales_onto_a_second_node_of_its_cluster_and_back_under_load(dep, 
     worker there and serves; 1 while a request streams on it: drained (the request ends there,
     exact), its worker stopped, its actor kept parked."""
     w = dep.health()["workers"]
-    assert w["main/1"]["state"] == "parked" and w["main/1"]["node_ip"] == B2_IP
+    second = w["main/1"]["node_ip"]
+    assert w["main/1"]["state"] == "parked" and second != w["main/0"]["node_ip"]
     assert w["main/1"]["pid"] == 0
     code, out = _scale(dep, 2)
     assert code == 200 and out["instances"] == {"main/0": "up", "main/1": "up"}, out
@@ -312,7 +313,7 @@ def test_main_scales_onto_a_second_node_of_its_cluster_and_back_under_load(dep, 
     ids, on = result[0]
     assert ids == reference(on_main1, 40) and "main/1" in on
     m = _state(dep, "main/1")
-    assert m["state"] == "parked" and m["pid"] == 0 and m["node_ip"] == B2_IP
+    assert m["state"] == "parked" and m["pid"] == 0 and m["node_ip"] == second
 
 
 def _scale(dep, replicas: int) -> tuple[int, dict]:
@@ -366,21 +367,23 @@ def test_main_node_lost_the_relay_finishes_and_main_returns_with_a_new_node(
     too; once a node carrying cluster B joins at the same address, main is restarted there in a
     new actor and serves again, exactly."""
     old = _state(dep, "main/0")
-    assert cluster.kill_node(B_IP)
+    ip = old["node_ip"]
+    assert cluster.kill_node(ip)
     wait_until("main seen lost", lambda: _state(dep, "main/0")["state"] != "up", 40)
     for variant in ("p_md", None):
         prompt = f"main's node is down ({variant})"
         code, out, _ = _complete(dep, prompt, 10, **({"variant": variant} if variant else {}))
         assert code == 200, out
         assert out["choices"][0]["token_ids"] == reference(prompt, 10)
-    cluster.start_node(B_NODE)  # the machine is back: a new Ray node on the same address
+    # the machine is back: a new Ray node on the same address
+    cluster.start_node(RayNode({"pddflow_cluster_B": 1}, num_cpus=1, ip=ip))
 
     def back() -> dict | None:
         m = _state(dep, "main/0")
         return m if m["state"] == "up" and m["node"] != old["node"] else None
 
     m = wait_until("main restarted on the new node", back, 180)
-    assert m["node_ip"] == B_IP and m["actor_pid"] != old["actor_pid"]
+    assert m["node_ip"] == ip and m["actor_pid"] != old["actor_pid"]
     code, out, _ = _complete(dep, "main's node is back", 8, variant="p_md")
     assert code == 200, out
     assert out["choices"][0]["token_ids"] == reference("main's node is back", 8)

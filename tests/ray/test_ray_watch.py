@@ -59,6 +59,12 @@ class FakeActor:
         self.poll = Method(lambda: self.polls.pop(0) if self.polls else Ref((True, "", 7)))
         self.start = Method(self._start)
         self.where = Method(lambda: Ref({"ip": self.ip, "node_id": "n2", "actor_pid": 2}))
+        self.halts = 0
+        self.halt = Method(self._halt)
+
+    def _halt(self):
+        self.halts += 1
+        return Ref(None)
 
     def _start(self, *_):
         self.starts += 1
@@ -73,6 +79,7 @@ def backend(monkeypatch):
     h = Hosted("main/0", 0, 0, actor=FakeActor(), where={"ip": "10.0.0.1", "node_id": "n1"})
     h.alive, h.last_answer = True, time.monotonic()
     be.hosts["main/0"] = h
+    be.running.add("main/0")
     be.fake = fake
     return be
 
@@ -139,3 +146,18 @@ def test_a_silent_actor_counts_as_lost(backend, monkeypatch):
     time.sleep(0.1)
     poll(backend)
     assert not backend.alive("main/0") and "answered nothing" in backend.exit_summary("main/0")
+
+
+def test_a_parked_instance_is_not_watched_and_starts_in_its_kept_actor(backend):
+    """Live scaling: stopping an instance halts its worker and keeps its actor; parked, it is
+    neither polled nor reported dead; started, its worker runs in the same actor again."""
+    be, h = backend, backend.hosts["main/0"]
+    actor = h.actor
+    be.stop_instance("main/0")
+    assert actor.halts == 1 and h.actor is actor and be.fake.killed == []
+    assert be.instances() == [] and be.check() is None and not be.alive("main/0")
+    poll(be)
+    assert h.pending is None  # not polled
+    be.start_instance("main/0")
+    assert be.instances() == ["main/0"] and be.alive("main/0") and h.pid == 101
+    assert h.actor is actor and be.check() is None

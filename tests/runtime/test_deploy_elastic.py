@@ -1,8 +1,10 @@
-"""Live scaling of a pool on a real deployment (docs/runtime.md, Live scaling): graphs/pdd.yaml
-with `local.max_replicas: {main: 2}` starts one main and wires two. POST /admin/pools/main scales
-main to 2 (the new instance starts and joins routing) and back to 1 while a request streams on the
+"""Live scaling of a pool on a deployment (docs/runtime.md, Live scaling): graphs/pdd.yaml with
+`local.max_replicas: {main: 2}` starts one main and wires two. POST /admin/pools/main scales main
+to 2 (the new instance starts and joins routing) and back to 1 while a request streams on the
 instance being drained: it finishes with the colocated reference's tokens, and the instance's
-process is gone. Bounds, unknown pools and a missing admin key are refused."""
+process is gone. Bounds, unknown pools and a missing admin key are refused. The deployment runs
+the modeled engine, its steps 4x their modeled time so a request streams long enough to be caught
+mid-drain (everything scaling touches is the runtime's; tests/ray scales the real engine)."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from pddflow.bench.deploy_process import DeployProcess, get_json, post_json
+from pddflow.testing.chaos import GreedyReference
 
 pytestmark = pytest.mark.slow  # a deployment: worker processes
 
@@ -30,7 +33,7 @@ def dep(tmp_path_factory):
     text = text.replace(replicas, replicas + "\n  max_replicas: {main: 2}")
     graph = tmp / "pdd.yaml"
     graph.write_text(text)
-    d = DeployProcess(graph, tmp / "run")
+    d = DeployProcess(graph, tmp / "run", "--engine", "modeled", "--time-scale", "4")
     yield d
     d.stop()
     assert d.leftover_children() == []
@@ -38,9 +41,7 @@ def dep(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference() -> dict[str, list[int]]:
-    from pddflow.testing.chaos import greedy_outputs
-
-    return greedy_outputs(PROMPTS, 60)
+    return GreedyReference(engine="modeled").many(PROMPTS, 60)
 
 
 def _scale(dep, operator: str, replicas, key: str | None = "admin") -> tuple[int, dict]:
@@ -171,13 +172,7 @@ def test_an_instance_lost_while_draining_loses_no_request(dep):
     import os
     import signal
 
-    from pddflow.core.payloads import SamplingParams
-    from pddflow.operators.engine import Engine
-
-    eng = Engine.from_spec("builtin:tiny-llama")
-    ids = eng.tokenizer.encode(PROMPTS[1])
-    params = SamplingParams(LONG, stop_token_ids=tuple(eng.tokenizer.eos_token_ids))
-    want = eng.generate([ids], params)[0].output_ids
+    want = GreedyReference(engine="modeled")(PROMPTS[1], LONG)
     code, out = _scale(dep, "main", 2)
     assert code == 200, out
     results: list[list[int]] = []

@@ -67,6 +67,18 @@ def test_a_pool_wired_for_live_scaling(plan):
     assert Deployment(scalable, DeployOptions(backend="ray")).plan.scalable()
 
 
+def test_a_pool_change_starts_or_stops_only_what_it_must():
+    """Down from 3 of 10 to 1 stops the two highest and starts nothing (a negative slice once
+    started 5 parked instances while it shrank a pool: pools of more than 2 only)."""
+    from pddflow.runtime.deploy.deployment import pool_moves
+
+    pool = tuple(f"main/{i}" for i in range(10))
+    parked = set(pool[3:])
+    assert pool_moves(pool, parked, 1) == ([], ["main/2", "main/1"])
+    assert pool_moves(pool, parked, 5) == (["main/3", "main/4"], [])
+    assert pool_moves(pool, parked, 3) == ([], [])
+
+
 @pytest.mark.slow  # starts three worker processes
 def test_start_serve_and_stop(plan, tmp_path):
     from pddflow.core.payloads import SamplingParams

@@ -262,11 +262,10 @@ class Deployment:
         if not self._scaling.acquire(blocking=False):
             raise ScaleError("another pool change is under way; retry when it ends", status=409)
         try:
-            running = [i for i in op.instances if i not in fe.fleet.parked]
-            parked = [i for i in op.instances if i in fe.fleet.parked]
-            for inst in parked[: replicas - len(running)]:
+            start, stop = pool_moves(op.instances, fe.fleet.parked, replicas)
+            for inst in start:
                 self._start_one(inst, say)
-            for inst in reversed(running[replicas:]):
+            for inst in stop:
                 self._stop_one(inst, say)
         finally:
             self._scaling.release()
@@ -409,6 +408,16 @@ def _listen(host: str, port: int) -> socket.socket:
         msg = f"cannot listen on {host}:{port}: {exc.strerror}; choose another --port"
         raise OptionError(msg) from None
     return sock
+
+
+def pool_moves(
+    instances: tuple[str, ...], parked: set[str], replicas: int
+) -> tuple[list[str], list[str]]:
+    """The instances to start (the next parked ones) and to stop (the highest-numbered running
+    ones, last first) for a pool to run `replicas`."""
+    running = [i for i in instances if i not in parked]
+    idle = [i for i in instances if i in parked]
+    return idle[: max(0, replicas - len(running))], running[replicas:][::-1]
 
 
 def _check_engine(o: DeployOptions) -> None:
