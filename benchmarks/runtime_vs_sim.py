@@ -88,7 +88,9 @@ def main() -> None:
             s["wan_bytes"], s["failed"], dict(s["variants"]),
         )  # fmt: skip
         ratio = {
-            k: round(runtime[k] / sim[k], 3) if sim[k] else None for k in runtime if k != "errors"
+            k: round(runtime[k] / sim[k], 3) if sim[k] else None
+            for k in runtime
+            if k not in ("errors", "variants")
         }
         rows.append(
             {"graph": name, "runtime": runtime, "simulated": sim, "runtime_over_simulated": ratio}

@@ -55,6 +55,11 @@ class ModeledEngine(EngineCore):
     `kv_scale`: a block's payload against that; `time_scale`: every step lasts this many times
     its modeled time."""
 
+    no_grammar = (
+        "structured output needs a model's distribution to constrain; this deployment runs the "
+        "modeled engine (deploy --engine real serves it)"
+    )
+
     def __init__(
         self,
         config: EngineConfig,
@@ -77,11 +82,6 @@ class ModeledEngine(EngineCore):
         self.chain = np.zeros((num_blocks, bs), dtype=np.uint32)
         self.tokenizer = None
         self.busy_s = 0.0  # modeled seconds slept through
-
-    no_grammar = (
-        "structured output needs a model's distribution to constrain; this deployment runs the "
-        "modeled engine (deploy --engine real serves it)"
-    )
 
     @classmethod
     def reference(cls, spec: str, kv_cache_bytes: int, block_size: int = 16) -> ModeledEngine:
