@@ -305,7 +305,7 @@ class RayBackend:
     # -- the Backend / Restartable protocol --------------------------------------------------
 
     def check(self) -> str | None:
-        for i in self.running:
+        for i in list(self.running):  # a pool change may alter it meanwhile (another thread)
             h = self.hosts[i]
             if not h.alive:
                 return h.summary or f"{h.instance} is not running"
