@@ -20,8 +20,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+from pddflow.runtime.deploy.modeled import DEFAULT_KV_SCALE  # what deploy runs
+
 ROOT = Path(__file__).resolve().parents[1]
-KV_SCALE = 1 / 256  # deploy's default --kv-scale
 
 
 def pddflow(args: list[str]) -> dict:
@@ -81,7 +82,7 @@ def main() -> None:
         )
         runtime = figures(
             r["ttft_s"], r["tpot_ms"], r["slo_attainment"], r["relay_token_share"],
-            r["wan_bytes"] / KV_SCALE, r["errors"], r["requests_by_variant"],
+            r["wan_bytes"] / DEFAULT_KV_SCALE, r["errors"], r["requests_by_variant"],
         )  # fmt: skip
         sim = figures(
             s["ttft_s"], s["tpot_ms"], s["sla_attainment"], s["relay_token_share"],

@@ -7,21 +7,20 @@ from __future__ import annotations
 from pathlib import Path
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
+
+from pddflow.bench.deploy_process import metric_samples
 
 
 def counters(base: str) -> dict[str, float]:
     """Reports received by kind, and the routing histogram's count and sum, as /metrics has them."""
-    text = httpx.get(f"{base}/metrics", timeout=10).text
     out: dict[str, float] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == "pddflow_reports_total":
-                out[f"reports:{s.labels['kind']}"] = s.value
-            elif s.name in ("pddflow_route_seconds_count", "pddflow_route_seconds_sum"):
-                out[s.name] = s.value
-            elif s.name == "pddflow_route_seconds_bucket":
-                out[f"route_le:{s.labels['le']}"] = s.value
+    for s in metric_samples(base):
+        if s.name == "pddflow_reports_total":
+            out[f"reports:{s.labels['kind']}"] = s.value
+        elif s.name in ("pddflow_route_seconds_count", "pddflow_route_seconds_sum"):
+            out[s.name] = s.value
+        elif s.name == "pddflow_route_seconds_bucket":
+            out[f"route_le:{s.labels['le']}"] = s.value
     return out
 
 

@@ -28,6 +28,15 @@ def get_json(url: str, timeout: float = 5.0) -> tuple[int, dict]:
         return e.code, json.loads(e.read() or b"{}")
 
 
+def metric_samples(base: str, timeout: float = 10.0) -> list:
+    """Every sample a deployment's /metrics shows now (prometheus_client's parser)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"{base}/metrics", timeout=timeout) as r:
+        text = r.read().decode()
+    return [s for family in text_string_to_metric_families(text) for s in family.samples]
+
+
 def post_json(
     url: str, body: dict, timeout: float = 5.0, key: str | None = None
 ) -> tuple[int, dict]:
@@ -176,14 +185,9 @@ class DeployProcess:
 
     def metric(self, name: str, **labels: str) -> float:
         """The sum of the samples of `name` (with these labels) that /metrics shows now."""
-        from prometheus_client.parser import text_string_to_metric_families
-
-        with urllib.request.urlopen(f"{self.base}/metrics", timeout=5) as r:
-            text = r.read().decode()
         return sum(
             s.value
-            for family in text_string_to_metric_families(text)
-            for s in family.samples
+            for s in metric_samples(self.base, timeout=5)
             if s.name == name and labels.items() <= s.labels.items()
         )
 

@@ -11,16 +11,14 @@ def reference_outputs(
 ) -> dict[tuple[int, int], list[int]]:
     """(session, turn) -> the greedy tokens, the sessions of one turn in one batch."""
     from pddflow.core.payloads import Request, SamplingParams
-    from pddflow.operators.weights import model_without_weights
+    from pddflow.operators.weights import model_config_of
 
     longest = max(
         len(s.first_prompt) + sum(map(len, s.user_turns)) + sum(s.output_tokens)
         for s in workload.sessions
     )
     tokens = longest * len(workload.sessions) + 64 * len(workload.sessions)
-    kv_bytes = tokens * model_without_weights(weights).config.kv_bytes_per_token(
-        4
-    )  # fp32: room at any dtype
+    kv_bytes = tokens * model_config_of(weights).kv_bytes_per_token(4)  # fp32: room at any dtype
     engine = reference_engine(weights, engine_kind, kv_bytes)
     stops = tuple(engine.tokenizer.eos_token_ids) if engine.tokenizer else ()
     contexts = [list(s.first_prompt) for s in workload.sessions]

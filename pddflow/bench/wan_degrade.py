@@ -11,9 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from prometheus_client.parser import text_string_to_metric_families
 
-from pddflow.bench.deploy_process import DeployProcess
+from pddflow.bench.deploy_process import DeployProcess, metric_samples
 
 FLAG = "--wan-degrade"
 FORM = f"{FLAG} AT_S:GBPS[:JITTER_P99_MS], e.g. {FLAG} 20:0.01 or {FLAG} 20:0.01:500"
@@ -93,13 +92,11 @@ async def degrade_at(
 
 def variant_counts(base: str) -> dict[str, int]:
     """Requests finished so far by variant, from /metrics (pddflow_requests_total)."""
-    text = httpx.get(f"{base}/metrics", timeout=10).text
     out: dict[str, int] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            if s.name == "pddflow_requests_total":
-                v = s.labels["variant"]
-                out[v] = out.get(v, 0) + int(s.value)
+    for s in metric_samples(base):
+        if s.name == "pddflow_requests_total":
+            v = s.labels["variant"]
+            out[v] = out.get(v, 0) + int(s.value)
     return out
 
 

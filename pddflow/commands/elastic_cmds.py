@@ -17,6 +17,7 @@ from pddflow.commands.common import (
 )
 from pddflow.commands.progress import console, progress_bar
 from pddflow.data import MOONCAKE_TRACE
+from pddflow.runtime.deploy.modeled import ENGINES
 
 
 def bench_elastic(
@@ -92,8 +93,8 @@ def bench_elastic(
     bad = [m for m in picked if m not in MODES]
     if bad or not picked:
         fail(f"--modes: unknown {', '.join(bad) or '(none)'}; modes: {', '.join(MODES)}", code=2)
-    if engine not in ("real", "modeled"):
-        fail(f"--engine: unknown {engine!r}; engines: real, modeled", code=2)
+    if engine not in ENGINES:
+        fail(f"--engine: unknown {engine!r}; engines: {', '.join(ENGINES)}", code=2)
     if engine == "real" and time_scale != 1.0:
         fail("--time-scale slows the modeled engine; add --engine modeled", code=2)
     if most != "declared" and not (most.isdigit() and int(most) >= 2):

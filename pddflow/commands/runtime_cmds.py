@@ -19,7 +19,7 @@ from pddflow.commands.common import (
 from pddflow.commands.progress import console, progress_bar
 from pddflow.core.device import LOCAL_KV_CACHE_MIB
 from pddflow.data import MOONCAKE_TRACE
-from pddflow.runtime.deploy.modeled import DEFAULT_KV_SCALE
+from pddflow.runtime.deploy.modeled import DEFAULT_KV_SCALE, ENGINES
 
 
 def deploy(
@@ -279,8 +279,8 @@ def bench_serve(
     from pddflow.core.serve_sessions import TraceError, build
 
     check_cpu_pinning(cpu_pinning)
-    if engine not in ("real", "modeled"):
-        fail(f"--engine: unknown {engine!r}; engines: real, modeled", code=2)
+    if engine not in ENGINES:
+        fail(f"--engine: unknown {engine!r}; engines: {', '.join(ENGINES)}", code=2)
     if profile == "production" and engine != "modeled":
         fail("--profile production runs with --engine modeled", code=2)
     if wan_gbps is None and engine == "real":

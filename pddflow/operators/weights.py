@@ -41,16 +41,26 @@ def load_model_source(spec: str, seed: int = BUILTIN_SEED) -> ModelSource:
     return _load_checkpoint(Path(resolve_model(spec)))
 
 
-def model_without_weights(spec: str) -> ModelSource:
-    """The model's configuration and tokenizer, no weights read and no torch: what a modeled
-    engine (operators/modeled_engine.py) stands for."""
+def model_config_of(spec: str) -> ModelConfig:
+    """The model's configuration alone, no weights or tokenizer read, no torch: what a modeled
+    engine's worker stands for."""
     spec = str(spec)
     if spec.startswith("builtin:"):
-        return ModelSource(spec, _builtin_config(spec.split(":", 1)[1]), {}, ByteTokenizer())
+        return _builtin_config(spec.split(":", 1)[1])
+    from pddflow.operators.hub import resolve_model
+
+    return read_config(Path(resolve_model(spec)))
+
+
+def model_without_weights(spec: str) -> ModelSource:
+    """The model's configuration and tokenizer, no weights read and no torch: what a modeled
+    engine's colocated reference (operators/modeled_engine.py) stands for."""
+    config = model_config_of(spec)
+    if str(spec).startswith("builtin:"):
+        return ModelSource(str(spec), config, {}, ByteTokenizer())
     from pddflow.operators.hub import resolve_model
 
     path = Path(resolve_model(spec))
-    config = read_config(path)
     return ModelSource(str(path), config, {}, _tokenizer(path, config))
 
 

@@ -15,7 +15,7 @@ from pddflow.core.payloads import SamplingParams
 from pddflow.graph.load import load_plan
 from pddflow.operators.engine_config import EngineConfig
 from pddflow.operators.modeled_engine import ModeledEngine
-from pddflow.operators.weights import model_without_weights
+from pddflow.operators.weights import model_config_of
 
 GRAPH = Path(__file__).resolve().parents[2] / "graphs" / "pdd.yaml"
 PLAN = load_plan(str(GRAPH))
@@ -29,7 +29,7 @@ def engine(op: str = "main", chunk: int = 512, time_scale: float = 1e-6) -> Mode
     arch = PLAN.model.arch
     config = EngineConfig(chunk_size=chunk, kv_cache_bytes=int(arch.kv_bytes_per_token) * 16 * 512)
     step = DeviceModel(PLAN.device_classes[o.device], o.devices_per_replica, arch)
-    model = model_without_weights(PLAN.model.weights).config
+    model = model_config_of(PLAN.model.weights)
     return ModeledEngine(
         config, model, step, int(arch.kv_bytes_per_token * 16), 1 / 256, time_scale
     )

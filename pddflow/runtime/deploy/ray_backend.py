@@ -317,20 +317,12 @@ class RayBackend:
     # -- live scaling: a parked instance's worker starts in its placed actor, or stops there ----
 
     def start_instance(self, instance: str) -> None:
-        ray = _ray()
+        """Its worker in its kept actor (a new actor in the same bundle if that one was lost)."""
         h = self.hosts[instance]
-        if h.actor is None:  # its actor was lost while parked: a new one in the same bundle
-            self._restart(h, None)
-        else:
-            h.ranks = ray.get(
-                h.actor.start.remote(self.wiring_json, self.files.get(instance, {})),
-                timeout=CALL_TIMEOUT_S,
-            )
-            h.pid = h.ranks[0]
+        self._restart(h, h.actor)
         with self._lock:
             h.generation += 1
             h.pending, h.summary = None, ""
-            h.alive, h.last_answer = True, time.monotonic()
             self.running.add(instance)
 
     def stop_instance(self, instance: str) -> None:

@@ -41,7 +41,7 @@ def modeled_engine(wiring: Wiring, instance: str):
     from pddflow.core.device_model import DeviceModel
     from pddflow.operators.engine_config import EngineConfig
     from pddflow.operators.modeled_engine import ModeledEngine
-    from pddflow.operators.weights import model_without_weights
+    from pddflow.operators.weights import model_config_of
 
     plan = wiring.plan()
     op = plan.operator_of(instance)
@@ -56,7 +56,7 @@ def modeled_engine(wiring: Wiring, instance: str):
     step = DeviceModel(plan.device_classes[op.device], op.devices_per_replica, arch)
     return ModeledEngine(
         config,
-        model_without_weights(plan.model.weights).config,
+        model_config_of(plan.model.weights),
         step,
         int(arch.kv_bytes_per_token * bs),
         wiring.kv_scale,
