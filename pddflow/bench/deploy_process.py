@@ -156,6 +156,13 @@ class DeployProcess:
             key=self.admin_key,
         )
 
+    def partition_link(
+        self, link: str, seconds: float, loss: float = 1.0, from_cluster: str | None = None
+    ) -> tuple[int, dict]:
+        """POST /admin/links/LINK/partition with the deployment's admin key."""
+        body = {"seconds": seconds, "loss": loss, "from_cluster": from_cluster}
+        return post_json(f"{self.base}/admin/links/{link}/partition", body, key=self.admin_key)
+
     def degrade_link(
         self, link: str, gbps: float, jitter_p99_ms: float | None = None
     ) -> tuple[int, dict]:

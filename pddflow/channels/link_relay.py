@@ -1,8 +1,12 @@
-"""The TCP relay an emulated link's connections cross, counting bytes, so the link can be cut;
-the senders shape bandwidth and delay (`emulation.py`), not this."""
+"""The TCP relay an emulated link's connections cross, counting bytes, so the link can be cut
+(connections reset) or impaired (a partition, one way or both, or packet loss). The data channels'
+senders shape bandwidth and delay (`emulation.py`); a control relay, whose ends do not, adds the
+link's one-way delay itself."""
 
 from __future__ import annotations
 
+import queue
+import random
 import socket
 import threading
 import time
@@ -10,6 +14,22 @@ from dataclasses import dataclass, field
 
 # SO_LINGER on, timeout 0: close() sends RST, as a link that went away does
 _RESET_ON_CLOSE = b"\x01\x00\x00\x00\x00\x00\x00\x00"
+PIECE = 64 << 10  # a lossy link loses (and a delayed one delays) data this much at a time
+# a lost piece arrives after TCP's retransmission timeout: Linux's minimum, doubled on each loss
+# in a row (backoff), at most RTO_MAX here (the emulated impairments last seconds, not minutes)
+RTO_MIN_S, RTO_MAX_S = 0.2, 2.0
+HELD = 64  # pieces a direction takes in before it stops reading (TCP's window: backpressure)
+
+
+@dataclass(frozen=True)
+class Impairment:
+    """Until `until` (monotonic), data sent from `from_cluster` (every cluster: None) is lost
+    with probability `loss`; 1.0 is a partition: nothing crosses, and what was sent arrives when
+    it heals, as TCP retransmits it (a connection whose ends gave up meanwhile is gone)."""
+
+    until: float
+    loss: float = 1.0
+    from_cluster: str | None = None
 
 
 @dataclass
@@ -32,6 +52,24 @@ class Link:
         self.up_bytes = 0
         self._cut_at: int | None = None  # a pending cut: once up_bytes reaches this
         self._cut_for = 0.0
+        self.impairment: Impairment | None = None
+
+    def impair(self, seconds: float, loss: float = 1.0, from_cluster: str | None = None) -> None:
+        """Partition the link (loss 1.0) or make it lossy for `seconds`, both ways or only for
+        data sent from `from_cluster`; connections stay open (no reset: the peers' own
+        keepalives and deadlines decide)."""
+        if not 0 < loss <= 1:
+            raise ValueError(f"loss must be in (0, 1], got {loss:g}")
+        self.impairment = Impairment(time.monotonic() + seconds, loss, from_cluster)
+
+    def impaired(self, src_cluster: str) -> Impairment | None:
+        """The impairment on data sent from `src_cluster` now, if any."""
+        imp = self.impairment
+        if imp is None or time.monotonic() >= imp.until:
+            return None
+        if imp.from_cluster is not None and imp.from_cluster != src_cluster:
+            return None
+        return imp
 
     def cut(self, seconds: float, after_bytes: int = 0) -> None:
         """Reset live connections and refuse new ones for `seconds`, now or after_bytes later."""
@@ -55,12 +93,28 @@ class Link:
 
 
 class LinkRelay:
+    """Connections to `upstream` through `link`. `client_cluster` / `server_cluster` say which
+    side each direction leaves from (a one-way impairment applies to one); `delay_s` is added to
+    every piece each way (control connections, whose ends do not shape the link)."""
+
     def __init__(
-        self, upstream: tuple[str, int], *, host: str = "127.0.0.1", link: Link | None = None
+        self,
+        upstream: tuple[str, int],
+        *,
+        host: str = "127.0.0.1",
+        link: Link | None = None,
+        client_cluster: str = "",
+        server_cluster: str = "",
+        delay_s: float = 0.0,
+        seed: int = 0,
     ):
         self.upstream = upstream
         self.link = link or Link()
         self.link.relays.append(self)
+        self.client_cluster, self.server_cluster = client_cluster, server_cluster
+        self.delay_s = delay_s
+        self._rng = random.Random(seed)
+        self._rng_lock = threading.Lock()
         self.stats = RelayStats()
         self._sock = socket.create_server((host, 0))
         self._sock.settimeout(0.2)
@@ -149,6 +203,13 @@ class LinkRelay:
                 self._threads.append(t)
 
     def _pump(self, src: socket.socket, dst: socket.socket, up: bool, conn_no: int) -> None:
+        """Read one direction; a writer delivers each piece when it is due (delay, impairment),
+        in order. Reading stops while HELD pieces wait: the sender sees a full window."""
+        pieces: queue.Queue = queue.Queue(HELD)
+        writer = threading.Thread(
+            target=self._deliver, args=(pieces, src, dst, up), daemon=True, name="link-relay-out"
+        )
+        writer.start()
         try:
             while True:
                 data = src.recv(1 << 20)
@@ -157,7 +218,23 @@ class LinkRelay:
                 data = self._cross(data, up, conn_no)
                 if data is None:
                     return
-                dst.sendall(data)
+                due = time.monotonic() + self.delay_s
+                for at in range(0, len(data), PIECE):
+                    pieces.put((due, data[at : at + PIECE]))
+        except OSError:
+            pass
+        finally:
+            pieces.put(None)
+
+    def _deliver(self, pieces: queue.Queue, src: socket.socket, dst: socket.socket, up: bool):
+        sent_from = self.client_cluster if up else self.server_cluster
+        try:
+            while (item := pieces.get()) is not None:
+                due, piece = item
+                if (wait := due - time.monotonic()) > 0:
+                    time.sleep(wait)
+                self._impaired_wait(sent_from)
+                dst.sendall(piece)
         except OSError:
             pass
         finally:
@@ -166,6 +243,25 @@ class LinkRelay:
                     s.shutdown(socket.SHUT_RDWR)
                 except OSError:
                     pass
+
+    def _impaired_wait(self, sent_from: str) -> None:
+        """Hold a piece while the link is partitioned for its direction; on a lossy link, each
+        loss costs a retransmission timeout."""
+        rto = RTO_MIN_S
+        while not self._stop.is_set():
+            imp = self.link.impaired(sent_from)
+            if imp is None:
+                return
+            left = imp.until - time.monotonic()
+            if imp.loss >= 1:
+                time.sleep(min(0.05, max(left, 0.0)))
+                continue
+            with self._rng_lock:
+                lost = self._rng.random() < imp.loss
+            if not lost:
+                return
+            time.sleep(min(rto, max(left, 0.0)))
+            rto = min(2 * rto, RTO_MAX_S)
 
     def _cross(self, data: bytes, up: bool, conn_no: int) -> bytes | None:
         """None when a pending cut fell due (every connection of the link has been reset)."""

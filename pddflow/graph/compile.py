@@ -70,6 +70,7 @@ class Compiler:
         local_max = self._local_max(local)
         local_devices = self._local_devices()
         autoscale = check_autoscale(self.spec, self.src)
+        deploy = self._deploy()
         if self._error_count() > before or model is None:
             return None
         return Plan(
@@ -89,9 +90,22 @@ class Compiler:
             local_devices=local_devices,
             local_cache_mib=local_cache_mib(self.err, self.spec),
             local_scheduler_params=self._local_scheduler(scheduler),
-            deploy=DeployPlan(**self.spec.deploy.model_dump()),
+            deploy=deploy,
             autoscale=autoscale,
         )
+
+    def _deploy(self) -> DeployPlan:
+        d = self.spec.deploy.model_dump()
+        front = d["frontend_cluster"] or next(iter(self.spec.clusters))
+        if front not in self.spec.clusters:
+            self.err(
+                ("deploy", "frontend_cluster"),
+                f"frontend_cluster {front!r} is not a cluster of this graph"
+                f"{did_you_mean(front, list(self.spec.clusters))}; clusters: "
+                f"{', '.join(self.spec.clusters)}",
+            )
+        d["frontend_cluster"] = front
+        return DeployPlan(**d)
 
     def _error_count(self) -> int:
         return sum(1 for d in self.src.errors if d.severity == "error")

@@ -241,6 +241,8 @@ class DeployPlan:
     namespace: str = "pddflow"
     bind: str = "node"  # node | all (ray: endpoints listen on every interface)
     accelerators: dict[str, str] = field(default_factory=dict)  # device class -> Ray type
+    frontend_cluster: str = ""  # where the API and the deployer run (compile: the first cluster)
+    lease_s: float = 10.0  # the frontend's lease on a worker's legs (frontend/leases.py)
 
 
 @dataclass(frozen=True)
@@ -279,6 +281,17 @@ class Plan:
     autoscale: AutoscalePlan = field(default_factory=AutoscalePlan)
 
     # ---- queries the runtime and simulator use -------------------------------------------------
+    @property
+    def frontend_cluster(self) -> str:
+        """Where the API frontend and the deployer run."""
+        return self.deploy.frontend_cluster or next(iter(self.clusters))
+
+    def link_between(self, a: str, b: str) -> str | None:
+        """The declared link joining clusters a and b (None: the same cluster, or no link)."""
+        if a == b:
+            return None
+        return next((n for n, lk in self.links.items() if {lk.a, lk.b} == {a, b}), None)
+
     def initial_instances(self) -> list[str]:
         """The instances a deployment starts: each operator's first `replicas` (the rest wait
         for live scaling)."""

@@ -278,6 +278,17 @@ class DeploySpec(_Strict):
         default_factory=dict,
         description="device class -> Ray accelerator type (e.g. H100) its instances require",
     )
+    frontend_cluster: str | None = Field(
+        None,
+        description="the cluster the API frontend and the deployer run in (default: the first "
+        "cluster); control and report connections to the others cross their link",
+    )
+    lease_s: float = Field(
+        10.0,
+        gt=0,
+        description="the frontend's lease on each worker's legs: a side that hears nothing from "
+        "the other for this long gives the legs up (docs/runtime.md, Leases)",
+    )
 
 
 class AutoscaleSpec(_Strict):

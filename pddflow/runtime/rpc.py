@@ -81,6 +81,7 @@ WORKER_METHODS: dict[str, tuple[type, type]] = {
     "Recompute": (pb.Cancel, pb.Reply),
     "Status": (pb.Empty, pb.WorkerStatus),
     "TuneLink": (pb.LinkTuning, pb.LinkTuned),
+    "Lease": (pb.LeaseGrant, pb.Reply),
 }
 
 

@@ -46,6 +46,11 @@ class Wiring:
     tp_timeout_s: float = 60.0  # a collective between an instance's ranks; then the rank is lost
     # real address -> the emulated link's relay, so the link can be cut
     via: dict[str, str] = field(default_factory=dict)
+    # the control plane across a link (local backend): a worker's control service as the
+    # frontend reaches it, and the frontend's report service as each other cluster reaches it
+    control_via: dict[str, str] = field(default_factory=dict)
+    report_via: dict[str, str] = field(default_factory=dict)  # cluster -> address
+    lease_s: float = 10.0  # the frontend's lease on each worker's legs (frontend/leases.py)
     cpus: dict[str, list[int]] = field(default_factory=dict)  # instance -> cores it is pinned to
     threads: dict[str, int] = field(default_factory=dict)  # instance -> torch threads (0: default)
     nice: dict[str, int] = field(default_factory=dict)  # instance -> priority decrease
@@ -81,6 +86,15 @@ class Wiring:
 
     def reach(self, address: str) -> str:
         return self.via.get(address, address)
+
+    def control_address(self, instance: str) -> str:
+        """Where the frontend reaches `instance`'s control service."""
+        rpc = self.workers[instance].rpc
+        return self.control_via.get(rpc, rpc)
+
+    def frontend_from(self, cluster: str) -> str:
+        """Where a worker in `cluster` reaches the frontend's report service."""
+        return self.report_via.get(cluster, self.frontend)
 
     def credentials(self) -> Credentials:
         """The control plane's: the deployment's token, mutual TLS when it has a certificate."""
@@ -162,6 +176,7 @@ def wire(
         seed=seed,
         kv_cache_bytes=kv_cache_bytes,
         leg_timeout_s=leg_timeout_s,
+        lease_s=plan.deploy.lease_s,
     )
     cpus = cpus or plan_layout(plan, host_cores())
     w.cpus = {i: list(c) for i, c in cpus.cpus.items()}

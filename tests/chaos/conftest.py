@@ -16,14 +16,19 @@ from pddflow.testing import chaos
 from pddflow.testing.chaos import greedy_reference
 
 ROOT = Path(__file__).resolve().parents[2]
-WAN_GBPS = "0.05"  # a 360-token prompt's KV (11 MB) takes about 2 s to cross
+WAN_GBPS = "0.05"
+LEASE_S = 4  # a 360-token prompt's KV (11 MB) takes about 2 s to cross
 
 
 @pytest.fixture(scope="session")
 def pdd(tmp_path_factory):
     graph = tmp_path_factory.mktemp("graph") / "pdd.yaml"
     tiered = (ROOT / "graphs" / "pdd_tiered.yaml").read_text()
-    graph.write_text(tiered.replace("name: pdd_tiered\n", "name: pdd\n", 1))
+    tiered = tiered.replace("name: pdd_tiered\n", "name: pdd\n", 1)
+    # a short lease, so that the partition drills' 8 s splits outlast it (test_partitions.py)
+    graph.write_text(
+        tiered.replace("\nscheduler:\n", f"\ndeploy: {{lease_s: {LEASE_S}}}\n\nscheduler:\n", 1)
+    )
     dep = DeployProcess(graph, tmp_path_factory.mktemp("chaos"), "--wan-gbps", WAN_GBPS)
     yield dep
     out = dep.stop()

@@ -323,3 +323,25 @@ def test_deepseek_v3_planned_from_its_config_is_its_preset():
     assert round(config.num_params() / 1e9) == 671
     assert round(config.num_params(active=True) / 1e9) == 38  # 37.6: "37B activated"
     assert planned.flops_per_token == pytest.approx(preset.flops_per_token, rel=0.02)
+
+
+def test_the_frontend_lives_in_a_cluster(tmp_path: Path):
+    """deploy.frontend_cluster: where the API runs (default the first cluster); the link to each
+    other cluster is the one its control connections cross."""
+    plan = load_plan(str(ROOT / "graphs" / "pdd.yaml"))
+    assert plan.frontend_cluster == "A" and plan.deploy.lease_s == 10.0
+    assert plan.link_between("A", "B") == plan.link_between("B", "A") == "A-B"
+    assert plan.link_between("A", "A") is None
+    text = (ROOT / "graphs" / "pdd.yaml").read_text()
+    g = tmp_path / "g.yaml"
+    g.write_text(
+        text.replace(
+            "\nscheduler:\n", "\ndeploy: {frontend_cluster: B, lease_s: 3}\nscheduler:\n", 1
+        )
+    )
+    moved = load_plan(str(g))
+    assert (moved.frontend_cluster, moved.deploy.lease_s) == ("B", 3.0)
+    assert Plan.from_json(moved.to_json()) == moved
+    g.write_text(text.replace("\nscheduler:\n", "\ndeploy: {frontend_cluster: b}\nscheduler:\n", 1))
+    with pytest.raises(GraphError, match=r"frontend_cluster 'b' is not a cluster.*clusters: A, B"):
+        load_plan(str(g))

@@ -25,6 +25,20 @@ class LinkCut(BaseModel):
     )
 
 
+class LinkPartition(BaseModel):
+    seconds: float = Field(gt=0, le=3600, description="how long the impairment lasts")
+    loss: float = Field(
+        1.0,
+        gt=0,
+        le=1,
+        description="the share of what is sent that is lost: 1 (default) is a partition, "
+        "anything less a lossy link (each loss costs TCP's retransmission timeout)",
+    )
+    from_cluster: str | None = Field(
+        None, description="only what this end of the link sends (a one-way split); default both"
+    )
+
+
 class LinkDegrade(BaseModel):
     gbps: float = Field(gt=0, le=1e5, description="the link's new bandwidth")
     jitter_p99_ms: float | None = Field(
@@ -66,6 +80,12 @@ def add_admin_routes(app: FastAPI, links: LinkControl) -> None:
         @app.post("/admin/links/{name}/cut")
         async def cut_link(name: str, body: LinkCut) -> JSONResponse:
             return await _tune(lambda: links.cut(name, body.seconds, body.after_bytes))
+
+        @app.post("/admin/links/{name}/partition")
+        async def partition_link(name: str, body: LinkPartition) -> JSONResponse:
+            return await _tune(
+                lambda: links.partition(name, body.seconds, body.loss, body.from_cluster)
+            )
 
     @app.post("/admin/links/{name}/degrade")
     async def degrade_link(name: str, body: LinkDegrade) -> JSONResponse:

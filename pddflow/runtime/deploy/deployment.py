@@ -224,7 +224,7 @@ class Deployment:
         be.start(plan, wiring, self.run_dir)  # before any gRPC thread here: children fork cleanly
         self.frontend = Frontend(plan, wiring, self.model)
         wait_ready(self.frontend.ready_count, be, self.options.startup_timeout_s, progress)
-        self.links = LinkAdmin(plan, self.frontend.fleet.clients, be.cutter())
+        self.links = LinkAdmin(plan, self.frontend.fleet.clients, be.cutter(), be.impairer())
         # a worker that dies is restarted; until it is back, requests go around it
         self.supervisor = Supervisor(be, self.frontend.worker_exited, self._restarted).start()
         if self.planning:

@@ -27,6 +27,7 @@ class LocalBackend:
         # instance -> its rank processes, the leader (rank 0) first
         self.ranks: dict[str, list[WorkerProcess]] = {}
         self.relays: dict[str, list[LinkRelay]] = {}  # link name -> relays of its endpoints
+        self.links: dict[str, Link] = {}
         self.wiring: Wiring | None = None
         self.cuda = False
         self.plan: Plan | None = None
@@ -40,21 +41,52 @@ class LocalBackend:
         self.wiring = wiring
         # one host: rdma_tensor is shared memory unless an edge asked for a network transport
         wiring.transports = transports(plan, {}, wiring.rdma)
-        # cross-cluster traffic goes through a cuttable relay
+        # cross-cluster traffic goes through a cuttable relay: the data channels' and the
+        # control plane's between the frontend's cluster and each other one
+        self.links = {name: Link() for name in plan.links}  # a link goes down as a whole
         for link, addrs in wiring.links.items():
-            whole = Link()  # the link goes down as a whole
             for addr in addrs:
                 scheme, _, hostport = addr.rpartition("://")
-                host, port = hostport.rsplit(":", 1)
-                relay = LinkRelay((host, int(port)), link=whole)
-                self.relays.setdefault(link, []).append(relay)
+                relay = self._relay(link, hostport, *_sides(plan, wiring, link, addr))
                 wiring.via[addr] = f"{scheme}://{relay.address}" if scheme else relay.address
+        self._control_relays(plan, wiring)
         path = self.wiring_file = run_dir / WIRING_FILE
         private_file(path)  # it holds the deployment's bearer token
         wiring.save(path)
         self.plan, self.run_dir = plan, run_dir
         for inst in plan.initial_instances():
             self.start_instance(inst)
+
+    def _relay(
+        self, link: str, hostport: str, client: str, server: str, delay_s: float = 0.0
+    ) -> LinkRelay:
+        host, port = hostport.rsplit(":", 1)
+        relay = LinkRelay(
+            (host, int(port)),
+            link=self.links[link],
+            client_cluster=client,
+            server_cluster=server,
+            delay_s=delay_s,
+        )
+        self.relays.setdefault(link, []).append(relay)
+        return relay
+
+    def _control_relays(self, plan: Plan, wiring: Wiring) -> None:
+        """The frontend runs in its cluster: its calls to an instance elsewhere, and that
+        instance's reports back, cross the link between them with its RTT (no jitter: that
+        models bulk KV queueing, as for token IDs; docs/channels.md)."""
+        front = plan.frontend_cluster
+        for inst in plan.instances:
+            link = plan.link_between(front, inst.cluster)
+            if link is None:
+                continue
+            delay = plan.links[link].rtt_ms / 2e3
+            if inst.cluster not in wiring.report_via:
+                host = wiring.frontend
+                relay = self._relay(link, host, inst.cluster, front, delay)
+                wiring.report_via[inst.cluster] = relay.address
+            rpc = wiring.workers[inst.id].rpc
+            wiring.control_via[rpc] = self._relay(link, rpc, front, inst.cluster, delay).address
 
     def start_instance(self, instance: str) -> None:
         """Start every rank process of `instance` (at start, or when live scaling adds it)."""
@@ -127,16 +159,36 @@ class LocalBackend:
     def cutter(self) -> Callable[[str, float, int], None]:
         return self.cut_link
 
+    def impairer(self) -> Callable[[str, float, float, str | None], None]:
+        return self.impair_link
+
     def cut_link(self, link: str, seconds: float, after_bytes: int = 0) -> None:
+        self._link(link).cut(seconds, after_bytes)
+
+    def impair_link(
+        self, link: str, seconds: float, loss: float = 1.0, from_cluster: str | None = None
+    ) -> None:
+        """Partition `link` (loss 1.0) or make it lossy, both ways or from one cluster."""
+        self._link(link).impair(seconds, loss, from_cluster)
+
+    def _link(self, link: str) -> Link:
         if link not in self.relays:
             raise KeyError(f"no emulated link {link!r}; links: {', '.join(self.relays) or 'none'}")
-        self.relays[link][0].link.cut(seconds, after_bytes)
+        return self.links[link]
 
     def stop(self) -> None:
         stop_all([p for procs in self.ranks.values() for p in procs])
         for relays in self.relays.values():
             for r in relays:
                 r.close()
+
+
+def _sides(plan: Plan, wiring: Wiring, link: str, addr: str) -> tuple[str, str]:
+    """(the senders' cluster, the receiver's) of a data endpoint across `link`."""
+    inst = next(i for i, ep in wiring.workers.items() if addr in (ep.kv_flight, ep.handoff))
+    server = plan.instance(inst).cluster
+    lk = plan.links[link]
+    return (lk.b if lk.a == server else lk.a), server
 
 
 def log_name(process: str) -> str:

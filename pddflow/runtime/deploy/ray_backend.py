@@ -397,6 +397,9 @@ class RayBackend:
     def cutter(self) -> None:
         return None  # the nodes' connections are real: nothing here stands in their way
 
+    def impairer(self) -> None:
+        return None
+
     def describe(self) -> dict[str, Any]:
         """For /health: the backend, where each instance runs, how each channel is carried."""
         return {"backend": self.name, "workers": self.placement(), "channels": self.transports}

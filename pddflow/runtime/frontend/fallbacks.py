@@ -52,6 +52,10 @@ class Fallbacks:
         kind = pb.FailureKind.Name(f.kind).removeprefix("FAILURE_").lower()
         where = {"channel": f.channel, "peer": f.peer} if f.peer else {}
         st.event("leg_failed", instance=inst, kind=kind, **where, error=f.error)
+        if f.kind == pb.FAILURE_LEASE_LAPSED:  # it could not hear us: carry on without it
+            self.metrics.fallbacks.labels("lease_lapsed").inc()
+            self.carry_on_without(flight, inst)
+            return
         if f.kind == pb.FAILURE_KV_RECOVERED:
             self.metrics.fallbacks.labels("kv_recomputed").inc()
             return
@@ -104,19 +108,48 @@ class Fallbacks:
     def worker_lost(self, inst: str) -> None:
         if inst in self.fleet.lost or inst in self.fleet.parked:  # parked: stopped on purpose
             return
+        log.error("worker %s is gone", inst)
+        self._lose(inst, f"{inst} lost")
+
+    def lease_lapsed(self, inst: str) -> None:
+        """The frontend has not heard `inst`, or `inst` has not answered its grants, for the
+        lease: the same as lost for its requests and for routing, though it may still run."""
+        if inst in self.fleet.lost or inst in self.fleet.parked:
+            return
+        link = self.plan.link_between(self.plan.frontend_cluster, self.plan.instance(inst).cluster)
+        if link and not any(self._across(i, link) for i in self.fleet.unreachable):
+            self.metrics.partitions.labels(link).inc()
+        self.fleet.unreachable.add(inst)
+        self.metrics.lease_lapses.labels(inst).inc()
+        log.error("lease on %s lapsed: carrying its requests on without it", inst)
+        self._lose(inst, f"{inst} unreachable (lease lapsed)", event="lease_lapsed")
+
+    def lease_renewed(self, inst: str) -> None:
+        """Heard again, and answering: new work may go to it."""
+        self.fleet.unreachable.discard(inst)
+        self.fleet.lost.discard(inst)
+        self.metrics.worker_up.labels(inst).set(1)
+        log.warning("lease on %s renewed: it is back", inst)
+
+    def _across(self, inst: str, link: str) -> bool:
+        front = self.plan.frontend_cluster
+        return self.plan.link_between(front, self.plan.instance(inst).cluster) == link
+
+    def _lose(self, inst: str, why: str, event: str = "") -> None:
         self.fleet.lost.add(inst)
         self.sched.set_load(inst, UNAVAILABLE)
         self.links.forget(inst)
         self.metrics.worker_up.labels(inst).set(0)
-        log.error("worker %s is gone", inst)
         for flight in self.flights:
             if not flight.stream.finished:
+                held = inst in flight.route.legs or inst == flight.route.prefill
+                if event and held:
+                    flight.stream.event(event, instance=inst)
                 self.carry_on_without(flight, inst)
         for seq_id, route in list(self.flights.lingering.items()):
             if inst in (route.relay, route.main):  # main waits for IDs a lost relay never sends
                 self.flights.lingering.pop(seq_id)
-                cancel = pb.Cancel(seq_id=seq_id, reason=f"{inst} lost")
-                self.fleet.call(route.main, "Abort", cancel)
+                self.fleet.call(route.main, "Abort", pb.Cancel(seq_id=seq_id, reason=why))
 
     def worker_exited(self, inst: str, summary: str) -> None:
         """The deployer saw a process of the instance end: it is lost until the deployer has
@@ -133,8 +166,10 @@ class Fallbacks:
     def worker_back(self, inst: str) -> None:
         """A lost worker reports ready again (restarted): its mirror was reset from its own
         report, and the scheduler may route to it."""
-        if inst in self.fleet.restarting:
-            return  # a survivor of the instance that the deployer is about to restart
+        if inst in self.fleet.restarting or inst in self.fleet.unreachable:
+            # a survivor of the instance that the deployer is about to restart; or one whose
+            # lease lapsed, which is back when the lease is (leases.py)
+            return
         self.fleet.lost.discard(inst)
         self.metrics.worker_up.labels(inst).set(1)
         log.warning("worker %s is back", inst)
@@ -160,6 +195,12 @@ class Fallbacks:
             return
         if inst == r.relay and r.handed_off:
             return  # main has taken over
+        if inst == r.main and r.relay in r.legs and not r.handed_off and not r.resumed_on:
+            # the relay has the whole context: it decodes to the end, as when the handoff fails
+            self.metrics.fallbacks.labels("relay_finishes").inc()
+            self.fleet.abort_leg(flight, inst, f"{inst} lost before the handoff")
+            r.main, r.handoff = "", pb.HANDOFF_NONE
+            return
         if inst in (r.relay, r.main) or inst in r.resumed_on:
             if not self._resume(flight, lost=inst):
                 flight.stream.fail(f"worker {inst} was lost and no other instance can finish it")

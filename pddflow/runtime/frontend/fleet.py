@@ -18,9 +18,14 @@ log = logging.getLogger("pddflow.frontend")
 class Fleet:
     def __init__(self, plan: Plan, wiring: Wiring, credentials: Credentials):
         self.plan = plan
-        self.clients = {i: WorkerClient(ep.rpc, credentials) for i, ep in wiring.workers.items()}
+        self.clients = {
+            i: WorkerClient(wiring.control_address(i), credentials) for i in wiring.workers
+        }
         self.status: dict[str, pb.WorkerStatus] = {}
         self.lost: set[str] = set()
+        # lost because their lease lapsed (a partition, not a death): still called, since a
+        # call may get through (an abort after the link heals), and back once the lease is
+        self.unreachable: set[str] = set()
         self.restarting: set[str] = set()  # lost, and not back before the deployer restarts it
         self.restarts: dict[str, int] = {}  # instance -> restarts by the deployer
         self.exits: dict[str, str] = {}  # instance -> why it last died
@@ -31,8 +36,8 @@ class Fleet:
         self.starting: set[str] = set()  # started by live scaling, not ready yet
 
     def call(self, inst: str, method: str, msg: Any) -> None:
-        """Send and forget (a lost instance is skipped); a failure is logged."""
-        if inst in self.lost:
+        """Send and forget (a dead instance is skipped); a failure is logged."""
+        if inst in self.lost and inst not in self.unreachable:
             return
         fut = self.clients[inst].future(method, msg)
         fut.add_done_callback(
@@ -45,7 +50,7 @@ class Fleet:
     def abort_leg(self, flight: Flight, inst: str, reason: str) -> None:
         r = flight.route
         r.legs.discard(inst)
-        if inst not in self.lost:
+        if inst not in self.lost or inst in self.unreachable:
             seq_id = r.resumed_seq if inst in r.resumed_on else flight.request_id
             self.call(inst, "Abort", pb.Cancel(seq_id=seq_id, reason=reason))
 
@@ -79,6 +84,8 @@ class Fleet:
     def health(self, inst: str) -> dict[str, Any]:
         s = self.status.get(inst)
         state = "lost" if inst in self.lost else ("up" if s is not None and s.ready else "starting")
+        if inst in self.unreachable:
+            state = "unreachable"
         for pool_state, members in (
             ("parked", self.parked),
             ("draining", self.draining),

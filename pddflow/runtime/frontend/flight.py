@@ -123,3 +123,21 @@ class Flights:
             self.lingering.pop(seq_id, None)
             return False
         return True
+
+
+def finish_reason(flight: Flight) -> str:
+    """vLLM's: `stop` (a stop token, or a stop string the API found), `length` (max_tokens),
+    `abort` (the client went away, a drain), `error`; or the worker's own (grammar_dead_end)."""
+    st = flight.stream
+    if st.error:
+        return "error"
+    if st.stopped:
+        return "stop"
+    if not st.finished:
+        return "abort"
+    if st.finish_reason:
+        return st.finish_reason
+    stops = flight.sampling.stop_token_ids
+    if len(st.tokens) < st.max_tokens or (st.tokens and st.tokens[-1] in stops):
+        return "stop"
+    return "length"

@@ -18,7 +18,8 @@ from pddflow.graph.plan import Plan
 from pddflow.runtime.frontend.accounting import Accounting
 from pddflow.runtime.frontend.fallbacks import Fallbacks
 from pddflow.runtime.frontend.fleet import Fleet
-from pddflow.runtime.frontend.flight import Flight, Flights
+from pddflow.runtime.frontend.flight import Flight, Flights, finish_reason
+from pddflow.runtime.frontend.leases import Leases
 from pddflow.runtime.frontend.link_watch import LinkWatch
 from pddflow.runtime.frontend.loop_call import call_on_loop
 from pddflow.runtime.frontend.metrics import Metrics
@@ -88,6 +89,13 @@ class Frontend:
         self.planner: PlannerView | None = None  # deploy --planner's thread (pools.py)
         self.loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
+        self.leases = Leases(
+            self.fleet,
+            wiring.lease_s,
+            self._dispatch,
+            self.fallbacks.lease_lapsed,
+            self.fallbacks.lease_renewed,
+        )
         self.server, _ = serve(
             FRONTEND,
             credentials,
@@ -96,6 +104,7 @@ class Frontend:
             host=wiring.bind_host(wiring.frontend),
             threads=len(wiring.workers) + 8,
         )
+        self.leases.start()
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
         with self._lock:
@@ -463,7 +472,7 @@ class Frontend:
                 self.flights.linger(flight)
                 continue
             self.fleet.abort_leg(flight, inst, reason)
-        finish = _finish_reason(flight)
+        finish = finish_reason(flight)
         outcome = {"error": "error", "abort": "cancelled"}.get(finish, "ok")
         if outcome == "ok":  # how long outputs of this prompt size run (singular traffic)
             self.policy.finished(st.prompt_len, len(st.tokens))
@@ -477,23 +486,6 @@ class Frontend:
         self.flights.end(flight)
 
     def close(self) -> None:
+        self.leases.stop()
         self.server.stop(grace=0.5)
         self.fleet.close()
-
-
-def _finish_reason(flight: Flight) -> str:
-    """vLLM's: `stop` (a stop token, or a stop string the API found), `length` (max_tokens),
-    `abort` (the client went away, a drain), `error`; or the worker's own (grammar_dead_end)."""
-    st = flight.stream
-    if st.error:
-        return "error"
-    if st.stopped:
-        return "stop"
-    if not st.finished:
-        return "abort"
-    if st.finish_reason:
-        return st.finish_reason
-    stops = flight.sampling.stop_token_ids
-    if len(st.tokens) < st.max_tokens or (st.tokens and st.tokens[-1] in stops):
-        return "stop"
-    return "length"

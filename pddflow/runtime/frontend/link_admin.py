@@ -42,6 +42,8 @@ class LinkTuneFailed(RuntimeError):
 
 
 Cutter = Callable[[str, float, int], None]  # (link, seconds, after_bytes); KeyError: no such link
+# (link, seconds, loss, from_cluster); KeyError: no such link
+Impairer = Callable[[str, float, float, str | None], None]
 
 
 class LinkAdmin:
@@ -50,10 +52,11 @@ class LinkAdmin:
         plan: Plan,
         clients: dict[str, WorkerClient],
         cutter: Cutter | None = None,
+        impairer: Impairer | None = None,
         timeout_s: float = TUNE_TIMEOUT_S,
     ):
         self.plan, self.clients, self.timeout_s = plan, clients, timeout_s
-        self.cutter = cutter
+        self.cutter, self.impairer = cutter, impairer
         self.in_force: dict[str, pb.LinkTuning] = {}  # link -> the degrade applied, if any
         self._lock = threading.Lock()
 
@@ -69,6 +72,27 @@ class LinkAdmin:
         except KeyError as exc:
             raise LinkNotFound(exc.args[0]) from None
         return {"link": link, "down_s": seconds, "after_bytes": after_bytes}
+
+    def partition(
+        self, link: str, seconds: float, loss: float = 1.0, from_cluster: str | None = None
+    ) -> dict[str, Any]:
+        """Every connection over `link` (data and control) loses what is sent, both ways or
+        from one cluster, for `seconds`: all of it (a partition: held until it heals, as TCP
+        retransmits) or a share `loss` of it. Connections are not reset."""
+        if self.impairer is None:
+            raise LinkNotEmulated("this backend cannot partition links")
+        if link in self.plan.links and from_cluster is not None:
+            sides = (self.plan.links[link].a, self.plan.links[link].b)
+            if from_cluster not in sides:
+                raise ValueError(
+                    f"from_cluster {from_cluster!r} is not an end of link {link!r} "
+                    f"({' or '.join(sides)})"
+                )
+        try:
+            self.impairer(link, seconds, loss, from_cluster)
+        except KeyError as exc:
+            raise LinkNotFound(exc.args[0]) from None
+        return {"link": link, "seconds": seconds, "loss": loss, "from_cluster": from_cluster}
 
     def shapers(self, link: str) -> list[str]:
         """The instances whose senders (or handoff server's replies) shape `link`."""

@@ -128,6 +128,19 @@ class Metrics:
             ["instance"],
             registry=r,
         )
+        self.lease_lapses = Counter(
+            "pddflow_lease_lapses",
+            "times the frontend gave an instance's legs up: it did not hear the instance, or the "
+            "instance did not answer its grants, for the lease (a partition, not a death)",
+            ["instance"],
+            registry=r,
+        )
+        self.partitions = Counter(
+            "pddflow_partitions",
+            "partitions seen: a link's far side went from reachable to an instance unreachable",
+            ["link"],
+            registry=r,
+        )
         self.fallbacks = Counter(
             "pddflow_fallbacks", "requests finished by a declared fallback", ["kind"], registry=r
         )
@@ -219,6 +232,14 @@ class _WorkerCounters:
             for instance, status in sorted(self.statuses.items()):
                 family.add_metric([instance], getattr(status, field))
             yield family
+        family = CounterMetricFamily(
+            "pddflow_worker_lease_lapses",
+            "times a worker's lease from the frontend lapsed and it dropped its legs",
+            labels=["instance"],
+        )
+        for instance, status in sorted(self.statuses.items()):
+            family.add_metric([instance], status.lease_lapses)
+        yield family
         for field, (name, doc, counter) in TIER_METRICS.items():
             kind = CounterMetricFamily if counter else GaugeMetricFamily
             family = kind(name, doc, labels=["instance", "tier"])
@@ -228,7 +249,7 @@ class _WorkerCounters:
             yield family
 
 
-POOL_STATES = ("up", "starting", "draining", "parked", "lost")
+POOL_STATES = ("up", "starting", "draining", "parked", "lost", "unreachable")
 
 
 class _PoolGauges:

@@ -279,7 +279,8 @@ class WorkerIO:
             if not first:
                 self.resync.set()
             first = False
-            fut = open_reports(self.wiring.frontend, self._report_stream(), self.credentials)
+            frontend = self.wiring.frontend_from(self.plan.instance(self.instance).cluster)
+            fut = open_reports(frontend, self._report_stream(), self.credentials)
             while not (self.closed.is_set() or fut.done()):
                 time.sleep(POLL_S)
             if not self.closed.is_set():

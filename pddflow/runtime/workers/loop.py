@@ -81,6 +81,11 @@ class Worker:
         self.compute_queue: list[Leg] = []  # prefills and extends, in arrival order
         self._last_status = 0.0
         self._status = pb.WorkerStatus(instance=instance, ready=False)
+        # the frontend's lease on this worker's legs: renewed by its heartbeat's grants (RPC
+        # threads write it); the first comes within a heartbeat of our first status (run())
+        self.lease_until = float("inf")
+        self.lease_revoked = threading.Event()  # the frontend gave our legs up: drop them now
+        self.lease_lapses = 0
         put = self._enqueue
         self.rpc, _ = serve(
             WORKER,
@@ -97,10 +102,18 @@ class Worker:
                 "Recompute": (pb.Cancel, pb.Reply, lambda m: put(KVLost(m.seq_id, m.reason))),
                 "Status": (pb.Empty, pb.WorkerStatus, lambda _: self._status),
                 "TuneLink": (pb.LinkTuning, pb.LinkTuned, self.io.tune_link),
+                "Lease": (pb.LeaseGrant, pb.Reply, self._granted),
             },
             port=int(wiring.workers[instance].rpc.rsplit(":", 1)[1]),
             host=wiring.bind_host(wiring.workers[instance].rpc),
         )
+
+    def _granted(self, grant: pb.LeaseGrant) -> pb.Reply:
+        if grant.held:
+            self.lease_until = time.monotonic() + grant.lease_s
+        else:
+            self.lease_revoked.set()
+        return pb.Reply(ok=True)
 
     def _enqueue(self, item: InboxItem) -> pb.Reply:
         self.inbox.put(item)
@@ -109,6 +122,7 @@ class Worker:
     def run(self) -> None:
         """Until stopped; a rank of the instance lost ends it (TPPeerLost): the instance is lost,
         and the deployer restarts all its ranks."""
+        self.lease_until = min(self.lease_until, time.monotonic() + self.wiring.lease_s)
         self.publish()  # the whole (empty) cache listing, then the status: the mirror starts exact
         while not self.stopping.is_set():
             try:
@@ -237,11 +251,29 @@ class Worker:
 
     def expire(self) -> None:
         now = time.monotonic()
+        revoked = self.lease_revoked.is_set()
+        if revoked or (self.legs and now > self.lease_until):
+            self.lease_revoked.clear()
+            self._lease_lapsed("revoked by the frontend" if revoked else "not renewed")
         for leg in [leg for leg in self.legs.values() if leg.deadline < now]:
             self.io.fail(leg.seq_id, pb.FAILURE_DEADLINE, f"{self.instance}: deadline passed")
             self.finish(leg, reason="deadline passed")
         for seq_id in [s for s, (since, _) in self.early.items() if since < now - EARLY_KEEP_S]:
             del self.early[seq_id]
+
+    def _lease_lapsed(self, how: str) -> None:
+        """The frontend cannot hear this worker, or this worker the frontend: its requests are
+        carried on elsewhere or have failed, so every leg here is dropped and its blocks freed
+        (what a partition leaves behind must not hold memory until the legs' deadlines)."""
+        if not self.legs:
+            return
+        self.lease_lapses += 1
+        why = f"{self.instance}: the frontend's lease lapsed ({how})"
+        print(f"{why}: dropping {len(self.legs)} legs", flush=True)
+        for leg in list(self.legs.values()):
+            self.io.fail(leg.seq_id, pb.FAILURE_LEASE_LAPSED, why)
+            self.finish(leg, reason=why)
+        self.early.clear()
 
     def status(self) -> pb.WorkerStatus:
         """A snapshot, taken on the loop thread (RPC threads answer with the last one)."""
@@ -262,6 +294,7 @@ class Worker:
             legs=list(self.legs),
             kv_bytes_per_token=self.engine.block_bytes // self.engine.block_size,
             tiers=tier_stats(self.engine),
+            lease_lapses=self.lease_lapses,
         )
 
     def running(self) -> int:
