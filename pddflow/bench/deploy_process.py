@@ -214,6 +214,18 @@ class DeployProcess:
                 return h
             time.sleep(0.3)
 
+    def wait_ready(self, timeout_s: float = 60.0) -> dict:
+        """Health once every running worker is up (none lost, unreachable or starting), or
+        AssertionError after `timeout_s`."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            h = self.health()
+            if h["status"] == "ready":
+                return h
+            if time.monotonic() > deadline:
+                raise AssertionError(f"not ready within {timeout_s:g} s: {h['workers']}")
+            time.sleep(0.2)
+
     def stop(self) -> str:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)

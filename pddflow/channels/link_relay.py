@@ -95,7 +95,9 @@ class Link:
 class LinkRelay:
     """Connections to `upstream` through `link`. `client_cluster` / `server_cluster` say which
     side each direction leaves from (a one-way impairment applies to one); `delay_s` is added to
-    every piece each way (control connections, whose ends do not shape the link)."""
+    every piece each way. A `control` relay carries control connections: their ends do not shape
+    the link, so it adds the delay, and their bytes do not count towards a cut after N bytes
+    (which is about the data channels')."""
 
     def __init__(
         self,
@@ -106,13 +108,14 @@ class LinkRelay:
         client_cluster: str = "",
         server_cluster: str = "",
         delay_s: float = 0.0,
+        control: bool = False,
         seed: int = 0,
     ):
         self.upstream = upstream
         self.link = link or Link()
         self.link.relays.append(self)
         self.client_cluster, self.server_cluster = client_cluster, server_cluster
-        self.delay_s = delay_s
+        self.delay_s, self.control = delay_s, control
         self._rng = random.Random(seed)
         self._rng_lock = threading.Lock()
         self.stats = RelayStats()
@@ -271,4 +274,6 @@ class LinkRelay:
                 return data
             self.stats.up_bytes += len(data)
             self.stats.per_connection_up[conn_no] += len(data)
+        if self.control:  # a cut "after N bytes" counts the channels' data
+            return data
         return None if self.link.crossed(len(data)) else data

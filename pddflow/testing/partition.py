@@ -62,14 +62,14 @@ def _words(n: int) -> str:
 
 
 # (seconds before the split, variant, handoff, prompt words, max tokens): launched so that at
-# the split each is in its phase on this deployment (a 0.05 Gbps WAN: a 24-word prompt's KV takes
-# about 2 s to cross); the phase each was really in is read from its timeline
+# the split each is in its phase on this deployment (a 0.05 Gbps WAN: a 16-word prompt's KV takes
+# about 1.5 s to cross); the phase each was really in is read from its timeline
 LAUNCHES = (
-    (-3.0, "p_md", None, 4, 96),  # decoding on main
-    (-3.0, "p_rld_md", "one_shot", 6, 96),  # handed off: decoding on main
-    (-1.8, "p_rld_md", "catch_up", 8, 96),  # in the handoff (main catches up)
-    (-0.5, "p_md", None, 24, 24),  # its KV crossing the WAN
-    (-0.5, "p_rld_md", "one_shot", 24, 24),  # its KV crossing the WAN (the relay decodes)
+    (-2.5, "p_md", None, 4, 64),  # decoding on main
+    (-2.5, "p_rld_md", "one_shot", 6, 64),  # handed off: decoding on main
+    (-1.8, "p_rld_md", "catch_up", 8, 64),  # in the handoff (main catches up)
+    (-0.5, "p_md", None, 16, 24),  # its KV crossing the WAN
+    (-0.5, "p_rld_md", "one_shot", 16, 24),  # its KV crossing the WAN (the relay decodes)
     (0.3, "p_md", None, 6, 24),  # arrives during the split
     (0.3, None, None, 8, 24),  # arrives during the split, the scheduler's choice
 )
@@ -91,6 +91,16 @@ def phase_at(timeline: dict, split_ms: float) -> str:
     return "wan_kv"
 
 
+def admin_split(dep: DeployProcess) -> Callable[[Fault], None]:
+    """A fault through the deployment's admin endpoint (the local backend's link relays)."""
+
+    def split(fault: Fault) -> None:
+        code, out = dep.partition_link(LINK, fault.seconds, fault.loss, fault.from_cluster)
+        assert code == 200, out
+
+    return split
+
+
 def partition_drill(
     dep: DeployProcess,
     fault: Fault,
@@ -98,7 +108,10 @@ def partition_drill(
     *,
     deadline_s: float = 45.0,
     heal_within_s: float = 60.0,
+    split: Callable[[Fault], None] | None = None,
 ) -> PartitionResult:
+    """`split(fault)` starts the fault and returns (default: `admin_split`); it lasts
+    fault.seconds."""
     res = PartitionResult(fault.name, deadline_s=deadline_s)
     tag = f"{fault.name}-{time.monotonic_ns()}"
     plan = [
@@ -110,7 +123,8 @@ def partition_drill(
         prompts = [p[3] for p in plan if p[4] == n]
         want.update(many(prompts, n) if many else {p: reference(p, n) for p in prompts})
     lock = threading.Lock()
-    start = time.monotonic() + 3.0  # the split happens at start; launches are relative to it
+    # the split happens at start; launches are relative to it
+    start = time.monotonic() - min(at for at, *_ in LAUNCHES)
     split_at = start
     probe = f"{tag} around the split: " + _words(5)
     want[probe] = reference(probe, 8)
@@ -171,8 +185,7 @@ def partition_drill(
     with ThreadPoolExecutor(len(plan)) as pool:
         futures = [pool.submit(one, *p) for p in plan]
         time.sleep(max(0.0, start - time.monotonic()))
-        code, out = dep.partition_link(LINK, fault.seconds, fault.loss, fault.from_cluster)
-        assert code == 200, out
+        (split or admin_split(dep))(fault)
         split_at = time.monotonic()
         watch.start(split_at)
         for f in futures:

@@ -97,6 +97,66 @@ class NetNamespace:
         self.holder.wait(timeout=5)
 
 
+class VethLink:
+    """A second network namespace joined to the calling thread's by a veth pair: two datacenters
+    and the link between them, a real kernel link. `a_ips` are the near end's addresses, `b_ips`
+    the far end's (one subnet, /24); both ends are shaped by `tc` tbf to `mbit` (this kernel has
+    no netem: delay stays in pddflow's own emulation). `down()` splits the datacenters (both
+    ways: the link carries nothing), `up()` heals them."""
+
+    A_DEV, B_DEV = "pddflowA", "pddflowB"
+
+    def __init__(self, a_ips: list[str], b_ips: list[str], mbit: int = 200):
+        self.holder = subprocess.Popen(["unshare", "--net", "sleep", "infinity"])
+        mine = _ns_inode("thread-self")
+        deadline = time.monotonic() + 10
+        while _ns_inode(self.holder.pid) in (None, mine):
+            if time.monotonic() > deadline or self.holder.poll() is not None:
+                self.holder.kill()
+                raise OSError("unshare --net did not make the far namespace")
+            time.sleep(0.02)
+        self.inode = _ns_inode(self.holder.pid)
+        self.netns = f"/proc/{self.holder.pid}/ns/net"
+        far = self.in_far()
+        shape = ["root", "tbf", "rate", f"{mbit}mbit", "burst", "256kb", "latency", "400ms"]
+        for argv in (
+            ["ip", "link", "add", self.A_DEV, "type", "veth", "peer", "name", self.B_DEV],
+            ["ip", "link", "set", self.B_DEV, "netns", str(self.holder.pid)],
+            *(["ip", "addr", "add", f"{ip}/24", "dev", self.A_DEV] for ip in a_ips),
+            ["ip", "link", "set", self.A_DEV, "up"],
+            ["tc", "qdisc", "add", "dev", self.A_DEV, *shape],
+            far + ["ip", "link", "set", "lo", "up"],
+            *(far + ["ip", "addr", "add", f"{ip}/24", "dev", self.B_DEV] for ip in b_ips),
+            far + ["ip", "link", "set", self.B_DEV, "up"],
+            far + ["tc", "qdisc", "add", "dev", self.B_DEV, *shape],
+        ):
+            subprocess.run(argv, check=True, timeout=10, capture_output=True)
+
+    def in_far(self) -> list[str]:
+        """The argv prefix that runs a command in the far namespace."""
+        return ["nsenter", f"--net={self.netns}"]
+
+    def down(self) -> None:
+        subprocess.run(["ip", "link", "set", self.A_DEV, "down"], check=True, timeout=10)
+
+    def up(self) -> None:
+        subprocess.run(["ip", "link", "set", self.A_DEV, "up"], check=True, timeout=10)
+
+    def close(self) -> None:
+        """End every process in the far namespace (by PID), then the namespace."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            for pid in [p for p in _processes(self.inode) if p != self.holder.pid]:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.monotonic() + 5
+            while len(_processes(self.inode)) > 1 and time.monotonic() < deadline:
+                time.sleep(0.1)
+        self.holder.kill()
+        self.holder.wait(timeout=5)
+
+
 @dataclass
 class RayNode:
     resources: dict[str, float] = field(default_factory=dict)
@@ -105,6 +165,7 @@ class RayNode:
     # its node IP: another loopback address (127.0.0.2, ...) is another "host" in the namespace,
     # whose processes bind and are reached there
     ip: str = "127.0.0.1"
+    netns: list[str] = field(default_factory=list)  # argv prefix: run it in another namespace
 
 
 class RayCluster:
@@ -113,7 +174,7 @@ class RayCluster:
     `temp_dir`."""
 
     def __init__(self, nodes: list[RayNode], temp_dir: Path, timeout_s: float = 120.0):
-        self.address = f"127.0.0.1:{HEAD_PORT}"
+        self.address = f"{nodes[0].ip}:{HEAD_PORT}"
         self.temp_dir = temp_dir
         self.nodes = nodes
         for i, node in enumerate(nodes):
@@ -127,6 +188,7 @@ class RayCluster:
         env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
         env.pop("RAY_ADDRESS", None)
         argv = [
+            *node.netns,
             ray,
             "start",
             *(("--head", f"--port={HEAD_PORT}") if head else (f"--address={self.address}",)),

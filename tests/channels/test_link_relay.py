@@ -84,7 +84,7 @@ def test_a_lossy_link_costs_retransmission_timeouts(echo):
 
 def test_a_control_relay_adds_the_links_one_way_delay(echo):
     with (
-        _relay(echo, delay_s=0.1) as relay,
+        _relay(echo, delay_s=0.1, control=True) as relay,
         socket.create_connection(("127.0.0.1", relay.port)) as s,
     ):
         assert 0.2 <= _round_trip(s, b"rtt") < 1.0

@@ -36,6 +36,14 @@ def pdd(tmp_path_factory):
     assert not (dep.run_dir / "kv").exists(), out  # the disk tier does not persist: no file left
 
 
+@pytest.fixture(autouse=True)
+def all_up(request):
+    """Each drill starts on a deployment whose workers are all up: one before may end while a
+    worker it cut off is still reconnecting (a WAN cut cuts main's control connections too)."""
+    if "pdd" in request.fixturenames:
+        request.getfixturevalue("pdd").wait_ready()
+
+
 @pytest.fixture(scope="session")
 def reference():
     return greedy_reference()

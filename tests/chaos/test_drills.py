@@ -1,6 +1,7 @@
-"""Each single fault under a burst of concurrent requests (pddflow.testing.chaos): no request
+"""Each worker killed under a burst of concurrent requests (pddflow.testing.chaos): no request
 hangs or gets wrong tokens, every one is exact or a clean error, and the deployment serves again
-within a bound."""
+within a bound. The link's faults under load are the partition drills' (test_partitions.py; a
+cut and a black hole alone: test_wan_faults.py); benchmarks/chaos.py runs every fault."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pddflow.testing.chaos import FAULTS, drill
 pytestmark = pytest.mark.slow
 
 
-@pytest.mark.parametrize("name", list(FAULTS))
+@pytest.mark.parametrize("name", [f for f in FAULTS if f.startswith("kill")])
 def test_fault_under_load(pdd, reference, name):
     res = drill(pdd, name, FAULTS[name], reference, burst=6, after=2)
     assert res.hung == 0 and res.wrong == 0, res

@@ -1,7 +1,7 @@
 """Datacenter partitions (pddflow/testing/partition.py): the link between A (frontend, prefill,
 relay) and B (main) split both ways, one way, or lossy, while requests are in the WAN KV transfer,
 the handoff, decoding on main, or arriving. The chaos deployment's lease is 4 s (conftest), so a
-2 s split is one the lease rides out and an 8 s split one it does not: the same two classes as
+2 s split is one the lease rides out and a 6.5 s split one it does not: the same two classes as
 benchmarks/chaos.py's 5 s and 60 s against the default 10 s lease."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ pytestmark = pytest.mark.slow
 
 WITHIN = Fault("split 2 s (within the lease)", 2.0)
 BEYOND = [
-    Fault("split 8 s (past the lease)", 8.0),
-    Fault("one-way 8 s: A's sends lost", 8.0, from_cluster="A"),
-    Fault("one-way 8 s: B's sends lost", 8.0, from_cluster="B"),
+    Fault("split 6.5 s (past the lease)", 6.5),
+    Fault("one-way 6.5 s: A's sends lost", 6.5, from_cluster="A"),
+    Fault("one-way 6.5 s: B's sends lost", 6.5, from_cluster="B"),
 ]
-LOSSY = Fault("20% loss for 8 s", 8.0, loss=0.2)
+LOSSY = Fault("20% loss for 5 s", 5.0, loss=0.2)
 
 
 def _check(res) -> None:

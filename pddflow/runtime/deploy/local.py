@@ -58,15 +58,17 @@ class LocalBackend:
             self.start_instance(inst)
 
     def _relay(
-        self, link: str, hostport: str, client: str, server: str, delay_s: float = 0.0
+        self, link: str, hostport: str, client: str, server: str, delay_s: float | None = None
     ) -> LinkRelay:
+        """A relay of `link` to hostport; a control relay (delay_s given) adds the delay."""
         host, port = hostport.rsplit(":", 1)
         relay = LinkRelay(
             (host, int(port)),
             link=self.links[link],
             client_cluster=client,
             server_cluster=server,
-            delay_s=delay_s,
+            delay_s=delay_s or 0.0,
+            control=delay_s is not None,
         )
         self.relays.setdefault(link, []).append(relay)
         return relay

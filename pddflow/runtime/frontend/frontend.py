@@ -115,7 +115,7 @@ class Frontend:
         # an instance live scaling parked, or is starting, is not part of the serving deployment
         scaling = self.fleet.parked | self.fleet.starting
         ready = all(w["ready"] for i, w in workers.items() if i not in scaling)
-        down = [i for i, w in workers.items() if w["state"] == "lost"]
+        down = [i for i, w in workers.items() if w["state"] in ("lost", "unreachable")]
         return ready, {
             "status": "ready" if ready else ("degraded" if down else "starting"),
             "workers": workers,
