@@ -67,7 +67,7 @@ def _words(n: int) -> str:
 LAUNCHES = (
     (-2.5, "p_md", None, 4, 64),  # decoding on main
     (-2.5, "p_rld_md", "one_shot", 6, 64),  # handed off: decoding on main
-    (-1.8, "p_rld_md", "catch_up", 8, 64),  # in the handoff (main catches up)
+    (-1.2, "p_rld_md", "catch_up", 4, 64),  # in the handoff (main catches up)
     (-0.5, "p_md", None, 16, 24),  # its KV crossing the WAN
     (-0.5, "p_rld_md", "one_shot", 16, 24),  # its KV crossing the WAN (the relay decodes)
     (0.3, "p_md", None, 6, 24),  # arrives during the split

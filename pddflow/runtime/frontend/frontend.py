@@ -268,18 +268,25 @@ class Frontend:
         for inst, fut in futs:
             try:
                 await asyncio.wrap_future(as_concurrent(fut))
-            except Exception as exc:  # noqa: BLE001 - a dead worker: the request cannot start
-                raise RequestRejected(
-                    503, f"worker {inst} did not take the request: {grpc_text(exc)}"
-                ) from None
+            except Exception as exc:  # noqa: BLE001 - dead, or cut off: carry on without it
+                why = f"worker {inst} did not take the request: {grpc_text(exc)}"
+                flight.stream.event("submit_failed", instance=inst, error=why)
+                self.fallbacks.carry_on_without(flight, inst)
+                if flight.stream.error:
+                    raise RequestRejected(503, why) from None
 
     # ---- reports ---------------------------------------------------------------------------------
     def _reports(self, stream: Iterator[pb.Report], context: Any) -> pb.Empty:
         instance = None
+        # a stream that reopened carries, before the worker's full cache listing, what was
+        # queued while it was broken: deltas after one lost with it, and statuses that cannot
+        # agree with the mirror until the listing replaces it (not drift)
+        listed = False
         try:
             for rep in stream:
                 instance = rep.instance
-                self._dispatch(lambda r=rep: self._on_report(r))
+                listed = listed or (rep.WhichOneof("body") == "cache" and rep.cache.full)
+                self._dispatch(lambda r=rep, exact=listed: self._on_report(r, exact))
         except Exception:  # noqa: BLE001 - the worker's connection broke
             pass
         if instance is not None and not self.fleet.answers(instance):
@@ -296,11 +303,11 @@ class Frontend:
         except RuntimeError:  # the loop has closed: shutting down
             pass
 
-    def _on_report(self, rep: pb.Report) -> None:
+    def _on_report(self, rep: pb.Report, listed: bool = True) -> None:
         which = rep.WhichOneof("body")
         self.metrics.reports.labels(which).inc()
         if which == "status":
-            self._on_status(rep.instance, rep.status)
+            self._on_status(rep.instance, rep.status, listed)
         elif which == "cache":
             self._on_cache(rep.instance, rep.cache)
         elif which == "tokens":
@@ -326,7 +333,7 @@ class Frontend:
         except MirrorDrift as exc:
             self._drift(str(exc))
 
-    def _on_status(self, inst: str, s: pb.WorkerStatus) -> None:
+    def _on_status(self, inst: str, s: pb.WorkerStatus, listed: bool = True) -> None:
         if inst in self.fleet.parked:
             return  # a report that left before it was stopped
         self.fleet.status[inst] = s
@@ -355,7 +362,7 @@ class Frontend:
         self.metrics.kv_blocks_total.labels(inst).set(s.kv_blocks_total)
         m = self.sched.mirror(inst)
         # deltas precede the status on the same ordered stream: they must agree now
-        if m is not None:
+        if m is not None and listed:
             if len(m) != s.cached_blocks or m.digest != s.cache_digest:
                 self._drift(f"{inst}: mirror holds {len(m)} blocks, cache {s.cached_blocks}")
 
