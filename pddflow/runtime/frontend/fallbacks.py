@@ -195,12 +195,6 @@ class Fallbacks:
             return
         if inst == r.relay and r.handed_off:
             return  # main has taken over
-        if inst == r.main and r.relay in r.legs and not r.handed_off and not r.resumed_on:
-            # the relay has the whole context: it decodes to the end, as when the handoff fails
-            self.metrics.fallbacks.labels("relay_finishes").inc()
-            self.fleet.abort_leg(flight, inst, f"{inst} lost before the handoff")
-            r.main, r.handoff = "", pb.HANDOFF_NONE
-            return
         if inst in (r.relay, r.main) or inst in r.resumed_on:
             if not self._resume(flight, lost=inst):
                 flight.stream.fail(f"worker {inst} was lost and no other instance can finish it")
