@@ -13,9 +13,11 @@ from pddflow.testing.partition import Fault, partition_drill
 pytestmark = pytest.mark.slow
 
 WITHIN = Fault("split 2 s (within the lease)", 2.0)
+# a two-way split lapses both sides on their own (no grants reach main, no answers come back);
+# a one-way split of B's sends has the frontend revoke a lease main still hears renewed. A's
+# sends lost is the two-way case for the leases (main's reports still arrive): benchmarks/chaos.py
 BEYOND = [
     Fault("split 6.5 s (past the lease)", 6.5),
-    Fault("one-way 6.5 s: A's sends lost", 6.5, from_cluster="A"),
     Fault("one-way 6.5 s: B's sends lost", 6.5, from_cluster="B"),
 ]
 LOSSY = Fault("20% loss for 5 s", 5.0, loss=0.2)
