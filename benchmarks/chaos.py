@@ -21,7 +21,13 @@ from pathlib import Path
 
 from pddflow.bench.deploy_process import DeployProcess
 from pddflow.testing.chaos import FAULTS, drill, greedy_reference
-from pddflow.testing.partition import PHASES, Fault, PartitionResult, partition_drill
+from pddflow.testing.partition import (
+    PHASES,
+    Fault,
+    PartitionResult,
+    partition_drill,
+    results_table,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -86,30 +92,7 @@ def _fault_table(rows: list) -> None:
 
 
 def _partition_tables(splits: list[PartitionResult]) -> None:
-    def secs(v: float | None) -> str:
-        return "-" if v is None else f"{v:.1f} s"
-
-    print(
-        "\n| fault | sent | exact | typed errors | wrong | hung | slowest | around main | back "
-        "| routed around | blocks leaked | mirror drift |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for r in splits:
-        cells = (
-            r.fault,
-            r.sent,
-            r.exact,
-            r.typed_errors,
-            r.wrong,
-            r.hung,
-            secs(r.slowest_s),
-            secs(r.around_s),
-            secs(r.back_s),
-            "-" if r.routed_around is None else ("yes" if r.routed_around else "NO"),
-            r.blocks_leaked,
-            r.mirror_drift,
-        )
-        print("| " + " | ".join(map(str, cells)) + " |")
+    print("\n" + results_table(splits))
     print("\nexact / sent by the phase each request was in at the split:\n")
     print("| phase | " + " | ".join(r.fault for r in splits) + " |")
     print("|---|" + "---|" * len(splits))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from pddflow.bench.deploy_process import DeployProcess
 from pddflow.testing.chaos import greedy_reference
-from pddflow.testing.partition import Fault, partition_drill
+from pddflow.testing.partition import Fault, partition_drill, results_table
 from pddflow.testing.ray_cluster import (
     NetNamespace,
     RayCluster,
@@ -81,31 +81,7 @@ def main() -> None:
         print(json.dumps([r.to_dict() for r in rows], indent=2))
         return
     print(f"lease {a.lease_s:g} s, veth at {a.mbit} Mbit/s\n")
-    print(
-        "| fault | sent | exact | typed errors | wrong | hung | slowest | around main | back "
-        "| routed around | blocks leaked | mirror drift |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        cells = (
-            r.fault,
-            r.sent,
-            r.exact,
-            r.typed_errors,
-            r.wrong,
-            r.hung,
-            _s(r.slowest_s),
-            _s(r.around_s),
-            _s(r.back_s),
-            "-" if r.routed_around is None else ("yes" if r.routed_around else "NO"),
-            r.blocks_leaked,
-            r.mirror_drift,
-        )
-        print("| " + " | ".join(map(str, cells)) + " |")
-
-
-def _s(v: float | None) -> str:
-    return "-" if v is None else f"{v:.1f} s"
+    print(results_table(rows))
 
 
 def _link_down(link: VethLink):

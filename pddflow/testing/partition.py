@@ -255,6 +255,25 @@ def _settled(dep: DeployProcess, within_s: float) -> tuple[int, int]:
         time.sleep(0.3)
 
 
+def results_table(results: list[PartitionResult]) -> str:
+    """One markdown row per drill (benchmarks/chaos.py, benchmarks/ray_partition.py)."""
+
+    def secs(v: float | None) -> str:
+        return "-" if v is None else f"{v:.1f} s"
+
+    lines = [
+        "| fault | sent | exact | typed errors | wrong | hung | slowest | around main | back "
+        "| routed around | blocks leaked | mirror drift |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        around = "-" if r.routed_around is None else ("yes" if r.routed_around else "NO")
+        cells = (r.fault, r.sent, r.exact, r.typed_errors, r.wrong, r.hung, secs(r.slowest_s))
+        cells += (secs(r.around_s), secs(r.back_s), around, r.blocks_leaked, r.mirror_drift)
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    return "\n".join(lines)
+
+
 def _count(res: PartitionResult, phase: str, outcome: str) -> None:
     by = res.phases.setdefault(phase, {})
     by[outcome] = by.get(outcome, 0) + 1

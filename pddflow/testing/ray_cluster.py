@@ -55,20 +55,25 @@ def _ns_inode(pid: int | str) -> str | None:
         return None
 
 
+def _hold_namespace() -> tuple[subprocess.Popen, str | None]:
+    """A process holding a fresh network namespace, and the namespace's inode."""
+    holder = subprocess.Popen(["unshare", "--net", "sleep", "infinity"])
+    mine = _ns_inode("thread-self")
+    deadline = time.monotonic() + 10
+    while _ns_inode(holder.pid) in (None, mine):
+        if time.monotonic() > deadline or holder.poll() is not None:
+            holder.kill()
+            raise OSError("unshare --net did not make a namespace")
+        time.sleep(0.02)
+    return holder, _ns_inode(holder.pid)
+
+
 class NetNamespace:
     """Enter a fresh network namespace on the calling thread (loopback up)."""
 
     def __init__(self) -> None:
         self.home = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
-        self.holder = subprocess.Popen(["unshare", "--net", "sleep", "infinity"])
-        mine = _ns_inode("thread-self")
-        deadline = time.monotonic() + 10
-        while _ns_inode(self.holder.pid) in (None, mine):
-            if time.monotonic() > deadline or self.holder.poll() is not None:
-                self.holder.kill()
-                raise OSError("unshare --net did not make a namespace")
-            time.sleep(0.02)
-        self.inode = _ns_inode(self.holder.pid)
+        self.holder, self.inode = _hold_namespace()
         fd = os.open(f"/proc/{self.holder.pid}/ns/net", os.O_RDONLY)
         try:
             _setns(fd)
@@ -107,15 +112,7 @@ class VethLink:
     A_DEV, B_DEV = "pddflowA", "pddflowB"
 
     def __init__(self, a_ips: list[str], b_ips: list[str], mbit: int = 200):
-        self.holder = subprocess.Popen(["unshare", "--net", "sleep", "infinity"])
-        mine = _ns_inode("thread-self")
-        deadline = time.monotonic() + 10
-        while _ns_inode(self.holder.pid) in (None, mine):
-            if time.monotonic() > deadline or self.holder.poll() is not None:
-                self.holder.kill()
-                raise OSError("unshare --net did not make the far namespace")
-            time.sleep(0.02)
-        self.inode = _ns_inode(self.holder.pid)
+        self.holder, self.inode = _hold_namespace()
         self.netns = f"/proc/{self.holder.pid}/ns/net"
         far = self.in_far()
         shape = ["root", "tbf", "rate", f"{mbit}mbit", "burst", "256kb", "latency", "400ms"]
