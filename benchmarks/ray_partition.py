@@ -15,7 +15,6 @@ import json
 import shutil
 import sys
 import tempfile
-import threading
 from pathlib import Path
 
 from pddflow.bench.deploy_process import DeployProcess
@@ -52,7 +51,7 @@ def main() -> None:
         link = VethLink([A_IP], [B_IP], mbit=a.mbit)
         nodes = [
             RayNode({"pddflow_cluster_A": 1}, num_cpus=2, ip=A_IP),
-            RayNode({"pddflow_cluster_B": 1}, num_cpus=1, ip=B_IP, netns=link.in_far()),
+            RayNode({"pddflow_cluster_B": 1}, num_cpus=1, ip=B_IP, netns=link.netns),
         ]
         print("starting the Ray cluster (two namespaces)", file=sys.stderr)
         cluster = RayCluster(nodes, tmp)
@@ -69,7 +68,9 @@ def main() -> None:
             for s in a.split_s:
                 print(f"drill: link down {s:g} s", file=sys.stderr)
                 fault = Fault(f"link down {s:g} s", s)
-                rows.append(partition_drill(dep, fault, reference, split=_link_down(link)))
+                rows.append(
+                    partition_drill(dep, fault, reference, split=lambda f: link.down_for(f.seconds))
+                )
         finally:
             dep.stop()
     finally:
@@ -82,14 +83,6 @@ def main() -> None:
         return
     print(f"lease {a.lease_s:g} s, veth at {a.mbit} Mbit/s\n")
     print(results_table(rows))
-
-
-def _link_down(link: VethLink):
-    def split(fault: Fault) -> None:
-        link.down()
-        threading.Timer(fault.seconds, link.up).start()
-
-    return split
 
 
 if __name__ == "__main__":

@@ -73,12 +73,14 @@ class EmulatedLink:
         deadline: Deadline | None = None,
         ready_at: float | None = None,
         jitter_lane: int | str | None = None,
+        abort: threading.Event | None = None,
     ) -> float:
         """Block until nbytes arrive, taking the bucket SHARE_BYTES at a time so concurrent
         messages interleave as HTTP/2 calls do; returns the departure (the next ready_at).
-        `jitter_lane` continues a connection's delay samples across its calls."""
+        `jitter_lane` continues a connection's delay samples across its calls. Returns at once
+        when `abort` is set: a sender that is closing does not wait out a slow link."""
         left, offered = nbytes, ready_at
-        while True:
+        while abort is None or not abort.is_set():
             piece = min(left, SHARE_BYTES)
             left -= piece
             with self._lock:
@@ -86,9 +88,12 @@ class EmulatedLink:
                 arrival = self._deliver(nbytes, lane, depart, jitter_lane) if left <= 0 else depart
             if left <= 0:
                 break
-            self.wait_until(depart, deadline, f"{nbytes} bytes")  # others may take the next piece
+            # others may take the next piece
+            self.wait_until(depart, deadline, f"{nbytes} bytes", abort)
             offered = depart  # backlogged: the next piece was ready when this one left
-        self.wait_until(arrival, deadline, f"{nbytes} bytes")
+        else:
+            return self._clock()
+        self.wait_until(arrival, deadline, f"{nbytes} bytes", abort)
         return depart
 
     def retune(self, link: LinkModel) -> None:
@@ -143,16 +148,23 @@ class EmulatedLink:
         return rng
 
     def wait_until(
-        self, arrival: float, deadline: Deadline | None = None, what: str = "a message"
+        self,
+        arrival: float,
+        deadline: Deadline | None = None,
+        what: str = "a message",
+        abort: threading.Event | None = None,
     ) -> None:
+        sleep = self._sleep if abort is None else abort.wait
         if deadline is not None and arrival > deadline.at:
-            self._sleep(max(0.0, deadline.at - self._clock()))
+            sleep(max(0.0, deadline.at - self._clock()))
+            if abort is not None and abort.is_set():
+                return
             raise deadline.timeout(
                 f"emulated link {self.link.name!r} cannot deliver {what} in time"
             )
         wait = arrival - self._clock()
         if wait > 0:
-            self._sleep(wait)
+            sleep(wait)
 
     def return_delay(self, lane: int = 0) -> float:
         """An ack's delay, from its own stream so the forward samples do not depend on it."""

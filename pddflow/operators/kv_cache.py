@@ -4,6 +4,9 @@ one (the latent and the RoPE key of each token)."""
 
 from __future__ import annotations
 
+import math
+import mmap
+
 import torch
 
 from pddflow.core.model_config import ModelConfig
@@ -30,17 +33,16 @@ class KVPool:
         device: torch.device,
     ):
         self.block_size = block_size
-        # zeros: never-written slots times a zero probability is zero only for finite values
-        self.tensor = torch.zeros(
+        shape = (
             num_blocks,
             config.num_layers,
             config.kv_planes,
             block_size,
             config.num_kv_heads,
             config.head_dim,
-            dtype=dtype,
-            device=device,
         )
+        # zeros: never-written slots times a zero probability is zero only for finite values
+        self.tensor = _zeros(shape, dtype, device)
 
     @property
     def num_blocks(self) -> int:
@@ -59,3 +61,14 @@ class KVPool:
         self.tensor[slot_blocks, layer, 0, slot_offsets] = k.to(self.tensor.dtype)
         if v is not None:
             self.tensor[slot_blocks, layer, 1, slot_offsets] = v.to(self.tensor.dtype)
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """On the CPU an anonymous mapping: the kernel zeroes each page when it is first touched, so
+    a pool costs neither the time to clear it at start nor memory for blocks never used."""
+    if torch.device(device).type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    nbytes = math.prod(shape) * torch.empty(0, dtype=dtype).element_size()
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    return torch.frombuffer(mmap.mmap(-1, nbytes), dtype=dtype).view(shape)

@@ -91,6 +91,17 @@ def phase_at(timeline: dict, split_ms: float) -> str:
     return "wan_kv"
 
 
+def assert_settled(res: PartitionResult) -> None:
+    """What every drill must end with, whatever the fault: no request wrong or past its deadline,
+    main serving again after the heal, no block leaked, the mirror equal to the caches."""
+    detail = f"{res.to_dict()}"
+    assert res.wrong == 0 and res.hung == 0, detail
+    assert res.exact + res.typed_errors == res.sent, detail
+    assert res.slowest_s <= res.deadline_s, detail  # no client waits past its deadline
+    assert res.back_s is not None, detail  # main serves again after the heal
+    assert res.blocks_leaked == 0 and res.mirror_drift == 0, detail
+
+
 def admin_split(dep: DeployProcess) -> Callable[[Fault], None]:
     """A fault through the deployment's admin endpoint (the local backend's link relays)."""
 

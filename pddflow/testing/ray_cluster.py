@@ -1,10 +1,12 @@
 """A multi-node Ray cluster on this machine, started the way a user would (`ray start`), inside a
 private network namespace of its own (`unshare --net`, loopback up): every Ray and pddflow address
-is 127.0.0.1 there and no traffic leaves it. The thread that enters the namespace (pytest's main
-thread) and everything it starts afterwards live in it, until `close()` takes it back out.
+is the namespace's own and no traffic leaves it. The thread that enters the namespace (pytest's
+main thread) and everything it starts afterwards live in it, until `close()` takes it back out.
+A second namespace joined to it by a veth pair (`VethLink`) is a second datacenter: nodes started
+there talk to the others over a real kernel link that can be shaped and taken down.
 
 Stopping never uses `ray stop` (which stops every Ray process on the machine, others' included):
-every process in the namespace is this cluster's, and those are ended by PID.
+every process in the namespaces is this cluster's, and those are ended by PID.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -107,14 +110,15 @@ class VethLink:
     and the link between them, a real kernel link. `a_ips` are the near end's addresses, `b_ips`
     the far end's (one subnet, /24); both ends are shaped by `tc` tbf to `mbit` (this kernel has
     no netem: delay stays in pddflow's own emulation). `down()` splits the datacenters (both
-    ways: the link carries nothing), `up()` heals them."""
+    ways: the link carries nothing), `up()` heals them. A `RayNode` whose `netns` is `netns` runs
+    at the far end."""
 
     A_DEV, B_DEV = "pddflowA", "pddflowB"
 
     def __init__(self, a_ips: list[str], b_ips: list[str], mbit: int = 200):
         self.holder, self.inode = _hold_namespace()
         self.netns = f"/proc/{self.holder.pid}/ns/net"
-        far = self.in_far()
+        far = _in_namespace(self.netns)
         shape = ["root", "tbf", "rate", f"{mbit}mbit", "burst", "256kb", "latency", "400ms"]
         for argv in (
             ["ip", "link", "add", self.A_DEV, "type", "veth", "peer", "name", self.B_DEV],
@@ -129,15 +133,16 @@ class VethLink:
         ):
             subprocess.run(argv, check=True, timeout=10, capture_output=True)
 
-    def in_far(self) -> list[str]:
-        """The argv prefix that runs a command in the far namespace."""
-        return ["nsenter", f"--net={self.netns}"]
-
     def down(self) -> None:
         subprocess.run(["ip", "link", "set", self.A_DEV, "down"], check=True, timeout=10)
 
     def up(self) -> None:
         subprocess.run(["ip", "link", "set", self.A_DEV, "up"], check=True, timeout=10)
+
+    def down_for(self, seconds: float) -> None:
+        """Split now and heal `seconds` later (on a timer thread: this returns at once)."""
+        self.down()
+        threading.Timer(seconds, self.up).start()
 
     def close(self) -> None:
         """End every process in the far namespace (by PID), then the namespace."""
@@ -162,18 +167,20 @@ class RayNode:
     # its node IP: another loopback address (127.0.0.2, ...) is another "host" in the namespace,
     # whose processes bind and are reached there
     ip: str = "127.0.0.1"
-    netns: list[str] = field(default_factory=list)  # argv prefix: run it in another namespace
+    netns: str | None = None  # another network namespace to run it in (VethLink.netns)
 
 
 class RayCluster:
     """`ray start --head` plus `ray start --address` for every further node, each on its node's
-    loopback address (the head on 127.0.0.1) in the current network namespace, their files under
+    address in the current network namespace (or its own `netns`), their files under
     `temp_dir`."""
 
     def __init__(self, nodes: list[RayNode], temp_dir: Path, timeout_s: float = 120.0):
         self.address = f"{nodes[0].ip}:{HEAD_PORT}"
         self.temp_dir = temp_dir
         self.nodes = nodes
+        # one at a time: `ray start`s run at once on one machine time out waiting for their
+        # raylets
         for i, node in enumerate(nodes):
             self.start_node(node, head=i == 0, timeout_s=timeout_s)
         self.wait_nodes(len(nodes), timeout_s)
@@ -185,7 +192,7 @@ class RayCluster:
         env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
         env.pop("RAY_ADDRESS", None)
         argv = [
-            *node.netns,
+            *(_in_namespace(node.netns) if node.netns else ()),
             ray,
             "start",
             *(("--head", f"--port={HEAD_PORT}") if head else (f"--address={self.address}",)),
@@ -209,7 +216,9 @@ class RayCluster:
         """SIGKILL every process of the (non-head) node on `ip`, as if its machine lost power:
         its raylet and every process under it (the actors, their workers), and its agents. The
         pids killed."""
-        procs = _processes(_ns_inode("thread-self"))
+        procs: dict[int, tuple[int, str]] = {}
+        for ns in {"/proc/thread-self/ns/net", *(n.netns for n in self.nodes if n.netns)}:
+            procs |= _processes(os.readlink(ns))
         mark = re.compile(rf"node[_-]ip[_-]address[= ]{re.escape(ip)}(\s|$)")
         doomed = {pid for pid, (_, cmd) in procs.items() if mark.search(cmd)}
         grew = True
@@ -267,6 +276,11 @@ class RayCluster:
             "placement_group_table().values() if g['state'] != 'REMOVED']}"
         )
         return {k: sorted(v, key=lambda x: sorted(x.items())) for k, v in out.items()}
+
+
+def _in_namespace(netns: str) -> list[str]:
+    """The argv prefix that runs a command in the network namespace `netns` (a /proc path)."""
+    return ["nsenter", f"--net={netns}"]
 
 
 def _processes(inode: str | None) -> dict[int, tuple[int, str]]:

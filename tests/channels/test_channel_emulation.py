@@ -3,11 +3,14 @@ shaped wan_flight transfer between two processes that must land within 10% of th
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from pddflow.channels.deadline import Deadline
 from pddflow.channels.emulation import EmulatedLink, link_from_params
-from pddflow.channels.errors import ChannelTimeout
+from pddflow.channels.errors import ChannelCancelled, ChannelTimeout
 from pddflow.channels.wan_flight.params import WanFlightParams
 from pddflow.channels.wan_flight.sender import WanFlightSender
 from pddflow.core.link import Jitter, LinkModel
@@ -157,3 +160,40 @@ def test_shaped_wan_flight_throughput_within_10_percent(kv_factory):
         rx.line(10)
     print(f"shaped: {report.gbps:.4f} Gbps over {report.bytes} bytes in {report.seconds:.3f} s")
     assert report.gbps == pytest.approx(0.4, rel=0.10), report
+
+
+def test_hold_returns_at_once_when_its_sender_aborts():
+    clock = FakeClock()
+    em = EmulatedLink(_link(gbps=0.008), clock=clock, sleep=clock.sleep)  # 1 MB/s
+    abort = threading.Event()
+    abort.set()
+    em.hold(10_000_000, abort=abort)  # 10 s of link time: none of it waited
+    assert clock.t == 100.0
+
+
+@pytest.mark.slow
+def test_closing_a_sender_ends_a_send_stuck_behind_a_slow_link(kv_factory):
+    """A worker that stops closes its senders: a send that the emulated link would hold for
+    minutes (one 1 MiB batch at 25 KB/s: 40 s) ends cancelled at once instead of keeping the
+    process alive until its deadline."""
+    kv = kv_factory("stuck", num_blocks=256, torch_dtype=None, layers=8, head_dim=64)  # 16 MiB
+    link = LinkModel("A-B", "A", "B", gbps=0.0002, rtt_ms=2.0, jitter=Jitter(0.5, 2.0))
+    params = WanFlightParams(streams=2, max_batch_bytes=1 << 20, emulate=link)
+    outcome: list[BaseException | None] = []
+
+    def send() -> None:
+        try:
+            tx.send(kv, timeout_s=300)
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - the test reads it
+            outcome.append(exc)
+
+    with PeerProcess("wan-recv", "--no-digest") as rx:
+        tx = WanFlightSender(rx.address, params=params)
+        tx.connect(timeout_s=10)
+        sending = threading.Thread(target=send)
+        sending.start()
+        time.sleep(0.5)  # the first batches are out, the link holds the rest
+        tx.close()
+        sending.join(timeout=30)
+    assert not sending.is_alive() and isinstance(outcome[0], ChannelCancelled), outcome

@@ -1,8 +1,10 @@
 """`pddflow deploy --backend ray` on a real multi-node Ray cluster, started as a user would (`ray
-start`: a head node and five more, each with its graph cluster's resource), inside a private
-network namespace of this test module (nothing leaves it). Cluster A's two nodes have node IPs of
-their own (127.0.0.2, 127.0.0.3: two hosts as far as Ray and pddflow can tell), so prefill and
-relay land on different hosts and their rdma_tensor edge goes over tcp; the others are 127.0.0.1.
+start`: a head node and five more, each with its graph cluster's resource), in two private network
+namespaces of this test module joined by a veth pair shaped by tc (nothing leaves them): the two
+datacenters and a real kernel link between them. Datacenter B's two nodes are at the far end, the
+others (the head, A's two, T's) at the near one, each node on an address of its own (a host as far
+as Ray and pddflow can tell), so prefill and relay land on different hosts and their rdma_tensor
+edge goes over tcp, and taking the link down splits the datacenters.
 
 One cluster and one deployment of graphs/pdd.yaml for the module (the tests run in file order;
 the last one stops the deployment). Every client call has a deadline: nothing can hang.
@@ -25,9 +27,16 @@ import pytest
 
 from pddflow.bench.deploy_process import DeployProcess, get_json, post, post_json
 from pddflow.testing.chaos import greedy_reference, wait_until
-from pddflow.testing.ray_cluster import NetNamespace, RayCluster, RayNode, unshare_refused
+from pddflow.testing.partition import Fault, assert_settled, partition_drill
+from pddflow.testing.ray_cluster import (
+    NetNamespace,
+    RayCluster,
+    RayNode,
+    VethLink,
+    unshare_refused,
+)
 
-pytestmark = pytest.mark.slow  # a Ray cluster of three nodes and a deployment on it
+pytestmark = pytest.mark.slow  # a Ray cluster of six nodes and a deployment on it
 
 ray = pytest.importorskip("ray", reason="the ray extra is not installed (pip install -e '.[dev]')")
 openai = pytest.importorskip("openai")
@@ -40,17 +49,30 @@ CLIENT_TIMEOUT_S = 60
 # the head carries cluster G (one GPU, for the shortfall test); A two one-CPU nodes on hosts of
 # their own (prefill and relay, one CPU each, cannot share one), B two (below); T one node of
 # three CPUs, for a prefill of one rank and a decode instance of two
-A_IPS = ("127.0.0.2", "127.0.0.3")
-# cluster B's two nodes, hosts of their own so that one can be lost alone: one main each (the
-# second placed at start for live scaling; which gets which is Ray's choice)
-B_IPS = ("127.0.0.4", "127.0.0.6")
-T_IP = "127.0.0.5"
-NODES = [
-    RayNode({"pddflow_cluster_G": 1}, num_cpus=1, num_gpus=1),
-    *(RayNode({"pddflow_cluster_A": 1}, num_cpus=1, ip=ip) for ip in A_IPS),
-    *(RayNode({"pddflow_cluster_B": 1}, num_cpus=1, ip=ip) for ip in B_IPS),
-    RayNode({"pddflow_cluster_T": 1}, num_cpus=3, ip=T_IP),
-]
+HEAD_IP = "10.77.0.1"
+A_IPS = ("10.77.0.2", "10.77.0.3")
+# cluster B's two nodes, across the link, hosts of their own so that one can be lost alone: one
+# main each (the second placed at start for live scaling; which gets which is Ray's choice)
+B_IPS = ("10.77.0.4", "10.77.0.6")
+T_IP = "10.77.0.5"
+LEASE_S = 4  # the deployment's: a 2 s split is ridden out, a 6.5 s one routed around
+WAN_MBIT = 100
+
+
+def _b_node(ip: str, far: str) -> RayNode:
+    return RayNode({"pddflow_cluster_B": 1}, num_cpus=1, ip=ip, netns=far)
+
+
+def _nodes(far: str) -> list[RayNode]:
+    """The cluster; `far`: the namespace at the link's far end (datacenter B's)."""
+    return [
+        RayNode({"pddflow_cluster_G": 1}, num_cpus=1, num_gpus=1, ip=HEAD_IP),
+        *(RayNode({"pddflow_cluster_A": 1}, num_cpus=1, ip=ip) for ip in A_IPS),
+        *(_b_node(ip, far) for ip in B_IPS),
+        RayNode({"pddflow_cluster_T": 1}, num_cpus=3, ip=T_IP),
+    ]
+
+
 BYSTANDER = """
 import ray
 from ray.util.placement_group import placement_group
@@ -80,20 +102,36 @@ out = 1
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    reason = unshare_refused()
-    if reason is not None:
-        pytest.skip(f"needs a private network namespace for its Ray cluster: {reason}")
+def ray_tmp():
     # short: Ray's Unix sockets live under it (a socket path has at most 107 bytes)
     tmp = Path(tempfile.mkdtemp(prefix="pddflow-ray-", dir="/tmp"))
+    yield tmp
+    shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def wan():
+    """This module's namespace (datacenter A's end) and the veth link to B's."""
+    reason = unshare_refused()
+    if reason is not None:
+        pytest.skip(f"needs private network namespaces for its Ray cluster: {reason}")
     ns = NetNamespace()
+    link = None
     try:
-        c = RayCluster(NODES, tmp)
-        c.query(BYSTANDER)  # someone else's actor and placement group: stop must leave them
-        yield c
+        link = VethLink([HEAD_IP, *A_IPS, T_IP], list(B_IPS), mbit=WAN_MBIT)
+        yield link
     finally:
-        ns.close()  # every process in the namespace (the Ray nodes) by PID; never `ray stop`
-        shutil.rmtree(tmp, ignore_errors=True)
+        # every process in either namespace (the Ray nodes) by PID; never `ray stop`
+        if link is not None:
+            link.close()
+        ns.close()
+
+
+@pytest.fixture(scope="module")
+def cluster(wan, ray_tmp):
+    c = RayCluster(_nodes(wan.netns), ray_tmp)
+    c.query(BYSTANDER)  # someone else's actor and placement group: stop must leave them
+    return c
 
 
 @pytest.fixture(scope="module")
@@ -101,9 +139,12 @@ def dep(cluster, tmp_path_factory):
     # main wired for live scaling: its second instance is placed (on B's second node), parked
     text = (ROOT / "graphs" / "pdd.yaml").read_text()
     replicas = "  replicas: {prefill: 1, relay: 1, main: 1}\n"
-    assert replicas in text
+    scheduler = "\nscheduler:\n"
+    assert replicas in text and scheduler in text and "\ndeploy:" not in text
+    text = text.replace(replicas, replicas + "  max_replicas: {main: 2}\n")
+    text = text.replace(scheduler, f"\ndeploy: {{lease_s: {LEASE_S}}}\n{scheduler}")
     graph = tmp_path_factory.mktemp("ray-graph") / "pdd.yaml"
-    graph.write_text(text.replace(replicas, replicas + "  max_replicas: {main: 2}\n"))
+    graph.write_text(text)
     d = DeployProcess(
         graph,
         None,
@@ -237,6 +278,26 @@ def test_rdma_edge_across_hosts_wants_the_deployment_token(dep):
         assert tx.transport == "tcp"
 
 
+@pytest.mark.parametrize(
+    "fault",
+    [Fault("link down 2 s (within the lease)", 2.0), Fault("link down 6.5 s (past it)", 6.5)],
+    ids=["within-lease", "past-lease"],
+)
+def test_the_datacenters_split_and_heal(dep, wan, reference, fault):
+    """The veth link down while requests are in the WAN KV transfer, the handoff, decoding on
+    main and arriving (pddflow.testing.partition): every one exact or a typed error within its
+    deadline; a split the lease rides out costs only the wait, a longer one is routed around main
+    and main serves again after the heal; no block leaked, the mirror equals the caches."""
+    dep.wait_ready()
+    res = partition_drill(dep, fault, reference, split=lambda f: wan.down_for(f.seconds))
+    assert_settled(res)
+    if fault.seconds < LEASE_S:
+        assert res.exact == res.sent and res.around_s is None, res.to_dict()
+    else:
+        assert res.around_s is not None and res.around_s < fault.seconds, res.to_dict()
+        assert res.routed_around, res.to_dict()
+
+
 def test_main_killed_mid_stream_the_stream_completes_and_main_comes_back(dep, client, reference):
     """The main actor's process is killed (its worker dies with it): the relay finishes the
     stream with the same tokens; Ray's word that the actor died reaches the supervisor, which
@@ -360,7 +421,7 @@ def test_prefill_lost_new_requests_get_503_until_it_is_back(dep, reference):
 
 
 def test_main_node_lost_the_relay_finishes_and_main_returns_with_a_new_node(
-    dep, cluster, reference
+    dep, cluster, wan, reference
 ):
     """Main's whole node is lost (its raylet, actor and worker SIGKILLed, as in a power loss):
     the loss is seen within a bounded time; meanwhile the relay finishes requests, forced p_md
@@ -376,7 +437,7 @@ def test_main_node_lost_the_relay_finishes_and_main_returns_with_a_new_node(
         assert code == 200, out
         assert out["choices"][0]["token_ids"] == reference(prompt, 10)
     # the machine is back: a new Ray node on the same address
-    cluster.start_node(RayNode({"pddflow_cluster_B": 1}, num_cpus=1, ip=ip))
+    cluster.start_node(_b_node(ip, wan.netns))
 
     def back() -> dict | None:
         m = _state(dep, "main/0")
@@ -484,5 +545,5 @@ def test_stop_removes_every_actor_group_and_process_it_made_and_nothing_else(dep
             continue
     assert mine == []
     # the Ray cluster itself is healthy (main's node was lost and started again: as many live)
-    assert len(cluster.alive_nodes()) == len(NODES)
+    assert len(cluster.alive_nodes()) == len(cluster.nodes)
     assert cluster.query("out = ray.get(ray.remote(lambda: 41 + 1).remote())") == 42

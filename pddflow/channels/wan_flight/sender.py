@@ -336,6 +336,7 @@ class WanFlightSender:
                 time.monotonic() + self._link.return_delay(stream),
                 job.deadline,
                 "the final acknowledgement",
+                job.abort,
             )
 
     def _put(self, job: SendJob, stream: int, num_streams: int, always: bool) -> int:
@@ -367,8 +368,15 @@ class WanFlightSender:
                 batch = src.batch(run[0], run[1], schema)
                 if self._link is not None:
                     ready = self._link.hold(
-                        batch.nbytes, lane=lane, deadline=dl, ready_at=ready, jitter_lane=stream
+                        batch.nbytes,
+                        lane=lane,
+                        deadline=dl,
+                        ready_at=ready,
+                        jitter_lane=stream,
+                        abort=job.abort,
                     )
+                    if job.abort.is_set():
+                        break
                 writer.write_batch(batch)
                 inflight.append(run)
                 sent += 1
