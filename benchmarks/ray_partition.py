@@ -25,7 +25,7 @@ from pddflow.testing.ray_cluster import (
     RayCluster,
     RayNode,
     VethLink,
-    unshare_refused,
+    veth_refused,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -41,9 +41,9 @@ def main() -> None:
     a = ap.parse_args()
     if not all(0 < s <= 600 for s in a.split_s) or a.lease_s <= 0 or a.mbit <= 0:
         ap.error("--split-s in (0, 600] seconds, --lease-s and --mbit > 0")
-    reason = unshare_refused()
+    reason = veth_refused()
     if reason is not None:
-        sys.exit(f"error: this needs private network namespaces: {reason}")
+        sys.exit(f"error: this needs two network namespaces joined by a veth pair: {reason}")
     tmp = Path(tempfile.mkdtemp(prefix="pddflow-rayp-", dir="/tmp"))  # Ray's socket paths
     ns = NetNamespace()
     link, rows = None, []

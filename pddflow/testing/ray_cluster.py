@@ -15,6 +15,7 @@ import ctypes
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -49,6 +50,14 @@ def unshare_refused() -> str | None:
     if r.returncode != 0:
         return f"unshare --net is not permitted here: {r.stderr.decode(errors='replace').strip()}"
     return None
+
+
+def veth_refused() -> str | None:
+    """Why two namespaces joined by a shaped veth pair (`VethLink`) cannot be made here."""
+    missing = [cmd for cmd in ("nsenter", "tc") if shutil.which(cmd) is None]
+    if missing:
+        return f"{' and '.join(missing)} not found (util-linux, iproute2)"
+    return unshare_refused()
 
 
 def _ns_inode(pid: int | str) -> str | None:

@@ -33,7 +33,7 @@ from pddflow.testing.ray_cluster import (
     RayCluster,
     RayNode,
     VethLink,
-    unshare_refused,
+    veth_refused,
 )
 
 pytestmark = pytest.mark.slow  # a Ray cluster of six nodes and a deployment on it
@@ -112,9 +112,9 @@ def ray_tmp():
 @pytest.fixture(scope="module")
 def wan():
     """This module's namespace (datacenter A's end) and the veth link to B's."""
-    reason = unshare_refused()
+    reason = veth_refused()
     if reason is not None:
-        pytest.skip(f"needs private network namespaces for its Ray cluster: {reason}")
+        pytest.skip(f"needs two network namespaces and a veth link for its Ray cluster: {reason}")
     ns = NetNamespace()
     link = None
     try:

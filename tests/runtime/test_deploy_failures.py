@@ -64,7 +64,9 @@ def test_wan_drop_mid_transfer_resumes(pdd):
     assert r.parse().choices[0].model_extra["token_ids"] == _reference(LONG, 16)
     events = _timeline(pdd, r.headers["x-request-id"])["events"]
     sent = [e for e in events if e["event"] == "kv_sent" and e["channel"] == "wan_flight"]
-    recovered = [e for e in events if e["event"] in ("kv_recomputed", "leg_failed")]
+    # or main, whose control connections cross the cut link too, was taken for lost: the
+    # request resumed on the relay from its tokens so far
+    recovered = [e for e in events if e["event"] in ("kv_recomputed", "leg_failed", "resumed")]
     assert (sent and sent[0]["reconnects"] >= 1) or recovered, events
 
 

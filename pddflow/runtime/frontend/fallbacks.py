@@ -225,6 +225,7 @@ class Fallbacks:
             main_cached_blocks=0,
             singular=False,
             sampling=sampling_to_pb(s, s.max_tokens - len(done)),
+            lease_epoch=self.fleet.lease_epoch,
         )
         r.legs.add(target)
         r.resumed_on.add(target)

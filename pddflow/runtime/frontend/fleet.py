@@ -26,6 +26,9 @@ class Fleet:
         # lost because their lease lapsed (a partition, not a death): still called, since a
         # call may get through (an abort after the link heals), and back once the lease is
         self.unreachable: set[str] = set()
+        # one more each time a lease lapses: orders carry it, so a worker told its legs were given
+        # up drops only those ordered before (leases.py)
+        self.lease_epoch = 0
         self.restarting: set[str] = set()  # lost, and not back before the deployer restarts it
         self.restarts: dict[str, int] = {}  # instance -> restarts by the deployer
         self.exits: dict[str, str] = {}  # instance -> why it last died

@@ -262,7 +262,7 @@ class Frontend:
             for i in (r.prefill, r.relay, r.main)
             if i and not (i == r.main and r.decision.singular)
         ]
-        order = flight.order(self.plan)
+        order = flight.order(self.plan, lease_epoch=self.fleet.lease_epoch)
         futs = [(i, self.fleet.clients[i].future("Submit", order)) for i in targets]
         r.legs.update(targets)
         for inst, fut in futs:

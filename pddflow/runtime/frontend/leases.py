@@ -6,7 +6,12 @@ it drops what it holds. A worker that hears no grant at all drops its legs when 
 out (workers/loop.py). Once it answers again, it is back. Grants and answers are handled on gRPC
 threads, not the workers' compute loops: a long step is not a partition.
 
-A partition shorter than the lease costs nothing but the wait: the legs on the far side go on."""
+A partition shorter than the lease costs nothing but the wait: the legs on the far side go on.
+
+A grant that gives a worker's legs up carries the lease epoch of the lapse, and every order the
+epoch current when it was sent: the worker drops only the legs ordered before the lapse. Grants
+and orders are separate calls that may arrive in either order, so a revoking grant that reaches a
+worker after it is back and has taken new work leaves that work alone."""
 
 from __future__ import annotations
 
@@ -36,6 +41,7 @@ class Leases:
         # written on gRPC threads, read on the loop (a float per key: no lock needed)
         self.acked: dict[str, float] = {}  # instance -> its last answered grant
         self._since: dict[str, float] = {}  # instance -> when its lease (this time) began
+        self._revoked: dict[str, int] = {}  # instance -> the lease epoch of its last lapse
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._beat, daemon=True, name="leases")
 
@@ -59,18 +65,21 @@ class Leases:
                 continue
             since = self._since.setdefault(inst, now)
             standing = self.standing(inst, now, since)
-            self._grant(inst, standing)
             if not standing and inst not in f.unreachable:
+                f.lease_epoch += 1
+                self._revoked[inst] = f.lease_epoch
                 self._lapsed(inst)
             elif standing and inst in f.unreachable:
                 self._renewed(inst)
+            self._grant(inst, standing)
 
     def standing(self, inst: str, now: float, since: float) -> bool:
         """A grant answered within the lease (counted from when this lease began)."""
         return now - max(self.acked.get(inst, since), since) < self.lease_s
 
     def _grant(self, inst: str, held: bool) -> None:
-        grant = pb.LeaseGrant(lease_s=self.lease_s, held=held)
+        epoch = 0 if held else self._revoked.get(inst, 0)
+        grant = pb.LeaseGrant(lease_s=self.lease_s, held=held, epoch=epoch)
         fut = self.fleet.clients[inst].future("Lease", grant, timeout_s=self.heartbeat_s)
         fut.add_done_callback(lambda f: self._answered(inst, f))
 

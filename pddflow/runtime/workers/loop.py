@@ -7,6 +7,7 @@ import queue
 import threading
 import time
 import traceback
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -61,6 +62,18 @@ class Leg:
         return self.order.seq_id
 
 
+def not_renewed(legs: Iterable[Leg], now: float, lease_until: float) -> list[Leg]:
+    """No grant came for the lease: the legs ordered before it ran out are given up. One ordered
+    since came from a frontend that reaches this worker again: its grant is on its way."""
+    return [] if now <= lease_until else [g for g in legs if g.received < lease_until]
+
+
+def revoked_legs(legs: Iterable[Leg], epoch: int) -> list[Leg]:
+    """The frontend gave up the legs it ordered before lease epoch `epoch` (frontend/leases.py);
+    those ordered since, once this worker was back, stay whenever the revoking grant arrives."""
+    return [g for g in legs if g.order.lease_epoch < epoch]
+
+
 class Worker:
     leg_type: type[Leg] = Leg
     # what the class can do (workers/registry.py checks them against the operator types it runs)
@@ -84,7 +97,10 @@ class Worker:
         # the frontend's lease on this worker's legs: renewed by its heartbeat's grants (RPC
         # threads write it); the first comes within a heartbeat of our first status (run())
         self.lease_until = float("inf")
-        self.lease_revoked = threading.Event()  # the frontend gave our legs up: drop them now
+        # the frontend gave up our legs ordered before this lease epoch: drop them now
+        self.revoked_epoch = 0
+        self._revoked_lock = threading.Lock()
+        self.lease_revoked = threading.Event()
         self.lease_lapses = 0
         put = self._enqueue
         self.rpc, _ = serve(
@@ -112,7 +128,9 @@ class Worker:
         if grant.held:
             self.lease_until = time.monotonic() + grant.lease_s
         else:
-            self.lease_revoked.set()
+            with self._revoked_lock:
+                self.revoked_epoch = max(self.revoked_epoch, grant.epoch)
+                self.lease_revoked.set()
         return pb.Reply(ok=True)
 
     def _enqueue(self, item: InboxItem) -> pb.Reply:
@@ -251,26 +269,30 @@ class Worker:
 
     def expire(self) -> None:
         now = time.monotonic()
-        revoked = self.lease_revoked.is_set()
-        if revoked or (self.legs and now > self.lease_until):
+        with self._revoked_lock:
+            revoked = self.lease_revoked.is_set()
             self.lease_revoked.clear()
-            self._lease_lapsed("revoked by the frontend" if revoked else "not renewed")
+        self._lease_lapsed("not renewed", not_renewed(self.legs.values(), now, self.lease_until))
+        if revoked:
+            given_up = revoked_legs(self.legs.values(), self.revoked_epoch)
+            self._lease_lapsed("revoked by the frontend", given_up)
         for leg in [leg for leg in self.legs.values() if leg.deadline < now]:
             self.io.fail(leg.seq_id, pb.FAILURE_DEADLINE, f"{self.instance}: deadline passed")
             self.finish(leg, reason="deadline passed")
         for seq_id in [s for s, (since, _) in self.early.items() if since < now - EARLY_KEEP_S]:
             del self.early[seq_id]
 
-    def _lease_lapsed(self, how: str) -> None:
+    def _lease_lapsed(self, how: str, legs: Iterable[Leg]) -> None:
         """The frontend cannot hear this worker, or this worker the frontend: its requests are
-        carried on elsewhere or have failed, so every leg here is dropped and its blocks freed
+        carried on elsewhere or have failed, so their legs here are dropped and their blocks freed
         (what a partition leaves behind must not hold memory until the legs' deadlines)."""
-        if not self.legs:
+        legs = list(legs)
+        if not legs:
             return
         self.lease_lapses += 1
         why = f"{self.instance}: the frontend's lease lapsed ({how})"
-        print(f"{why}: dropping {len(self.legs)} legs", flush=True)
-        for leg in list(self.legs.values()):
+        print(f"{why}: dropping {len(legs)} legs", flush=True)
+        for leg in legs:
             self.io.fail(leg.seq_id, pb.FAILURE_LEASE_LAPSED, why)
             self.finish(leg, reason=why)
         self.early.clear()
