@@ -26,20 +26,14 @@ from pddflow.runtime.frontend.metrics import Metrics
 from pddflow.runtime.frontend.model_info import ModelInfo
 from pddflow.runtime.frontend.pools import PlannerView, Pools
 from pddflow.runtime.frontend.rejection import RequestRejected
+from pddflow.runtime.frontend.reports import StatusReports
 from pddflow.runtime.frontend.route import HANDOFF_MODES, Route, mode_name
 from pddflow.runtime.frontend.token_stream import StreamConflict, TokenRun, TokenStream
 from pddflow.runtime.proto import runtime_pb2 as pb
 from pddflow.runtime.rpc import FRONTEND, as_concurrent, grpc_text, serve
 from pddflow.runtime.wire import logprobs_from_pb
 from pddflow.runtime.wiring import Wiring
-from pddflow.scheduler import (
-    InstanceLoad,
-    MirrorDrift,
-    RequestFeatures,
-    SchedulerState,
-    make_policy,
-)
-from pddflow.scheduler.features import UNAVAILABLE
+from pddflow.scheduler import RequestFeatures, SchedulerState, make_policy
 
 log = logging.getLogger("pddflow.frontend")
 
@@ -85,7 +79,9 @@ class Frontend:
         self.metrics.watch_workers(self.fleet.status)
         self.metrics.watch_deployment(self.model_id, self.accounting.vllm_gauges)
         self.metrics.watch_pools(self.pools.state)
-        self.drift: list[str] = []
+        self.statuses = StatusReports(
+            plan, self.policy, self.sched, self.metrics, self.fleet, self.fallbacks
+        )
         self.planner: PlannerView | None = None  # deploy --planner's thread (pools.py)
         self.loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
@@ -121,7 +117,7 @@ class Frontend:
             "workers": workers,
             "live_requests": len(self.flights),
             "max_tokens_in_flight": self.max_serving_tokens(),
-            "mirror_drift": self.drift,
+            "mirror_drift": self.statuses.drift,
             "links": self.links.report(),
             "kv_bytes_per_token": self.policy.kv_bytes_per_token,  # what transfers are sized by
             "pools": self.pools.state(),
@@ -307,9 +303,9 @@ class Frontend:
         which = rep.WhichOneof("body")
         self.metrics.reports.labels(which).inc()
         if which == "status":
-            self._on_status(rep.instance, rep.status, listed)
+            self.statuses.on_status(rep.instance, rep.status, listed)
         elif which == "cache":
-            self._on_cache(rep.instance, rep.cache)
+            self.statuses.on_cache(rep.instance, rep.cache)
         elif which == "tokens":
             self._on_tokens(rep.instance, rep.tokens)
         elif which == "event":
@@ -317,59 +313,6 @@ class Frontend:
         elif which == "failure":
             self.accounting.transfer_failed(rep.instance, rep.failure)
             self.fallbacks.leg_failed(rep.instance, rep.failure)
-
-    def _on_cache(self, inst: str, delta: pb.CacheDelta) -> None:
-        m = self.sched.mirror(inst)
-        if m is None:
-            return
-        try:
-            if delta.full:
-                m.reset(delta.inserted, delta.inserted_tier)
-                return
-            m.on_evict(delta.evicted)
-            m.on_insert(delta.inserted, delta.inserted_tier)
-            if delta.moved:
-                m.on_move(delta.moved, delta.moved_tier)
-        except MirrorDrift as exc:
-            self._drift(str(exc))
-
-    def _on_status(self, inst: str, s: pb.WorkerStatus, listed: bool = True) -> None:
-        if inst in self.fleet.parked:
-            return  # a report that left before it was stopped
-        self.fleet.status[inst] = s
-        if s.kv_bytes_per_token:  # transfers are sized by the KV the served model moves
-            self.policy.kv_bytes_per_token = s.kv_bytes_per_token
-        self.sched.measured_tiers(inst, s.tiers)  # a hit below the device: its load's rate
-        self.fallbacks.reap_orphans(inst, s.legs)
-        if inst in self.fleet.lost and s.ready:
-            self.fallbacks.worker_back(inst)
-        elif s.ready:
-            self.metrics.worker_up.labels(inst).set(1)
-        if s.ready and inst in self.fleet.starting:  # live scaling's new instance joins
-            self.fleet.starting.discard(inst)
-            log.warning("%s joins its pool", inst)
-        op = self.plan.operator_of(inst)
-        load = InstanceLoad(
-            running=s.running,
-            queued=s.waiting,
-            max_batch=op.max_batch,
-            kv_used=s.kv_blocks_used / max(s.kv_blocks_total, 1),
-        )
-        off = inst in self.fleet.draining or inst in self.fleet.starting
-        self.sched.set_load(inst, UNAVAILABLE if off else load)
-        self.metrics.queue_depth.labels(inst).set(s.running + s.waiting)
-        self.metrics.kv_blocks_used.labels(inst).set(s.kv_blocks_used)
-        self.metrics.kv_blocks_total.labels(inst).set(s.kv_blocks_total)
-        m = self.sched.mirror(inst)
-        # deltas precede the status on the same ordered stream: they must agree now
-        if m is not None and listed:
-            if len(m) != s.cached_blocks or m.digest != s.cache_digest:
-                self._drift(f"{inst}: mirror holds {len(m)} blocks, cache {s.cached_blocks}")
-
-    def _drift(self, msg: str) -> None:
-        if msg not in self.drift:
-            self.drift.append(msg)
-            log.error("radix mirror drift: %s", msg)
 
     def _on_tokens(self, inst: str, t: pb.Tokens) -> None:
         flight = self.flights.get(t.seq_id)
