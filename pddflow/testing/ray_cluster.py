@@ -21,6 +21,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -99,15 +100,7 @@ class NetNamespace:
         return [pid for pid in _processes(self.inode) if pid not in mine]
 
     def close(self) -> None:
-        for sig, wait_s in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-            for pid in self.processes():
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-            deadline = time.monotonic() + wait_s
-            while self.processes() and time.monotonic() < deadline:
-                time.sleep(0.1)
+        _end(self.processes)
         _setns(self.home)
         os.close(self.home)
         self.holder.kill()
@@ -155,15 +148,7 @@ class VethLink:
 
     def close(self) -> None:
         """End every process in the far namespace (by PID), then the namespace."""
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            for pid in [p for p in _processes(self.inode) if p != self.holder.pid]:
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-            deadline = time.monotonic() + 5
-            while len(_processes(self.inode)) > 1 and time.monotonic() < deadline:
-                time.sleep(0.1)
+        _end(lambda: [p for p in _processes(self.inode) if p != self.holder.pid])
         self.holder.kill()
         self.holder.wait(timeout=5)
 
@@ -173,8 +158,8 @@ class RayNode:
     resources: dict[str, float] = field(default_factory=dict)
     num_cpus: int = 1
     num_gpus: int = 0
-    # its node IP: another loopback address (127.0.0.2, ...) is another "host" in the namespace,
-    # whose processes bind and are reached there
+    # its node IP: another address of the namespace (127.0.0.2, ..., or one on a VethLink) is
+    # another "host", whose processes bind and are reached there
     ip: str = "127.0.0.1"
     netns: str | None = None  # another network namespace to run it in (VethLink.netns)
 
@@ -285,6 +270,19 @@ class RayCluster:
             "placement_group_table().values() if g['state'] != 'REMOVED']}"
         )
         return {k: sorted(v, key=lambda x: sorted(x.items())) for k, v in out.items()}
+
+
+def _end(processes: Callable[[], list[int]], wait_s: float = 5.0) -> None:
+    """SIGTERM every pid `processes()` lists, then SIGKILL those left after `wait_s`."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in processes():
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait_s
+        while processes() and time.monotonic() < deadline:
+            time.sleep(0.1)
 
 
 def _in_namespace(netns: str) -> list[str]:

@@ -97,10 +97,11 @@ class Worker:
         # the frontend's lease on this worker's legs: renewed by its heartbeat's grants (RPC
         # threads write it); the first comes within a heartbeat of our first status (run())
         self.lease_until = float("inf")
-        # the frontend gave up our legs ordered before this lease epoch: drop them now
+        # the frontend gave up our legs ordered before this lease epoch; a grant saying so is
+        # pending until the loop drops them (RPC threads write both, under the lock)
         self.revoked_epoch = 0
+        self._revoke_pending = False
         self._revoked_lock = threading.Lock()
-        self.lease_revoked = threading.Event()
         self.lease_lapses = 0
         put = self._enqueue
         self.rpc, _ = serve(
@@ -130,7 +131,7 @@ class Worker:
         else:
             with self._revoked_lock:
                 self.revoked_epoch = max(self.revoked_epoch, grant.epoch)
-                self.lease_revoked.set()
+                self._revoke_pending = True
         return pb.Reply(ok=True)
 
     def _enqueue(self, item: InboxItem) -> pb.Reply:
@@ -270,10 +271,12 @@ class Worker:
     def expire(self) -> None:
         now = time.monotonic()
         with self._revoked_lock:
-            revoked = self.lease_revoked.is_set()
-            self.lease_revoked.clear()
-        self._lease_lapsed("not renewed", not_renewed(self.legs.values(), now, self.lease_until))
-        if revoked:
+            revoked, self._revoke_pending = self._revoke_pending, False
+        old = not_renewed(self.legs.values(), now, self.lease_until)
+        if old:  # and what arrived for orders not seen before the lease ran out
+            self._lease_lapsed("not renewed", old)
+            self.early = {s: e for s, e in self.early.items() if e[0] >= self.lease_until}
+        if revoked:  # inputs waiting for their orders may be a new leg's: they expire as usual
             given_up = revoked_legs(self.legs.values(), self.revoked_epoch)
             self._lease_lapsed("revoked by the frontend", given_up)
         for leg in [leg for leg in self.legs.values() if leg.deadline < now]:
@@ -282,11 +285,10 @@ class Worker:
         for seq_id in [s for s, (since, _) in self.early.items() if since < now - EARLY_KEEP_S]:
             del self.early[seq_id]
 
-    def _lease_lapsed(self, how: str, legs: Iterable[Leg]) -> None:
+    def _lease_lapsed(self, how: str, legs: list[Leg]) -> None:
         """The frontend cannot hear this worker, or this worker the frontend: its requests are
         carried on elsewhere or have failed, so their legs here are dropped and their blocks freed
         (what a partition leaves behind must not hold memory until the legs' deadlines)."""
-        legs = list(legs)
         if not legs:
             return
         self.lease_lapses += 1
@@ -295,7 +297,6 @@ class Worker:
         for leg in legs:
             self.io.fail(leg.seq_id, pb.FAILURE_LEASE_LAPSED, why)
             self.finish(leg, reason=why)
-        self.early.clear()
 
     def status(self) -> pb.WorkerStatus:
         """A snapshot, taken on the loop thread (RPC threads answer with the last one)."""
