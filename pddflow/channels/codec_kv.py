@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow as pa
 
 from pddflow.channels.errors import ChannelCorrupt, ChannelError
+from pddflow.channels.first_token import first_from_meta, first_to_meta
 from pddflow.channels.kv_checksum import DEFAULT_CHECKSUM, block_checksum, check_algorithm
 from pddflow.channels.kv_layout import (
     KVLayout,
@@ -121,6 +122,7 @@ class KVSource:
             "hashes_signed": self.hashes_signed,
             "checksum": self.checksum,
             "layout": self.layout.to_dict(),
+            **({"first": first_to_meta(kv.first)} if kv.first is not None else {}),
         }
 
     def schema(self) -> pa.Schema:
@@ -225,6 +227,7 @@ def view_batch(batch: pa.RecordBatch, tensor_lib: str | None = None) -> KVBlocks
         end,
         int(meta["block_size"]),
         layout.view(blocks.rows, tensor_lib),
+        first=first_from_meta(meta.get("first")),
     )
 
 

@@ -12,6 +12,7 @@ import pyarrow as pa
 
 from pddflow.channels.codec_kv import BatchBlocks, schema_meta
 from pddflow.channels.errors import ChannelCorrupt, ChannelError
+from pddflow.channels.first_token import first_from_meta, first_from_pb
 from pddflow.channels.kv_checksum import DEFAULT_CHECKSUM, block_checksum, check_algorithm
 from pddflow.channels.kv_layout import (
     KVLayout,
@@ -20,7 +21,7 @@ from pddflow.channels.kv_layout import (
     num_rows,
     token_range,
 )
-from pddflow.core.payloads import KVBlocks
+from pddflow.core.payloads import FirstToken, KVBlocks
 
 
 class KVLanding:
@@ -37,8 +38,10 @@ class KVLanding:
         tensor_lib: str | None = None,
         checksum: str = DEFAULT_CHECKSUM,
         heads: tuple[int, int] | None = None,
+        first: FirstToken | None = None,
     ):
         self.seq_id, self.num_blocks, self.heads = seq_id, num_blocks, heads
+        self.first = first
         self.checksum = check_algorithm(checksum)
         self.token_start, self.token_end, self.block_size = token_start, token_end, block_size
         self.layout, self.hashes_signed = layout, hashes_signed
@@ -72,6 +75,7 @@ class KVLanding:
             dest,
             tensor_lib,
             str(meta.get("checksum", DEFAULT_CHECKSUM)),
+            first=first_from_meta(meta.get("first")),
         )
 
     @classmethod
@@ -90,6 +94,7 @@ class KVLanding:
             tensor_lib=tensor_lib,
             checksum=header.checksum or DEFAULT_CHECKSUM,
             heads=(header.head_start, header.head_end) if header.head_end else None,
+            first=first_from_pb(header),
         )
 
     @property
@@ -182,6 +187,7 @@ class KVLanding:
             self.block_size,
             data,
             self.heads,
+            self.first,
         )
 
 

@@ -75,6 +75,17 @@ class Request:
     deadline_s: float | None = None  # absolute time.monotonic() deadline; None = no deadline
 
 
+@dataclass(frozen=True)
+class FirstToken:
+    """What prefill computed beside the prompt's KV, carried with it to the decoders: the first
+    generated token, its log probability when the request asked, and the prompt tokens prefill's
+    prefix cache gave (what the answer's usage reports as cached)."""
+
+    token: int
+    logprob: TokenLogprob | None = None
+    cached_tokens: int = 0
+
+
 @dataclass
 class KVBlocks:
     """KV of blocks [token_start, token_end) of one sequence, the last maybe partial. `data`:
@@ -89,6 +100,7 @@ class KVBlocks:
     # the KV heads [a, b) of the model's that `data` holds: one tensor-parallel rank's shard on
     # its way rank to rank; None: every head
     heads: tuple[int, int] | None = None
+    first: FirstToken | None = None  # prefill's first token, with the KV it belongs to
 
     @property
     def num_blocks(self) -> int:

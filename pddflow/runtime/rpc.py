@@ -75,8 +75,6 @@ class Credentials:
 # method -> (request type, response type)
 WORKER_METHODS: dict[str, tuple[type, type]] = {
     "Submit": (pb.LegOrder, pb.Reply),
-    "Feed": (pb.Tokens, pb.Reply),
-    "Handoff": (pb.StartHandoff, pb.Reply),
     "Abort": (pb.Cancel, pb.Reply),
     "Recompute": (pb.Cancel, pb.Reply),
     "Status": (pb.Empty, pb.WorkerStatus),

@@ -43,7 +43,7 @@ def test_forged_reports_and_aborts_are_refused(pdd, reference):
                 client.call("Abort", pb.Cancel(seq_id="*"), timeout_s=5)
             except grpc.RpcError as err:
                 refused += err.code() == grpc.StatusCode.UNAUTHENTICATED
-        text = pb.Tokens(seq_id="*", start=0, ids=[1, 2, 3], final=True)
+        text = pb.TokenBatch(tokens=[pb.Tokens(seq_id="*", start=0, ids=[1, 2, 3], final=True)])
         fut = open_reports(
             wiring["frontend"], iter([pb.Report(instance="main/0", tokens=text)]), forger
         )

@@ -59,7 +59,10 @@ def test_report_stream_needs_the_token():
     )
     try:
         forged = pb.Report(
-            instance="main/0", tokens=pb.Tokens(seq_id="victim", start=0, ids=[1, 2], final=True)
+            instance="main/0",
+            tokens=pb.TokenBatch(
+                tokens=[pb.Tokens(seq_id="victim", start=0, ids=[1, 2], final=True)]
+            ),
         )
         fut = open_reports(f"127.0.0.1:{port}", iter([forged]), Credentials("guess"))
         with pytest.raises(grpc.RpcError) as err:

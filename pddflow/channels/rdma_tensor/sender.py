@@ -17,6 +17,7 @@ import numpy as np
 from pddflow.channels.codec_kv import KVSource
 from pddflow.channels.deadline import Deadline
 from pddflow.channels.errors import ChannelCancelled, ChannelClosed, ChannelCorrupt, ChannelError
+from pddflow.channels.first_token import first_to_pb
 from pddflow.channels.kv_checksum import DEFAULT_CHECKSUM
 from pddflow.channels.proto import pddflow_pb2 as pb
 from pddflow.channels.rdma_tensor.control_socket import ControlSocket, close_fds, dial
@@ -212,6 +213,7 @@ class SharedMemoryKVSender:
         )
         if kv.heads is not None:
             header.head_start, header.head_end = kv.heads
+        first_to_pb(header, kv.first)
         if self._checksum:
             header.checksum = src.checksum
             header.checksums.extend(src.sums(range(kv.num_blocks)))

@@ -60,6 +60,7 @@ class TokenIdsClient:
         self._closed = threading.Event()
         self._kick_lock = threading.Lock()
         self._connecting = False
+        self._keep_open = False  # reconnect even with nothing to send: the server sends first
         self._watchdog = AckWatchdog(lambda: [self._delivery])
 
     @property
@@ -105,6 +106,15 @@ class TokenIdsClient:
         if self._live is None:
             self._kick()
         return fut
+
+    def keep_open(self) -> None:
+        """Connect now, in the background, and stay connected (reconnecting after a break) with
+        nothing to send: the server end may send first (main tells the relay its KV landed)."""
+        if self._keep_open or self._closed.is_set():
+            return
+        self._keep_open = True
+        if self._live is None:
+            self._kick()
 
     def recv(self, timeout_s: float | None = None, deadline: float | None = None) -> Message:
         """The next TokenIds or Control the server sent us."""
@@ -227,10 +237,13 @@ class TokenIdsClient:
 
         threading.Thread(target=run, daemon=True, name="token_ids-connect").start()
 
+    def _wanted(self) -> bool:
+        return self._keep_open or self._delivery.has_pending()
+
     def _reconnect(self) -> None:
         """Reopen the stream (in the dead stream's reader thread) while messages await an ack."""
         backoff = 0.05
-        while not self._closed.is_set() and self._fatal is None and self._delivery.has_pending():
+        while not self._closed.is_set() and self._fatal is None and self._wanted():
             try:
                 self._ensure(
                     Deadline.of(

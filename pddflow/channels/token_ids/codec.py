@@ -13,6 +13,7 @@ from pddflow.core.payloads import TokenIds
 class ControlKind(enum.StrEnum):
     CANCEL = "cancel"  # stop work on the sequence and free its KV (a failed or moved leg)
     RELEASE = "release"  # the receiver has what it needs; the sender may free the sequence's KV
+    LANDED = "landed"  # main holds the prompt's KV: the relay hands the request over
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,11 @@ class Message:
     payload: TokenIds | Control
 
 
-_KIND_TO_PB = {ControlKind.CANCEL: pb.Control.CANCEL, ControlKind.RELEASE: pb.Control.RELEASE}
+_KIND_TO_PB = {
+    ControlKind.CANCEL: pb.Control.CANCEL,
+    ControlKind.RELEASE: pb.Control.RELEASE,
+    ControlKind.LANDED: pb.Control.LANDED,
+}
 _PB_TO_KIND = {v: k for k, v in _KIND_TO_PB.items()}
 
 

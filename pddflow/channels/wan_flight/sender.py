@@ -22,6 +22,7 @@ from pddflow.channels.errors import (
     ChannelError,
     ChannelTimeout,
 )
+from pddflow.channels.first_token import first_to_pb
 from pddflow.channels.kv_landing import bitmap_indices
 from pddflow.channels.proto import pddflow_pb2 as pb
 from pddflow.channels.security import AUTH_HEADER, bearer
@@ -265,7 +266,7 @@ class WanFlightSender:
 
     def _header(self, job: SendJob, stream: int, num_streams: int) -> bytes:
         kv = job.src.kv
-        return pb.KVTransfer(
+        header = pb.KVTransfer(
             transfer_id=job.transfer_id,
             seq_id=kv.seq_id,
             num_blocks=kv.num_blocks,
@@ -278,7 +279,8 @@ class WanFlightSender:
             timeout_s=job.deadline.remaining(),
             hashes_signed=job.src.hashes_signed,
             checksum=job.src.checksum,
-        ).SerializeToString()
+        )
+        return first_to_pb(header, kv.first).SerializeToString()
 
     def _run_stream(self, job: SendJob, stream: int, num_streams: int) -> None:
         """Pull runs from the job and push them on this stream's connection until every block is

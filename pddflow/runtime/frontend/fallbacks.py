@@ -177,18 +177,21 @@ class Fallbacks:
     def carry_on_without(self, flight: Flight, inst: str) -> None:
         """Carry `flight` on without `inst` (lost, or stopped by live scaling); nothing when a
         decoder holds no leg of it (any more: one lost twice, restarted between). A prefill's
-        leg ends with its first token, but the KV it sends may not have landed yet."""
+        leg ends as its KV leaves, but that KV may not have landed yet."""
         r = flight.route
         if inst not in r.legs and inst != r.prefill:
             return
         r.legs.discard(inst)
         if inst == r.prefill and inst not in r.resumed_on:
-            if not r.first_fed:  # no first token yet: a decoder prefills the request itself
+            decoders = [d for d in (r.relay, r.main) if d and d in r.legs]
+            if not decoders:  # nobody else on the route (colocated): a decoder prefills it
                 if not self._resume(flight, lost=inst):
                     flight.stream.fail(f"prefill {inst} was lost and no decoder can take over")
                 return
-            for d in (r.relay, r.main):  # the KV still on its way will not come: recompute it
-                if d and d in r.legs and d not in r.landed:
+            # the KV still on its way will not come: the decoders recompute it, and the one that
+            # starts alone samples the first token that was to come with it, as prefill would
+            for d in decoders:
+                if d not in r.landed:
                     reason = f"prefill {inst} was lost before the KV landed"
                     cancel = pb.Cancel(seq_id=flight.request_id, reason=reason)
                     self.fleet.call(d, "Recompute", cancel)

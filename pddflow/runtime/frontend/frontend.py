@@ -27,7 +27,7 @@ from pddflow.runtime.frontend.model_info import ModelInfo
 from pddflow.runtime.frontend.pools import PlannerView, Pools
 from pddflow.runtime.frontend.rejection import RequestRejected
 from pddflow.runtime.frontend.reports import StatusReports
-from pddflow.runtime.frontend.route import HANDOFF_MODES, Route, mode_name
+from pddflow.runtime.frontend.route import Route, mode_name
 from pddflow.runtime.frontend.token_stream import StreamConflict, TokenRun, TokenStream
 from pddflow.runtime.proto import runtime_pb2 as pb
 from pddflow.runtime.rpc import FRONTEND, as_concurrent, grpc_text, serve
@@ -40,6 +40,17 @@ log = logging.getLogger("pddflow.frontend")
 
 def event_name(kind: pb.EventKind.ValueType) -> str:
     return pb.EventKind.Name(kind).removeprefix("EVENT_").lower()
+
+
+def handoff_start(e: pb.Event) -> dict[str, Any]:
+    """The relay's handoff_started event as the timeline shows it: the mode it chose, whether
+    it chose (adaptive) and from what load."""
+    v = e.values
+    return {
+        "mode": mode_name(int(v["mode"])),
+        "adaptive": bool(v.get("adaptive")),
+        "load": round(v.get("load", 0.0), 4),
+    }
 
 
 class Frontend:
@@ -307,7 +318,8 @@ class Frontend:
         elif which == "cache":
             self.statuses.on_cache(rep.instance, rep.cache)
         elif which == "tokens":
-            self._on_tokens(rep.instance, rep.tokens)
+            for tokens in rep.tokens.tokens:
+                self._on_tokens(rep.instance, tokens)
         elif which == "event":
             self._on_event(rep.instance, rep.event)
         elif which == "failure":
@@ -324,13 +336,8 @@ class Frontend:
         run = TokenRun(
             int(t.start), list(t.ids), op.name, t.final, logprobs_from_pb(t), t.finish_reason
         )
-        if op.type.prefill_only:
-            # prefill's first token reaches the client via the decoder that continues from it
+        if op.type.prefill_only:  # the first token ended the request (else it went with the KV)
             r.legs.discard(inst)
-            r.first_fed = True
-            if not t.final:
-                self._feed_first(flight, t)
-                return
             st.add(run)
         else:
             try:
@@ -354,22 +361,13 @@ class Frontend:
                 self.metrics.itl.observe(gap)
             self.metrics.vllm.tokens(new, gap)
 
-    def _feed_first(self, flight: Flight, t: pb.Tokens) -> None:
-        """Prefill's first token, with its log probabilities (the decoder reports them on)."""
-        r = flight.route
-        target = r.relay if r.relay else r.main
-        if target:
-            first = pb.Tokens(seq_id=flight.request_id, start=0, ids=t.ids[:1])
-            first.logprobs.extend(t.logprobs[:1])
-            first.top.extend(t.top[:1])
-            self.fleet.call(target, "Feed", first)
-
     def _on_event(self, inst: str, e: pb.Event) -> None:
         flight = self.flights.get(e.seq_id)
         if e.kind in (pb.EVENT_KV_SEND, pb.EVENT_KV_SENT):
             self.accounting.transfer(inst, e)
             if e.kind == pb.EVENT_KV_SEND and flight is not None:
                 self.accounting.prefill(inst, flight, e)
+                flight.route.legs.discard(inst)  # prefill's leg ends as its KV leaves
         elif e.kind == pb.EVENT_EXTEND_DONE and e.values.get("final"):
             # main has the turn: its leg is over (the request may have ended: main lingered)
             lingering = self.flights.lingering
@@ -383,31 +381,23 @@ class Frontend:
         st = self.flights.stream(e.seq_id)
         if st is not None:
             where = {"channel": e.channel, "peer": e.peer} if e.peer else {}
-            st.event(event_name(e.kind), instance=inst, **where, **dict(e.values))
+            if e.kind == pb.EVENT_HANDOFF_STARTED:
+                st.event("handoff_start", instance=inst, **handoff_start(e))
+            else:
+                st.event(event_name(e.kind), instance=inst, **where, **dict(e.values))
         if flight is None:
             return
         r = flight.route
         if e.kind in (pb.EVENT_KV_LANDED, pb.EVENT_KV_RECOMPUTED):
             r.landed.add(inst)
-        main_landed = e.kind == pb.EVENT_KV_LANDED and inst == r.main
-        if main_landed and r.relay and r.handoff and not flight.stream.finished:
-            self._start_handoff(flight, e.seq_id)
+        if e.kind == pb.EVENT_HANDOFF_STARTED and inst == r.relay:
+            # main told the relay its KV landed; the relay chose the mode from its own load
+            r.handoff, r.handoff_asked = int(e.values["mode"]), time.monotonic()
         elif e.kind == pb.EVENT_HANDOFF_SENT and inst == r.relay:
             r.handed_off = True
             if e.values.get("switched"):  # busy between catch-up batches: the rest at once
                 r.handoff = pb.HANDOFF_ONE_SHOT
                 self.metrics.handoff_switches.inc()
-
-    def _start_handoff(self, flight: Flight, seq_id: str) -> None:
-        """Main has the prompt's KV: the relay hands it the IDs. An adaptive handoff's mode is
-        decided now, from the relay's load as it is now (not as it was at arrival)."""
-        r = flight.route
-        if r.adaptive:
-            path = self.policy.topo.paths[r.decision.variant]
-            r.handoff = HANDOFF_MODES[self.policy.handoff_mode(path, r.relay, self.sched)]
-        flight.stream.event("handoff_start", mode=mode_name(r.handoff), adaptive=r.adaptive)
-        r.handoff_asked = time.monotonic()
-        self.fleet.call(r.relay, "Handoff", pb.StartHandoff(seq_id=seq_id, mode=r.handoff))
 
     # ---- a request's end ------------------------------------------------------------------------
     def _close(self, flight: Flight) -> None:

@@ -29,12 +29,11 @@ class Route:
     one_shot_above_load: float = 0.0
     legs: set[str] = field(default_factory=set)  # instances holding a live leg
     handed_off: bool = False
-    first_fed: bool = False  # prefill's first token reached a decoder (or ended the request)
     landed: set[str] = field(default_factory=set)  # decoders holding the prompt's KV
     resumed_seq: str = ""  # the sequence id of its legs after it was resumed on another decoder
     resumed_on: set[str] = field(default_factory=set)
     ended: float = 0.0  # when the request ended (main may still extend over the relay's IDs)
-    handoff_asked: float = 0.0  # the frontend asked the relay to hand off (0: main has extended)
+    handoff_asked: float = 0.0  # the relay said it hands off (0: main has extended)
     prefill_counted: bool = False  # prefill's times and cache hit are in the metrics
 
     @staticmethod
@@ -57,7 +56,3 @@ class Route:
             if handoff is None and plan.variants[decision.variant].handoff == "adaptive":
                 r.one_shot_above_load = catch_up_load
         return r
-
-    @property
-    def adaptive(self) -> bool:
-        return self.one_shot_above_load > 0

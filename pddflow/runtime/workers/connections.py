@@ -31,7 +31,14 @@ from pddflow.runtime.proto import runtime_pb2 as pb
 from pddflow.runtime.rpc import open_reports
 from pddflow.runtime.transports import SHM, incoming, pair
 from pddflow.runtime.wiring import Wiring, rdma_address
-from pddflow.runtime.workers.inbox import Abort, CaughtUp, HandoffTokens, KVArrived, KVLost
+from pddflow.runtime.workers.inbox import (
+    Abort,
+    CaughtUp,
+    HandoffTokens,
+    KVArrived,
+    KVLost,
+    MainLanded,
+)
 
 POLL_S = 0.2  # receive loops wake this often to notice shutdown
 # the channel kinds this runtime opens
@@ -48,6 +55,10 @@ class WorkerIO:
         self.resync = threading.Event()
         self.resync.set()
         self.reports: queue.Queue = queue.Queue()
+        # the sequences' tokens of the step in progress, sent as one report (`flush`); a report
+        # of anything else sends them first, so the stream keeps the order things happened in
+        self._tokens: list[pb.Tokens] = []
+        self._report_lock = threading.Lock()
         self._senders: dict[tuple[str, str], Any] = {}
         self._lock = threading.Lock()
         # what each link is emulated as now: as declared until the admin endpoint degrades it
@@ -225,19 +236,50 @@ class WorkerIO:
                 self.inbox.put(HandoffTokens(msg.peer, msg.payload))
             elif msg.payload.kind == ControlKind.RELEASE:
                 self.inbox.put(CaughtUp(msg.payload.seq_id))
+            elif msg.payload.kind == ControlKind.LANDED:
+                self.inbox.put(MainLanded(msg.payload.seq_id))
             elif msg.payload.kind == ControlKind.CANCEL:
                 reason = msg.payload.reason or "cancelled by peer"
                 self.inbox.put(Abort(msg.payload.seq_id, reason))
 
     def release(self, peer: str, seq_id: str, timeout_s: float) -> None:
         """Main tells the relay it has caught up, back on the handoff stream."""
+        self._to_relay(peer, Control(ControlKind.RELEASE, seq_id), timeout_s)
+
+    def landed(self, peer: str, seq_id: str, timeout_s: float) -> None:
+        """Main tells the relay the prompt's KV has landed here: the relay hands over. Queued
+        until the relay's stream is open (it opens it when its leg starts: `open_handoff`)."""
+        self._to_relay(peer, Control(ControlKind.LANDED, seq_id), timeout_s)
+
+    def _to_relay(self, peer: str, msg: Control, timeout_s: float) -> None:
         assert self.handoff_server is not None
-        self.handoff_server.send_async(
-            peer, Control(ControlKind.RELEASE, seq_id), timeout_s=timeout_s
-        )
+        self.handoff_server.send_async(peer, msg, timeout_s=timeout_s)
+
+    def open_handoff(self, main: str) -> None:
+        """The relay's stream to main, open before it has anything to send: main speaks first
+        when its KV lands."""
+        self.sender(Kind.TOKEN_IDS, main).keep_open()
+
+    def tokens(self, tokens: pb.Tokens) -> None:
+        """A sequence's new tokens, sent with the rest of the step's (`flush`)."""
+        with self._report_lock:
+            self._tokens.append(tokens)
+
+    def flush(self) -> None:
+        """The step's tokens, every sequence's in one report."""
+        with self._report_lock:
+            self._flush_tokens()
+
+    def _flush_tokens(self) -> None:
+        if self._tokens:
+            batch = pb.TokenBatch(tokens=self._tokens)
+            self.reports.put(pb.Report(instance=self.instance, tokens=batch))
+            self._tokens = []
 
     def report(self, **body: Any) -> None:
-        self.reports.put(pb.Report(instance=self.instance, **body))
+        with self._report_lock:  # (any thread: channel callbacks report too)
+            self._flush_tokens()
+            self.reports.put(pb.Report(instance=self.instance, **body))
 
     def event(
         self,

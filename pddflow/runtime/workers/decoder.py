@@ -1,5 +1,6 @@
 """What every decoding role shares: KV landing under memory admission (all blocks allocated at
-once, so no decode step runs dry), the decode step, a local prefill for a resumed request."""
+once, so no decode step runs dry), the decode step from prefill's first token (which came with
+the KV), a local prefill for a resumed request."""
 
 from __future__ import annotations
 
@@ -7,12 +8,12 @@ import time
 from dataclasses import dataclass
 
 from pddflow.core.kv_budget import kv_fit
-from pddflow.core.payloads import KVBlocks, TokenLogprob
+from pddflow.core.payloads import FirstToken, KVBlocks
 from pddflow.operators.block_allocator import KVCacheFull
 from pddflow.operators.engine_core import KVShardMissing
 from pddflow.runtime.proto import runtime_pb2 as pb
-from pddflow.runtime.workers.inbox import FirstToken, InboxItem, KVArrived, KVLost
-from pddflow.runtime.workers.loop import Leg, Worker
+from pddflow.runtime.workers.inbox import InboxItem, KVArrived, KVLost
+from pddflow.runtime.workers.loop import Leg, Worker, last_logprob
 from pddflow.runtime.workers.registry import runs
 
 
@@ -22,8 +23,7 @@ class DecodeLeg(Leg):
     kv_arrived: float = 0.0  # when that KV reached this process
     kv_pieces: int = 1  # rank-to-rank: the sending ranks' pieces it was joined from
     kv_ready: bool = False  # the prompt's KV is in this worker's cache
-    first: int | None = None  # the first generated token (prefill's, via the frontend)
-    first_logprob: TokenLogprob | None = None  # prefill's log probability of it, when asked
+    first: FirstToken | None = None  # prefill's first token (with the KV), or this worker's
     decoding: bool = False
     kv_lost: str = ""  # why the KV will not come: recompute it once memory has room
 
@@ -56,12 +56,10 @@ class DecoderWorker(Worker):
     def on_input(self, leg: DecodeLeg, item: InboxItem) -> None:
         if isinstance(item, KVArrived):
             leg.kv, leg.kv_arrived, leg.kv_pieces = item.kv, item.arrived, item.pieces
+            leg.first = leg.first or item.kv.first
             self.land(leg)
         elif isinstance(item, KVLost):
             self.recompute_kv(leg, item.reason)
-        elif isinstance(item, FirstToken):
-            leg.first, leg.first_logprob = item.token, item.logprob
-            self.maybe_start(leg)
 
     def idle(self) -> bool:
         return not (self.compute_queue or self.decoding())
@@ -97,10 +95,10 @@ class DecoderWorker(Worker):
         if not self.room_for(leg):
             return
         try:
-            self.engine.reuse_prefix(leg.seq)
+            reused = self.engine.reuse_prefix(leg.seq)
             self.engine.prefill(leg.seq)
             self.engine.reserve(leg.seq, self.total_tokens(leg))
-            self.emit_last(leg)
+            self.emit_last(leg, reused)
             leg.kv_ready = True
             leg.decoding = not leg.seq.finished
             if leg.seq.finished:
@@ -139,6 +137,9 @@ class DecoderWorker(Worker):
     def on_finished(self, leg: DecodeLeg) -> None:
         """`leg` emitted its last token; the leg ends after this."""
 
+    def landed(self, leg: DecodeLeg) -> None:
+        """The prompt's KV from prefill is in this worker's cache (a hook: main tells the relay)."""
+
     def before_landing(self, leg: DecodeLeg) -> None:
         """The leg's room is there and its KV (or its recompute) goes in next (MainWorker: the
         cached prefix blocks held below the device come up first)."""
@@ -170,6 +171,7 @@ class DecoderWorker(Worker):
         # a shared core, no room in memory)
         values = {"waited_ms": waited_ms, "bytes": nbytes, "pieces": float(leg.kv_pieces)}
         self.io.event(leg.seq_id, pb.EVENT_KV_LANDED, ranks_own_heads=own, **values)
+        self.landed(leg)
         self.maybe_start(leg)
 
     @staticmethod
@@ -227,7 +229,14 @@ class DecoderWorker(Worker):
             return
         try:
             self.before_landing(leg)
-            self.engine.compute_to(leg.seq, leg.seq.num_prompt_tokens)
+            if leg.first is None and self.starts_alone(leg):
+                # the first token was to come with the KV: sample it here, as prefill would have
+                reused = leg.seq.num_computed
+                self.engine.prefill(leg.seq)
+                lps = last_logprob(leg.seq)
+                leg.first = FirstToken(leg.seq.output_ids[-1], lps[0] if lps else None, reused)
+            else:
+                self.engine.compute_to(leg.seq, leg.seq.num_prompt_tokens)
             self.engine.reserve(leg.seq, self.total_tokens(leg))
         except Exception as exc:  # noqa: BLE001
             self.fail(leg, pb.FAILURE_COMPUTE, exc)
@@ -238,13 +247,20 @@ class DecoderWorker(Worker):
         self.maybe_start(leg)
 
     def maybe_start(self, leg: DecodeLeg) -> None:
-        """Decode once the KV is here and prefill's first token too."""
-        if not leg.kv_ready or leg.decoding or leg.first is None or not self.starts_alone(leg):
+        """Decode from the first token once the KV is here (the token came with it)."""
+        first = leg.first
+        if not leg.kv_ready or leg.decoding or first is None or not self.starts_alone(leg):
             return
-        self.engine.append_tokens(leg.seq, [leg.first])
+        seq = leg.seq
+        if len(seq.token_ids) == seq.num_prompt_tokens:  # prefill's (one sampled here is in)
+            self.engine.append_tokens(seq, [first.token])
         # the client sees it once a decoder holds the KV, with prefill's log probability
-        lps = [leg.first_logprob] if leg.first_logprob is not None else None
-        self.emit(leg, [leg.first], start=0, lps=lps)
+        lps = [first.logprob] if first.logprob is not None else None
+        self.emit(leg, [first.token], start=0, lps=lps, cached_tokens=first.cached_tokens)
+        if seq.finished:  # the token this worker sampled ended it (recomputed KV)
+            self.on_finished(leg)
+            self.finish(leg)
+            return
         leg.decoding = True
         self.started(leg)
 

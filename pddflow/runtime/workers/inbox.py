@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from pddflow.core.payloads import KVBlocks, TokenIds, TokenLogprob
+from pddflow.core.payloads import KVBlocks, TokenIds
 from pddflow.runtime.proto import runtime_pb2 as pb
 
 
@@ -19,20 +19,10 @@ class LegOrdered:
 
 
 @dataclass(frozen=True)
-class FirstToken:
-    """Prefill's first generated token, for the decoder that continues from it."""
+class MainLanded:
+    """Main, over the token_ids channel: it holds the prompt's KV, hand the request over."""
 
     seq_id: str
-    token: int
-    logprob: TokenLogprob | None = None  # prefill's, when the order asked: the decoder reports it
-
-
-@dataclass(frozen=True)
-class HandoffRequested:
-    """The frontend: main's KV has landed, hand the request over."""
-
-    seq_id: str
-    mode: pb.HandoffMode.ValueType
 
 
 @dataclass(frozen=True)
@@ -95,8 +85,7 @@ class HandoffUndeliverable:
 
 InboxItem = (
     LegOrdered
-    | FirstToken
-    | HandoffRequested
+    | MainLanded
     | Abort
     | KVLost
     | KVArrived

@@ -18,34 +18,29 @@ from pddflow.operators.cache_state import cache_changes, cache_listing, cached_h
 from pddflow.operators.engine_core import TPPeerLost
 from pddflow.runtime.proto import runtime_pb2 as pb
 from pddflow.runtime.rpc import WORKER, serve
-from pddflow.runtime.wire import logprobs_from_pb, logprobs_to_pb, sampling_from_pb
+from pddflow.runtime.wire import logprobs_to_pb, sampling_from_pb
 from pddflow.runtime.wiring import Wiring
 from pddflow.runtime.workers.cache_report import delta, tier_stats
 from pddflow.runtime.workers.connections import WorkerIO
 from pddflow.runtime.workers.inbox import (
     Abort,
     CaughtUp,
-    FirstToken,
     HandoffDelivered,
-    HandoffRequested,
     HandoffUndeliverable,
     InboxItem,
     KVArrived,
     KVLost,
     LegOrdered,
+    MainLanded,
 )
 from pddflow.runtime.workers.rank_kv import ShardAssembler, shard_ttl_s
 from pddflow.runtime.workers.ranks import build_engine
 
 STATUS_EVERY_S = 0.5
 EARLY_KEEP_S = 60.0  # inputs that arrive before their order are kept this long
-AFTER_START = (CaughtUp, HandoffDelivered, HandoffUndeliverable)  # only a running leg makes these
-
-
-def first_token(m: pb.Tokens) -> FirstToken:
-    """Feed: prefill's first token, with its log probability when the order asked."""
-    lps = logprobs_from_pb(m)
-    return FirstToken(m.seq_id, m.ids[0], lps[0] if lps else None)
+# only a running leg makes these (main's KV lands long after the relay's order, sent with main's,
+# has arrived: prefill computed and the WAN carried the KV meanwhile)
+AFTER_START = (CaughtUp, HandoffDelivered, HandoffUndeliverable, MainLanded)
 
 
 @dataclass(eq=False)
@@ -60,6 +55,11 @@ class Leg:
     @property
     def seq_id(self) -> str:
         return self.order.seq_id
+
+
+def last_logprob(seq: Any) -> list[TokenLogprob] | None:
+    """The log probability of the sequence's newest token, when its request asked."""
+    return [seq.logprobs[-1]] if seq.sampling.logprobs is not None and seq.logprobs else None
 
 
 def not_renewed(legs: Iterable[Leg], now: float, lease_until: float) -> list[Leg]:
@@ -109,12 +109,6 @@ class Worker:
             wiring.credentials(),
             {
                 "Submit": (pb.LegOrder, pb.Reply, lambda m: put(LegOrdered(m, time.monotonic()))),
-                "Feed": (pb.Tokens, pb.Reply, lambda m: put(first_token(m))),
-                "Handoff": (
-                    pb.StartHandoff,
-                    pb.Reply,
-                    lambda m: put(HandoffRequested(m.seq_id, m.mode)),
-                ),
                 "Abort": (pb.Cancel, pb.Reply, lambda m: put(Abort(m.seq_id, m.reason))),
                 "Recompute": (pb.Cancel, pb.Reply, lambda m: put(KVLost(m.seq_id, m.reason))),
                 "Status": (pb.Empty, pb.WorkerStatus, lambda _: self._status),
@@ -237,8 +231,15 @@ class Worker:
         raise NotImplementedError
 
     def emit(
-        self, leg: Leg, ids: list[int], start: int, lps: list[TokenLogprob] | None = None
+        self,
+        leg: Leg,
+        ids: list[int],
+        start: int,
+        lps: list[TokenLogprob] | None = None,
+        cached_tokens: int = 0,
     ) -> None:
+        """Tokens for the client, sent with the rest of this step's (`publish`); the run at
+        position 0 says how many prompt tokens a prefix cache gave."""
         seq = leg.seq
         tokens = pb.Tokens(
             seq_id=leg.seq_id,
@@ -246,15 +247,16 @@ class Worker:
             ids=ids,
             final=seq.finished,
             finish_reason=seq.finish_reason or "",
+            cached_tokens=cached_tokens,
         )
-        self.io.report(tokens=logprobs_to_pb(tokens, lps))
+        self.io.tokens(logprobs_to_pb(tokens, lps))
 
-    def emit_last(self, leg: Leg) -> None:
+    def emit_last(self, leg: Leg, cached_tokens: int = 0) -> None:
         """The sequence's newest token (just sampled here), at its position in the client's
         output, with its log probability when the order asked."""
         seq = leg.seq
-        lps = [seq.logprobs[-1]] if seq.sampling.logprobs is not None and seq.logprobs else None
-        self.emit(leg, [seq.output_ids[-1]], len(seq.output_ids) - 1 + leg.order.output_offset, lps)
+        start = len(seq.output_ids) - 1 + leg.order.output_offset
+        self.emit(leg, [seq.output_ids[-1]], start, last_logprob(seq), cached_tokens)
 
     def finish(self, leg: Leg, reason: str = "") -> None:
         self.legs.pop(leg.seq_id, None)
@@ -325,6 +327,7 @@ class Worker:
         return 0
 
     def publish(self) -> None:
+        self.io.flush()  # the step's tokens, in one report
         if self.op.caches_prefixes:  # the router mirrors every cache it can route on
             radix, tiers = self.engine.radix, self.engine.tiers
             if self.io.resync.is_set():  # the report stream reconnected and may have lost a delta

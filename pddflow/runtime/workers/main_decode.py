@@ -1,6 +1,6 @@
 """MainDecode (and plain PD decode): adopt the cached prefix the router counted on, import the rest
-of the prompt's KV, then either decode from prefill's first token (P-MD) or extend over the
-relay's token IDs and decode to the end (P-RLD-MD)."""
+of the prompt's KV, then either decode from prefill's first token (P-MD) or tell the relay the KV
+has landed, extend over the token IDs it hands over and decode to the end (P-RLD-MD)."""
 
 from __future__ import annotations
 
@@ -61,6 +61,14 @@ class MainWorker(DecoderWorker):
             leg.lower_blocks = blocks
             return
         self._recompute_missing(leg, blocks)
+
+    def landed(self, leg: MainLeg) -> None:
+        """P-RLD-MD: the relay hands over once it hears this, straight from main (the token_ids
+        channel the two share; no hop through the frontend)."""
+        order = leg.order
+        if order.relay and order.handoff and not order.singular:
+            timeout = max(0.1, leg.deadline - time.monotonic())
+            self.io.landed(order.relay, leg.seq_id, timeout_s=timeout)
 
     def before_landing(self, leg: MainLeg) -> None:
         if not leg.lower_blocks:

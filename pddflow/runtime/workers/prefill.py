@@ -1,20 +1,20 @@
 """Prefill: compute the prompt's KV and first token, then ship the KV two ways at once (PDD's
 dual-path KV): the whole prompt to the relay over RDMA, and to main decode over the WAN only the
-blocks main's radix cache lacks."""
+blocks main's radix cache lacks. The first token travels with each copy."""
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
 from pddflow.core.kv_reuse import reused_blocks
-from pddflow.core.payloads import KVBlocks
+from pddflow.core.payloads import FirstToken, KVBlocks
 from pddflow.runtime.proto import runtime_pb2 as pb
-from pddflow.runtime.workers.loop import Leg, Worker
+from pddflow.runtime.workers.loop import Leg, Worker, last_logprob
 from pddflow.runtime.workers.rank_kv import joined, planned_bytes, rank_to_rank, send_shards
 from pddflow.runtime.workers.registry import runs
 
@@ -43,8 +43,9 @@ class PrefillWorker(Worker):
             leg.queued_ms = (t0 - leg.received) * 1e3
             leg.prefill_ms = (time.monotonic() - t0) * 1e3
             leg.prefill_cpu_ms = (time.thread_time() - c0) * 1e3
-            self.emit_last(leg)
-            if not leg.seq.finished:  # the first token can end it: then nobody needs the KV
+            if leg.seq.finished:  # the first token ended it: nobody needs the KV
+                self.emit_last(leg, leg.cached_tokens)
+            else:  # the first token travels with the KV to the decoders that continue from it
                 self._ship_kv(leg)
             self.finish(leg)
         except Exception as exc:  # noqa: BLE001 - one request's failure must not stop the worker
@@ -52,6 +53,8 @@ class PrefillWorker(Worker):
 
     def _ship_kv(self, leg: PrefillLeg) -> None:
         order, seq, block_bytes = leg.order, leg.seq, self.engine.block_bytes
+        lps = last_logprob(seq)
+        first = FirstToken(seq.output_ids[-1], lps[0] if lps else None, leg.cached_tokens)
         targets = []
         if order.relay:
             targets.append((order.relay, 0))
@@ -65,9 +68,9 @@ class PrefillWorker(Worker):
             timeout = max(0.1, min(leg.deadline - time.monotonic(), self.io.deadline_s(kind, peer)))
             t0 = time.monotonic()
             if rank_to_rank(self.plan, self.instance, peer, kind):
-                kv, send = self._ship_by_ranks(leg, peer, kind, start_block, timeout)
+                kv, send = self._ship_by_ranks(leg, peer, kind, start_block, timeout, first)
             else:
-                kv = self.engine.export_kv(seq, start_block=start_block)
+                kv = replace(self.engine.export_kv(seq, start_block=start_block), first=first)
                 send = partial(self.io.sender(kind, peer).send_async, kv, timeout_s=timeout)
             values = {
                 "bytes": kv.num_blocks * block_bytes,
@@ -88,12 +91,18 @@ class PrefillWorker(Worker):
             )
 
     def _ship_by_ranks(
-        self, leg: PrefillLeg, peer: str, kind: str, start_block: int, timeout: float
+        self,
+        leg: PrefillLeg,
+        peer: str,
+        kind: str,
+        start_block: int,
+        timeout: float,
+        first: FirstToken,
     ) -> tuple[KVBlocks, Callable[[], Future]]:
         """Every rank of this instance sends its own heads to the peer's ranks holding them; the
-        leader's own KV, and how it sends its pieces."""
+        leader's own KV, and how it sends its pieces (the first token rides on the leader's)."""
         route = pb.RankRoute(peer=peer, timeout_s=timeout).SerializeToString()
-        kv = self.engine.ship_kv(leg.seq, route, start_block)
+        kv = replace(self.engine.ship_kv(leg.seq, route, start_block), first=first)
         heads = self.engine.model_config.num_kv_heads
         ranks = (self.op.ranks, self.plan.operator_of(peer).ranks)
         total = planned_bytes(kv, self.engine.block_bytes, heads, ranks)

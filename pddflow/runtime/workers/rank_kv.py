@@ -143,7 +143,9 @@ class ShardAssembler:
             import torch  # several ranks' heads: a tensor-parallel, so a real, engine's
 
             data = torch.cat([p.data for p in order], dim=4)
-        return replace(piece, data=data, heads=self.heads), len(order)
+        # prefill's first token rides on the sending leader's pieces only
+        first = next((p.first for p in order if p.first is not None), None)
+        return replace(piece, data=data, heads=self.heads, first=first), len(order)
 
     def put(self, piece: KVBlocks) -> None:
         """A follower's: keep the joined heads for `take`."""

@@ -1,6 +1,7 @@
-"""RelayDecode: decode as soon as the KV lands (eager tokens), and when the frontend says main's KV
-has landed, hand main the generated token IDs: one-shot (all at once, then stop) or catch-up
-(batches while decoding, stop when main has caught up), cut by `core/handoff_cut.py`."""
+"""RelayDecode: decode as soon as the KV lands (eager tokens), and when main says its KV has landed
+(over the token_ids channel the two share), hand main the generated token IDs: one-shot (all at
+once, then stop) or catch-up (batches while decoding, stop when main has caught up), cut by
+`core/handoff_cut.py`; an adaptive handoff's mode is decided then, from this relay's load."""
 
 from __future__ import annotations
 
@@ -16,11 +17,12 @@ from pddflow.runtime.workers.decoder import DecodeLeg, DecoderWorker
 from pddflow.runtime.workers.inbox import (
     CaughtUp,
     HandoffDelivered,
-    HandoffRequested,
     HandoffUndeliverable,
     InboxItem,
+    MainLanded,
 )
 from pddflow.runtime.workers.registry import runs
+from pddflow.scheduler.features import InstanceLoad
 
 
 @dataclass(eq=False)
@@ -36,9 +38,14 @@ class RelayWorker(DecoderWorker):
     leg_type = RelayLeg
     relays = True
 
+    def on_order(self, leg: RelayLeg) -> None:
+        super().on_order(leg)
+        if leg.order.main and leg.order.handoff and not leg.order.singular:
+            self.io.open_handoff(leg.order.main)  # main speaks first: its KV has landed
+
     def on_input(self, leg: RelayLeg, item: InboxItem) -> None:
-        if isinstance(item, HandoffRequested):
-            self.start_handoff(leg, item.mode)
+        if isinstance(item, MainLanded):
+            self.start_handoff(leg, self.opening_mode(leg))
         elif isinstance(item, CaughtUp):
             leg.main_waiting = True
             if leg.handing_off and leg.decoding:
@@ -67,6 +74,27 @@ class RelayWorker(DecoderWorker):
             except Exception as exc:  # noqa: BLE001 - the request is done; main misses a turn
                 self.io.fail(leg.seq_id, pb.FAILURE_HANDOFF, str(exc))
 
+    def load(self) -> float:
+        """This relay's load now, as the router's scheduler reads it from a status (and the
+        simulator from its engine)."""
+        alloc, running = self.engine.allocator, self.running()
+        used = (alloc.num_blocks - alloc.num_free) / max(alloc.num_blocks, 1)
+        return InstanceLoad(running, len(self.legs) - running, self.op.max_batch, used).load
+
+    def opening_mode(self, leg: RelayLeg) -> pb.HandoffMode.ValueType:
+        """The handoff's mode as main's KV lands: as ordered, or for an adaptive handoff the
+        policy's rule on this relay's load now (busy: one-shot, sheds the request at once)."""
+        order, load = leg.order, self.load()
+        mode = order.handoff
+        if order.one_shot_above_load:
+            busy = HandoffCut(one_shot_above_load=order.one_shot_above_load).busy(load)
+            mode = pb.HANDOFF_ONE_SHOT if busy else pb.HANDOFF_CATCH_UP
+        adaptive = float(order.one_shot_above_load > 0)
+        self.io.event(
+            leg.seq_id, pb.EVENT_HANDOFF_STARTED, mode=float(mode), adaptive=adaptive, load=load
+        )
+        return mode
+
     def start_handoff(self, leg: RelayLeg, mode: pb.HandoffMode.ValueType) -> None:
         if not leg.decoding:  # main's KV landed before the relay's: hand over once it decodes
             leg.pending_handoff = mode
@@ -79,7 +107,7 @@ class RelayWorker(DecoderWorker):
         order = leg.order
         cut = HandoffCut(order.catch_up_tokens, order.min_extend_tokens, order.one_shot_above_load)
         mode = "one_shot" if leg.handing_off == pb.HANDOFF_ONE_SHOT else "catch_up"
-        load = self.running() / max(self.op.max_batch, 1)
+        load = self.load()
         unsent = len(leg.seq.output_ids) - leg.sent_upto
         step = cut.step(
             mode, unsent, finished=False, main_waiting=leg.main_waiting, relay_load=load
