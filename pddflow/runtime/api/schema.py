@@ -20,6 +20,9 @@ class FieldError(ValueError):
         self.field = field
 
 
+_SCALARS = frozenset({int, float, bool, type(None)})
+
+
 def unpaired_surrogate(value: Any, path: str = "") -> FieldError | None:
     """The first string (or key) in a parsed JSON body holding a lone UTF-16 surrogate: JSON lets
     "\\ud800" through, but it is no character, so it cannot be tokenized or sent back."""
@@ -37,15 +40,20 @@ def unpaired_surrogate(value: Any, path: str = "") -> FieldError | None:
             )
         return None
     if isinstance(value, dict):
-        items = list(value.items())
+        items = value.items()
     elif isinstance(value, list):
-        items = list(enumerate(value))
+        if _SCALARS.issuperset(map(type, value)):  # a prompt of token ids: no text in it
+            return None
+        items = enumerate(value)
     else:
         return None
     for key, item in items:
-        where = f"{path}.{key}" if path else str(key)
-        bad = unpaired_surrogate(key, path) if isinstance(key, str) else None
-        bad = bad or unpaired_surrogate(item, where)
+        if not isinstance(item, (str, dict, list)) or (isinstance(item, str) and item.isascii()):
+            bad = None
+        else:
+            bad = unpaired_surrogate(item, f"{path}.{key}" if path else str(key))
+        if bad is None and isinstance(key, str) and not key.isascii():
+            bad = unpaired_surrogate(key, path)
         if bad is not None:
             return bad
     return None
