@@ -4,10 +4,10 @@ and 44 instances, each serving the same `bench serve` workload.
 
     python benchmarks/fleet_scale.py [--sizes 6,22,44] [--sessions 24] [--json]
 
-Per size: start-up time, worker and frontend memory, the frontend's CPU per request, the workers'
-reports per second (by kind), the time to route a request, and the served TTFT/TPOT (which
-should not move with the instance count while the control plane keeps up).
-"""
+Per size: start-up time, worker and frontend memory, the frontend's CPU per request and per
+streamed token, the streamed tokens/s, the workers' reports per second (by kind), the time to route
+a request, and the served TTFT/TPOT (which should not move with the instance count while the
+control plane keeps up)."""
 
 from __future__ import annotations
 
@@ -90,13 +90,15 @@ def main() -> None:
         return
     print(
         f"{'instances':>9} {'start s':>7} {'worker MiB':>10} {'frontend MiB':>12} "
-        f"{'fe ms/req':>9} {'reports/s':>9} {'route ms':>8} {'TTFT p50':>8} {'TPOT p50':>8} err"
+        f"{'fe ms/req':>9} {'fe us/tok':>9} {'tok/s':>7} {'reports/s':>9} {'route ms':>8} "
+        f"{'TTFT p50':>8} {'TPOT p50':>8} err"
     )
     for r in rows:
         print(
             f"{r['instances']:>9} {r.get('startup_s', 0):>7} "
             f"{(r.get('worker_rss_mib') or {}).get('mean')!s:>10} "
             f"{r.get('frontend_rss_mib')!s:>12} {r.get('frontend_cpu_ms_per_request')!s:>9} "
+            f"{r.get('frontend_cpu_us_per_token')!s:>9} {r.get('streamed_tokens_per_s')!s:>7} "
             f"{(r.get('reports_per_s') or {}).get('all')!s:>9} "
             f"{(r.get('route_ms') or {}).get('mean')!s:>8} {r['ttft_s']['p50']:>8} "
             f"{r['tpot_ms']['p50']:>8} {r['errors']}"

@@ -1,12 +1,13 @@
 """`pddflow bench serve` of two revisions of this repository, same workload, same machine: did a
 change (a refactor, above all) move the served figures?
 
-Checks each revision out into a temporary worktree and runs `python -m pddflow.cli bench serve
-... --json` with that tree first on PYTHONPATH (the interpreter and its packages are this one's),
-once per revision and round, alternating which goes first so a drift of the machine's load hits
-both alike. Reported per run and, over the rounds, as medians: each graph's TTFT P50 / P90 and
-TPOT P50, and the ratios against the first graph that `bench serve` computes (a ratio within one
-run is what survives this machine's noise); errors per graph. Run nothing else meanwhile.
+Checks each revision out into a temporary worktree and runs `python -m pddflow.cli bench serve ...
+--json` with that tree first on PYTHONPATH (the interpreter and its packages are this one's), once
+per revision and round, alternating which goes first so a drift of the machine's load hits both
+alike. Reported per run and, over the rounds, as medians: each graph's TTFT P50 / P90 and TPOT P50,
+the deploy process's CPU per streamed token and the tokens/s, and the ratios against the first
+graph that `bench serve` computes (a ratio within one run is what survives this machine's noise);
+errors per graph. Run nothing else meanwhile.
 
     python benchmarks/revisions.py BASE [HEAD] --rounds 3 [--json] -- --sessions 6 --turns 6 \\
         --wan-gbps 0.05
@@ -58,12 +59,28 @@ def serve(tree: Path, bench_args: list[str], timeout_s: float) -> dict:
             for name, v in out["ratios_vs_first"].items()
         },
         "errors": {name: g.get("errors", 0) for name, g in graphs.items()},
+        # the deploy process's CPU (frontend, API, deployer) per streamed token, and tokens/s
+        "frontend": {
+            name: {
+                "us_per_token": _per_token(g.get("host_cpu")),
+                "tokens_per_s": round(g["host_cpu"]["output_tokens"] / g["wall_s"], 1)
+                if g.get("host_cpu") and g.get("wall_s")
+                else None,
+            }
+            for name, g in graphs.items()
+        },
     }
+
+
+def _per_token(host: dict | None) -> float | None:
+    if not host or not host.get("output_tokens"):
+        return None
+    return round(host["frontend_s"] / host["output_tokens"] * 1e6, 1)
 
 
 def medians(runs: list[dict]) -> dict:
     out: dict = {"figures": {}, "ratios": {}}
-    for part in ("figures", "ratios"):
+    for part in ("figures", "ratios", "frontend"):
         for graph in runs[0][part]:
             keys = runs[0][part][graph]
             out[part][graph] = {
@@ -117,6 +134,8 @@ def main() -> int:
         print(f"{which} ({revs[which]}), medians of {args.rounds} runs, {m['errors']} errors")
         for graph, f in m["figures"].items():
             print(f"  {graph}: " + ", ".join(f"{k} {v:g}" for k, v in f.items()))
+        for graph, f in m["frontend"].items():
+            print(f"  {graph} frontend: " + ", ".join(f"{k} {v:g}" for k, v in f.items()))
         for graph, r in m["ratios"].items():
             print(f"  {graph} / first: " + ", ".join(f"{k} x{v:g}" for k, v in r.items()))
     return 0

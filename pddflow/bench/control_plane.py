@@ -1,6 +1,7 @@
 """What the control plane costs in one `bench serve` run, the figures that grow with the instance
 count (docs/simulator.md, Fleet scale): the time to start, each process's memory, the frontend's
-CPU per request, the workers' reports per second and the time to route a request."""
+CPU per request and per streamed token, the workers' reports per second and the time to route a
+request."""
 
 from __future__ import annotations
 
@@ -47,6 +48,7 @@ def row(
     mem: dict,
     frontend_cpu_s: float | None,
     requests: int,
+    tokens: int,
 ) -> dict:
     """The run's control-plane figures: `before` and `after` bracket the workload."""
     kinds = sorted({k.split(":", 1)[1] for k in after if k.startswith("reports:")})
@@ -61,6 +63,11 @@ def row(
         **mem,
         "frontend_cpu_ms_per_request": (
             round(frontend_cpu_s / requests * 1e3, 2) if frontend_cpu_s and requests else None
+        ),
+        # the issue-42 figures: what one deployment streams, and the frontend's CPU for each token
+        "streamed_tokens_per_s": round(tokens / wall_s, 1) if wall_s else None,
+        "frontend_cpu_us_per_token": (
+            round(frontend_cpu_s / tokens * 1e6, 1) if frontend_cpu_s and tokens else None
         ),
         "reports_per_s": {"all": round(sum(per_s.values()), 1), **per_s},
         "route_ms": {

@@ -266,6 +266,7 @@ def run_graph(
                 control_plane.memory(dep.base, dep.proc.pid),
                 f1 - f0 if f0 is not None and f1 is not None else None,
                 len(res.samples),
+                sum(s.tokens for s in res.samples),
             )
             res.client_cpu_s = _own_cpu_s() - c0
             res.frontend_cpu_s = f1 - f0 if f0 is not None and f1 is not None else None

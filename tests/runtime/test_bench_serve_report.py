@@ -115,9 +115,11 @@ def test_control_plane_row_brackets_the_workload():
     after |= {"pddflow_route_seconds_count": 12, "pddflow_route_seconds_sum": 0.012}
     after |= {"route_le:0.001": 10, "route_le:0.0025": 11, "route_le:+Inf": 12}
     mem = {"instances": 3, "worker_rss_mib": {"mean": 100.0}, "frontend_rss_mib": 250.0}
-    r = row(before, after, 10.0, 4.0, mem, 0.5, 10)
+    r = row(before, after, 10.0, 4.0, mem, 0.5, 10, 640)
     assert r["reports_per_s"] == {"all": 13.0, "event": 1.0, "status": 2.0, "tokens": 10.0}
     assert r["route_ms"]["mean"] == pytest.approx(1.0)
     # 9 of the run's 10 routings within 2.5 ms, the tenth beyond every bound
     assert r["route_ms"]["p99_at_most"] is None
     assert r["frontend_cpu_ms_per_request"] == 50.0 and r["startup_s"] == 4.0
+    assert r["frontend_cpu_us_per_token"] == pytest.approx(781.2)
+    assert r["streamed_tokens_per_s"] == 64.0
