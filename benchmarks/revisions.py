@@ -79,7 +79,7 @@ def _per_token(host: dict | None) -> float | None:
 
 
 def medians(runs: list[dict]) -> dict:
-    out: dict = {"figures": {}, "ratios": {}}
+    out: dict = {"figures": {}, "ratios": {}, "frontend": {}}
     for part in ("figures", "ratios", "frontend"):
         for graph in runs[0][part]:
             keys = runs[0][part][graph]

@@ -12,12 +12,15 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from pddflow.core.thread_name import name_os_thread
+
 # SO_LINGER on, timeout 0: close() sends RST, as a link that went away does
 _RESET_ON_CLOSE = b"\x01\x00\x00\x00\x00\x00\x00\x00"
 PIECE = 64 << 10  # a lossy link loses (and a delayed one delays) data this much at a time
 # a lost piece arrives after TCP's retransmission timeout: Linux's minimum, doubled on each loss
 # in a row (backoff), at most RTO_MAX here (the emulated impairments last seconds, not minutes)
 RTO_MIN_S, RTO_MAX_S = 0.2, 2.0
+RELAY_THREAD = "link-relay"  # the OS name of a relay's threads (what CPU the emulation takes)
 HELD = 64  # pieces a direction takes in before it stops reading (TCP's window: backpressure)
 
 
@@ -172,6 +175,7 @@ class LinkRelay:
         self.close()
 
     def _accept_loop(self) -> None:
+        name_os_thread(RELAY_THREAD)
         while not self._stop.is_set():
             try:
                 client, _ = self._sock.accept()
@@ -208,6 +212,7 @@ class LinkRelay:
     def _pump(self, src: socket.socket, dst: socket.socket, up: bool, conn_no: int) -> None:
         """Read one direction; a writer delivers each piece when it is due (delay, impairment),
         in order. Reading stops while HELD pieces wait: the sender sees a full window."""
+        name_os_thread(RELAY_THREAD)
         pieces: queue.Queue = queue.Queue(HELD)
         writer = threading.Thread(
             target=self._deliver, args=(pieces, src, dst, up), daemon=True, name="link-relay-out"
@@ -230,6 +235,7 @@ class LinkRelay:
             pieces.put(None)
 
     def _deliver(self, pieces: queue.Queue, src: socket.socket, dst: socket.socket, up: bool):
+        name_os_thread(RELAY_THREAD)
         sent_from = self.client_cluster if up else self.server_cluster
         try:
             while (item := pieces.get()) is not None:

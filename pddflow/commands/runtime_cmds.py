@@ -132,6 +132,13 @@ def deploy(
         help="modeled engine: every step lasts this many times its modeled time (slow a fleet "
         "down uniformly when this machine cannot keep up)",
     ),
+    stream_interval: int = typer.Option(
+        1,
+        min=1,
+        help="a streamed answer's SSE chunks each carry at least this many tokens (vLLM's "
+        "--stream-interval): the first token and the last chunk go at once; larger values "
+        "cost the frontend less per token, the text and its order are the same",
+    ),
 ) -> None:
     """Deploy GRAPH with its `local` profile: every operator instance as its own process, the
     clusters emulated on this machine and the WAN shaped by the graph's link model; serve the
@@ -151,6 +158,7 @@ def deploy(
         host, port, backend, address, kv_cache_mb, startup_timeout, leg_timeout, seed, wan_gbps,
         run_dir, drain_timeout, api_key, admin_key, log_level, model, chat_template,
         check_cpu_pinning(cpu_pinning), planner, engine, kv_scale, time_scale, profile,
+        stream_interval,
     )  # fmt: skip
     try:
         d = Deployment(load_or_exit(graph), options)
@@ -252,6 +260,9 @@ def bench_serve(
         help="passed to every `pddflow deploy`: local, or production (every declared replica; "
         "with --engine modeled)",
     ),
+    stream_interval: int = typer.Option(
+        1, min=1, help="passed to every `pddflow deploy`: tokens an SSE chunk waits for"
+    ),
     per_request: bool = typer.Option(
         False,
         "--per-request",
@@ -333,6 +344,8 @@ def bench_serve(
                             engine,
                             "--profile",
                             profile,
+                            "--stream-interval",
+                            str(stream_interval),
                             *(("--address", address) if address else ()),
                         ),
                         per_request=per_request,
@@ -359,6 +372,7 @@ def bench_serve(
             "backend": backend,
             "engine": engine,
             "profile": profile,
+            "stream_interval": stream_interval,
         },
         "graphs": rows,
         "ratios_vs_first": {r["graph"]: ratios(rows[0], r) for r in rows[1:]},

@@ -4,6 +4,7 @@ UNAUTHENTICATED), over mutual TLS when the deployment has certificates, and a de
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -63,6 +64,17 @@ class Credentials:
             certificate_chain=self.tls.cert_chain_bytes(),
         )
         return grpc.secure_channel(address, creds, options=_OPTIONS)
+
+    def aio_channel(self, address: str) -> grpc.aio.Channel:
+        """The same channel for the running asyncio loop."""
+        if self.tls is None:
+            return grpc.aio.insecure_channel(address, options=_OPTIONS)
+        creds = grpc.ssl_channel_credentials(
+            root_certificates=self.tls.roots(),
+            private_key=self.tls.private_key_bytes(),
+            certificate_chain=self.tls.cert_chain_bytes(),
+        )
+        return grpc.aio.secure_channel(address, creds, options=_OPTIONS)
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
         return ((AUTH_HEADER, bearer(self.token)),)
@@ -130,9 +142,12 @@ def serve(
 
 class WorkerClient:
     def __init__(self, address: str, credentials: Credentials):
-        self.address = address
+        self.address, self.credentials = address, credentials
         self.metadata = credentials.metadata()
         self.channel = credentials.channel(address)
+        # the frontend loop's channel (send): a sync channel's future starts a thread whenever
+        # none of its calls is in flight, which an idle worker's channel mostly is
+        self._aio: tuple[asyncio.AbstractEventLoop, grpc.aio.Channel, dict[str, Any]] | None = None
         self._calls = {
             name: self.channel.unary_unary(
                 f"/{WORKER}/{name}",
@@ -153,8 +168,52 @@ class WorkerClient:
             message, timeout=timeout_s, metadata=self.metadata, wait_for_ready=True
         )
 
+    def send(self, method: str, message: Any, timeout_s: float = CALL_TIMEOUT_S) -> Any:
+        """The call without waiting for it: a task on the calling thread's running asyncio loop
+        (grpc.aio), else (startup, another thread) a grpc future. Both take done callbacks;
+        `call_error` reads either."""
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return self.future(method, message, timeout_s)
+        if self._aio is None or self._aio[0] is not loop:
+            channel = self.credentials.aio_channel(self.address)
+            calls = {
+                name: channel.unary_unary(
+                    f"/{WORKER}/{name}",
+                    request_serializer=req.SerializeToString,
+                    response_deserializer=resp.FromString,
+                )
+                for name, (req, resp) in WORKER_METHODS.items()
+            }
+            self._aio = (loop, channel, calls)
+        call = self._aio[2][method](
+            message, timeout=timeout_s, metadata=self.metadata, wait_for_ready=True
+        )
+        return loop.create_task(_awaited(call))
+
     def close(self) -> None:
         self.channel.close()
+        if self._aio is not None:
+            loop, channel, _ = self._aio
+            self._aio = None
+            if not loop.is_closed():
+                try:
+                    asyncio.run_coroutine_threadsafe(channel.close(), loop)
+                except RuntimeError:  # the loop is stopping: its channels go with it
+                    pass
+
+
+async def _awaited(call: Any) -> Any:
+    return await call
+
+
+def call_error(fut: Any) -> BaseException | None:
+    """What a finished `send` (a task or a grpc future) failed with; None when it answered."""
+    try:
+        return fut.exception()
+    except BaseException as exc:  # noqa: BLE001 - cancelled: it did not answer
+        return exc
 
 
 def open_reports(
@@ -171,23 +230,6 @@ def open_reports(
     fut = call.future(messages, wait_for_ready=True, metadata=credentials.metadata())
     fut.add_done_callback(lambda _: channel.close())
     return fut
-
-
-def as_concurrent(fut: Any) -> Any:
-    """grpc.Future -> concurrent.futures.Future, so asyncio can await it."""
-    import concurrent.futures
-
-    out: concurrent.futures.Future = concurrent.futures.Future()
-
-    def done(f: Any) -> None:
-        exc = f.exception()
-        if exc is not None:
-            out.set_exception(exc)
-        else:
-            out.set_result(f.result())
-
-    fut.add_done_callback(done)
-    return out
 
 
 def grpc_text(exc: BaseException) -> str:

@@ -21,7 +21,7 @@ class Client:
     def __init__(self) -> None:
         self.grants: list[pb.LeaseGrant] = []
 
-    def future(self, method: str, msg: pb.LeaseGrant, timeout_s: float) -> Future:
+    def send(self, method: str, msg: pb.LeaseGrant, timeout_s: float) -> Future:
         assert method == "Lease"
         self.grants.append(msg)
         fut: Future = Future()

@@ -77,3 +77,27 @@ def test_the_final_runs_reason_rides_the_last_chunk_once():
     t.add(TokenRun(0, [1, 2], "main", final=True, finish_reason="stop"))
     t.take_new()
     assert t.take_new().finish_reason is None  # told once
+
+
+def test_a_stream_interval_wakes_the_reader_only_when_a_chunk_is_due():
+    """The first token goes alone, then every `interval` tokens, then the rest with the finish
+    reason; the chunks join to the same tokens in the same order."""
+    s = _stream(max_tokens=8)
+    s.interval = 3
+    chunks = []
+
+    def feed(pos: int, tok: int, final: bool = False) -> None:
+        s.add(TokenRun(pos, [tok], "relay", final=final))
+        if s.wakeup.is_set():
+            assert s.ready()
+            s.wakeup.clear()
+            chunks.append(s.take_new())
+        else:
+            assert not s.ready()
+
+    for pos in range(6):
+        feed(pos, 100 + pos)
+    feed(6, 106, final=True)
+    assert [list(c) for c in chunks] == [[100], [101, 102, 103], [104, 105, 106]]
+    assert chunks[-1].finish_reason is None and s.finished  # no stop token: the caller decides
+    assert [t for c in chunks for t in c] == s.tokens

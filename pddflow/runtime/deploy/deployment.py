@@ -73,6 +73,7 @@ class DeployOptions:
     kv_scale: float = DEFAULT_KV_SCALE  # modeled: a KV payload against the arch's true bytes
     time_scale: float = 1.0  # modeled: every step lasts this many times its modeled time
     profile: str = "local"  # or "production": every declared replica (modeled engine only)
+    stream_interval: int = 1  # tokens an SSE chunk waits for (the first and the last go at once)
 
 
 class Deployment:
@@ -222,7 +223,9 @@ class Deployment:
             wiring.tls_cert, wiring.tls_key = tls.cert_chain, tls.private_key
         wiring.cache_dir = str(self.run_dir / "kv")
         be.start(plan, wiring, self.run_dir)  # before any gRPC thread here: children fork cleanly
-        self.frontend = Frontend(plan, wiring, self.model)
+        self.frontend = Frontend(
+            plan, wiring, self.model, stream_interval=self.options.stream_interval
+        )
         wait_ready(self.frontend.ready_count, be, self.options.startup_timeout_s, progress)
         self.links = LinkAdmin(plan, self.frontend.fleet.clients, be.cutter(), be.impairer())
         # a worker that dies is restarted; until it is back, requests go around it

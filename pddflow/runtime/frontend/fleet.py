@@ -9,7 +9,7 @@ from typing import Any
 from pddflow.graph.plan import Plan
 from pddflow.runtime.frontend.flight import Flight
 from pddflow.runtime.proto import runtime_pb2 as pb
-from pddflow.runtime.rpc import Credentials, WorkerClient, grpc_text
+from pddflow.runtime.rpc import Credentials, WorkerClient, call_error, grpc_text
 from pddflow.runtime.wiring import Wiring
 
 log = logging.getLogger("pddflow.frontend")
@@ -42,11 +42,11 @@ class Fleet:
         """Send and forget (a dead instance is skipped); a failure is logged."""
         if inst in self.lost and inst not in self.unreachable:
             return
-        fut = self.clients[inst].future(method, msg)
+        fut = self.clients[inst].send(method, msg)
         fut.add_done_callback(
             lambda f: (
-                f.exception()
-                and log.warning("%s.%s failed: %s", inst, method, grpc_text(f.exception()))
+                (exc := call_error(f))
+                and log.warning("%s.%s failed: %s", inst, method, grpc_text(exc))
             )
         )
 

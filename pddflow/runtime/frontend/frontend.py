@@ -8,13 +8,14 @@ import logging
 import random
 import threading
 import time
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
 from typing import Any
 
 from pddflow.core.block_hash import chain_block_hashes
 from pddflow.core.payloads import SamplingParams
-from pddflow.graph.plan import Plan
+from pddflow.graph.plan import OperatorPlan, Plan
 from pddflow.runtime.frontend.accounting import Accounting
 from pddflow.runtime.frontend.fallbacks import Fallbacks
 from pddflow.runtime.frontend.fleet import Fleet
@@ -30,7 +31,7 @@ from pddflow.runtime.frontend.reports import StatusReports
 from pddflow.runtime.frontend.route import Route, mode_name
 from pddflow.runtime.frontend.token_stream import StreamConflict, TokenRun, TokenStream
 from pddflow.runtime.proto import runtime_pb2 as pb
-from pddflow.runtime.rpc import FRONTEND, as_concurrent, grpc_text, serve
+from pddflow.runtime.rpc import FRONTEND, grpc_text, serve
 from pddflow.runtime.wire import logprobs_from_pb
 from pddflow.runtime.wiring import Wiring
 from pddflow.scheduler import RequestFeatures, SchedulerState, make_policy
@@ -55,9 +56,17 @@ def handoff_start(e: pb.Event) -> dict[str, Any]:
 
 class Frontend:
     def __init__(
-        self, plan: Plan, wiring: Wiring, model: ModelInfo, metrics: Metrics | None = None
+        self,
+        plan: Plan,
+        wiring: Wiring,
+        model: ModelInfo,
+        metrics: Metrics | None = None,
+        stream_interval: int = 1,
     ):
         self.plan, self.wiring = plan, wiring
+        self.stream_interval = (
+            stream_interval  # tokens a chunk waits for (deploy --stream-interval)
+        )
         self.model_id = plan.name
         self.tokenizer = model.tokenizer
         self.chat_prompt_ids = model.chat_prompt_ids  # a chat's prompt, templated and tokenized
@@ -96,6 +105,8 @@ class Frontend:
         self.planner: PlannerView | None = None  # deploy --planner's thread (pools.py)
         self.loop: asyncio.AbstractEventLoop | None = None
         self._lock = threading.Lock()
+        self._pending: deque[Callable[[], None]] = deque()  # for the loop (_dispatch)
+        self._drain_due = False
         self.leases = Leases(
             self.fleet,
             wiring.lease_s,
@@ -192,6 +203,7 @@ class Frontend:
         st = TokenStream(
             request_id, len(prompt_ids), sampling.max_tokens, d.variant, mode_name(route.handoff)
         )
+        st.interval = self.stream_interval
         flight = Flight(st, route, prompt_ids, sampling, deadline)
         self.flights.add(flight)
         st.event(
@@ -204,9 +216,8 @@ class Frontend:
         try:
             await self._submit(flight)
             while True:
-                new = st.take_new()
-                if new or new.finish_reason:
-                    yield new
+                if st.ready():
+                    yield st.take_new()
                 if st.finished and st.emitted == len(st.tokens):
                     break
                 if st.error:
@@ -216,8 +227,9 @@ class Frontend:
                     st.fail("deadline passed")
                     raise RequestRejected(504, f"request {request_id} passed its deadline")
                 st.wakeup.clear()  # reports land on this loop: nothing can slip in before the wait
-                try:
-                    await asyncio.wait_for(st.wakeup.wait(), timeout=min(left, 1.0))
+                try:  # woken when a chunk is due (TokenStream.add), not on every report
+                    async with asyncio.timeout(min(left, 1.0)):
+                        await st.wakeup.wait()
                 except TimeoutError:
                     pass
             if st.error:
@@ -270,11 +282,11 @@ class Frontend:
             if i and not (i == r.main and r.decision.singular)
         ]
         order = flight.order(self.plan, lease_epoch=self.fleet.lease_epoch)
-        futs = [(i, self.fleet.clients[i].future("Submit", order)) for i in targets]
+        futs = [(i, self.fleet.clients[i].send("Submit", order)) for i in targets]
         r.legs.update(targets)
         for inst, fut in futs:
             try:
-                await asyncio.wrap_future(as_concurrent(fut))
+                await fut
             except Exception as exc:  # noqa: BLE001 - dead, or cut off: carry on without it
                 why = f"worker {inst} did not take the request: {grpc_text(exc)}"
                 flight.stream.event("submit_failed", instance=inst, error=why)
@@ -301,14 +313,34 @@ class Frontend:
         return pb.Empty()
 
     def _dispatch(self, fn: Callable[[], None]) -> None:
+        """fn() on the loop, in arrival order. What arrives while the loop has not yet run the
+        last batch joins it: one wakeup of the loop for many reports under load."""
         with self._lock:  # before the server's loop exists (startup), reports are applied here
             if self.loop is None:
                 fn()
                 return
+            self._pending.append(fn)
+            if self._drain_due:
+                return
+            self._drain_due, loop = True, self.loop
         try:
-            self.loop.call_soon_threadsafe(fn)
+            loop.call_soon_threadsafe(self._drain)
         except RuntimeError:  # the loop has closed: shutting down
             pass
+
+    def _drain(self) -> None:
+        while True:
+            with self._lock:
+                if not self._pending:
+                    self._drain_due = False
+                    return
+                batch = list(self._pending)
+                self._pending.clear()
+            for fn in batch:
+                try:
+                    fn()
+                except Exception:  # one bad report must not stall the ones behind it
+                    log.exception("applying a report failed")
 
     def _on_report(self, rep: pb.Report, listed: bool = True) -> None:
         which = rep.WhichOneof("body")
@@ -317,25 +349,26 @@ class Frontend:
             self.statuses.on_status(rep.instance, rep.status, listed)
         elif which == "cache":
             self.statuses.on_cache(rep.instance, rep.cache)
-        elif which == "tokens":
-            for tokens in rep.tokens.tokens:
-                self._on_tokens(rep.instance, tokens)
+        elif which == "tokens":  # one engine step's tokens, every sequence it advanced
+            op = self.plan.operator_of(rep.instance)
+            new = sum(self._on_tokens(rep.instance, op, t) for t in rep.tokens.tokens)
+            if new:
+                self.metrics.count_tokens(op.name, new, op.type.relays)
         elif which == "event":
             self._on_event(rep.instance, rep.event)
         elif which == "failure":
             self.accounting.transfer_failed(rep.instance, rep.failure)
             self.fallbacks.leg_failed(rep.instance, rep.failure)
 
-    def _on_tokens(self, inst: str, t: pb.Tokens) -> None:
+    def _on_tokens(self, inst: str, op: OperatorPlan, t: pb.Tokens) -> int:
+        """One sequence's new tokens into its flight's stream; how many the stream took."""
         flight = self.flights.get(t.seq_id)
         if flight is None:
-            return
+            return 0
         st, r = flight.stream, flight.route
-        op = self.plan.operator_of(inst)
         before = len(st.tokens)
-        run = TokenRun(
-            int(t.start), list(t.ids), op.name, t.final, logprobs_from_pb(t), t.finish_reason
-        )
+        lps = logprobs_from_pb(t)
+        run = TokenRun(int(t.start), list(t.ids), op.name, t.final, lps, t.finish_reason)
         if op.type.prefill_only:  # the first token ended the request (else it went with the KV)
             r.legs.discard(inst)
             st.add(run)
@@ -344,12 +377,11 @@ class Frontend:
                 st.add(run)
             except StreamConflict as exc:
                 st.fail(str(exc))
-                return
+                return 0
             if t.final:
                 r.legs.discard(inst)
         new = len(st.tokens) - before
         if new:
-            self.metrics.count_tokens(op.name, new, op.type.relays)
             gap = None
             if before == 0:
                 ttft = st.token_times[0] - st.arrival
@@ -360,6 +392,7 @@ class Frontend:
                 gap = st.token_times[-1] - st.token_times[-new - 1]
                 self.metrics.itl.observe(gap)
             self.metrics.vllm.tokens(new, gap)
+        return new
 
     def _on_event(self, inst: str, e: pb.Event) -> None:
         flight = self.flights.get(e.seq_id)

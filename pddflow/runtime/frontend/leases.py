@@ -21,6 +21,7 @@ from collections.abc import Callable
 
 from pddflow.runtime.frontend.fleet import Fleet
 from pddflow.runtime.proto import runtime_pb2 as pb
+from pddflow.runtime.rpc import call_error
 
 HEARTBEATS_PER_LEASE = 4
 MAX_HEARTBEAT_S = 1.0
@@ -80,11 +81,11 @@ class Leases:
     def _grant(self, inst: str, held: bool) -> None:
         epoch = 0 if held else self._revoked.get(inst, 0)
         grant = pb.LeaseGrant(lease_s=self.lease_s, held=held, epoch=epoch)
-        fut = self.fleet.clients[inst].future("Lease", grant, timeout_s=self.heartbeat_s)
+        fut = self.fleet.clients[inst].send("Lease", grant, timeout_s=self.heartbeat_s)
         fut.add_done_callback(lambda f: self._answered(inst, f))
 
     def _answered(self, inst: str, fut) -> None:
-        if fut.exception() is None:
+        if call_error(fut) is None:
             self.acked[inst] = time.monotonic()
 
     def stop(self) -> None:

@@ -161,6 +161,7 @@ class Metrics:
         self._all_tokens = 0
 
     def count_tokens(self, operator: str, n: int, relay: bool) -> None:
+        """An engine step's new tokens from one operator (one call per report)."""
         self.tokens.labels(operator).inc(n)
         self._all_tokens += n
         if relay:
@@ -174,7 +175,7 @@ class Metrics:
     def watch_deployment(self, model_name: str, gauges: Callable[[], dict[str, float]]) -> None:
         """The vLLM families are labelled `model_name`; `gauges()` gives the keys of
         VLLM_GAUGES at each scrape (called where /metrics is rendered: the frontend's loop)."""
-        self.vllm.model_name = model_name
+        self.vllm.model_name, self.vllm._per_token = model_name, None
         self.registry.register(_VllmGauges(model_name, gauges))
 
     def watch_pools(self, pools: Callable[[], dict[str, dict[str, Any]]]) -> None:
@@ -275,6 +276,7 @@ class VllmMetrics:
 
     def __init__(self, r: CollectorRegistry):
         self.model_name = ""
+        self._per_token: tuple[Any, Any, Any] | None = None  # tokens()'s labelled children
         m = ["model_name"]
 
         def hist(name: str, doc: str, buckets: tuple) -> Histogram:
@@ -339,10 +341,17 @@ class VllmMetrics:
         self.prompt_tokens.labels(self.model_name).inc(prompt_tokens)
 
     def tokens(self, n: int, gap_s: float | None) -> None:
-        self.generation_tokens.labels(self.model_name).inc(n)
+        # per token: the labelled children looked up once, not on every call
+        if self._per_token is None:
+            name = self.model_name
+            self._per_token = tuple(
+                m.labels(name) for m in (self.generation_tokens, self.itl, self.tpot)
+            )
+        generated, itl, tpot = self._per_token
+        generated.inc(n)
         if gap_s is not None:
-            self.itl.labels(self.model_name).observe(gap_s)
-            self.tpot.labels(self.model_name).observe(gap_s)
+            itl.observe(gap_s)
+            tpot.observe(gap_s)
 
     def prefilled(self, prompt_tokens: int, cached_tokens: int, queue_s: float, run_s: float):
         self.prefix_queries.labels(self.model_name).inc(prompt_tokens)

@@ -55,6 +55,7 @@ class TokenStream:
     finish_reason: str | None = None  # why the output ended: the final run's reason
     stopped: bool = False  # the API found a stop string and ended the output
     _told_finish: bool = False  # take_new has handed the finish reason on
+    interval: int = 1  # tokens a chunk waits for (deploy --stream-interval); the first goes alone
 
     def __post_init__(self) -> None:
         self.end = self.max_tokens
@@ -97,7 +98,8 @@ class TokenStream:
             self.finished = True
             self.ahead.clear()
             self.event("finish", tokens=len(self.tokens))
-        self.wakeup.set()
+        if self.ready():  # the reader wakes when a chunk is due, not on every report
+            self.wakeup.set()
 
     def fail(self, message: str) -> None:
         if not self.finished:
@@ -105,6 +107,14 @@ class TokenStream:
             self.finished = True
             self.event("failed", error=message)
             self.wakeup.set()
+
+    def ready(self) -> bool:
+        """Whether a chunk is due: the first token at once, then `interval` new tokens, and
+        whatever is left (or only the finish reason) once the stream has finished."""
+        new = len(self.tokens) - self.emitted
+        if self.finished:
+            return bool(new) or (not self.error and not self._told_finish)
+        return new >= self.interval or (new > 0 and self.emitted == 0)
 
     def take_new(self) -> TokenChunk:
         """The tokens not taken yet; once the stream has finished, the chunk that takes its last
