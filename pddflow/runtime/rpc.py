@@ -58,23 +58,21 @@ class Credentials:
     def channel(self, address: str) -> grpc.Channel:
         if self.tls is None:
             return grpc.insecure_channel(address, options=_OPTIONS)
-        creds = grpc.ssl_channel_credentials(
-            root_certificates=self.tls.roots(),
-            private_key=self.tls.private_key_bytes(),
-            certificate_chain=self.tls.cert_chain_bytes(),
-        )
-        return grpc.secure_channel(address, creds, options=_OPTIONS)
+        return grpc.secure_channel(address, self._channel_credentials(), options=_OPTIONS)
 
     def aio_channel(self, address: str) -> grpc.aio.Channel:
         """The same channel for the running asyncio loop."""
         if self.tls is None:
             return grpc.aio.insecure_channel(address, options=_OPTIONS)
-        creds = grpc.ssl_channel_credentials(
+        return grpc.aio.secure_channel(address, self._channel_credentials(), options=_OPTIONS)
+
+    def _channel_credentials(self) -> grpc.ChannelCredentials:
+        assert self.tls is not None
+        return grpc.ssl_channel_credentials(
             root_certificates=self.tls.roots(),
             private_key=self.tls.private_key_bytes(),
             certificate_chain=self.tls.cert_chain_bytes(),
         )
-        return grpc.aio.secure_channel(address, creds, options=_OPTIONS)
 
     def metadata(self) -> tuple[tuple[str, str], ...]:
         return ((AUTH_HEADER, bearer(self.token)),)
@@ -148,14 +146,7 @@ class WorkerClient:
         # the frontend loop's channel (send): a sync channel's future starts a thread whenever
         # none of its calls is in flight, which an idle worker's channel mostly is
         self._aio: tuple[asyncio.AbstractEventLoop, grpc.aio.Channel, dict[str, Any]] | None = None
-        self._calls = {
-            name: self.channel.unary_unary(
-                f"/{WORKER}/{name}",
-                request_serializer=req.SerializeToString,
-                response_deserializer=resp.FromString,
-            )
-            for name, (req, resp) in WORKER_METHODS.items()
-        }
+        self._calls = _worker_stubs(self.channel)
 
     def call(self, method: str, message: Any, timeout_s: float = CALL_TIMEOUT_S) -> Any:
         return self._calls[method](
@@ -178,15 +169,7 @@ class WorkerClient:
             return self.future(method, message, timeout_s)
         if self._aio is None or self._aio[0] is not loop:
             channel = self.credentials.aio_channel(self.address)
-            calls = {
-                name: channel.unary_unary(
-                    f"/{WORKER}/{name}",
-                    request_serializer=req.SerializeToString,
-                    response_deserializer=resp.FromString,
-                )
-                for name, (req, resp) in WORKER_METHODS.items()
-            }
-            self._aio = (loop, channel, calls)
+            self._aio = (loop, channel, _worker_stubs(channel))
         call = self._aio[2][method](
             message, timeout=timeout_s, metadata=self.metadata, wait_for_ready=True
         )
@@ -202,6 +185,18 @@ class WorkerClient:
                     asyncio.run_coroutine_threadsafe(channel.close(), loop)
                 except RuntimeError:  # the loop is stopping: its channels go with it
                     pass
+
+
+def _worker_stubs(channel: Any) -> dict[str, Any]:
+    """A worker's unary methods on `channel` (sync or grpc.aio: the same calls)."""
+    return {
+        name: channel.unary_unary(
+            f"/{WORKER}/{name}",
+            request_serializer=req.SerializeToString,
+            response_deserializer=resp.FromString,
+        )
+        for name, (req, resp) in WORKER_METHODS.items()
+    }
 
 
 async def _awaited(call: Any) -> Any:

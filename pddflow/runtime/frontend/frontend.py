@@ -64,9 +64,8 @@ class Frontend:
         stream_interval: int = 1,
     ):
         self.plan, self.wiring = plan, wiring
-        self.stream_interval = (
-            stream_interval  # tokens a chunk waits for (deploy --stream-interval)
-        )
+        # tokens an SSE chunk waits for (deploy --stream-interval)
+        self.stream_interval = stream_interval
         self.model_id = plan.name
         self.tokenizer = model.tokenizer
         self.chat_prompt_ids = model.chat_prompt_ids  # a chat's prompt, templated and tokenized

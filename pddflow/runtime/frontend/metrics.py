@@ -175,7 +175,7 @@ class Metrics:
     def watch_deployment(self, model_name: str, gauges: Callable[[], dict[str, float]]) -> None:
         """The vLLM families are labelled `model_name`; `gauges()` gives the keys of
         VLLM_GAUGES at each scrape (called where /metrics is rendered: the frontend's loop)."""
-        self.vllm.model_name, self.vllm._per_token = model_name, None
+        self.vllm.label(model_name)
         self.registry.register(_VllmGauges(model_name, gauges))
 
     def watch_pools(self, pools: Callable[[], dict[str, dict[str, Any]]]) -> None:
@@ -335,6 +335,9 @@ class VllmMetrics:
         self.request_generation_tokens = hist(
             "vllm:request_generation_tokens", "generated tokens per request", _TOKEN_BUCKETS
         )
+
+    def label(self, model_name: str) -> None:
+        self.model_name, self._per_token = model_name, None
 
     def first_token(self, ttft_s: float, prompt_tokens: int) -> None:
         self.ttft.labels(self.model_name).observe(ttft_s)

@@ -13,7 +13,7 @@ from pddflow.operators.block_allocator import KVCacheFull
 from pddflow.operators.engine_core import KVShardMissing
 from pddflow.runtime.proto import runtime_pb2 as pb
 from pddflow.runtime.workers.inbox import InboxItem, KVArrived, KVLost
-from pddflow.runtime.workers.loop import Leg, Worker, last_logprob
+from pddflow.runtime.workers.loop import Leg, Worker, first_token
 from pddflow.runtime.workers.registry import runs
 
 
@@ -233,8 +233,7 @@ class DecoderWorker(Worker):
                 # the first token was to come with the KV: sample it here, as prefill would have
                 reused = leg.seq.num_computed
                 self.engine.prefill(leg.seq)
-                lps = last_logprob(leg.seq)
-                leg.first = FirstToken(leg.seq.output_ids[-1], lps[0] if lps else None, reused)
+                leg.first = first_token(leg.seq, reused)
             else:
                 self.engine.compute_to(leg.seq, leg.seq.num_prompt_tokens)
             self.engine.reserve(leg.seq, self.total_tokens(leg))

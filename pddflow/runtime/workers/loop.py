@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from pddflow.channels.errors import ChannelError
-from pddflow.core.payloads import TokenLogprob
+from pddflow.core.payloads import FirstToken, TokenLogprob
 from pddflow.graph.plan import OperatorPlan
 from pddflow.operators.cache_state import cache_changes, cache_listing, cached_hashes
 from pddflow.operators.engine_core import TPPeerLost
@@ -60,6 +60,17 @@ class Leg:
 def last_logprob(seq: Any) -> list[TokenLogprob] | None:
     """The log probability of the sequence's newest token, when its request asked."""
     return [seq.logprobs[-1]] if seq.sampling.logprobs is not None and seq.logprobs else None
+
+
+def first_token(seq: Any, cached_tokens: int) -> FirstToken:
+    """The token a prefill of `seq` just sampled, as it travels with the KV to the decoders."""
+    lps = last_logprob(seq)
+    return FirstToken(seq.output_ids[-1], lps[0] if lps else None, cached_tokens)
+
+
+def hands_off(order: pb.LegOrder) -> bool:
+    """The order's relay hands the request over to its main (P-RLD-MD, not finished alone)."""
+    return bool(order.relay and order.main and order.handoff and not order.singular)
 
 
 def not_renewed(legs: Iterable[Leg], now: float, lease_until: float) -> list[Leg]:

@@ -13,6 +13,7 @@ from pddflow.runtime.proto import runtime_pb2 as pb
 from pddflow.runtime.workers.cache_report import load_event
 from pddflow.runtime.workers.decoder import DecodeLeg, DecoderWorker
 from pddflow.runtime.workers.inbox import HandoffTokens, InboxItem
+from pddflow.runtime.workers.loop import hands_off
 from pddflow.runtime.workers.registry import runs
 
 
@@ -65,10 +66,9 @@ class MainWorker(DecoderWorker):
     def landed(self, leg: MainLeg) -> None:
         """P-RLD-MD: the relay hands over once it hears this, straight from main (the token_ids
         channel the two share; no hop through the frontend)."""
-        order = leg.order
-        if order.relay and order.handoff and not order.singular:
+        if hands_off(leg.order):
             timeout = max(0.1, leg.deadline - time.monotonic())
-            self.io.landed(order.relay, leg.seq_id, timeout_s=timeout)
+            self.io.landed(leg.order.relay, leg.seq_id, timeout_s=timeout)
 
     def before_landing(self, leg: MainLeg) -> None:
         if not leg.lower_blocks:

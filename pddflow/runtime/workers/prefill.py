@@ -14,7 +14,7 @@ from typing import Any
 from pddflow.core.kv_reuse import reused_blocks
 from pddflow.core.payloads import FirstToken, KVBlocks
 from pddflow.runtime.proto import runtime_pb2 as pb
-from pddflow.runtime.workers.loop import Leg, Worker, last_logprob
+from pddflow.runtime.workers.loop import Leg, Worker, first_token
 from pddflow.runtime.workers.rank_kv import joined, planned_bytes, rank_to_rank, send_shards
 from pddflow.runtime.workers.registry import runs
 
@@ -53,8 +53,7 @@ class PrefillWorker(Worker):
 
     def _ship_kv(self, leg: PrefillLeg) -> None:
         order, seq, block_bytes = leg.order, leg.seq, self.engine.block_bytes
-        lps = last_logprob(seq)
-        first = FirstToken(seq.output_ids[-1], lps[0] if lps else None, leg.cached_tokens)
+        first = first_token(seq, leg.cached_tokens)
         targets = []
         if order.relay:
             targets.append((order.relay, 0))

@@ -21,6 +21,7 @@ from pddflow.runtime.workers.inbox import (
     InboxItem,
     MainLanded,
 )
+from pddflow.runtime.workers.loop import hands_off
 from pddflow.runtime.workers.registry import runs
 from pddflow.scheduler.features import InstanceLoad
 
@@ -40,7 +41,7 @@ class RelayWorker(DecoderWorker):
 
     def on_order(self, leg: RelayLeg) -> None:
         super().on_order(leg)
-        if leg.order.main and leg.order.handoff and not leg.order.singular:
+        if hands_off(leg.order):
             self.io.open_handoff(leg.order.main)  # main speaks first: its KV has landed
 
     def on_input(self, leg: RelayLeg, item: InboxItem) -> None:
