@@ -111,6 +111,27 @@ def same_kv():
     return check
 
 
+def _wait_stopped(pid: int, within_s: float = 10.0) -> None:
+    """SIGSTOP is asynchronous: the peer stops when the kernel next handles its signals, and a
+    direct-landing send of 1 MiB completes in a millisecond, so a send begun before the stop takes
+    hold can finish. Wait until /proc shows every one of its threads stopped."""
+    end = time.monotonic() + within_s
+    while time.monotonic() < end:
+        states = [_thread_state(pid, tid) for tid in os.listdir(f"/proc/{pid}/task")]
+        if all(s in ("T", "t") for s in states):
+            return
+        time.sleep(0.001)
+    raise AssertionError(f"peer {pid} did not stop within {within_s}s")
+
+
+def _thread_state(pid: int, tid: str) -> str:
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:  # the thread ended meanwhile
+        return "T"
+
+
 def _fails_at_deadline_while_stopped(
     send, pid: int, timeout_s: float = 1.5, within_s: float = 6.0
 ) -> None:
@@ -118,6 +139,7 @@ def _fails_at_deadline_while_stopped(
     raise ChannelTimeout at its deadline, not hang; the peer is resumed afterwards."""
     os.kill(pid, signal.SIGSTOP)
     try:
+        _wait_stopped(pid)
         t0 = time.monotonic()
         with pytest.raises(ChannelTimeout):
             send(timeout_s)
