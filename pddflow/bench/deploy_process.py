@@ -241,6 +241,8 @@ class DeployProcess:
             p
             for p in getattr(self, "children", [])
             if Path(f"/proc/{p}").exists()
-            and "pddflow.runtime.workers"
-            in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
+            and any(
+                m in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
+                for m in ("pddflow.runtime.workers", "pddflow.runtime.api.api_process")
+            )
         ]

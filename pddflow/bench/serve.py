@@ -193,6 +193,20 @@ def _process_cpu_s(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _frontend_pids(base: str, deployer: int) -> list[int]:
+    """The deploying process (the router) and its API processes (deploy --api-servers)."""
+    try:
+        health = httpx.get(f"{base}/health", timeout=10).json()
+    except (httpx.HTTPError, ValueError):
+        return [deployer]
+    return [deployer] + [a["pid"] for a in health.get("api_servers", []) if a.get("pid")]
+
+
+def _frontend_cpu_s(pids: list[int]) -> float | None:
+    got = [_process_cpu_s(p) for p in pids]
+    return None if any(c is None for c in got) else sum(got)  # type: ignore[misc]
+
+
 def _own_cpu_s() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -251,13 +265,14 @@ def run_graph(
                     slow.cancel()
                     await asyncio.gather(slow, return_exceptions=True)
 
-            f0, c0 = _process_cpu_s(dep.proc.pid), _own_cpu_s()
+            front = _frontend_pids(dep.base, dep.proc.pid)
+            f0, c0 = _frontend_cpu_s(front), _own_cpu_s()
             decode0 = decode_counters(dep.base)
             control0 = control_plane.counters(dep.base)
             t0 = time.perf_counter()
             asyncio.run(main(t0))
             res.wall_s = time.perf_counter() - t0
-            f1 = _process_cpu_s(dep.proc.pid)
+            f1 = _frontend_cpu_s(front)
             res.control = control_plane.row(
                 control0,
                 control_plane.counters(dep.base),

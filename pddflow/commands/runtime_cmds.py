@@ -139,6 +139,15 @@ def deploy(
         "--stream-interval): the first token and the last chunk go at once; larger values "
         "cost the frontend less per token, the text and its order are the same",
     ),
+    api_servers: int = typer.Option(
+        1,
+        min=1,
+        max=64,
+        help="HTTP processes serving the API on the one port (vLLM's --api-server-count): this "
+        "process routes every request and keeps the scheduler's state; each request's tokens "
+        "go from the workers straight to the process holding its connection; /health, /metrics "
+        "and /admin answer for the whole deployment from any of them",
+    ),
 ) -> None:
     """Deploy GRAPH with its `local` profile: every operator instance as its own process, the
     clusters emulated on this machine and the WAN shaped by the graph's link model; serve the
@@ -158,7 +167,7 @@ def deploy(
         host, port, backend, address, kv_cache_mb, startup_timeout, leg_timeout, seed, wan_gbps,
         run_dir, drain_timeout, api_key, admin_key, log_level, model, chat_template,
         check_cpu_pinning(cpu_pinning), planner, engine, kv_scale, time_scale, profile,
-        stream_interval,
+        stream_interval, api_servers,
     )  # fmt: skip
     try:
         d = Deployment(load_or_exit(graph), options)
@@ -263,6 +272,9 @@ def bench_serve(
     stream_interval: int = typer.Option(
         1, min=1, help="passed to every `pddflow deploy`: tokens an SSE chunk waits for"
     ),
+    api_servers: int = typer.Option(
+        1, min=1, max=64, help="passed to every `pddflow deploy`: its HTTP processes"
+    ),
     per_request: bool = typer.Option(
         False,
         "--per-request",
@@ -346,6 +358,8 @@ def bench_serve(
                             profile,
                             "--stream-interval",
                             str(stream_interval),
+                            "--api-servers",
+                            str(api_servers),
                             *(("--address", address) if address else ()),
                         ),
                         per_request=per_request,
@@ -373,6 +387,7 @@ def bench_serve(
             "engine": engine,
             "profile": profile,
             "stream_interval": stream_interval,
+            "api_servers": api_servers,
         },
         "graphs": rows,
         "ratios_vs_first": {r["graph"]: ratios(rows[0], r) for r in rows[1:]},

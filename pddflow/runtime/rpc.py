@@ -17,6 +17,7 @@ from pddflow.runtime.proto import runtime_pb2 as pb
 
 WORKER = "pddflow.runtime.v1.Worker"
 FRONTEND = "pddflow.runtime.v1.Frontend"
+API_SERVER = "pddflow.runtime.v1.ApiServer"
 CALL_TIMEOUT_S = 10.0
 _OPTIONS = [
     ("grpc.max_send_message_length", 64 << 20),
@@ -212,12 +213,13 @@ def call_error(fut: Any) -> BaseException | None:
 
 
 def open_reports(
-    address: str, messages: Iterator[pb.Report], credentials: Credentials
+    address: str, messages: Iterator[pb.Report], credentials: Credentials, service: str = FRONTEND
 ) -> grpc.Future:
-    """A worker's report stream to the frontend, until `messages` ends or the channel closes."""
+    """A worker's report stream to the frontend (or to an API process: its tokens), until
+    `messages` ends or the channel closes."""
     channel = credentials.channel(address)
     call = channel.stream_unary(
-        f"/{FRONTEND}/Reports",
+        f"/{service}/Reports",
         request_serializer=pb.Report.SerializeToString,
         response_deserializer=pb.Empty.FromString,
     )

@@ -50,6 +50,10 @@ class Wiring:
     # frontend reaches it, and the frontend's report service as each other cluster reaches it
     control_via: dict[str, str] = field(default_factory=dict)
     report_via: dict[str, str] = field(default_factory=dict)  # cluster -> address
+    # deploy --api-servers N: each API process's token service (name -> address), and as each
+    # other cluster reaches it (cluster -> name -> address)
+    api_servers: dict[str, str] = field(default_factory=dict)
+    api_via: dict[str, dict[str, str]] = field(default_factory=dict)
     lease_s: float = 10.0  # the frontend's lease on each worker's legs (frontend/leases.py)
     cpus: dict[str, list[int]] = field(default_factory=dict)  # instance -> cores it is pinned to
     threads: dict[str, int] = field(default_factory=dict)  # instance -> torch threads (0: default)
@@ -95,6 +99,10 @@ class Wiring:
     def frontend_from(self, cluster: str) -> str:
         """Where a worker in `cluster` reaches the frontend's report service."""
         return self.report_via.get(cluster, self.frontend)
+
+    def api_from(self, cluster: str, name: str) -> str:
+        """Where a worker in `cluster` reaches API process `name`'s token service."""
+        return self.api_via.get(cluster, {}).get(name, self.api_servers[name])
 
     def credentials(self) -> Credentials:
         """The control plane's: the deployment's token, mutual TLS when it has a certificate."""

@@ -2,7 +2,9 @@
 suite (each test leaves it serving again: that is what the drills assert), started once because a
 start costs about 10 s of the suite's 20 minutes. It is graphs/pdd_tiered.yaml served as `pdd`:
 main has host-memory and disk tiers under its cache, so every drill runs over them too and a main
-killed -9 restarts from its disk tier."""
+killed -9 restarts from its disk tier. It serves with two API processes (deploy --api-servers 2):
+the workers stream each request's tokens to the process holding its connection, so every drill
+also proves the fault rules for requests whose tokens never pass through the router."""
 
 from __future__ import annotations
 
@@ -29,7 +31,10 @@ def pdd(tmp_path_factory):
     graph.write_text(
         tiered.replace("\nscheduler:\n", f"\ndeploy: {{lease_s: {LEASE_S}}}\n\nscheduler:\n", 1)
     )
-    dep = DeployProcess(graph, tmp_path_factory.mktemp("chaos"), "--wan-gbps", WAN_GBPS)
+    # two API processes: the drills hold for requests whose tokens skip the router
+    dep = DeployProcess(
+        graph, tmp_path_factory.mktemp("chaos"), "--wan-gbps", WAN_GBPS, "--api-servers", "2"
+    )
     yield dep
     out = dep.stop()
     assert dep.leftover_children() == [], out

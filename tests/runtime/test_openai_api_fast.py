@@ -14,8 +14,9 @@ from fastapi.testclient import TestClient
 from pddflow.core.payloads import SamplingParams, TokenChunk, TokenLogprob
 from pddflow.graph import load_plan
 from pddflow.graph.shipped import resolve_graph
-from pddflow.runtime.api.app import cached_tokens, make_app
+from pddflow.runtime.api.app import make_app
 from pddflow.runtime.frontend.chat_template import render_chat
+from pddflow.runtime.frontend.flight import cached_tokens
 from pddflow.runtime.frontend.link_admin import LinkAdmin
 from pddflow.runtime.frontend.rejection import RequestRejected
 
@@ -68,6 +69,9 @@ class FakeFrontend:
 
     def timeline(self, request_id: str) -> dict | None:
         return self.timelines.get(request_id)
+
+    def cached_tokens(self, request_id: str) -> int:
+        return cached_tokens(self.timeline(request_id))
 
     tool_format = "hermes"
 

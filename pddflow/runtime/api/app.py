@@ -34,6 +34,7 @@ from pddflow.runtime.api.errors import (
     short_repr,
     validation_error,
 )
+from pddflow.runtime.api.forward import RouterHttp, add_admin_forward
 from pddflow.runtime.api.logprobs import chat_logprobs, completion_logprobs
 from pddflow.runtime.api.router import LinkControl, Router
 from pddflow.runtime.api.schema import SEED_LIMIT, ChatBody, CompletionBody, FieldError, _Body
@@ -53,12 +54,15 @@ def make_app(
     links: LinkControl | None = None,
     placement: Callable[[], dict[str, Any]] | None = None,
     scale: Scaler | None = None,
+    forward: str | None = None,
 ) -> FastAPI:
     """`admission` (app.state.admission) is what a shutdown drains. `api_key` guards /v1/*
     (docs/openai-api.md). Given an `admin_key`, `links` serves /admin/links/{name}/cut (where it
     can), .../degrade and .../restore: drills on the emulated WAN (admin.py); `scale`, POST
     /admin/pools/{operator} (live scaling). `placement` (the backend's `describe`) adds each
-    instance's node and address and each channel's transport to /health."""
+    instance's node and address and each channel's transport to /health. `forward` (an API
+    process of several: the router's internal URL) answers /health, /metrics, timelines and the
+    admin endpoints from the router (forward.py)."""
     admission = admission or Admission()
     grammars = ResponseGrammars(router.tokenizer, router.vocab_size)
     shapes = ApiMetrics()
@@ -97,8 +101,14 @@ def make_app(
     async def _crash(_: Request, exc: Exception) -> JSONResponse:
         return error_response(500, f"internal error: {type(exc).__name__}", kind="server_error")
 
+    deployment = RouterHttp(forward) if forward else None
+
     @app.get("/health")
-    async def health() -> JSONResponse:
+    async def health(request: Request) -> Response:
+        if deployment is not None:
+            if not admission.open:
+                return JSONResponse({"status": "draining"}, status_code=503)
+            return await deployment.ask(request)
         ready, detail = router.health()
         if placement is not None:
             detail = with_placement(detail, placement())
@@ -107,10 +117,14 @@ def make_app(
         return JSONResponse(detail, status_code=200 if ready else 503)
 
     @app.get("/metrics")
-    async def metrics() -> Response:
+    async def metrics(request: Request) -> Response:
+        if deployment is not None:  # the API's own counters are this process's
+            return await deployment.ask(request, shapes.text())
         body, ctype = router.metrics_text()
         return Response(body + shapes.text(), media_type=ctype)
 
+    if admin_key and deployment is not None:
+        add_admin_forward(app, deployment)
     if admin_key and links is not None:
         add_admin_routes(app, links)
     if admin_key and scale is not None:
@@ -142,7 +156,9 @@ def make_app(
         return JSONResponse(served_model())
 
     @app.get("/v1/requests/{request_id}/timeline")
-    async def timeline(request_id: str) -> JSONResponse:
+    async def timeline(request_id: str, request: Request) -> Response:
+        if deployment is not None:
+            return await deployment.ask(request)
         t = router.timeline(request_id)
         if t is None:
             return error_response(
@@ -386,22 +402,8 @@ def _usage(router: Router, rid: str, prompt_ids: list[int], choices: Choices) ->
         "prompt_tokens": len(prompt_ids),
         "completion_tokens": generated,
         "total_tokens": len(prompt_ids) + generated,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens(router.timeline(rid))},
+        "prompt_tokens_details": {"cached_tokens": router.cached_tokens(rid)},
     }
-
-
-def cached_tokens(timeline: dict[str, Any] | None) -> int:
-    """Prompt tokens whose KV came from a prefix cache: what prefill measured (its kv_send
-    events), else, when none reached the router (the first token ended the request, or no
-    prefill ran apart from the decoder), the scheduler's prediction at arrival."""
-    events = (timeline or {}).get("events", [])
-    measured = [
-        e["cached_tokens"] for e in events if e["event"] == "kv_send" and "cached_tokens" in e
-    ]
-    if measured:
-        return int(max(measured))
-    predicted = [e.get("predicted_hit_tokens", 0) for e in events if e["event"] == "arrival"]
-    return int(predicted[0]) if predicted else 0
 
 
 def with_placement(detail: dict[str, Any], placed: dict[str, Any]) -> dict[str, Any]:
@@ -413,4 +415,5 @@ def with_placement(detail: dict[str, Any], placed: dict[str, Any]) -> dict[str, 
         "backend": placed["backend"],
         "workers": workers,
         "channels": placed["channels"],
+        **({"api_servers": placed["api_servers"]} if "api_servers" in placed else {}),
     }

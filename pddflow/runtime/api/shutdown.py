@@ -24,9 +24,13 @@ class DrainingServer(uvicorn.Server):
         admission: Admission,
         drain_timeout_s: float,
         say: Callable[[str], None] = print,
+        also_stop: Callable[[bool], None] | None = None,
     ):
+        """`also_stop(now)`, on a thread, while this server drains (now False) or stops at once:
+        what else serves the deployment's API (deploy --api-servers: the other processes)."""
         super().__init__(config)
         self.admission, self.drain_timeout_s, self.say = admission, drain_timeout_s, say
+        self.also_stop = also_stop
         self.signals = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping: asyncio.Task | None = None
@@ -64,7 +68,11 @@ class DrainingServer(uvicorn.Server):
             f"stopping: new requests get 503; waiting up to {self.drain_timeout_s:g} s for "
             f"{n} running request{'s' if n != 1 else ''} (Ctrl-C again: stop now)"
         )
-        aborted = await self.admission.drain(self.drain_timeout_s)
+        drained = self.admission.drain(self.drain_timeout_s)
+        if self.also_stop is not None:
+            aborted, _ = await asyncio.gather(drained, asyncio.to_thread(self.also_stop, False))
+        else:
+            aborted = await drained
         if aborted:
             self.say(f"aborted {aborted} request{'s' if aborted != 1 else ''} still running")
         self.should_exit = True
@@ -74,5 +82,7 @@ class DrainingServer(uvicorn.Server):
             "the server was stopped at once (a second interrupt); this request was aborted",
             answer_s=1.0,
         )
+        if self.also_stop is not None:
+            await asyncio.to_thread(self.also_stop, True)
         self.say(f"stopping now; aborted {aborted} request{'s' if aborted != 1 else ''}")
         self.force_exit = self.should_exit = True

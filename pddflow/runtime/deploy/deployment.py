@@ -18,18 +18,25 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from pddflow.core.device import LOCAL_KV_CACHE_MIB
 from pddflow.graph.plan import Plan
+from pddflow.runtime.deploy.api_processes import ApiProcesses, api_names
 from pddflow.runtime.deploy.backend import Backend, DeployError, Progress, wait_ready
 from pddflow.runtime.deploy.modeled import DEFAULT_KV_SCALE, ENGINES, PROFILES, modeled_plan
-from pddflow.runtime.deploy.run_dir import make_run_dir, remove_disk_tiers, remove_run_dir
+from pddflow.runtime.deploy.run_dir import (
+    make_run_dir,
+    private_file,
+    remove_disk_tiers,
+    remove_run_dir,
+)
 from pddflow.runtime.deploy.supervisor import Supervisor
 from pddflow.runtime.frontend.frontend import Frontend
 from pddflow.runtime.frontend.link_admin import LinkAdmin
 from pddflow.runtime.frontend.model_info import ModelInfo, model_info
 from pddflow.runtime.transports import secure_cross_cluster
-from pddflow.runtime.wiring import Wiring, wire
+from pddflow.runtime.wiring import Wiring, free_port, wire
 
 BACKENDS = ("local", "ray")
 log = logging.getLogger("pddflow.deploy")
@@ -74,6 +81,7 @@ class DeployOptions:
     time_scale: float = 1.0  # modeled: every step lasts this many times its modeled time
     profile: str = "local"  # or "production": every declared replica (modeled engine only)
     stream_interval: int = 1  # tokens an SSE chunk waits for (the first and the last go at once)
+    api_servers: int = 1  # HTTP processes on the deployment's socket (more: api_processes.py)
 
 
 class Deployment:
@@ -107,6 +115,7 @@ class Deployment:
         self.cpus = None  # the host's cores as the instances got them (core.cpu_layout)
         self.port = o.port
         self._socket: socket.socket | None = None
+        self.api_processes: ApiProcesses | None = None
         self._server = None  # the API server while it serves (api.shutdown.DrainingServer)
         self._scaling = threading.Lock()  # one pool change at a time
         self._ending = threading.Event()  # serving ended: a pool change under way gives up
@@ -188,6 +197,9 @@ class Deployment:
         self.wiring = wire(self.plan, o.seed, kv_bytes, o.leg_timeout_s, cpus)
         self.wiring.engine, self.wiring.kv_scale = o.engine, o.kv_scale
         self.wiring.time_scale = o.time_scale
+        if o.api_servers > 1:  # each its own token service, where the workers stream its tokens
+            host = self.wiring.frontend.rsplit(":", 1)[0]
+            self.wiring.api_servers = {n: f"{host}:{free_port()}" for n in api_names(o.api_servers)}
         self.run_dir = make_run_dir(o.run_dir)
         # also when an exception or a second signal cuts stop() short
         atexit.register(remove_run_dir, self.run_dir, o.run_dir is not None)
@@ -349,22 +361,68 @@ class Deployment:
             api_key=o.api_key,
             admin_key=o.admin_key,
             links=self.links,
-            placement=self.backend.describe,
+            placement=self._placement,
             scale=self.scale if self.plan.scalable() else None,
         )
+        sock, also_stop = self._socket, None
+        if o.api_servers > 1:  # they serve the socket; this process, the router, its own
+            sock = _listen("127.0.0.1", 0)
+            self._start_api_processes(f"http://127.0.0.1:{sock.getsockname()[1]}")
+            also_stop = self._stop_api_processes
         config = uvicorn.Config(
             app,
             host=o.host,
-            port=self.port,
+            port=sock.getsockname()[1],
             log_level=o.log_level,
             access_log=False,
             timeout_graceful_shutdown=5,  # the drain has ended every request by then
         )
-        self._server = DrainingServer(config, admission, o.drain_timeout_s, say)
+        self._server = DrainingServer(config, admission, o.drain_timeout_s, say, also_stop)
         try:
-            self._server.run(sockets=[self._socket])
+            self._server.run(sockets=[sock])
         finally:  # the planner measures on the frontend's loop, which stops with the server
+            self._stop_api_processes(now=True)
+            if sock is not self._socket:
+                sock.close()
             self._stop_planner()
+
+    def _placement(self) -> dict[str, Any]:
+        placed = self.backend.describe()
+        if self.api_processes is not None:
+            placed["api_servers"] = self.api_processes.describe()
+        return placed
+
+    def _start_api_processes(self, router_http: str) -> None:
+        o, keys = self.options, {}
+        if o.api_key:
+            keys["PDDFLOW_API_KEY"] = o.api_key
+        if o.admin_key:
+            keys["PDDFLOW_ADMIN_KEY"] = o.admin_key
+        wiring_file = self.run_dir / "api-wiring.json"
+        private_file(wiring_file)  # it holds the deployment's bearer token
+        self.wiring.save(wiring_file)
+        self.api_processes = ApiProcesses.start(
+            self.wiring,
+            wiring_file,
+            self._socket,
+            router_http,
+            self.run_dir,
+            stream_interval=o.stream_interval,
+            drain_timeout_s=o.drain_timeout_s,
+            log_level=o.log_level,
+            modeled=o.engine == "modeled",
+            chat_template=o.chat_template,
+            keys=keys,
+        )
+        why = self.api_processes.wait_ready(o.startup_timeout_s)
+        if why:
+            self._stop_api_processes(now=True)
+            raise DeployError(f"an API process did not start: {why}")
+
+    def _stop_api_processes(self, now: bool = False) -> None:
+        procs, self.api_processes = self.api_processes, None
+        if procs is not None:
+            procs.stop(now, grace_s=self.options.drain_timeout_s + 10)
 
     def _stop_planner(self) -> None:
         self._ending.set()  # a scale it has under way stops waiting for a start or a drain
@@ -382,6 +440,7 @@ class Deployment:
         """Every instance stopped, the frontend closed, the run directory removed (or, kept, its
         secrets); safe to call twice."""
         self._stop_planner()  # first: no pool change while everything stops
+        self._stop_api_processes(now=True)
         if self.supervisor is not None:
             self.supervisor.stop()
             self.supervisor = None

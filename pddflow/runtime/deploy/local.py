@@ -87,6 +87,10 @@ class LocalBackend:
                 host = wiring.frontend
                 relay = self._relay(link, host, inst.cluster, front, delay)
                 wiring.report_via[inst.cluster] = relay.address
+            via = wiring.api_via.setdefault(inst.cluster, {})
+            for name, address in wiring.api_servers.items():
+                if name not in via:
+                    via[name] = self._relay(link, address, inst.cluster, front, delay).address
             rpc = wiring.workers[inst.id].rpc
             wiring.control_via[rpc] = self._relay(link, rpc, front, inst.cluster, delay).address
 

@@ -25,6 +25,7 @@ class WorkerProcess:
     env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen | None = None
     tail: deque = field(default_factory=lambda: deque(maxlen=40))
+    pass_fds: tuple[int, ...] = ()  # an API process's: the deployment's listening socket
 
     def start(self) -> None:
         env = parent_env({**os.environ, **self.env, "PYTHONUNBUFFERED": "1"})
@@ -40,6 +41,7 @@ class WorkerProcess:
             # its own process group: Ctrl-C in the terminal goes to the deployer, which stops
             # workers in order
             process_group=0,
+            pass_fds=self.pass_fds,
         )
         Thread(target=self._pump, name=f"log-{self.name}", daemon=True).start()
 

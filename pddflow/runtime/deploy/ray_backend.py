@@ -225,6 +225,9 @@ class RayBackend:
             ep.kv_rdma_ranks = [f"tcp:{ip}:{ports.pop(0)}" for _ in ep.kv_rdma_ranks]
             self.endpoints[inst] = {k: v for k, v in asdict(ep).items() if v}
         wiring.frontend = f"{self.driver_ip}:{free_port(bind or self.driver_ip)}"
+        # the API processes (deploy --api-servers) run beside the frontend, on this node
+        for name in wiring.api_servers:
+            wiring.api_servers[name] = f"{self.driver_ip}:{free_port(bind or self.driver_ip)}"
         wiring.bind_all = self.bind_all
         wiring.cpus, wiring.nice, wiring.via, wiring.links = {}, {}, {}, {}
         self.transports = wiring.transports = transports(plan, host_of, wiring.rdma)

@@ -4,9 +4,10 @@ Everything runs on the frontend's event loop."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable
 
 from pddflow.core.kv_budget import kv_fit
 from pddflow.core.leg_lifetimes import ORPHAN_GRACE_S
@@ -41,6 +42,9 @@ class Fallbacks:
         self.plan, self.policy, self.sched, self.metrics = plan, policy, sched, metrics
         self.links, self.fleet, self.flights = links, fleet, flights
         self.orphans: dict[str, dict[str, float]] = {}  # instance -> {seq_id: first seen ended}
+        # what an API process holds of a request (deploy --api-servers: ApiServers.tokens)
+        self.remote_tokens: Callable[[str, str], Awaitable[list[int] | None]] | None = None
+        self._resuming: set[asyncio.Task] = set()
 
     # ---- failures of one leg -------------------------------------------------------------------
     def leg_failed(self, inst: str, f: pb.Failure) -> None:
@@ -205,7 +209,7 @@ class Fallbacks:
     def _resume(self, flight: Flight, lost: str) -> bool:
         """Resume on a surviving decoder (the route's other one, else any decoder of the plan),
         which prefills prompt + tokens so far locally and continues at the same position."""
-        r, st = flight.route, flight.stream
+        r = flight.route
         if r.resumed_seq:
             return False
         prefer = (r.relay, r.main)
@@ -214,11 +218,33 @@ class Fallbacks:
             return False
         for inst in list(r.legs):
             self.fleet.abort_leg(flight, inst, f"resuming on {target}")
-        done = list(st.tokens)
+        seq_id = self.flights.resume(flight)
+        r.legs.add(target)
+        r.resumed_on.add(target)
+        if not flight.api:
+            self._resume_from(flight, target, seq_id, list(flight.stream.tokens))
+            return True
+
+        async def from_api() -> None:  # the tokens so far are the API process's
+            assert self.remote_tokens is not None
+            done = await self.remote_tokens(flight.api, flight.request_id)
+            if flight.stream.finished:
+                return
+            if done is None:
+                flight.stream.fail(f"resuming on {target}: {flight.api} holds no tokens of it")
+                return
+            self._resume_from(flight, target, seq_id, done)
+
+        task = asyncio.get_running_loop().create_task(from_api())
+        self._resuming.add(task)
+        task.add_done_callback(self._resuming.discard)
+        return True
+
+    def _resume_from(self, flight: Flight, target: str, seq_id: str, done: list[int]) -> None:
         s = flight.sampling
         order = flight.order(
             self.plan,
-            seq_id=self.flights.resume(flight),
+            seq_id=seq_id,
             prompt_ids=flight.prompt_ids + done,
             local_prefill=True,
             output_offset=len(done),
@@ -230,12 +256,9 @@ class Fallbacks:
             sampling=sampling_to_pb(s, s.max_tokens - len(done)),
             lease_epoch=self.fleet.lease_epoch,
         )
-        r.legs.add(target)
-        r.resumed_on.add(target)
-        st.event("resumed", instance=target, from_token=len(done))
+        flight.stream.event("resumed", instance=target, from_token=len(done))
         self.metrics.fallbacks.labels("resumed_elsewhere").inc()
         self.fleet.call(target, "Submit", order)
-        return True
 
     # ---- routing around lost workers -----------------------------------------------------------
     def around_lost(self, decision: Decision, feats: RequestFeatures) -> Decision:

@@ -27,6 +27,7 @@ class Flight:
     prompt_ids: list[int]
     sampling: SamplingParams
     deadline: float
+    api: str = ""  # the API process streaming it (deploy --api-servers), "" the router's own
 
     @property
     def request_id(self) -> str:
@@ -53,6 +54,7 @@ class Flight:
             catch_up_tokens=variant.catch_up_tokens,
             min_extend_tokens=variant.min_extend_tokens,
             one_shot_above_load=r.one_shot_above_load,
+            reply_to=self.api,
         )
         fields.update(over)
         return pb.LegOrder(**fields)
@@ -141,3 +143,17 @@ def finish_reason(flight: Flight) -> str:
     if len(st.tokens) < st.max_tokens or (st.tokens and st.tokens[-1] in stops):
         return "stop"
     return "length"
+
+
+def cached_tokens(timeline: dict[str, Any] | None) -> int:
+    """Prompt tokens whose KV came from a prefix cache: what prefill measured (its kv_send
+    events), else, when none reached the router (the first token ended the request, or no
+    prefill ran apart from the decoder), the scheduler's prediction at arrival."""
+    events = (timeline or {}).get("events", [])
+    measured = [
+        e["cached_tokens"] for e in events if e["event"] == "kv_send" and "cached_tokens" in e
+    ]
+    if measured:
+        return int(max(measured))
+    predicted = [e.get("predicted_hit_tokens", 0) for e in events if e["event"] == "arrival"]
+    return int(predicted[0]) if predicted else 0

@@ -6,9 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random
-import threading
 import time
-from collections import deque
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import replace
 from typing import Any
@@ -17,11 +15,13 @@ from pddflow.core.block_hash import chain_block_hashes
 from pddflow.core.payloads import SamplingParams
 from pddflow.graph.plan import OperatorPlan, Plan
 from pddflow.runtime.frontend.accounting import Accounting
+from pddflow.runtime.frontend.api_servers import ApiServers, count_remote, ended_remotely, rejection
 from pddflow.runtime.frontend.fallbacks import Fallbacks
 from pddflow.runtime.frontend.fleet import Fleet
-from pddflow.runtime.frontend.flight import Flight, Flights, finish_reason
+from pddflow.runtime.frontend.flight import Flight, Flights, cached_tokens, finish_reason
 from pddflow.runtime.frontend.leases import Leases
 from pddflow.runtime.frontend.link_watch import LinkWatch
+from pddflow.runtime.frontend.loop_batches import LoopBatches
 from pddflow.runtime.frontend.loop_call import call_on_loop
 from pddflow.runtime.frontend.metrics import Metrics
 from pddflow.runtime.frontend.model_info import ModelInfo
@@ -29,10 +29,15 @@ from pddflow.runtime.frontend.pools import PlannerView, Pools
 from pddflow.runtime.frontend.rejection import RequestRejected
 from pddflow.runtime.frontend.reports import StatusReports
 from pddflow.runtime.frontend.route import Route, mode_name
-from pddflow.runtime.frontend.token_stream import StreamConflict, TokenRun, TokenStream
+from pddflow.runtime.frontend.token_stream import (
+    StreamConflict,
+    TokenRun,
+    TokenStream,
+    stream_chunks,
+)
 from pddflow.runtime.proto import runtime_pb2 as pb
-from pddflow.runtime.rpc import FRONTEND, grpc_text, serve
-from pddflow.runtime.wire import logprobs_from_pb
+from pddflow.runtime.rpc import CALL_TIMEOUT_S, FRONTEND, grpc_text, serve
+from pddflow.runtime.wire import logprobs_from_pb, sampling_from_pb
 from pddflow.runtime.wiring import Wiring
 from pddflow.scheduler import RequestFeatures, SchedulerState, make_policy
 
@@ -102,10 +107,8 @@ class Frontend:
             plan, self.policy, self.sched, self.metrics, self.fleet, self.fallbacks
         )
         self.planner: PlannerView | None = None  # deploy --planner's thread (pools.py)
-        self.loop: asyncio.AbstractEventLoop | None = None
-        self._lock = threading.Lock()
-        self._pending: deque[Callable[[], None]] = deque()  # for the loop (_dispatch)
-        self._drain_due = False
+        self.batches = LoopBatches()  # reports from gRPC threads, applied on the loop
+        self._dispatch = self.batches.dispatch
         self.leases = Leases(
             self.fleet,
             wiring.lease_s,
@@ -113,9 +116,15 @@ class Frontend:
             self.fallbacks.lease_lapsed,
             self.fallbacks.lease_renewed,
         )
+        self.apis = ApiServers(wiring, credentials)  # deploy --api-servers N
+        self.fallbacks.remote_tokens = self.apis.tokens
         self.server, _ = serve(
             FRONTEND,
             credentials,
+            unary={
+                "Open": (pb.OpenRequest, pb.OpenReply, self._open),
+                "Close": (pb.CloseRequest, pb.Empty, self._closed),
+            },
             streams_in={"Reports": (pb.Report, pb.Empty, self._reports)},
             port=int(wiring.frontend.rsplit(":", 1)[1]),
             host=wiring.bind_host(wiring.frontend),
@@ -124,8 +133,7 @@ class Frontend:
         self.leases.start()
 
     def attach(self, loop: asyncio.AbstractEventLoop) -> None:
-        with self._lock:
-            self.loop = loop
+        self.batches.attach(loop)
 
     def health(self) -> tuple[bool, dict[str, Any]]:
         workers = {i: self.fleet.health(i) for i in self.wiring.workers}
@@ -170,11 +178,13 @@ class Frontend:
     def timeline(self, request_id: str) -> dict[str, Any] | None:
         return self.flights.timeline(request_id)
 
+    def cached_tokens(self, request_id: str) -> int:
+        return cached_tokens(self.flights.timeline(request_id))
+
     def _on_loop(self, fn: Callable[[], Any], timeout_s: float = 10.0) -> Any:
         """fn() on the frontend's loop (where flight state lives), waited for: live scaling's
         and the planner's calls from their threads (pools.py); LoopStopped once it has stopped."""
-        with self._lock:
-            loop = self.loop
+        loop = self.batches.running()
         return fn() if loop is None else call_on_loop(loop, fn, timeout_s)
 
     # ---- the deployer's word on its workers (any thread) ----------------------------------------
@@ -194,6 +204,26 @@ class Frontend:
         variant: str | None,
         handoff: str | None,
     ) -> AsyncIterator[list[int]]:
+        flight = self._start(request_id, prompt_ids, sampling, deadline, variant, handoff)
+        try:
+            await self._submit(flight)
+            async for chunk in stream_chunks(flight.stream, deadline):
+                yield chunk
+        finally:
+            self._close(flight)
+
+    def _start(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        sampling: SamplingParams,
+        deadline: float,
+        variant: str | None,
+        handoff: str | None,
+        api: str = "",
+    ) -> Flight:
+        """The request routed and in the air (its legs not yet ordered); `api`: the API process
+        that streams it (deploy --api-servers), "" this one."""
         if sampling.seed is None:  # every leg must draw the same randomness at each position
             sampling = replace(sampling, seed=random.getrandbits(63))
         with self.metrics.route_s.time():
@@ -203,7 +233,9 @@ class Frontend:
             request_id, len(prompt_ids), sampling.max_tokens, d.variant, mode_name(route.handoff)
         )
         st.interval = self.stream_interval
-        flight = Flight(st, route, prompt_ids, sampling, deadline)
+        flight = Flight(st, route, prompt_ids, sampling, deadline, api)
+        if api:
+            st.on_fail = lambda error: self.apis.fail(api, request_id, error)
         self.flights.add(flight)
         st.event(
             "arrival",
@@ -211,30 +243,49 @@ class Frontend:
             reason=d.reason,
             predicted_hit=round(d.predicted_hit, 4),
             predicted_hit_tokens=d.predicted_hit_tokens,
+            **({"api": api} if api else {}),
         )
+        return flight
+
+    # ---- a request another API process streams (deploy --api-servers N) --------------------------
+    def _open(self, req: pb.OpenRequest) -> pb.OpenReply:
+        """(a gRPC thread) Route and start it on the loop, as `generate` does its own."""
+        loop = self.batches.running()
+        if loop is None:
+            return pb.OpenReply(status=503, error="the router is starting", retry_after_s=1)
+        opened = asyncio.run_coroutine_threadsafe(self.open(req), loop)
+        return opened.result(timeout=2 * CALL_TIMEOUT_S)  # _submit's calls have their own
+
+    async def open(self, req: pb.OpenRequest) -> pb.OpenReply:
+        deadline = time.monotonic() + req.timeout_s
+        sampling = sampling_from_pb(req.sampling)
+        ids, variant, handoff = list(req.prompt_ids), req.variant or None, req.handoff or None
+        try:
+            flight = self._start(req.request_id, ids, sampling, deadline, variant, handoff, req.api)
+        except RequestRejected as exc:
+            return rejection(exc)
         try:
             await self._submit(flight)
-            while True:
-                if st.ready():
-                    yield st.take_new()
-                if st.finished and st.emitted == len(st.tokens):
-                    break
-                if st.error:
-                    raise RequestRejected(502, st.error)
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    st.fail("deadline passed")
-                    raise RequestRejected(504, f"request {request_id} passed its deadline")
-                st.wakeup.clear()  # reports land on this loop: nothing can slip in before the wait
-                try:  # woken when a chunk is due (TokenStream.add), not on every report
-                    async with asyncio.timeout(min(left, 1.0)):
-                        await st.wakeup.wait()
-                except TimeoutError:
-                    pass
-            if st.error:
-                raise RequestRejected(502, st.error)
-        finally:
+        except RequestRejected as exc:
             self._close(flight)
+            return rejection(exc)
+        hit = flight.route.decision.predicted_hit_tokens
+        return pb.OpenReply(
+            max_serving_tokens=self.max_serving_tokens() or 0, predicted_hit_tokens=hit
+        )
+
+    def _closed(self, req: pb.CloseRequest) -> pb.Empty:
+        self._dispatch(lambda: self.close_remote(req))
+        return pb.Empty()
+
+    def close_remote(self, req: pb.CloseRequest) -> None:
+        flight = self.flights.live.get(req.request_id)
+        if flight is None or not flight.api:
+            return
+        ended_remotely(flight, req)
+        relays = {name: op.type.relays for name, op in self.plan.operators.items()}
+        count_remote(self.metrics, flight, relays)
+        self._close(flight)
 
     def _route(
         self,
@@ -310,36 +361,6 @@ class Frontend:
         if instance is not None and not self.fleet.answers(instance):
             self._dispatch(lambda: self.fallbacks.worker_lost(instance))
         return pb.Empty()
-
-    def _dispatch(self, fn: Callable[[], None]) -> None:
-        """fn() on the loop, in arrival order. What arrives while the loop has not yet run the
-        last batch joins it: one wakeup of the loop for many reports under load."""
-        with self._lock:  # before the server's loop exists (startup), reports are applied here
-            if self.loop is None:
-                fn()
-                return
-            self._pending.append(fn)
-            if self._drain_due:
-                return
-            self._drain_due, loop = True, self.loop
-        try:
-            loop.call_soon_threadsafe(self._drain)
-        except RuntimeError:  # the loop has closed: shutting down
-            pass
-
-    def _drain(self) -> None:
-        while True:
-            with self._lock:
-                if not self._pending:
-                    self._drain_due = False
-                    return
-                batch = list(self._pending)
-                self._pending.clear()
-            for fn in batch:
-                try:
-                    fn()
-                except Exception:  # one bad report must not stall the ones behind it
-                    log.exception("applying a report failed")
 
     def _on_report(self, rep: pb.Report, listed: bool = True) -> None:
         which = rep.WhichOneof("body")

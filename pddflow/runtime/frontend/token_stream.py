@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -56,6 +57,8 @@ class TokenStream:
     stopped: bool = False  # the API found a stop string and ended the output
     _told_finish: bool = False  # take_new has handed the finish reason on
     interval: int = 1  # tokens a chunk waits for (deploy --stream-interval); the first goes alone
+    # told of a failure (the router's stream of an API process's request: it tells that process)
+    on_fail: Callable[[str], None] | None = None
 
     def __post_init__(self) -> None:
         self.end = self.max_tokens
@@ -107,6 +110,8 @@ class TokenStream:
             self.finished = True
             self.event("failed", error=message)
             self.wakeup.set()
+            if self.on_fail is not None:
+                self.on_fail(message)
 
     def ready(self) -> bool:
         """Whether a chunk is due: the first token at once, then `interval` new tokens, and
@@ -141,3 +146,29 @@ class TokenStream:
                 for e in self.events
             ],
         }
+
+
+async def stream_chunks(st: TokenStream, deadline: float) -> AsyncIterator[TokenChunk]:
+    """The stream's chunks as they come due, until it finishes; RequestRejected when it failed
+    (502) or passed `deadline` (504). Tokens are added on the same loop."""
+    from pddflow.runtime.frontend.rejection import RequestRejected
+
+    while True:
+        if st.ready():
+            yield st.take_new()
+        if st.finished and st.emitted == len(st.tokens):
+            break
+        if st.error:
+            raise RequestRejected(502, st.error)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            st.fail("deadline passed")
+            raise RequestRejected(504, f"request {st.request_id} passed its deadline")
+        st.wakeup.clear()  # reports land on this loop: nothing can slip in before the wait
+        try:  # woken when a chunk is due (TokenStream.add), not on every report
+            async with asyncio.timeout(min(left, 1.0)):
+                await st.wakeup.wait()
+        except TimeoutError:
+            pass
+    if st.error:
+        raise RequestRejected(502, st.error)

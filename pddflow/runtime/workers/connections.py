@@ -6,7 +6,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -28,7 +28,7 @@ from pddflow.core.link import Jitter, LinkModel
 from pddflow.core.payloads import TokenIds
 from pddflow.graph.plan import ChannelPlan, Plan
 from pddflow.runtime.proto import runtime_pb2 as pb
-from pddflow.runtime.rpc import open_reports
+from pddflow.runtime.rpc import API_SERVER, FRONTEND, open_reports
 from pddflow.runtime.transports import SHM, incoming, pair
 from pddflow.runtime.wiring import Wiring, rdma_address
 from pddflow.runtime.workers.inbox import (
@@ -39,6 +39,7 @@ from pddflow.runtime.workers.inbox import (
     KVLost,
     MainLanded,
 )
+from pddflow.runtime.workers.report_queue import ReportQueue
 
 POLL_S = 0.2  # receive loops wake this often to notice shutdown
 # the channel kinds this runtime opens
@@ -54,10 +55,13 @@ class WorkerIO:
         # set when a report stream opens: the worker sends its whole cache listing
         self.resync = threading.Event()
         self.resync.set()
-        self.reports: queue.Queue = queue.Queue()
+        self.reports = ReportQueue()
         # the sequences' tokens of the step in progress, sent as one report (`flush`); a report
         # of anything else sends them first, so the stream keeps the order things happened in
-        self._tokens: list[pb.Tokens] = []
+        # this step's tokens by where they go: "" the router, else an API process (reply_to)
+        self._tokens: dict[str, list[pb.Tokens]] = {}
+        self._api_reports: dict[str, ReportQueue] = {}  # an API process's own report stream
+        self._reopened: set[str] = set()  # streams ("" the router's) that broke and reopened
         self._report_lock = threading.Lock()
         self._senders: dict[tuple[str, str], Any] = {}
         self._lock = threading.Lock()
@@ -260,21 +264,34 @@ class WorkerIO:
         when its KV lands."""
         self.sender(Kind.TOKEN_IDS, main).keep_open()
 
-    def tokens(self, tokens: pb.Tokens) -> None:
-        """A sequence's new tokens, sent with the rest of the step's (`flush`)."""
+    def tokens(self, tokens: pb.Tokens, reply_to: str = "") -> None:
+        """A sequence's new tokens, sent with the rest of the step's (`flush`) to the router, or
+        straight to the API process holding the request's connection (`reply_to`)."""
         with self._report_lock:
-            self._tokens.append(tokens)
+            self._tokens.setdefault(reply_to, []).append(tokens)
 
     def flush(self) -> None:
-        """The step's tokens, every sequence's in one report."""
+        """The step's tokens, one report per destination."""
         with self._report_lock:
             self._flush_tokens()
 
     def _flush_tokens(self) -> None:
-        if self._tokens:
-            batch = pb.TokenBatch(tokens=self._tokens)
-            self.reports.put(pb.Report(instance=self.instance, tokens=batch))
-            self._tokens = []
+        for to, tokens in self._tokens.items():
+            report = pb.Report(instance=self.instance, tokens=pb.TokenBatch(tokens=tokens))
+            (self._api_queue(to) if to else self.reports).put(report)
+        self._tokens.clear()
+
+    def _api_queue(self, name: str) -> ReportQueue:
+        """The report stream to API process `name`, opened on its first tokens."""
+        q = self._api_reports.get(name)
+        if q is None:
+            if name not in self.wiring.api_servers:
+                raise ChannelError(f"{self.instance}: no API process {name!r} in the wiring")
+            q = self._api_reports[name] = ReportQueue()
+            threading.Thread(
+                target=self._keep_reporting, args=(name,), daemon=True, name=f"to-{name}"
+            ).start()
+        return q
 
     def report(self, **body: Any) -> None:
         with self._report_lock:  # (any thread: channel callbacks report too)
@@ -306,27 +323,42 @@ class WorkerIO:
         failure = pb.Failure(seq_id=seq_id, kind=kind, error=error, peer=peer, channel=channel)
         self.report(failure=failure)
 
-    def _report_stream(self) -> Iterator[pb.Report]:
-        while not self.closed.is_set():
-            try:
-                yield self.reports.get(timeout=POLL_S)
-            except queue.Empty:
-                continue
-
-    def _keep_reporting(self) -> None:
-        """Hold the report stream open; if it breaks while the frontend lives, open it again."""
+    def _keep_reporting(self, api: str = "") -> None:
+        """Hold a report stream open (to the router, or to API process `api`); if it breaks
+        while the other end lives, open it again."""
+        cluster = self.plan.instance(self.instance).cluster
+        if api:
+            to, service, source = (
+                self.wiring.api_from(cluster, api),
+                API_SERVER,
+                self._api_reports[api],
+            )
+        else:
+            to, service, source = self.wiring.frontend_from(cluster), FRONTEND, self.reports
         first = True
         while not self.closed.is_set():
-            # a report taken by the broken stream may be lost: resend the cache listing
+            # what the broken stream had taken may be lost: the cache listing and the legs'
+            # tokens are told again (the loop's `retell`)
             if not first:
-                self.resync.set()
+                if not api:
+                    self.resync.set()
+                with self._report_lock:
+                    self._reopened.add(api)
             first = False
-            frontend = self.wiring.frontend_from(self.plan.instance(self.instance).cluster)
-            fut = open_reports(frontend, self._report_stream(), self.credentials)
+            messages, ended = source.stream(self.closed, POLL_S)
+            fut = open_reports(to, messages, self.credentials, service)
+            fut.add_done_callback(lambda _, e=ended: e.set())
             while not (self.closed.is_set() or fut.done()):
                 time.sleep(POLL_S)
             if not self.closed.is_set():
                 time.sleep(POLL_S)
+
+    def reopened(self) -> set[str]:
+        """The report streams ("" the router's, else an API process's) that reopened since the
+        last call."""
+        with self._report_lock:
+            got, self._reopened = self._reopened, set()
+        return got
 
     def close(self) -> None:
         self.closed.set()

@@ -22,6 +22,7 @@ from pddflow.runtime.wire import logprobs_to_pb, sampling_from_pb
 from pddflow.runtime.wiring import Wiring
 from pddflow.runtime.workers.cache_report import delta, tier_stats
 from pddflow.runtime.workers.connections import WorkerIO
+from pddflow.runtime.workers.ended_runs import EndedRuns
 from pddflow.runtime.workers.inbox import (
     Abort,
     CaughtUp,
@@ -101,6 +102,7 @@ class Worker:
         # the leader's heads of rank-to-rank KV, joined from the sending ranks' pieces
         self.shards = ShardAssembler(self.engine.kv_heads, shard_ttl_s(self.plan, self.op.name))
         self.legs: dict[str, Leg] = {}
+        self.ended = EndedRuns()  # told again when their report stream reopens (retell)
         self.early: dict[str, tuple[float, list[InboxItem]]] = {}  # seq_id -> (first seen, items)
         self.compute_queue: list[Leg] = []  # prefills and extends, in arrival order
         self._last_status = 0.0
@@ -241,6 +243,20 @@ class Worker:
     def compute(self, leg: Leg) -> None:
         raise NotImplementedError
 
+    def _run(self, leg: Leg) -> pb.Tokens:
+        """The leg's whole output as one run (its final report's flags)."""
+        seq = leg.seq
+        run = pb.Tokens(
+            seq_id=leg.seq_id,
+            start=leg.order.output_offset,
+            ids=seq.output_ids,
+            final=seq.finished,
+            finish_reason=seq.finish_reason or "",
+        )
+        # a decoder holds no log probabilities for the IDs it extended over: then none
+        whole = seq.sampling.logprobs is not None and len(seq.logprobs) == len(seq.output_ids)
+        return logprobs_to_pb(run, seq.logprobs if whole else None)
+
     def emit(
         self,
         leg: Leg,
@@ -260,7 +276,7 @@ class Worker:
             finish_reason=seq.finish_reason or "",
             cached_tokens=cached_tokens,
         )
-        self.io.tokens(logprobs_to_pb(tokens, lps))
+        self.io.tokens(logprobs_to_pb(tokens, lps), leg.order.reply_to)
 
     def emit_last(self, leg: Leg, cached_tokens: int = 0) -> None:
         """The sequence's newest token (just sampled here), at its position in the client's
@@ -271,6 +287,8 @@ class Worker:
 
     def finish(self, leg: Leg, reason: str = "") -> None:
         self.legs.pop(leg.seq_id, None)
+        if leg.seq is not None and leg.seq.finished and leg.seq.output_ids:
+            self.ended.add(leg.order.reply_to, self._run(leg))
         if leg in self.compute_queue:
             self.compute_queue.remove(leg)
         if leg.seq is not None and leg.seq.block_table is not None:
@@ -337,7 +355,21 @@ class Worker:
         """Legs in a decode batch (none on a worker that does not decode)."""
         return 0
 
+    def retell(self) -> None:
+        """A report stream broke and reopened: the reports it had taken may be lost. Every live
+        leg whose tokens go that way tells its output again, and so does every leg that ended in
+        the last RETELL_S (the stream's reader merges by position: a token told twice is one)."""
+        reopened = self.io.reopened()
+        if not reopened:
+            return
+        for leg in list(self.legs.values()):
+            if leg.order.reply_to in reopened and leg.seq is not None and leg.seq.output_ids:
+                self.io.tokens(self._run(leg), leg.order.reply_to)
+        for to, tokens in self.ended.retold(reopened):
+            self.io.tokens(tokens, to)
+
     def publish(self) -> None:
+        self.retell()
         self.io.flush()  # the step's tokens, in one report
         if self.op.caches_prefixes:  # the router mirrors every cache it can route on
             radix, tiers = self.engine.radix, self.engine.tiers
