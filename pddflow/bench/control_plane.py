@@ -5,6 +5,7 @@ request."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import httpx
@@ -40,17 +41,60 @@ def memory(base: str, frontend_pid: int) -> dict:
     }
 
 
+def processes(base: str, deployer: int) -> dict[str, list[int]]:
+    """The deployment's processes on this host by part: the deploying process (the router, and the
+    API when there is one), its API processes (deploy --api-servers) and the workers' ranks."""
+    try:
+        health = httpx.get(f"{base}/health", timeout=10).json()
+    except (httpx.HTTPError, ValueError):
+        return {"router": [deployer]}
+    return {
+        "router": [deployer],
+        "api": [a["pid"] for a in health.get("api_servers", []) if a.get("pid")],
+        "workers": [p for w in health.get("workers", {}).values() for p in _pids(w)],
+    }
+
+
+def process_cpu_s(pid: int) -> float | None:
+    """User + system CPU seconds of one process (its threads, not its children); None off Linux."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_s(parts: dict[str, list[int]]) -> dict[str, float | None]:
+    """CPU seconds of each part so far; None for a part with a process that cannot be read."""
+    out: dict[str, float | None] = {}
+    for part, pids in parts.items():
+        got = [process_cpu_s(p) for p in pids]
+        out[part] = None if any(c is None for c in got) else sum(got)  # type: ignore[misc]
+    return out
+
+
+def cpu_delta(before: dict[str, float | None], after: dict[str, float | None]) -> dict:
+    """Each part's CPU seconds between two `cpu_s` readings (a worker restarted meanwhile: None)."""
+    return {
+        k: (round(after[k] - v, 3) if v is not None and after.get(k) is not None else None)  # type: ignore[operator]
+        for k, v in before.items()
+    }
+
+
 def row(
     before: dict[str, float],
     after: dict[str, float],
     wall_s: float,
     startup_s: float,
     mem: dict,
-    frontend_cpu_s: float | None,
+    cpu: dict[str, float | None],
     requests: int,
     tokens: int,
 ) -> dict:
-    """The run's control-plane figures: `before` and `after` bracket the workload."""
+    """The run's control-plane figures: `before` and `after` bracket the workload; `cpu` is each
+    part's CPU seconds meanwhile (`cpu_delta`)."""
+    router, api = cpu.get("router"), cpu.get("api", 0.0)
+    frontend_cpu_s = router + api if router is not None and api is not None else None
     kinds = sorted({k.split(":", 1)[1] for k in after if k.startswith("reports:")})
     per_s = {
         k: round((after.get(f"reports:{k}", 0) - before.get(f"reports:{k}", 0)) / wall_s, 1)
@@ -69,6 +113,12 @@ def row(
         "frontend_cpu_us_per_token": (
             round(frontend_cpu_s / tokens * 1e6, 1) if frontend_cpu_s and tokens else None
         ),
+        # per part: with API processes the router's share is decisions only; the workers' share
+        # is what the machine's cores give to the fleet itself (modeled workers still move KV)
+        "cpu_us_per_token": {
+            k: round(v / tokens * 1e6, 1) if v is not None and tokens else None
+            for k, v in cpu.items()
+        },
         "reports_per_s": {"all": round(sum(per_s.values()), 1), **per_s},
         "route_ms": {
             "mean": round(total / n * 1e3, 4) if n else None,

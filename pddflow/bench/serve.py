@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import re
 import resource
 import statistics
@@ -184,29 +183,6 @@ def decode_counters(base: str, since: dict[str, dict] | None = None) -> dict[str
     return {i: d for i, d in out.items() if d.get("steps", 0) > 0}
 
 
-def _process_cpu_s(pid: int) -> float | None:
-    """User + system CPU seconds of one process (its threads, not its children); None off Linux."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def _frontend_pids(base: str, deployer: int) -> list[int]:
-    """The deploying process (the router) and its API processes (deploy --api-servers)."""
-    try:
-        health = httpx.get(f"{base}/health", timeout=10).json()
-    except (httpx.HTTPError, ValueError):
-        return [deployer]
-    return [deployer] + [a["pid"] for a in health.get("api_servers", []) if a.get("pid")]
-
-
-def _frontend_cpu_s(pids: list[int]) -> float | None:
-    got = [_process_cpu_s(p) for p in pids]
-    return None if any(c is None for c in got) else sum(got)  # type: ignore[misc]
-
-
 def _own_cpu_s() -> float:
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime + r.ru_stime
@@ -265,26 +241,27 @@ def run_graph(
                     slow.cancel()
                     await asyncio.gather(slow, return_exceptions=True)
 
-            front = _frontend_pids(dep.base, dep.proc.pid)
-            f0, c0 = _frontend_cpu_s(front), _own_cpu_s()
+            parts = control_plane.processes(dep.base, dep.proc.pid)
+            cpu0, c0 = control_plane.cpu_s(parts), _own_cpu_s()
             decode0 = decode_counters(dep.base)
             control0 = control_plane.counters(dep.base)
             t0 = time.perf_counter()
             asyncio.run(main(t0))
             res.wall_s = time.perf_counter() - t0
-            f1 = _frontend_cpu_s(front)
+            cpu = control_plane.cpu_delta(cpu0, control_plane.cpu_s(parts))
             res.control = control_plane.row(
                 control0,
                 control_plane.counters(dep.base),
                 res.wall_s,
                 startup_s,
                 control_plane.memory(dep.base, dep.proc.pid),
-                f1 - f0 if f0 is not None and f1 is not None else None,
+                cpu,
                 len(res.samples),
                 sum(s.tokens for s in res.samples),
             )
             res.client_cpu_s = _own_cpu_s() - c0
-            res.frontend_cpu_s = f1 - f0 if f0 is not None and f1 is not None else None
+            router, api = cpu["router"], cpu.get("api", 0.0)
+            res.frontend_cpu_s = router + api if router is not None and api is not None else None
             res.decode = decode_counters(dep.base, decode0)
             res.metrics = _scrape(dep.base)
             res.variants = variant_counts(dep.base)

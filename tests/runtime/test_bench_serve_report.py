@@ -70,14 +70,14 @@ def test_host_cpu_per_streamed_token():
 def test_process_cpu_reads_a_live_process():
     import os
 
-    from pddflow.bench.serve import _process_cpu_s
+    from pddflow.bench.control_plane import process_cpu_s
 
     sum(i * i for i in range(300_000))  # some CPU of our own
-    got = _process_cpu_s(os.getpid())
+    got = process_cpu_s(os.getpid())
     if got is None:
         pytest.skip("no /proc here")
     assert got > 0
-    assert _process_cpu_s(2**22 + 12345) is None  # no such process
+    assert process_cpu_s(2**22 + 12345) is None  # no such process
 
 
 def test_degrade_scenario_splits_what_came_after_it():
@@ -115,7 +115,8 @@ def test_control_plane_row_brackets_the_workload():
     after |= {"pddflow_route_seconds_count": 12, "pddflow_route_seconds_sum": 0.012}
     after |= {"route_le:0.001": 10, "route_le:0.0025": 11, "route_le:+Inf": 12}
     mem = {"instances": 3, "worker_rss_mib": {"mean": 100.0}, "frontend_rss_mib": 250.0}
-    r = row(before, after, 10.0, 4.0, mem, 0.5, 10, 640)
+    cpu = {"router": 0.3, "api": 0.2, "workers": 1.28}
+    r = row(before, after, 10.0, 4.0, mem, cpu, 10, 640)
     assert r["reports_per_s"] == {"all": 13.0, "event": 1.0, "status": 2.0, "tokens": 10.0}
     assert r["route_ms"]["mean"] == pytest.approx(1.0)
     # 9 of the run's 10 routings within 2.5 ms, the tenth beyond every bound
@@ -123,3 +124,14 @@ def test_control_plane_row_brackets_the_workload():
     assert r["frontend_cpu_ms_per_request"] == 50.0 and r["startup_s"] == 4.0
     assert r["frontend_cpu_us_per_token"] == pytest.approx(781.2)
     assert r["streamed_tokens_per_s"] == 64.0
+    assert r["cpu_us_per_token"] == {"router": 468.8, "api": 312.5, "workers": 2000.0}
+
+
+def test_cpu_delta_names_a_part_it_could_not_read():
+    """A part whose process could not be read (gone, or off Linux) is None, not a wrong figure."""
+    from pddflow.bench.control_plane import cpu_delta
+
+    got = cpu_delta(
+        {"router": 1.0, "api": 0.5, "workers": None}, {"router": 1.25, "api": 0.5, "workers": 3.0}
+    )
+    assert got == {"router": 0.25, "api": 0.0, "workers": None}
