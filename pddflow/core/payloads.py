@@ -23,6 +23,8 @@ class SamplingParams:
     top_p: float = 1.0
     seed: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    # vLLM's: no stop token (nor stop string) ends the output before it has this many tokens
+    min_tokens: int = 0
     # None: no log probabilities (nothing computed); k >= 0: each sampled token's logprob and the
     # k most likely tokens' (log-softmax of the raw logits, at temperature 1)
     logprobs: int | None = None

@@ -17,6 +17,7 @@ split across pieces.
 from __future__ import annotations
 
 import codecs
+from functools import partial
 from typing import Protocol
 
 from pddflow.operators.tokenizer import ByteTokenizer, Tokenizer
@@ -35,21 +36,34 @@ class Detokenizer(Protocol):
         ...
 
 
-def detokenizer(tok: Tokenizer) -> Detokenizer:
-    """A fresh incremental detokenizer for one output of `tok`."""
+def detokenizer(tok: Tokenizer, skip_special_tokens: bool = True) -> Detokenizer:
+    """A fresh incremental detokenizer for one output of `tok`; special tokens (EOS, ...) as
+    text only with skip_special_tokens=False (vLLM's option)."""
     if isinstance(tok, ByteTokenizer):
-        return ByteDetokenizer()
-    return WindowDetokenizer(tok)
+        return ByteDetokenizer(None if skip_special_tokens else ByteTokenizer.SPECIAL_TEXT)
+    return WindowDetokenizer(tok, skip_special_tokens)
 
 
 class ByteDetokenizer:
-    """ByteTokenizer's ids: 0-255 are UTF-8 bytes, the rest (bos, eos, pad) decode to nothing."""
+    """ByteTokenizer's ids: 0-255 are UTF-8 bytes; the rest (bos, eos, pad) decode to nothing, or
+    to `specials`' text (a character cut short before one ends there, as decode has it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, specials: dict[int, str] | None = None) -> None:
         self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self._specials = specials
 
     def push(self, ids: list[int]) -> str:
-        return self._dec.decode(bytes(i for i in ids if 0 <= i < 256))
+        if self._specials is None:
+            return self._dec.decode(bytes(i for i in ids if 0 <= i < 256))
+        out, run = [], bytearray()
+        for i in ids:
+            if 0 <= i < 256:
+                run.append(i)
+            elif i in self._specials:
+                out += [self._dec.decode(bytes(run), final=True), self._specials[i]]
+                self._dec.reset()
+                run = bytearray()
+        return "".join(out) + self._dec.decode(bytes(run))
 
     def flush(self) -> str:
         return self._dec.decode(b"", final=True)
@@ -60,8 +74,10 @@ class WindowDetokenizer:
     already emitted (kept as context, so that decoders which look at neighbours, such as a
     leading-space rule, see the same tokens); `ids[read:]` is pending."""
 
-    def __init__(self, tok: Tokenizer):
-        self._decode = tok.decode
+    def __init__(self, tok: Tokenizer, skip_special_tokens: bool = True):
+        self._decode = (
+            tok.decode if skip_special_tokens else partial(tok.decode, skip_special_tokens=False)
+        )
         self._ids: list[int] = []
         self._prefix = 0
         self._read = 0

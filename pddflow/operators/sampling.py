@@ -101,6 +101,28 @@ def penalize(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
     return out
 
 
+def hold_stops(logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    """The rows of sequences short of their min_tokens with their stop tokens masked (a copy; the
+    others as they are). A row whose grammar allows nothing but a stop keeps it: the output must
+    follow its grammar first."""
+    rows = [
+        i
+        for i, s in enumerate(seqs)
+        if s.sampling.min_tokens and len(s.generated_ids) < s.sampling.min_tokens
+    ]
+    if not rows:
+        return logits
+    out = logits.clone()
+    width = out.shape[1]
+    for i in rows:
+        stops = [t for t in seqs[i].sampling.stop_token_ids if 0 <= t < width]
+        held = out[i].clone()
+        held[stops] = float("-inf")
+        if torch.isfinite(held).any():
+            out[i] = held
+    return out
+
+
 def constrain(logits: torch.Tensor, seqs: list[Sequence], grammars: Grammars | None):
     """The rows of sequences under a grammar, masked to the tokens it allows next (a copy; the
     others as they are)."""
@@ -127,7 +149,7 @@ def sample_sequences(
     """Sample row i for seqs[i], append the token (its KV pending), record log probabilities
     (of the raw logits) where asked, update the finish state."""
     toks = sample_batch(
-        constrain(penalize(logits, seqs), seqs, grammars),
+        hold_stops(constrain(penalize(logits, seqs), seqs, grammars), seqs),
         [s.sampling for s in seqs],
         [s.seed for s in seqs],
         [len(s.token_ids) for s in seqs],

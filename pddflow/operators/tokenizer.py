@@ -11,7 +11,7 @@ class Tokenizer(Protocol):
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
-    def decode(self, ids: list[int]) -> str: ...
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str: ...
 
 
 class ByteTokenizer:
@@ -20,13 +20,24 @@ class ByteTokenizer:
     BOS, EOS, PAD = 256, 257, 258
     vocab_size = 259
     eos_token_ids = (EOS,)
+    SPECIAL_TEXT = {BOS: "<bos>", EOS: "<eos>", PAD: "<pad>"}  # skip_special_tokens=False
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         # <bos> has no text form a template could write, so it is always added
         return [self.BOS, *text.encode("utf-8")]
 
-    def decode(self, ids: list[int]) -> str:
-        return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        if skip_special_tokens:
+            return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
+        # each run of bytes between two specials decodes on its own, as the stream does
+        out, run = [], bytearray()
+        for i in ids:
+            if 0 <= i < 256:
+                run.append(i)
+            elif i in self.SPECIAL_TEXT:
+                out += [run.decode("utf-8", errors="replace"), self.SPECIAL_TEXT[i]]
+                run = bytearray()
+        return "".join(out) + run.decode("utf-8", errors="replace")
 
     def token_bytes(self, token_id: int) -> bytes:
         """One id's raw bytes (a lone id may be part of a UTF-8 character; special ids: none)."""
@@ -46,5 +57,5 @@ class HFTokenizer:
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
-    def decode(self, ids: list[int]) -> str:
-        return self._tok.decode(ids, skip_special_tokens=True)
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)

@@ -39,9 +39,9 @@ def hf(tmp_path_factory) -> HFTokenizer:
     return HFTokenizer(path, eos_token_ids=(tok.token_to_id("<eos>"),))
 
 
-def _stream(tok, ids: list[int], cuts: list[int]) -> list[str]:
+def _stream(tok, ids: list[int], cuts: list[int], skip: bool = True) -> list[str]:
     """The pieces of `ids` pushed in chunks ending at `cuts`, then the flush."""
-    d = detokenizer(tok)
+    d = detokenizer(tok, skip)
     pieces, at = [], 0
     for cut in sorted({min(c, len(ids)) for c in cuts}) + [len(ids)]:
         pieces.append(d.push(ids[at:cut]))
@@ -78,6 +78,25 @@ def test_bytes_random_ids_equal_full_decode(ids, cuts):
     pieces = _stream(tok, ids, cuts)
     assert "".join(pieces) == tok.decode(ids)
     _no_split_characters(tok, ids, pieces)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    ids=st.lists(st.integers(0, ByteTokenizer.vocab_size - 1), max_size=80),
+    cuts=st.lists(st.integers(0, 80), max_size=10),
+)
+def test_bytes_with_special_tokens_as_text_equal_full_decode(ids, cuts):
+    """vLLM's skip_special_tokens=false: <eos> and the others appear as text, in place."""
+    tok = ByteTokenizer()
+    pieces = _stream(tok, ids, cuts, skip=False)
+    assert "".join(pieces) == tok.decode(ids, skip_special_tokens=False)
+    assert tok.decode([104, 105, 257, 0xE2, 257], skip_special_tokens=False) == "hi<eos>\ufffd<eos>"
+
+
+def test_hf_special_tokens_as_text(hf):
+    ids = hf.encode("Hello") + list(hf.eos_token_ids)
+    assert "".join(_stream(hf, ids, [1, 2], skip=False)) == "Hello<eos>"
+    assert "".join(_stream(hf, ids, [1, 2])) == "Hello"
 
 
 @settings(max_examples=200, deadline=None)

@@ -9,7 +9,7 @@ import torch
 from conftest import small_engine
 
 from pddflow.core.payloads import SamplingParams
-from pddflow.operators.sampling import penalize, sample_token
+from pddflow.operators.sampling import hold_stops, penalize, sample_token
 from pddflow.operators.sequence import Sequence
 from pddflow.runtime.wire import sampling_from_pb, sampling_to_pb
 
@@ -37,6 +37,26 @@ def test_repetition_divides_positive_and_multiplies_negative_logits_of_prompt_an
     logits = torch.tensor([[2.0, -2.0, 4.0, -1.0, 3.0]])
     seq = _seq([0, 1], [2, 3], repetition_penalty=2.0)
     assert penalize(logits, [seq]).tolist() == [[1.0, -4.0, 2.0, -2.0, 3.0]]
+
+
+def test_min_tokens_holds_the_stop_tokens_until_the_output_has_them():
+    """vLLM's min_tokens: the output (from the request's first token: a resumed leg's prompt holds
+    some of it) cannot end before min_tokens; a grammar that allows only a stop keeps it."""
+    logits = torch.linspace(-3, 3, V).view(1, V).repeat(4, 1)
+    only_stop = torch.full((V,), float("-inf"))
+    only_stop[11] = 0.0
+    logits[3] = only_stop
+    seqs = [
+        _seq([1, 2], [4], min_tokens=3, stop_token_ids=(11, 9)),  # 1 of 3: held
+        _seq([1, 2, 4, 5], [6], output_start=2, min_tokens=3, stop_token_ids=(11,)),  # 3 of 3
+        _seq([1, 2], [], stop_token_ids=(11,)),  # no min_tokens
+        _seq([1, 2], [], min_tokens=3, stop_token_ids=(11,)),  # the grammar's only token
+    ]
+    got = hold_stops(logits, seqs)
+    assert got[0, 11] == float("-inf") and got[0, 9] == float("-inf")
+    assert torch.equal(got[0, :9], logits[0, :9]) and got[0, 10] == logits[0, 10]
+    assert torch.equal(got[1:], logits[1:])
+    assert got.data_ptr() != logits.data_ptr()  # a copy: the input is not changed
 
 
 def test_unpenalized_rows_are_left_alone_and_the_batch_kept():
@@ -105,11 +125,14 @@ def test_penalties_change_the_colocated_output():
             top_k=40,
             min_p=0.05,
             logprobs=2,
+            stop_token_ids=(7, 3),
+            min_tokens=4,
         ),
     ],
 )
 def test_the_wire_carries_every_sampling_field_exactly(params):
     back = sampling_from_pb(sampling_to_pb(params))
-    for name in ("frequency_penalty", "presence_penalty", "repetition_penalty", "top_k", "min_p"):
+    fields = ("frequency_penalty", "presence_penalty", "repetition_penalty", "top_k", "min_p")
+    for name in (*fields, "stop_token_ids", "min_tokens"):
         assert getattr(back, name) == getattr(params, name), name
     assert back.logprobs == params.logprobs and back.max_tokens == params.max_tokens

@@ -149,6 +149,41 @@ def test_penalties_and_filters_match_the_reference_on_every_route(
     assert r.choices[0].model_extra["token_ids"] == sampled_reference[sampling]
 
 
+@pytest.fixture(scope="module")
+def stop_fields_reference() -> tuple[dict, list[int]]:
+    """vLLM's stop fields: the greedy answer's third token as a stop token, held back by
+    min_tokens (so the answer changes), EOS ignored."""
+    from pddflow.core.payloads import SamplingParams
+    from pddflow.operators.engine import Engine
+
+    eng = Engine.from_spec("builtin:tiny-llama")
+    ids = eng.tokenizer.encode(PROMPTS[0])
+    plain = eng.generate([ids], SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0))[0]
+    stop = plain.output_ids[2]
+    fields = {"min_tokens": 8, "stop_token_ids": [stop], "ignore_eos": True}
+    params = SamplingParams(MAX_TOKENS, 0.0, stop_token_ids=(stop,), min_tokens=8)
+    want = eng.generate([ids], params)[0].output_ids
+    assert want[:8] != plain.output_ids[:8] and stop not in want[:8]  # min_tokens held it
+    return fields, want
+
+
+@pytest.mark.parametrize(
+    "route", ROUTES[1:], ids=["p_md", "p_rld_md-one_shot", "p_rld_md-catch_up"]
+)
+def test_vllm_stop_fields_match_the_reference_on_every_route(client, stop_fields_reference, route):
+    """min_tokens holds the stop tokens back on every leg alike (prefill's first token, the
+    relay, main after the handoff): each counts the output from the request's first token."""
+    fields, want = stop_fields_reference
+    extra = {"return_token_ids": True, "variant": route[0], "handoff": route[1], **fields}
+    r = client.completions.create(
+        model="pdd", prompt=PROMPTS[0], max_tokens=MAX_TOKENS, temperature=0, extra_body=extra
+    )
+    assert r.choices[0].model_extra["token_ids"] == want
+    assert r.choices[0].finish_reason == (
+        "stop" if want[-1] in fields["stop_token_ids"] else "length"
+    )
+
+
 @pytest.mark.parametrize(
     "route", ROUTES[1:], ids=["p_md", "p_rld_md-one_shot", "p_rld_md-catch_up"]
 )

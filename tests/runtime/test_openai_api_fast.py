@@ -27,7 +27,7 @@ class ByteTokenizer:
     def encode(self, text: str) -> list[int]:
         return list(text.encode())
 
-    def decode(self, ids: list[int]) -> str:
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return bytes(ids).decode(errors="replace")
 
     def token_bytes(self, token_id: int) -> bytes:  # what structured output reads
@@ -182,6 +182,17 @@ def _assert_openai_error(r, status: int, param: str | None = None) -> dict:
         ({"repetition_penalty": -1.0}, "repetition_penalty"),
         ({"user": 5}, "user"),
         ({"tools": [{"type": "function"}]}, "tools"),  # a chat field
+        # vLLM's extensions
+        ({"ignore_eos": "yes"}, "ignore_eos"),
+        ({"min_tokens": -1}, "min_tokens"),
+        ({"min_tokens": 4}, "min_tokens"),  # more than max_tokens (3)
+        ({"stop_token_ids": [256]}, "stop_token_ids.0"),  # outside the vocabulary
+        ({"stop_token_ids": [5, -1]}, "stop_token_ids.1"),
+        ({"skip_special_tokens": 1}, "skip_special_tokens"),
+        ({"use_beam_search": True}, "use_beam_search"),
+        ({"guided_json": {"type": "object"}}, "guided_json"),
+        ({"prompt_logprobs": 1}, "prompt_logprobs"),
+        ({"spaces_between_special_tokens": False}, "spaces_between_special_tokens"),
     ],
 )
 def test_completion_fields_refused_with_400_naming_them(api, extra, param):
@@ -307,6 +318,16 @@ def test_neutral_values_of_unsupported_fields_pass(api, fe):
         "presence_penalty": 0.0,
         "logit_bias": {},
         "user": "someone",
+        # vLLM's, at their defaults
+        "use_beam_search": False,
+        "length_penalty": 1.0,
+        "spaces_between_special_tokens": True,
+        "prompt_logprobs": None,
+        "ignore_eos": False,
+        "min_tokens": 0,
+        "stop_token_ids": [],
+        "skip_special_tokens": True,
+        "include_stop_str_in_output": False,
     }
     r = api.post("/v1/completions", json={**COMPLETION, **neutral})
     assert r.status_code == 200, r.text
@@ -357,6 +378,45 @@ def test_honoured_fields(api, fe):
     r = api.post("/v1/chat/completions", json={**CHAT, "max_completion_tokens": 2})
     assert fe.sampling[-1].max_tokens == 2
     assert r.json()["choices"][0]["message"] == {"role": "assistant", "content": "ab"}
+
+
+def test_vllm_bench_serve_request_passes(api, fe):
+    """The body `vllm bench serve --ignore-eos` sends: EOS is then no stop token."""
+    body = {
+        "model": "fake",
+        "prompt": "hello",
+        "repetition_penalty": 1.0,
+        "max_tokens": 5,
+        "logprobs": None,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+    }
+    r = api.post("/v1/completions", json=body)
+    assert r.status_code == 200, r.text
+    assert fe.sampling[-1].stop_token_ids == () and fe.sampling[-1].max_tokens == 5
+    chunks = [json.loads(x[6:]) for x in r.text.split("\n\n") if x.startswith("data: {")]
+    assert chunks[-1]["usage"]["completion_tokens"] == 5
+
+
+def test_vllm_stop_fields(api, fe):
+    r = api.post("/v1/completions", json={**COMPLETION, "min_tokens": 2, "stop_token_ids": [99]})
+    s = fe.sampling[-1]
+    assert r.status_code == 200 and (s.stop_token_ids, s.min_tokens) == ((0, 99), 2)
+    # stop strings count only past min_tokens: "b" (the 2nd token) does not end it, "d" does
+    six = {**COMPLETION, "max_tokens": 6}
+    r = api.post("/v1/completions", json={**six, "stop": ["b"], "min_tokens": 3})
+    assert r.json()["choices"][0]["text"] == "abcdef"
+    assert r.json()["choices"][0]["finish_reason"] == "length"
+    r = api.post("/v1/completions", json={**six, "stop": ["b", "d"], "min_tokens": 3})
+    assert r.json()["choices"][0]["text"] == "abc"
+    # include_stop_str_in_output: the stop that ended it is part of the text
+    r = api.post(
+        "/v1/completions",
+        json={**six, "stop": ["d"], "min_tokens": 3, "include_stop_str_in_output": True},
+    )
+    assert r.json()["choices"][0]["text"] == "abcd"
+    assert r.json()["choices"][0]["finish_reason"] == "stop"
 
 
 def test_max_tokens_defaults(api, fe):

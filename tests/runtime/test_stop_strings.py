@@ -62,3 +62,13 @@ def test_held_text_that_is_no_stop_comes_out():
 
 def test_no_stops_pass_through():
     assert StopStrings([]).feed("anything") == ("anything", False)
+
+
+def test_include_stop_str_keeps_the_stop_that_ended_the_output():
+    """vLLM's include_stop_str_in_output: the earliest stop, and of two found at one place the
+    first listed."""
+    s = StopStrings(["STOP"], include=True)
+    assert s.feed("abc ST") == ("abc ", False)
+    assert s.feed("OP more") == ("STOP", True)
+    assert StopStrings(["cd", "c"], include=True).feed("abcde") == ("abcd", True)
+    assert StopStrings(["c", "cd"], include=True).feed("abcde") == ("abc", True)

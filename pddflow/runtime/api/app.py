@@ -26,6 +26,7 @@ from pddflow.runtime.api.completion import (
     ClientGone,
     Completion,
     CompletionResponse,
+    OutputOptions,
     on_disconnect,
     sse,
 )
@@ -250,6 +251,22 @@ async def _serve(
             param="max_tokens",
             code="context_length_exceeded",
         )
+    if body.min_tokens > max_tokens:
+        return error_response(
+            400,
+            f"min_tokens: {body.min_tokens} is more than max_tokens ({max_tokens})",
+            param="min_tokens",
+        )
+    try:
+        stop_ids = body.stop_ids(router.tokenizer.eos_token_ids, router.vocab_size)
+    except FieldError as exc:
+        return error_response(400, str(exc), param=exc.field)
+    output = OutputOptions(
+        frozenset(stop_ids),
+        body.min_tokens,
+        body.skip_special_tokens,
+        body.include_stop_str_in_output,
+    )
     stops = body.stops
     try:
         grammar = grammars.grammar(body.response_format)
@@ -263,7 +280,8 @@ async def _serve(
         temperature=1.0 if body.temperature is None else body.temperature,
         top_p=1.0 if body.top_p is None else body.top_p,
         seed=body.seed,
-        stop_token_ids=tuple(router.tokenizer.eos_token_ids),
+        stop_token_ids=stop_ids,
+        min_tokens=body.min_tokens,
         # best_of ranks candidates by their tokens' log probabilities: asked for even where the
         # client did not ask to see them
         logprobs=0 if body.logprob_count is None and body.candidates > n else body.logprob_count,
@@ -276,7 +294,7 @@ async def _serve(
     # best_of: `candidates` flights, the best n of them returned
     choices = Choices(
         [
-            Completion(router, choice_id(rid, i), stops, max_tokens, admission)
+            Completion(router, choice_id(rid, i), stops, max_tokens, admission, output)
             for i in range(body.candidates)
         ]
     )

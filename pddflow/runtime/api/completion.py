@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import Request
@@ -50,6 +51,16 @@ class CompletionResponse(StreamingResponse):
             await self.completion.close()
 
 
+@dataclass(frozen=True)
+class OutputOptions:
+    """How a completion's tokens become its text, as the request asked (vLLM's fields)."""
+
+    stop_ids: frozenset[int]  # a token that ends the output with finish_reason stop
+    min_tokens: int = 0  # stop strings count only past this many tokens
+    skip_special_tokens: bool = True
+    include_stop_str: bool = False  # a stop string that ends the output is part of its text
+
+
 class Completion:
     """One completion as the API produces it, from admission to its end: reads the router's token
     stream so that a disconnect or a shutdown can abort it at any await (`abort`)."""
@@ -61,14 +72,16 @@ class Completion:
         stops: list[str],
         max_tokens: int,
         admission: Admission,
+        output: OutputOptions | None = None,
     ):
         self.router, self.rid = router, rid
         self.max_tokens, self.admission = max_tokens, admission
         self.stream: AsyncIterator[list[int]] | None = None
         self.first: list[int] | None = None
-        self.decoder = detokenizer(router.tokenizer)
-        self.stops = StopStrings(stops)
-        self.eos = set(router.tokenizer.eos_token_ids)
+        out = output or OutputOptions(frozenset(router.tokenizer.eos_token_ids))
+        self.decoder = detokenizer(router.tokenizer, out.skip_special_tokens)
+        self.stops = StopStrings(stops, out.include_stop_str)
+        self.stop_ids, self.min_tokens = out.stop_ids, out.min_tokens
         self.ids: list[int] = []
         self.lps: list[TokenLogprob | None] = []  # parallel to ids (None: not reported)
         self._text: list[str] = []
@@ -126,6 +139,17 @@ class Completion:
             return self.text, []
         return tool_use.answer(self.text)
 
+    def _text_of(self, chunk: list[int], before: int) -> tuple[str, bool]:
+        """The chunk's text past the stop strings, and whether one ended the output. vLLM's
+        min_tokens: stop strings are looked for only in the text of the tokens after the first
+        min_tokens (a chunk that straddles that count is split there)."""
+        free = max(0, min(len(chunk), self.min_tokens - before))
+        head = self.decoder.push(chunk[:free]) if free else ""
+        if free == len(chunk):
+            return head, False
+        piece, hit = self.stops.feed(self.decoder.push(chunk[free:]))
+        return head + piece, hit
+
     async def text_pieces(
         self,
     ) -> AsyncIterator[tuple[str, list[int], list[TokenLogprob | None]]]:
@@ -137,11 +161,11 @@ class Completion:
                 lps = getattr(chunk, "logprobs", None) or [None] * len(chunk)
                 self.ids.extend(chunk)
                 self.lps.extend(lps)
-                if self.eos.intersection(chunk):
+                if self.stop_ids.intersection(chunk):
                     self.finish_reason = "stop"
                 if getattr(chunk, "finish_reason", None) == GRAMMAR_DEAD_END:
                     self.finish_reason = GRAMMAR_DEAD_END  # incomplete: never call it a stop
-                piece, hit = self.stops.feed(self.decoder.push(chunk))
+                piece, hit = self._text_of(chunk, len(self.ids) - len(chunk))
                 self._text.append(piece)
                 if hit:
                     self.finish_reason = "stop"
@@ -150,7 +174,11 @@ class Completion:
                     return
                 yield piece, chunk, lps
                 chunk = await self.next_chunk()
-            tail, hit = self.stops.feed(self.decoder.flush(), final=True)
+            rest = self.decoder.flush()
+            if len(self.ids) > self.min_tokens:
+                tail, hit = self.stops.feed(rest, final=True)
+            else:
+                tail, hit = rest, False
             if hit:
                 self.finish_reason = "stop"
                 self.router.stopped(self.rid)

@@ -70,6 +70,21 @@ class Unsupported:
 # field -> why it is refused unless neutral (docs/openai-api.md lists every field)
 UNSUPPORTED_COMMON = {
     "logit_bias": Unsupported("logit bias is not implemented", None, {}),
+    # vLLM's extensions that are not implemented (their defaults pass)
+    "use_beam_search": Unsupported("beam search is not implemented", None, False),
+    "length_penalty": Unsupported("length_penalty applies to beam search only", None, 1.0, 1),
+    "prompt_logprobs": Unsupported("prompt log probabilities are not implemented", None),
+    "truncate_prompt_tokens": Unsupported("prompts are not truncated", None),
+    "bad_words": Unsupported("bad_words is not implemented", None, []),
+    "allowed_token_ids": Unsupported("allowed_token_ids is not implemented", None),
+    "logits_processors": Unsupported("custom logits processors are not loaded", None, []),
+    "spaces_between_special_tokens": Unsupported(
+        "special tokens are decoded by the tokenizer's own rule", None, True
+    ),
+    **{
+        f"guided_{kind}": Unsupported("use response_format (json_schema or json_object)", None)
+        for kind in ("json", "regex", "choice", "grammar")
+    },
 }
 UNSUPPORTED_COMPLETION = {
     **UNSUPPORTED_COMMON,
@@ -173,6 +188,18 @@ class _Body(BaseModel):
     min_p: float | None = Field(
         None, ge=0.0, le=1.0, description="keep tokens at least this times the top one's odds"
     )
+    # vLLM's output extensions (what `vllm bench serve` and agent clients send)
+    ignore_eos: bool = Field(False, description="EOS does not end the output (max_tokens does)")
+    min_tokens: int = Field(
+        0, ge=0, description="no stop token or stop string ends the output before this many tokens"
+    )
+    stop_token_ids: list[int] | None = Field(
+        None, max_length=256, description="token IDs that end the output as EOS does"
+    )
+    skip_special_tokens: bool = Field(True, description="false: special tokens appear as text")
+    include_stop_str_in_output: bool = Field(
+        False, description="a stop string that ends the output is part of its text"
+    )
     response_format: ResponseFormat | None = Field(
         None, description="text (default), json_object, or json_schema: output that follows it"
     )
@@ -220,6 +247,18 @@ class _Body(BaseModel):
             "top_k": max(self.top_k or 0, 0),
             "min_p": self.min_p or 0.0,
         }
+
+    def stop_ids(self, eos: tuple[int, ...], vocab_size: int) -> tuple[int, ...]:
+        """The tokens that end the output: the model's EOS (unless ignore_eos) and
+        stop_token_ids, each checked against the vocabulary."""
+        for i, t in enumerate(self.stop_token_ids or []):
+            if not 0 <= t < vocab_size:
+                raise FieldError(
+                    f"stop_token_ids.{i}",
+                    f"token id {t} is outside the vocabulary [0, {vocab_size})",
+                )
+        ids = (() if self.ignore_eos else eos) + tuple(self.stop_token_ids or ())
+        return tuple(dict.fromkeys(ids))
 
     @property
     def stops(self) -> list[str]:

@@ -7,8 +7,9 @@ class StopStrings:
     """Stop strings over streamed text, at a cost per piece set by the stop strings, not by the
     text so far: text that could be the start of a stop string is held back until it is not."""
 
-    def __init__(self, stops: list[str]):
+    def __init__(self, stops: list[str], include: bool = False):
         self.stops = stops
+        self.include = include  # vLLM's include_stop_str_in_output: the text ends with the stop
         self.held = ""
         # every proper prefix of a stop string, longest first, and the characters they end with
         self._starts = sorted({s[:k] for s in stops for k in range(1, len(s))}, key=len)[::-1]
@@ -19,10 +20,14 @@ class StopStrings:
         if not self.stops:
             return piece, False
         text = self.held + piece
-        cut = min((i for i in (text.find(s) for s in self.stops) if i >= 0), default=-1)
-        if cut >= 0:
+        # the earliest match (the first stop listed, of those found there)
+        found = min(
+            ((i, k) for k, i in enumerate(text.find(s) for s in self.stops) if i >= 0), default=None
+        )
+        if found is not None:
+            cut, k = found
             self.held = ""
-            return text[:cut], True
+            return text[: cut + (len(self.stops[k]) if self.include else 0)], True
         keep = 0 if final else self._partial(text)
         self.held = text[len(text) - keep :] if keep else ""
         return text[: len(text) - keep], False

@@ -32,7 +32,7 @@ class _NoTokenizer:
             400, "this model has no tokenizer.json: send `prompt` as a list of token IDs"
         )
 
-    def decode(self, ids: list[int]) -> str:
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         return ""
 
 
