@@ -81,6 +81,12 @@ def cpu_delta(before: dict[str, float | None], after: dict[str, float | None]) -
     }
 
 
+def frontend_cpu_s(cpu: dict[str, float | None]) -> float | None:
+    """The frontend's share of a `cpu_delta`: the deploying process and its API processes."""
+    router, api = cpu.get("router"), cpu.get("api", 0.0)
+    return router + api if router is not None and api is not None else None
+
+
 def row(
     before: dict[str, float],
     after: dict[str, float],
@@ -93,8 +99,7 @@ def row(
 ) -> dict:
     """The run's control-plane figures: `before` and `after` bracket the workload; `cpu` is each
     part's CPU seconds meanwhile (`cpu_delta`)."""
-    router, api = cpu.get("router"), cpu.get("api", 0.0)
-    frontend_cpu_s = router + api if router is not None and api is not None else None
+    frontend_s = frontend_cpu_s(cpu)
     kinds = sorted({k.split(":", 1)[1] for k in after if k.startswith("reports:")})
     per_s = {
         k: round((after.get(f"reports:{k}", 0) - before.get(f"reports:{k}", 0)) / wall_s, 1)
@@ -106,12 +111,12 @@ def row(
         "startup_s": round(startup_s, 2),
         **mem,
         "frontend_cpu_ms_per_request": (
-            round(frontend_cpu_s / requests * 1e3, 2) if frontend_cpu_s and requests else None
+            round(frontend_s / requests * 1e3, 2) if frontend_s and requests else None
         ),
         # the issue-42 figures: what one deployment streams, and the frontend's CPU for each token
         "streamed_tokens_per_s": round(tokens / wall_s, 1) if wall_s else None,
         "frontend_cpu_us_per_token": (
-            round(frontend_cpu_s / tokens * 1e6, 1) if frontend_cpu_s and tokens else None
+            round(frontend_s / tokens * 1e6, 1) if frontend_s and tokens else None
         ),
         # per part: with API processes the router's share is decisions only; the workers' share
         # is what the machine's cores give to the fleet itself (modeled workers still move KV)

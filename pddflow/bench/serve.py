@@ -260,8 +260,7 @@ def run_graph(
                 sum(s.tokens for s in res.samples),
             )
             res.client_cpu_s = _own_cpu_s() - c0
-            router, api = cpu["router"], cpu.get("api", 0.0)
-            res.frontend_cpu_s = router + api if router is not None and api is not None else None
+            res.frontend_cpu_s = control_plane.frontend_cpu_s(cpu)
             res.decode = decode_counters(dep.base, decode0)
             res.metrics = _scrape(dep.base)
             res.variants = variant_counts(dep.base)

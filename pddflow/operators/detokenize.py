@@ -40,30 +40,22 @@ def detokenizer(tok: Tokenizer, skip_special_tokens: bool = True) -> Detokenizer
     """A fresh incremental detokenizer for one output of `tok`; special tokens (EOS, ...) as
     text only with skip_special_tokens=False (vLLM's option)."""
     if isinstance(tok, ByteTokenizer):
-        return ByteDetokenizer(None if skip_special_tokens else ByteTokenizer.SPECIAL_TEXT)
+        return ByteDetokenizer(skip_special_tokens)
     return WindowDetokenizer(tok, skip_special_tokens)
 
 
 class ByteDetokenizer:
     """ByteTokenizer's ids: 0-255 are UTF-8 bytes; the rest (bos, eos, pad) decode to nothing, or
-    to `specials`' text (a character cut short before one ends there, as decode has it)."""
+    (skip_special_tokens=False) to their text, as ByteTokenizer.decode has it."""
 
-    def __init__(self, specials: dict[int, str] | None = None) -> None:
+    def __init__(self, skip_special_tokens: bool = True) -> None:
         self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        self._specials = specials
+        self._skip = skip_special_tokens
 
     def push(self, ids: list[int]) -> str:
-        if self._specials is None:
+        if self._skip:
             return self._dec.decode(bytes(i for i in ids if 0 <= i < 256))
-        out, run = [], bytearray()
-        for i in ids:
-            if 0 <= i < 256:
-                run.append(i)
-            elif i in self._specials:
-                out += [self._dec.decode(bytes(run), final=True), self._specials[i]]
-                self._dec.reset()
-                run = bytearray()
-        return "".join(out) + self._dec.decode(bytes(run))
+        return ByteTokenizer.text_with_specials(ids, self._dec)
 
     def flush(self) -> str:
         return self._dec.decode(b"", final=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 from pathlib import Path
 from typing import Protocol
 
@@ -29,15 +30,21 @@ class ByteTokenizer:
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
         if skip_special_tokens:
             return bytes(i for i in ids if 0 <= i < 256).decode("utf-8", errors="replace")
-        # each run of bytes between two specials decodes on its own, as the stream does
+        dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        return self.text_with_specials(ids, dec) + dec.decode(b"", final=True)
+
+    @classmethod
+    def text_with_specials(cls, ids: list[int], dec: codecs.IncrementalDecoder) -> str:
+        """ids' text through the UTF-8 decoder `dec`, each special id as its text; a character
+        cut short before a special ends there (U+FFFD), as each run of bytes decodes on its own."""
         out, run = [], bytearray()
         for i in ids:
             if 0 <= i < 256:
                 run.append(i)
-            elif i in self.SPECIAL_TEXT:
-                out += [run.decode("utf-8", errors="replace"), self.SPECIAL_TEXT[i]]
+            elif i in cls.SPECIAL_TEXT:
+                out += [dec.decode(bytes(run), final=True), cls.SPECIAL_TEXT[i]]
                 run = bytearray()
-        return "".join(out) + run.decode("utf-8", errors="replace")
+        return "".join(out) + dec.decode(bytes(run))
 
     def token_bytes(self, token_id: int) -> bytes:
         """One id's raw bytes (a lone id may be part of a UTF-8 character; special ids: none)."""

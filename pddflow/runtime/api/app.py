@@ -257,8 +257,12 @@ async def _serve(
             f"min_tokens: {body.min_tokens} is more than max_tokens ({max_tokens})",
             param="min_tokens",
         )
+    stops = body.stops
     try:
         stop_ids = body.stop_ids(router.tokenizer.eos_token_ids, router.vocab_size)
+        grammar = grammars.grammar(body.response_format)
+        if tool_use is not None and grammar is None:
+            grammar = grammars.checked(tool_use.grammar, "tools")
     except FieldError as exc:
         return error_response(400, str(exc), param=exc.field)
     output = OutputOptions(
@@ -267,13 +271,6 @@ async def _serve(
         body.skip_special_tokens,
         body.include_stop_str_in_output,
     )
-    stops = body.stops
-    try:
-        grammar = grammars.grammar(body.response_format)
-        if tool_use is not None and grammar is None:
-            grammar = grammars.checked(tool_use.grammar, "tools")
-    except FieldError as exc:
-        return error_response(400, str(exc), param=exc.field)
     n = body.n or 1
     sampling = SamplingParams(
         max_tokens=max_tokens,

@@ -72,16 +72,15 @@ class Completion:
         stops: list[str],
         max_tokens: int,
         admission: Admission,
-        output: OutputOptions | None = None,
+        output: OutputOptions,
     ):
         self.router, self.rid = router, rid
         self.max_tokens, self.admission = max_tokens, admission
         self.stream: AsyncIterator[list[int]] | None = None
         self.first: list[int] | None = None
-        out = output or OutputOptions(frozenset(router.tokenizer.eos_token_ids))
-        self.decoder = detokenizer(router.tokenizer, out.skip_special_tokens)
-        self.stops = StopStrings(stops, out.include_stop_str)
-        self.stop_ids, self.min_tokens = out.stop_ids, out.min_tokens
+        self.decoder = detokenizer(router.tokenizer, output.skip_special_tokens)
+        self.stops = StopStrings(stops, output.include_stop_str)
+        self.stop_ids, self.min_tokens = output.stop_ids, output.min_tokens
         self.ids: list[int] = []
         self.lps: list[TokenLogprob | None] = []  # parallel to ids (None: not reported)
         self._text: list[str] = []
