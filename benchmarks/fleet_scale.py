@@ -71,7 +71,12 @@ def main() -> None:
     bad = [s for s in sizes if s not in SHAPES]
     if bad:
         sys.exit(f"--sizes: {bad} not among {sorted(SHAPES)}")
-    counts = [int(n) for n in a.api_servers.split(",")]
+    try:
+        counts = [int(n) for n in a.api_servers.split(",")]
+    except ValueError:
+        sys.exit(f"--api-servers: {a.api_servers!r} is not a comma-separated list of counts (1,2)")
+    if min(counts) < 1 or a.rounds < 1:
+        sys.exit("--api-servers counts and --rounds are at least 1")
     with tempfile.TemporaryDirectory(prefix="pddflow-fleet-") as d:
         paths = []
         for size in sizes:
