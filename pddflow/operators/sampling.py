@@ -26,6 +26,13 @@ def sample_token(logits: torch.Tensor, params: SamplingParams, seed: int, positi
     if params.temperature <= 0:
         return int(torch.argmax(logits))
     probs = torch.softmax(logits.double() / params.temperature, dim=-1)
+    if params.top_k <= 0 and params.min_p <= 0 and params.top_p >= 1.0:
+        # nothing cut: the same distribution walked in token order; sorting the vocabulary was
+        # most of a draw's cost (docs/engine.md)
+        cum = torch.cumsum(probs, 0)
+        u = uniform(seed, position) * float(cum[-1])
+        idx = int(torch.searchsorted(cum, torch.tensor([u], dtype=cum.dtype), right=True)[0])
+        return min(idx, probs.numel() - 1)
     sorted_p, order = torch.sort(probs, descending=True, stable=True)
     cut = sorted_p.numel()
     if params.top_k > 0:

@@ -136,3 +136,15 @@ def test_the_wire_carries_every_sampling_field_exactly(params):
     for name in (*fields, "stop_token_ids", "min_tokens"):
         assert getattr(back, name) == getattr(params, name), name
     assert back.logprobs == params.logprobs and back.max_tokens == params.max_tokens
+
+
+def test_an_uncut_draw_follows_the_distribution_and_repeats():
+    """Temperature alone (no top-k, min-p or top-p): the draw walks the vocabulary without
+    sorting it; its frequencies are the softmax's, and a (seed, position) draws one token."""
+    logits = torch.tensor([0.0, 1.0, 2.0, -1.0, 0.5])
+    params = SamplingParams(temperature=0.7)
+    draws = [sample_token(logits, params, 11, pos) for pos in range(6000)]
+    want = torch.softmax(logits.double() / 0.7, dim=-1)
+    for t in range(5):
+        assert abs(draws.count(t) / len(draws) - float(want[t])) < 0.02, t
+    assert draws[:50] == [sample_token(logits, params, 11, pos) for pos in range(50)]
