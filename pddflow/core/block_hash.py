@@ -22,13 +22,22 @@ def _digest(parent: int | None, tokens: Sequence[int]) -> int:
 def chain_block_hashes(
     token_ids: Sequence[int], block_size: int, parent: int | None = None
 ) -> list[int]:
-    """Hashes of the full blocks of `token_ids` (a partial block's KV still grows: never shared)."""
+    """Hashes of the full blocks of `token_ids` (a partial block's KV still grows: never shared).
+    A cryptographic hash: a client must not be able to make its prompt's blocks collide with
+    another's cached ones (why vLLM's prefix cache left Python's hash() for SHA-256)."""
     if block_size <= 0:
         raise ValueError(f"block_size must be positive, got {block_size}")
-    out: list[int] = []
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
-        parent = _digest(parent, token_ids[start : start + block_size])
-        out.append(parent)
+    # the tokens packed once, each block hashed from a slice: the bytes _digest would hash
+    data = memoryview(struct.pack(f"<{len(token_ids)}i", *token_ids))
+    step, out = 4 * block_size, []
+    digest = None if parent is None else parent.to_bytes(DIGEST_BYTES, "little")
+    for off in range(0, len(data) - step + 1, step):
+        h = hashlib.blake2b(digest_size=DIGEST_BYTES)
+        if digest is not None:
+            h.update(digest)
+        h.update(data[off : off + step])
+        digest = h.digest()
+        out.append(int.from_bytes(digest, "little"))
     return out
 
 

@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from pddflow.core.block_hash import chain_block_hashes
 from pddflow.core.payloads import SamplingParams
 from pddflow.graph.plan import Plan
 from pddflow.runtime.frontend.loop_batches import LoopBatches
@@ -117,6 +118,7 @@ class RemoteRouter:
                 variant=variant or "",
                 handoff=handoff or "",
                 api=self.name,
+                block_hashes=chain_block_hashes(prompt_ids, self.plan.model.block_size),
             )
             reply = await self._call(1, req, 2 * CALL_TIMEOUT_S)
             if reply.status:

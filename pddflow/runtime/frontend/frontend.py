@@ -221,13 +221,15 @@ class Frontend:
         variant: str | None,
         handoff: str | None,
         api: str = "",
+        hashes: list[int] | None = None,
     ) -> Flight:
         """The request routed and in the air (its legs not yet ordered); `api`: the API process
-        that streams it (deploy --api-servers), "" this one."""
+        that streams it (deploy --api-servers), "" this one; `hashes`: the prompt's block hashes
+        if that process computed them."""
         if sampling.seed is None:  # every leg must draw the same randomness at each position
             sampling = replace(sampling, seed=random.getrandbits(63))
         with self.metrics.route_s.time():
-            route = self._route(request_id, prompt_ids, sampling, variant, handoff)
+            route = self._route(request_id, prompt_ids, sampling, variant, handoff, hashes)
         d = route.decision
         st = TokenStream(
             request_id, len(prompt_ids), sampling.max_tokens, d.variant, mode_name(route.handoff)
@@ -261,7 +263,12 @@ class Frontend:
         sampling = sampling_from_pb(req.sampling)
         ids, variant, handoff = list(req.prompt_ids), req.variant or None, req.handoff or None
         try:
-            flight = self._start(req.request_id, ids, sampling, deadline, variant, handoff, req.api)
+            hashes = list(req.block_hashes)
+            if len(hashes) != len(ids) // self.plan.model.block_size:
+                hashes = None  # not sent (or not of this prompt): hash it here
+            flight = self._start(
+                req.request_id, ids, sampling, deadline, variant, handoff, req.api, hashes
+            )
         except RequestRejected as exc:
             return rejection(exc)
         try:
@@ -294,11 +301,12 @@ class Frontend:
         sampling: SamplingParams,
         variant: str | None,
         handoff: str | None,
+        hashes: list[int] | None = None,
     ) -> Route:
         bs = self.plan.model.block_size
-        feats = RequestFeatures(
-            rid, len(prompt_ids), tuple(chain_block_hashes(prompt_ids, bs)), sampling.max_tokens, bs
-        )
+        if hashes is None:
+            hashes = chain_block_hashes(prompt_ids, bs)
+        feats = RequestFeatures(rid, len(prompt_ids), tuple(hashes), sampling.max_tokens, bs)
         self.links.refresh()  # the links as measured now
         self.accounting.entry_queues()
         if variant is not None:
