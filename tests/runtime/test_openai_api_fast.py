@@ -472,6 +472,25 @@ def test_stream_include_usage(api, path, body):
     assert all("usage" not in e for e in plain[:-1])
 
 
+@pytest.mark.parametrize("path, body", [("completions", COMPLETION), ("chat/completions", CHAT)])
+def test_continuous_usage_counts_every_chunk(api, path, body):
+    """vLLM's stream_options.continuous_usage_stats (guidellm sends it): every chunk carries the
+    usage so far; without include_usage it adds nothing."""
+    opts = {"include_usage": True, "continuous_usage_stats": True}
+    events = _sse(api.post(f"/v1/{path}", json={**body, "stream": True, "stream_options": opts}))
+    counts = [e["usage"]["completion_tokens"] for e in events[:-1]]
+    assert counts == sorted(counts) and counts[-1] == 3
+    assert counts[-2] == 3 and events[-2]["choices"] == []  # the last chunk: the whole usage
+    prompt = events[-2]["usage"]["prompt_tokens"]
+    assert all(e["usage"]["prompt_tokens"] == prompt for e in events[:-1])
+    with_tokens = [e for e in events[:-2] if e["choices"] and e["choices"][0].get("token_ids")]
+    for e in with_tokens:  # a chunk's own tokens are counted in its usage
+        assert e["usage"]["completion_tokens"] >= len(e["choices"][0]["token_ids"])
+    alone = {"continuous_usage_stats": True}
+    plain = _sse(api.post(f"/v1/{path}", json={**body, "stream": True, "stream_options": alone}))
+    assert all("usage" not in e for e in plain[:-1])
+
+
 def test_every_error_in_the_openai_shape_and_bounded(api):
     big = "m" * 1_000_000
     r = api.post("/v1/completions", json={**COMPLETION, "model": big})

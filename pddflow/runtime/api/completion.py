@@ -285,8 +285,8 @@ async def sse(
             "model": body.model,
             "choices": [choice],
         }
-        if body.include_usage:
-            obj["usage"] = None
+        if body.include_usage:  # null but in vLLM's continuous mode: the usage so far
+            obj["usage"] = usage() if body.continuous_usage else None
         return f"data: {json.dumps(obj)}\n\n".encode()
 
     async def frames(index: int, completion: Completion) -> AsyncIterator[bytes]:

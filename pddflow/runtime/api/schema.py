@@ -119,6 +119,9 @@ class StreamOptions(BaseModel):
     include_obfuscation: bool = Field(
         False, description="accepted and ignored: pddflow never pads its chunks"
     )
+    continuous_usage_stats: bool = Field(
+        False, description="vLLM's: with include_usage, every chunk carries the usage so far"
+    )
 
 
 class JsonSchemaFormat(BaseModel):
@@ -267,6 +270,11 @@ class _Body(BaseModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+    @property
+    def continuous_usage(self) -> bool:
+        opts = self.stream_options
+        return bool(self.include_usage and opts and opts.continuous_usage_stats)
 
     @property
     def candidates(self) -> int:
