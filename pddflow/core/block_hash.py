@@ -11,12 +11,21 @@ from collections.abc import Sequence
 DIGEST_BYTES = 8
 
 
-def _digest(parent: int | None, tokens: Sequence[int]) -> int:
+def _hash(parent: bytes | None, data: bytes | memoryview) -> bytes:
     h = hashlib.blake2b(digest_size=DIGEST_BYTES)
     if parent is not None:
-        h.update(parent.to_bytes(DIGEST_BYTES, "little"))
-    h.update(struct.pack(f"<{len(tokens)}i", *tokens))
-    return int.from_bytes(h.digest(), "little")
+        h.update(parent)
+    h.update(data)
+    return h.digest()
+
+
+def _parent_bytes(parent: int | None) -> bytes | None:
+    return None if parent is None else parent.to_bytes(DIGEST_BYTES, "little")
+
+
+def _digest(parent: int | None, tokens: Sequence[int]) -> int:
+    data = struct.pack(f"<{len(tokens)}i", *tokens)
+    return int.from_bytes(_hash(_parent_bytes(parent), data), "little")
 
 
 def chain_block_hashes(
@@ -30,13 +39,9 @@ def chain_block_hashes(
     # the tokens packed once, each block hashed from a slice: the bytes _digest would hash
     data = memoryview(struct.pack(f"<{len(token_ids)}i", *token_ids))
     step, out = 4 * block_size, []
-    digest = None if parent is None else parent.to_bytes(DIGEST_BYTES, "little")
+    digest = _parent_bytes(parent)
     for off in range(0, len(data) - step + 1, step):
-        h = hashlib.blake2b(digest_size=DIGEST_BYTES)
-        if digest is not None:
-            h.update(digest)
-        h.update(data[off : off + step])
-        digest = h.digest()
+        digest = _hash(digest, data[off : off + step])
         out.append(int.from_bytes(digest, "little"))
     return out
 

@@ -50,9 +50,9 @@ def _stream(tok, ids: list[int], cuts: list[int], skip: bool = True) -> list[str
     return pieces
 
 
-def _no_split_characters(tok, ids: list[int], pieces: list[str]) -> None:
+def _no_split_characters(tok, ids: list[int], pieces: list[str], skip: bool = True) -> None:
     """A piece never ends in U+FFFD unless the full decode has one there (no character cut)."""
-    full = tok.decode(ids)
+    full = tok.decode(ids, skip_special_tokens=skip)
     at = 0
     for p in pieces:
         at += len(p)
@@ -68,28 +68,22 @@ def test_hf_is_windowed(hf):
     assert isinstance(detokenizer(hf), WindowDetokenizer)
 
 
+@pytest.mark.parametrize("skip", [True, False], ids=["skip_specials", "specials_as_text"])
 @settings(max_examples=300, deadline=None)
 @given(
     ids=st.lists(st.integers(0, ByteTokenizer.vocab_size - 1), max_size=80),
     cuts=st.lists(st.integers(0, 80), max_size=10),
 )
-def test_bytes_random_ids_equal_full_decode(ids, cuts):
+def test_bytes_random_ids_equal_full_decode(skip, ids, cuts):
+    """Either way of vLLM's skip_special_tokens: false writes <eos> and the others as text."""
     tok = ByteTokenizer()
-    pieces = _stream(tok, ids, cuts)
-    assert "".join(pieces) == tok.decode(ids)
-    _no_split_characters(tok, ids, pieces)
+    pieces = _stream(tok, ids, cuts, skip=skip)
+    assert "".join(pieces) == tok.decode(ids, skip_special_tokens=skip)
+    _no_split_characters(tok, ids, pieces, skip)
 
 
-@settings(max_examples=300, deadline=None)
-@given(
-    ids=st.lists(st.integers(0, ByteTokenizer.vocab_size - 1), max_size=80),
-    cuts=st.lists(st.integers(0, 80), max_size=10),
-)
-def test_bytes_with_special_tokens_as_text_equal_full_decode(ids, cuts):
-    """vLLM's skip_special_tokens=false: <eos> and the others appear as text, in place."""
+def test_special_tokens_as_text_stand_in_place():
     tok = ByteTokenizer()
-    pieces = _stream(tok, ids, cuts, skip=False)
-    assert "".join(pieces) == tok.decode(ids, skip_special_tokens=False)
     assert tok.decode([104, 105, 257, 0xE2, 257], skip_special_tokens=False) == "hi<eos>\ufffd<eos>"
 
 
