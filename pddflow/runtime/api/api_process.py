@@ -13,8 +13,14 @@ import logging
 import socket
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from pddflow.core.parent_death import die_with_parent
+from pddflow.core.startup_gc import starting
+
+if TYPE_CHECKING:
+    from pddflow.runtime.api.remote_router import RemoteRouter
+    from pddflow.runtime.api.shutdown import DrainingServer
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -32,6 +38,18 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format=f"{args.name} %(name)s: %(message)s")
 
+    with starting():  # its imports and its app
+        server, router = _server(args)
+    sock = socket.socket(fileno=args.fd)
+    try:
+        server.run(sockets=[sock])
+    finally:
+        router.close()
+    return 0
+
+
+def _server(args: argparse.Namespace) -> tuple[DrainingServer, RemoteRouter]:
+    """The process's server and router, built (imports included) before it serves."""
     import uvicorn
 
     from pddflow.runtime.api.admission import Admission
@@ -61,13 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     config = uvicorn.Config(
         app, log_level=args.log_level, access_log=False, timeout_graceful_shutdown=5
     )
-    server = DrainingServer(config, admission, args.drain_timeout, say=lambda _: None)
-    sock = socket.socket(fileno=args.fd)
-    try:
-        server.run(sockets=[sock])
-    finally:
-        router.close()
-    return 0
+    return DrainingServer(config, admission, args.drain_timeout, say=lambda _: None), router
 
 
 def _keys() -> dict[str, str]:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from pddflow.core.cpu_layout import pin_self
 from pddflow.core.parent_death import die_with_parent
+from pddflow.core.startup_gc import starting
 from pddflow.graph.plan import rank_name
 from pddflow.runtime.wiring import Wiring
 from pddflow.runtime.workers.ranks import follow
@@ -37,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # its leader stops it, or this
         return follow(wiring, instance, rank)
     cls = worker_class(wiring.plan().operator_of(instance).op_type)
-    worker = cls(wiring, instance)
+    with starting():  # torch's import and the engine's build
+        worker = cls(wiring, instance)
     signal.signal(signal.SIGTERM, lambda *_: worker.stopping.set())
     signal.signal(signal.SIGINT, lambda *_: worker.stopping.set())
     print(f"{instance} ready (pid {os.getpid()})", flush=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+from pddflow.core.startup_gc import starting
 from pddflow.graph.plan import OperatorPlan, rank_name
 from pddflow.runtime.wiring import Wiring, rank_device
 
@@ -91,8 +92,9 @@ def follow(wiring: Wiring, instance: str, rank: int) -> int:
     from pddflow.operators.tensor_parallel import TPPeerLost
     from pddflow.runtime.workers.rank_kv import FollowerKV
 
-    engine = build_engine(wiring, instance, rank)
-    rank_kv = FollowerKV(wiring, instance, rank, engine)
+    with starting():  # torch's import and the engine's build
+        engine = build_engine(wiring, instance, rank)
+        rank_kv = FollowerKV(wiring, instance, rank, engine)
     print(f"{rank_name(instance, rank)} ready (pid {os.getpid()})", flush=True)
     try:
         engine.follow(rank_kv)
