@@ -6,6 +6,7 @@ within the client's bound)."""
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import threading
@@ -108,7 +109,10 @@ class GreedyReference:
             return {p: self._known[(p, n)] for p in prompts}
 
 
+@functools.cache
 def greedy_reference(spec: str = "builtin:tiny-llama", engine: str = "real") -> GreedyReference:
+    """The process's one reference of `spec` on `engine` (a test session builds each once: a
+    real engine's build is a second or two of CPU, and its answers are kept)."""
     return GreedyReference(spec, engine)
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from pddflow.bench.deploy_process import DeployProcess, get_json, post_json
+from pddflow.testing.chaos import greedy_reference
 
 pytestmark = pytest.mark.slow  # starts a deployment: worker processes
 
@@ -18,9 +19,8 @@ PROMPT = "Baselines deploy the same way."
 @pytest.fixture(scope="module")
 def reference() -> list[int]:
     from pddflow.core.payloads import SamplingParams
-    from pddflow.operators.engine import Engine
 
-    eng = Engine.from_spec("builtin:tiny-llama")
+    eng = greedy_reference().engine
     return eng.generate(
         [eng.tokenizer.encode(PROMPT)],
         SamplingParams(

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from pddflow.bench.deploy_process import DeployProcess
+from pddflow.testing.chaos import greedy_reference
 
 pytestmark = pytest.mark.slow  # starts a deployment: worker processes
 
@@ -24,9 +25,8 @@ LONG = "KV crosses the WAN in blocks; " * 12  # ~360 tokens: about 11 MB of KV f
 
 def _reference(prompt: str, n: int) -> list[int]:
     from pddflow.core.payloads import SamplingParams
-    from pddflow.operators.engine import Engine
 
-    eng = Engine.from_spec("builtin:tiny-llama")
+    eng = greedy_reference().engine
     ids = eng.tokenizer.encode(prompt)
     return eng.generate(
         [ids],

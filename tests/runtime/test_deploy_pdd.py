@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from pddflow.bench.deploy_process import get_json, post_json
+from pddflow.testing.chaos import greedy_reference
 
 pytestmark = pytest.mark.slow  # starts a deployment: worker processes
 
@@ -22,11 +23,18 @@ MAX_TOKENS = 24
 
 
 @pytest.fixture(scope="module")
-def reference() -> dict[str, list[int]]:
-    from pddflow.core.payloads import SamplingParams
-    from pddflow.operators.engine import Engine
+def colocated():
+    """The colocated reference engine every test of the module compares with (one build: its
+    outputs do not depend on what it served before, docs/engine.md, Batch invariance)."""
 
-    eng = Engine.from_spec("builtin:tiny-llama")
+    return greedy_reference().engine
+
+
+@pytest.fixture(scope="module")
+def reference(colocated) -> dict[str, list[int]]:
+    from pddflow.core.payloads import SamplingParams
+
+    eng = colocated
     out = {}
     for p in PROMPTS:
         ids = eng.tokenizer.encode(p)
@@ -52,13 +60,12 @@ def client(pdd):
     return openai.OpenAI(base_url=f"{pdd.base}/v1", api_key="unused", timeout=60, max_retries=0)
 
 
-def test_transfers_are_sized_by_the_served_model(pdd):
+def test_transfers_are_sized_by_the_served_model(colocated, pdd):
     """The scheduler predicts a transfer from the KV the served model moves (its workers report
     it), not from the graph's production architecture."""
     from pddflow.graph import load_plan
-    from pddflow.operators.engine import Engine
 
-    eng = Engine.from_spec("builtin:tiny-llama")
+    eng = colocated
     served = pdd.health()["kv_bytes_per_token"]
     assert served == eng.block_bytes // eng.block_size
     assert served != load_plan(str(ROOT / "graphs" / "pdd.yaml")).model.arch.kv_bytes_per_token
@@ -115,11 +122,10 @@ SAMPLINGS = {
 
 
 @pytest.fixture(scope="module")
-def sampled_reference():
+def sampled_reference(colocated):
     from pddflow.core.payloads import SamplingParams
-    from pddflow.operators.engine import Engine
 
-    eng = Engine.from_spec("builtin:tiny-llama")
+    eng = colocated
     ids = eng.tokenizer.encode(PROMPTS[0])
     out = {}
     for name, s in SAMPLINGS.items():
@@ -150,13 +156,12 @@ def test_penalties_and_filters_match_the_reference_on_every_route(
 
 
 @pytest.fixture(scope="module")
-def stop_fields_reference() -> tuple[dict, list[int]]:
+def stop_fields_reference(colocated) -> tuple[dict, list[int]]:
     """vLLM's stop fields: the greedy answer's third token as a stop token, held back by
     min_tokens (so the answer changes), EOS ignored."""
     from pddflow.core.payloads import SamplingParams
-    from pddflow.operators.engine import Engine
 
-    eng = Engine.from_spec("builtin:tiny-llama")
+    eng = colocated
     ids = eng.tokenizer.encode(PROMPTS[0])
     plain = eng.generate([ids], SamplingParams(max_tokens=MAX_TOKENS, temperature=0.0))[0]
     stop = plain.output_ids[2]
@@ -187,14 +192,13 @@ def test_vllm_stop_fields_match_the_reference_on_every_route(client, stop_fields
 @pytest.mark.parametrize(
     "route", ROUTES[1:], ids=["p_md", "p_rld_md-one_shot", "p_rld_md-catch_up"]
 )
-def test_n_choices_match_the_reference_and_share_the_prompts_kv(pdd, client, route):
+def test_n_choices_match_the_reference_and_share_the_prompts_kv(colocated, pdd, client, route):
     """n = 3, seeded sampling: choice i is the colocated reference's sequence with seed + i (so
     the choices differ); the choices after the first find the prompt in prefill's cache."""
     from pddflow.core.payloads import SamplingParams
-    from pddflow.operators.engine import Engine
 
     prompt = "Three answers to one question, please: " + route[0] + str(route[1])
-    eng = Engine.from_spec("builtin:tiny-llama")
+    eng = colocated
     ids = eng.tokenizer.encode(prompt)
     eos = tuple(eng.tokenizer.eos_token_ids)
     want = [
@@ -227,28 +231,33 @@ PERSON = {
     "required": ["name", "age", "ok"],
     "additionalProperties": False,
 }
+PERSON_PROMPT = "A person, as JSON: "
 PERSON_FORMAT = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+
+
+@pytest.fixture(scope="module")
+def person_reference(colocated) -> list[int]:
+    """The colocated engine's greedy answer to PERSON_PROMPT under PERSON's grammar."""
+    from pddflow.core.payloads import SamplingParams
+    from pddflow.operators.grammar import json_schema_grammar
+
+    eng = colocated
+    eos = tuple(eng.tokenizer.eos_token_ids)
+    params = SamplingParams(60, 0.0, stop_token_ids=eos, grammar=json_schema_grammar(PERSON))
+    return eng.generate([eng.tokenizer.encode(PERSON_PROMPT)], params)[0].output_ids
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
 @pytest.mark.parametrize(
     "route", ROUTES[1:], ids=["p_md", "p_rld_md-one_shot", "p_rld_md-catch_up"]
 )
-def test_json_schema_output_on_every_route(client, route, stream):
+def test_json_schema_output_on_every_route(person_reference, client, route, stream):
     """The grammar crosses the handoff as its text; main rebuilds its state from the relay's
     token IDs. Greedy: the colocated reference's constrained answer, which validates."""
     import json
 
-    from pddflow.core.payloads import SamplingParams
-    from pddflow.operators.engine import Engine
-    from pddflow.operators.grammar import json_schema_grammar
-
     jsonschema = pytest.importorskip("jsonschema")
-    prompt = "A person, as JSON: "
-    eng = Engine.from_spec("builtin:tiny-llama")
-    eos = tuple(eng.tokenizer.eos_token_ids)
-    params = SamplingParams(60, 0.0, stop_token_ids=eos, grammar=json_schema_grammar(PERSON))
-    want = eng.generate([eng.tokenizer.encode(prompt)], params)[0].output_ids
+    prompt, want = PERSON_PROMPT, person_reference
     extra = {"return_token_ids": True, "variant": route[0], "handoff": route[1]}
     extra["response_format"] = PERSON_FORMAT
     r = client.completions.create(
@@ -293,39 +302,53 @@ CHOICES = {
 }
 
 
+TOOL_CASES = [(r, "named") for r in ROUTES[1:]] + [(ROUTES[1], "required")]
+
+
+def tool_messages(route: tuple) -> list[dict]:
+    """A chat of its own per route: no answer finds another's prompt in a cache."""
+    return [{"role": "user", "content": f"Use a tool ({route[0]}, {route[1]})."}]
+
+
 @pytest.fixture(scope="module")
-def colocated():
-    from pddflow.operators.engine import Engine
-
-    return Engine.from_spec("builtin:tiny-llama")
-
-
-@pytest.mark.parametrize(
-    "route, choice",
-    [(r, "named") for r in ROUTES[1:]] + [(ROUTES[1], "required")],
-    ids=["p_md-named", "one_shot-named", "catch_up-named", "p_md-required"],
-)
-def test_forced_tool_calls_on_every_route(pdd, client, colocated, route, choice):
-    """The official client's tools and tool_choice: the answer is tool_calls whose arguments
-    parse and fit the function's schema (streamed too, on p_md), and greedy, the colocated
-    reference's tokens under the same grammar."""
-    import json
-
+def tool_references(colocated) -> dict[tuple, list[int]]:
+    """Every case's greedy answer under its tool grammar, one batch per tool_choice (the
+    engine's outputs do not depend on the batch)."""
     from pddflow.core.payloads import SamplingParams
     from pddflow.runtime.api.schema import ChatMessage
     from pddflow.runtime.api.tools import ToolUse
     from pddflow.runtime.frontend.model_info import model_info
 
-    jsonschema = pytest.importorskip("jsonschema")
-    messages = [{"role": "user", "content": f"Use a tool ({route[0]}, {route[1]})."}]
-    mode = "get_weather" if choice == "named" else "required"
-    ids = model_info("builtin:tiny-llama").chat_prompt_ids(
-        [ChatMessage(**m) for m in messages], WEATHER_TOOLS
-    )
-    eng = colocated
-    grammar = ToolUse(WEATHER_TOOLS, "hermes", mode, parallel=False).grammar()
+    info, eng = model_info("builtin:tiny-llama"), colocated
     eos = tuple(eng.tokenizer.eos_token_ids)
-    want = eng.generate([ids], SamplingParams(120, 0.0, stop_token_ids=eos, grammar=grammar))
+    out = {}
+    for choice in dict.fromkeys(c for _, c in TOOL_CASES):
+        cases = [case for case in TOOL_CASES if case[1] == choice]
+        mode = "get_weather" if choice == "named" else "required"
+        grammar = ToolUse(WEATHER_TOOLS, "hermes", mode, parallel=False).grammar()
+        prompts = [
+            info.chat_prompt_ids([ChatMessage(**m) for m in tool_messages(r)], WEATHER_TOOLS)
+            for r, _ in cases
+        ]
+        params = SamplingParams(120, 0.0, stop_token_ids=eos, grammar=grammar)
+        for case, seq in zip(cases, eng.generate(prompts, params), strict=True):
+            out[case] = seq.output_ids
+    return out
+
+
+@pytest.mark.parametrize(
+    "route, choice",
+    TOOL_CASES,
+    ids=["p_md-named", "one_shot-named", "catch_up-named", "p_md-required"],
+)
+def test_forced_tool_calls_on_every_route(pdd, client, tool_references, route, choice):
+    """The official client's tools and tool_choice: the answer is tool_calls whose arguments
+    parse and fit the function's schema (streamed too, on p_md), and greedy, the colocated
+    reference's tokens under the same grammar."""
+    import json
+
+    jsonschema = pytest.importorskip("jsonschema")
+    messages = tool_messages(route)
     extra = {"return_token_ids": True, "variant": route[0], "handoff": route[1]}
     args = {
         "model": "pdd",
@@ -339,7 +362,7 @@ def test_forced_tool_calls_on_every_route(pdd, client, colocated, route, choice)
     }
     r = client.chat.completions.create(**args)
     assert r.choices[0].finish_reason == "tool_calls"
-    assert r.choices[0].model_extra["token_ids"] == want[0].output_ids
+    assert r.choices[0].model_extra["token_ids"] == tool_references[(route, choice)]
     (call,) = r.choices[0].message.tool_calls
     if choice == "named":
         assert call.function.name == "get_weather"

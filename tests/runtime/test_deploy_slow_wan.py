@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from pddflow.bench.deploy_process import DeployProcess
+from pddflow.testing.chaos import greedy_reference
 
 pytestmark = pytest.mark.slow  # starts a deployment: worker processes
 
@@ -44,9 +45,8 @@ def singular(tmp_path_factory):
 
 def reference_ids(max_tokens: int, prompt: list[int] = PROMPT) -> tuple[list[int], str]:
     from pddflow.core.payloads import SamplingParams
-    from pddflow.operators.engine import Engine
 
-    eng = Engine.from_spec("builtin:tiny-llama")
+    eng = greedy_reference().engine
     sampling = SamplingParams(
         max_tokens=max_tokens, temperature=0.0, stop_token_ids=tuple(eng.tokenizer.eos_token_ids)
     )

@@ -19,6 +19,7 @@ from pddflow.runtime.deploy.deployment import (
     DeployOptions,
     OptionError,
 )
+from pddflow.testing.chaos import greedy_reference
 
 PROMPT = "The Deployment object serves this."
 MAX_TOKENS = 12
@@ -82,9 +83,8 @@ def test_a_pool_change_starts_or_stops_only_what_it_must():
 @pytest.mark.slow  # starts three worker processes
 def test_start_serve_and_stop(plan, tmp_path):
     from pddflow.core.payloads import SamplingParams
-    from pddflow.operators.engine import Engine
 
-    eng = Engine.from_spec("builtin:tiny-llama")
+    eng = greedy_reference().engine
     ids = eng.tokenizer.encode(PROMPT)
     greedy = SamplingParams(max_tokens=MAX_TOKENS, stop_token_ids=eng.tokenizer.eos_token_ids)
     want = eng.generate([ids], greedy)[0].output_ids

@@ -14,6 +14,7 @@ from pddflow.operators.engine import Engine
 from pddflow.runtime.api.tool_stream import ToolCallStream
 from pddflow.runtime.api.tools import ToolUse, parse_tool_calls
 from pddflow.runtime.frontend.chat_template import HERMES, LLAMA3, MISTRAL, tool_format
+from pddflow.testing.chaos import greedy_reference
 from pddflow.testing.tiny_checkpoints import (
     CHATML_TEMPLATE,
     MISTRAL_TEMPLATE,
@@ -134,7 +135,7 @@ def test_a_call_cut_short_is_said_to_be():
 
 @pytest.fixture(scope="module")
 def engine() -> Engine:
-    return Engine.from_spec("builtin:tiny-llama")
+    return greedy_reference().engine
 
 
 @pytest.mark.slow  # six constrained generations on the built-in model
