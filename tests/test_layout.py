@@ -1,10 +1,11 @@
 """The package's shape (docs/structure.md), checked on its source: imports point down the layers,
 no two files import each other (type-only and function-local imports count), no module outgrows
-500 lines, no two classes share a name."""
+500 lines, no two classes share a name, no retired name comes back (docs/structure.md, Glossary)."""
 
 from __future__ import annotations
 
 import ast
+import re
 from functools import cache
 from pathlib import Path
 
@@ -113,6 +114,30 @@ def test_no_two_classes_share_a_name():
             if isinstance(node, ast.ClassDef):
                 where.setdefault(node.name, []).append(module)
     assert {name: ms for name, ms in where.items() if len(ms) > 1} == {}
+
+
+# a concept's retired names -> its one name (docs/structure.md, Glossary)
+RETIRED = {
+    "one_shot_above_load": "catch_up_load",
+    "job_overhead_s": "prefill_overhead_s",
+    "relay_finishes": "singular",
+    "finisher": "main",
+}
+
+
+def test_retired_names_stay_retired():
+    # the glossary names each retired name once, as "`name` (now ...)"
+    found = re.compile(r"\b(" + "|".join(RETIRED) + r")\b(?!` \(now)")
+    places = [ROOT / "README.md", *(ROOT / d for d in ("pddflow", "tests", "docs", "graphs"))]
+    files = [f for p in places for f in ([p] if p.is_file() else p.rglob("*")) if f.is_file()]
+    hits = {
+        f"{f.relative_to(ROOT)}:{n}": f"{m.group(1)} (now {RETIRED[m.group(1)]})"
+        for f in files
+        if f.suffix in (".py", ".md", ".yaml", ".proto") and f != Path(__file__)
+        for n, line in enumerate(f.read_text().splitlines(), 1)
+        if (m := found.search(line))
+    }
+    assert hits == {}
 
 
 def test_the_checker_sees_a_circle_and_an_upward_import(tmp_path):

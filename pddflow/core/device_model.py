@@ -18,8 +18,8 @@ class Efficiency:
     # per decoding sequence per step beyond the roofline (CPU engines: sampling, bookkeeping)
     seq_overhead_s: float = 0.0
     # extra fixed cost of a step that runs prefill chunks
-    job_overhead_s: float = 0.0
-    # the same for a step of extends only; None: job_overhead_s
+    prefill_overhead_s: float = 0.0
+    # the same for a step of extends only; None: prefill_overhead_s
     extend_overhead_s: float | None = None
     # cost multipliers at the achieved rates (CPU engines: paged attention, gathered padded KV)
     attn_factor: float = 1.0
@@ -54,9 +54,9 @@ class DeviceModel:
         self.weight_bytes = arch.weight_bytes
         self.step_overhead_s = eff.step_overhead_s
         self.seq_overhead_s = eff.seq_overhead_s
-        self.prefill_overhead_s = eff.job_overhead_s
+        self.prefill_overhead_s = eff.prefill_overhead_s
         self.extend_overhead_s = (
-            eff.job_overhead_s if eff.extend_overhead_s is None else eff.extend_overhead_s
+            eff.prefill_overhead_s if eff.extend_overhead_s is None else eff.extend_overhead_s
         )
 
     def step_s(

@@ -22,7 +22,7 @@ class HandoffCut:
     min_extend_tokens: int = 8
     # adaptive handoff, re-decided between catch-up batches: a relay this loaded hands main the
     # rest at once; 0 never switches (a declared one_shot or catch_up)
-    one_shot_above_load: float = 0.0
+    catch_up_load: float = 0.0
 
     def step(
         self, mode: str, unsent: int, *, finished: bool, main_waiting: bool, relay_load: float
@@ -40,7 +40,7 @@ class HandoffCut:
         return HandoffStep.BATCH if unsent >= self.catch_up_tokens else HandoffStep.WAIT
 
     def busy(self, relay_load: float) -> bool:
-        return 0 < self.one_shot_above_load <= relay_load
+        return 0 < self.catch_up_load <= relay_load
 
     def switched(self, mode: str, unsent: int, *, main_waiting: bool, relay_load: float) -> bool:
         """A FINAL step of a catch-up handoff that only the relay's load made final."""

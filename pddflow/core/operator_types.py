@@ -46,7 +46,7 @@ class OperatorType:
 
     @property
     def relays(self) -> bool:
-        """Decodes eagerly and hands its token IDs to a finisher (PDD's RelayDecode)."""
+        """Decodes eagerly and hands its token IDs to a main decoder (PDD's RelayDecode)."""
         return self.decodes and Payload.TOKEN_IDS in self.outputs.values()
 
     @property

@@ -24,7 +24,7 @@ POLICIES.register(
     PolicySpec(
         "predicted_hit_rate",
         "per request: the direct path's predicted TTFT (prefill queue and rate, the KV the "
-        "finisher's radix cache lacks, the live link estimate's P90) against the SLA picks "
+        "main's radix cache lacks, the live link estimate's P90) against the SLA picks "
         "p_md or p_rld_md; the relay's live load picks the handoff mode at handoff time; "
         "singular traffic",
         "pddflow.scheduler.predicted_hit_rate:PredictedHitRatePolicy",

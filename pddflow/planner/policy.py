@@ -38,7 +38,7 @@ class PoolLoad:
     wins). Prompt work is in any unit the capacity shares (`prompt_unit`: the runtime measures
     uncached tokens, the simulator its device model's seconds). Capacities are one replica's,
     None until measured. `link_utilization`: a pool whose prefix cache spares KV a link would
-    carry (a finisher with a radix cache across the WAN) gets the link's measured use: while it
+    carry (a main decoder with a radix cache across the WAN) gets the link's measured use: while it
     is above the target the pool does not shrink and grows by one (more cache, fewer bytes)."""
 
     operator: str

@@ -108,13 +108,13 @@ class Policy:
         quantile: str = "p90",
     ) -> tuple[float, float]:
         """(bytes, seconds at `quantile`) of the prompt KV the finishing decoder lacks."""
-        ch = path.kv_to_finisher
+        ch = path.kv_to_main
         if ch is None:
             return 0.0, 0.0
         nbytes = float(max(req.prompt_tokens - hit_tokens, 0) * self.kv_bytes_per_token)
         if ch.link is not None and ch.link in state.links:
             return nbytes, state.links[ch.link].transfer_s(nbytes, quantile)
-        return nbytes, nbytes / self.topo.rdma_bytes_per_s(path.entry, path.finisher)
+        return nbytes, nbytes / self.topo.rdma_bytes_per_s(path.entry, path.main)
 
     def handoff_mode(
         self, path: PathInfo, relay_instance: str | None, state: SchedulerState
@@ -137,20 +137,20 @@ class Policy:
         req: RequestFeatures,
         state: SchedulerState,
         *,
-        finisher_instance: str | None = None,
+        main_instance: str | None = None,
         hit_blocks: int | None = None,
         singular: bool = False,
         reason: str = "",
     ) -> Decision:
-        if finisher_instance is None:
-            finisher_instance, hit_blocks = self.pick_cached(path.finisher, req, state)
+        if main_instance is None:
+            main_instance, hit_blocks = self.pick_cached(path.main, req, state)
         hit_tokens = req.cached_tokens(hit_blocks or 0)
         nbytes, seconds = self.transfer(path, hit_tokens, req, state)
         targets = []
         relay_inst = None
         for op in path.variant.path:
-            if op == path.finisher:
-                inst = finisher_instance
+            if op == path.main:
+                inst = main_instance
             elif op == path.entry:
                 inst = self.pick_entry(op, req, state)
             else:

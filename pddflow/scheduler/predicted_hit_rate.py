@@ -16,8 +16,8 @@ class PredictedHitRatePolicy(Policy):
 
     def decide(self, req: RequestFeatures, state: SchedulerState) -> Decision:
         best = None
-        for finisher, paths in self.topo.pools.items():
-            inst, hit = self.pick_cached(finisher, req, state)
+        for main, paths in self.topo.pools.items():
+            inst, hit = self.pick_cached(main, req, state)
             hit_tokens = req.cached_tokens(hit)
             load_s = self.tier_load_s(inst, req, hit, state)  # the hit below the device, if any
             direct = [x for x in paths if not x.has_handoff]
@@ -28,8 +28,8 @@ class PredictedHitRatePolicy(Policy):
             t, _, path = min(timed, key=lambda e: (e[0], e[1]))
             key = (t, state.load(inst))
             if best is None or key < best[0]:
-                best = (key, finisher, inst, hit, path, paths)
-        (t, _), finisher, inst, hit, direct_path, paths = best
+                best = (key, main, inst, hit, path, paths)
+        (t, _), main, inst, hit, direct_path, paths = best
         slow, why_slow, why_not = self._too_slow(t, direct_path, req.cached_tokens(hit), req, state)
         relays = [x for x in paths if x.has_handoff and self._relay_free(x.relay, state)]
 
@@ -37,7 +37,7 @@ class PredictedHitRatePolicy(Policy):
         if slow and self._singular(req, expected_out):
             shape = f"{req.prompt_tokens} in / {expected_out} out expected"
             for sp in self.topo.singular_paths:
-                if self._relay_free(sp.finisher, state):
+                if self._relay_free(sp.main, state):
                     return self.build(
                         sp,
                         req,
@@ -50,7 +50,7 @@ class PredictedHitRatePolicy(Policy):
                     relays[0],
                     req,
                     state,
-                    finisher_instance=inst,
+                    main_instance=inst,
                     hit_blocks=hit,
                     singular=True,
                     reason=f"singular on the relay: {shape}",
@@ -60,7 +60,7 @@ class PredictedHitRatePolicy(Policy):
                 relays[0],
                 req,
                 state,
-                finisher_instance=inst,
+                main_instance=inst,
                 hit_blocks=hit,
                 reason=why_slow,
             )
@@ -69,9 +69,7 @@ class PredictedHitRatePolicy(Policy):
             if slow and any(x.has_handoff for x in paths)
             else (why_not or why_slow)
         )
-        return self.build(
-            direct_path, req, state, finisher_instance=inst, hit_blocks=hit, reason=why
-        )
+        return self.build(direct_path, req, state, main_instance=inst, hit_blocks=hit, reason=why)
 
     def _too_slow(
         self,

@@ -1,4 +1,4 @@
-"""A Plan as the policies and the simulator read it: each variant entry -> (relay) -> finisher."""
+"""A Plan as the policies and the simulator read it: each variant entry -> (relay) -> main."""
 
 from __future__ import annotations
 
@@ -17,9 +17,9 @@ class PathInfo:
     variant: VariantPlan
     entry: str  # operator that takes the request (prefill, or colocated)
     relay: str | None  # relay operator (decodes first), when the path has one
-    finisher: str  # operator that decodes to the end
-    kv_to_finisher: ChannelPlan | None  # None when entry == finisher (colocated)
-    handoff: ChannelPlan | None  # token-ID channel relay -> finisher
+    main: str  # operator that decodes to the end
+    kv_to_main: ChannelPlan | None  # None when entry == main (colocated)
+    handoff: ChannelPlan | None  # token-ID channel relay -> main
 
     @property
     def name(self) -> str:
@@ -27,11 +27,11 @@ class PathInfo:
 
     @property
     def colocated(self) -> bool:
-        return self.entry == self.finisher
+        return self.entry == self.main
 
     @property
     def has_handoff(self) -> bool:
-        return self.relay is not None and self.relay != self.finisher
+        return self.relay is not None and self.relay != self.main
 
     @property
     def singular(self) -> bool:
@@ -39,7 +39,7 @@ class PathInfo:
 
     @property
     def wan_link(self) -> str | None:
-        return self.kv_to_finisher.link if self.kv_to_finisher is not None else None
+        return self.kv_to_main.link if self.kv_to_main is not None else None
 
 
 class Topology:
@@ -82,17 +82,17 @@ class Topology:
         out: dict[str, list[PathInfo]] = {}
         for p in self.paths.values():
             if not p.singular:
-                out.setdefault(p.finisher, []).append(p)
+                out.setdefault(p.main, []).append(p)
         return out
 
     @cached_property
     def cache_links(self) -> dict[str, str]:
-        """Finisher with a radix cache -> the link its KV crosses: the bytes its cache spares
+        """Main with a radix cache -> the link its KV crosses: the bytes its cache spares
         (the planner grows such a pool while that link is busy)."""
         return {
-            p.finisher: p.wan_link
+            p.main: p.wan_link
             for p in self.paths.values()
-            if p.wan_link is not None and p.finisher in self.cached_operators
+            if p.wan_link is not None and p.main in self.cached_operators
         }
 
     @cached_property

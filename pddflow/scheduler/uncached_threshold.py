@@ -15,17 +15,17 @@ class UncachedThresholdPolicy(Policy):
     def decide(self, req: RequestFeatures, state: SchedulerState) -> Decision:
         paths = list(self.topo.paths.values())
         first = paths[0]
-        inst, hit = self.pick_cached(first.finisher, req, state)
+        inst, hit = self.pick_cached(first.main, req, state)
         uncached = req.prompt_tokens - req.cached_tokens(hit)
         limit = self.params["threshold_tokens"]
         if uncached > limit and len(paths) > 1:
             second = paths[1]
-            if second.finisher == first.finisher:
+            if second.main == first.main:
                 return self.build(
                     second,
                     req,
                     state,
-                    finisher_instance=inst,
+                    main_instance=inst,
                     hit_blocks=hit,
                     reason=f"{uncached} uncached > {limit}",
                 )
@@ -34,7 +34,7 @@ class UncachedThresholdPolicy(Policy):
             first,
             req,
             state,
-            finisher_instance=inst,
+            main_instance=inst,
             hit_blocks=hit,
             reason=f"{uncached} uncached <= {limit}" if len(paths) > 1 else "single variant",
         )

@@ -1,4 +1,4 @@
-"""A prompt's KV on its way to the decoders: the relay's copy over RDMA and the finisher's over the
+"""A prompt's KV on its way to the decoders: the relay's copy over RDMA and main's over the
 WAN (or RDMA), their landing (memory reserved only then, as the runtime does) and release."""
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ class FlightEnds(Protocol):
 
 
 class DecodeLegs:
-    """The relay's and the finisher's legs of every flight, on `fleet`; the relay's token-ID
-    handoff to the finisher is `handoffs` (sim/handoff.py), which it starts once the finisher
+    """The relay's and main's legs of every flight, on `fleet`; the relay's token-ID
+    handoff to main is `handoffs` (sim/handoff.py), which it starts once main
     holds the KV."""
 
     def __init__(
@@ -168,9 +168,9 @@ class DecodeLegs:
         flight.relay_tokens = flight.req.output_tokens
         self.relay_release(flight)
         self.ends.finish(flight, t)
-        fin = flight.finisher
+        fin = flight.main
         if flight.decision.singular and fin.state in (LegState.MEMORY, LegState.TRANSFER):
-            self._cancel_finisher(flight)
+            self._cancel_main(flight)
         elif fin.state is LegState.MEMORY:  # as the runtime's main: no waiting to cache a turn
             self._skip_turn(flight)
         elif fin.state is LegState.TRANSFER:
@@ -179,29 +179,29 @@ class DecodeLegs:
             self.loop.after(LINGER_MAX_S + ORPHAN_GRACE_S, self._reap, flight)
 
     def _skip_turn(self, flight: SimFlight) -> None:
-        """The relay finished the turn and the finisher has no room to cache it: it lets it go
+        """The relay finished the turn and main has no room to cache it: it lets it go
         (MainWorker._skip_turn) instead of waiting with its prefix pinned."""
-        fin = flight.finisher
+        fin = flight.main
         if fin.state is LegState.MEMORY:
             fin.state = LegState.CANCELLED
-        self.finisher_release(flight)
+        self.release_main(flight)
 
     def _reap(self, flight: SimFlight) -> None:
-        if flight.finisher.state in (LegState.MEMORY, LegState.TRANSFER):
-            self._cancel_finisher(flight)
+        if flight.main.state in (LegState.MEMORY, LegState.TRANSFER):
+            self._cancel_main(flight)
 
-    def _cancel_finisher(self, flight: SimFlight) -> None:
-        fin = flight.finisher
+    def _cancel_main(self, flight: SimFlight) -> None:
+        fin = flight.main
         if fin.flow is not None:
             fin.bytes = self.links[flight.path.wan_link].cancel(fin.flow)
             self._copy_left(flight)
         elif fin.state is LegState.TRANSFER:
             return  # an RDMA leg: it lands on its own
         fin.state = LegState.CANCELLED
-        self.finisher_release(flight)
+        self.release_main(flight)
 
-    def finisher_send(self, flight: SimFlight) -> None:
-        fin = flight.finisher
+    def send_to_main(self, flight: SimFlight) -> None:
+        fin = flight.main
         fin.state = LegState.TRANSFER
         fin.hit_blocks = fin.hold.hit
         nbytes = self.fleet.kv_bytes(flight.req.prompt_tokens, fin.hit_blocks)
@@ -209,30 +209,30 @@ class DecodeLegs:
         fin.sent_at = self.loop.now
         link = flight.path.wan_link
         if link is not None:
-            fin.flow = self.links[link].send(nbytes, lambda t: self._finisher_landed(flight))
+            fin.flow = self.links[link].send(nbytes, lambda t: self._main_landed(flight))
         else:
-            rate = self.topo.rdma_bytes_per_s(flight.path.entry, flight.path.finisher)
-            self.loop.after(RDMA_LATENCY_S + nbytes / rate, self._finisher_landed, flight)
+            rate = self.topo.rdma_bytes_per_s(flight.path.entry, flight.path.main)
+            self.loop.after(RDMA_LATENCY_S + nbytes / rate, self._main_landed, flight)
 
-    def _finisher_landed(self, flight: SimFlight) -> None:
+    def _main_landed(self, flight: SimFlight) -> None:
         self._copy_left(flight)
-        fin = flight.finisher
+        fin = flight.main
         fin.flow = None
         if fin.state is not LegState.TRANSFER:
             return
         fin.transfer_s = self.loop.now - fin.sent_at
         # taken at a step boundary, as the relay's
-        self.engines[fin.instance].submit_control(lambda _now: self._finisher_import(flight))
+        self.engines[fin.instance].submit_control(lambda _now: self._main_import(flight))
 
-    def _finisher_import(self, flight: SimFlight) -> None:
-        fin = flight.finisher
+    def _main_import(self, flight: SimFlight) -> None:
+        fin = flight.main
         if fin.state is not LegState.TRANSFER or fin.hold is None:
             return
         if fin.hold.ready_at > self.loop.now:
             # its cached prefix is still loading from the host tier: import once it is in HBM
             eng = self.engines[fin.instance]
             self.loop.at(
-                fin.hold.ready_at, eng.submit_control, lambda _now: self._finisher_import(flight)
+                fin.hold.ready_at, eng.submit_control, lambda _now: self._main_import(flight)
             )
             return
         fin.state = LegState.MEMORY
@@ -241,18 +241,18 @@ class DecodeLegs:
             fin.instance,
             fin.hold,
             lambda: fin.state is LegState.MEMORY,
-            lambda: self._finisher_start(flight),
+            lambda: self._main_start(flight),
             lambda: self._skip_turn(flight),
             lambda: flight.done and flight.path.has_handoff,
         )
 
-    def _finisher_start(self, flight: SimFlight) -> None:
-        fin = flight.finisher
+    def _main_start(self, flight: SimFlight) -> None:
+        fin = flight.main
         fin.state = LegState.LANDED
         self.stores[fin.instance].commit(fin.hold, flight.req.hashes)
         path, singular = flight.path, flight.decision.singular
         if flight.done and path.has_handoff and not singular and flight.req.done_hashes:
-            # the relay finished first: the finisher still extends, so its cache keeps this turn
+            # the relay finished first: main still extends, so its cache keeps this turn
             job = Job(
                 flight,
                 flight.req.output_tokens,
@@ -263,26 +263,26 @@ class DecodeLegs:
             self.engines[fin.instance].submit_job(job)
             return
         if flight.done or (singular and path.has_handoff):
-            self.finisher_release(flight)  # the relay finished (or will): only the cache keeps it
+            self.release_main(flight)  # the relay finished (or will): only the cache keeps it
             return
         if path.has_handoff and flight.relay.state is LegState.DECODING:
             self.engines[flight.relay.instance].submit_control(
                 lambda now: self.handoffs.start(flight, now)
             )
             return
-        if path.has_handoff:  # the relay never started: the finisher takes the request over
+        if path.has_handoff:  # the relay never started: main takes the request over
             flight.handoff = "takeover"
             self.relay_release(flight)
-        self.finisher_decode(flight, 0, None)
+        self.decode_on_main(flight, 0, None)
 
     def _cache_only_extended(self, job: Job, t: float) -> None:
         flight = job.flight
-        fin = flight.finisher
+        fin = flight.main
         if fin.hold is not None and fin.state is LegState.LANDED:
             self.stores[fin.instance].commit_more(fin.hold, flight.req.done_hashes)
-        self.finisher_release(flight)
+        self.release_main(flight)
 
-    def finisher_decode(self, flight: SimFlight, tokens0: int, t_emitted: float | None) -> None:
+    def decode_on_main(self, flight: SimFlight, tokens0: int, t_emitted: float | None) -> None:
         out = flight.req.output_tokens
         if t_emitted is not None and tokens0 >= out:
             self.ends.finish_and_release(flight, t_emitted)
@@ -300,10 +300,10 @@ class DecodeLegs:
             self.ends.first_token if tokens0 == 0 else None,
             self.ends.seq_finished,
         )
-        self.engines[flight.finisher.instance].submit_seq(seq)
+        self.engines[flight.main.instance].submit_seq(seq)
 
-    def finisher_release(self, flight: SimFlight) -> None:
-        fin = flight.finisher  # its state first, as the relay's
+    def release_main(self, flight: SimFlight) -> None:
+        fin = flight.main  # its state first, as the relay's
         hold, fin.hold = fin.hold, None
         if fin.state in (LegState.LANDED, LegState.TRANSFER, LegState.MEMORY):
             landed = fin.state is LegState.LANDED

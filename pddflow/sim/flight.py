@@ -1,6 +1,6 @@
 """A flight: one request from the scheduler's decision to its end, the simulator's twin of the
 runtime's `Flight` (docs/structure.md, glossary), and its legs: the prefill's, the relay's and the
-finisher's part (each instance's copy of the KV), each a small record of its own."""
+main's part (each instance's copy of the KV), each a small record of its own."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ class LegState(Enum):
     TRANSFER = "transfer"
     MEMORY = "memory"  # landed, waiting for the decoder's memory
     DECODING = "decoding"  # the relay decodes it
-    LANDED = "landed"  # the finisher holds it
+    LANDED = "landed"  # main holds it
     RELEASED = "released"
     CANCELLED = "cancelled"
 
@@ -47,7 +47,7 @@ class SimRelayLeg:
         self.started_at: float | None = None  # the relay's loop took it
 
 
-class SimFinisherLeg:
+class SimMainLeg:
     __slots__ = (
         "instance",
         "hold",
@@ -65,7 +65,7 @@ class SimFinisherLeg:
         self.flow: Flow | None = None
         self.state = LegState.NONE
         self.bytes = 0.0
-        self.hit_blocks = 0  # leading prompt blocks the finisher had cached when the KV was sent
+        self.hit_blocks = 0  # leading prompt blocks main had cached when the KV was sent
         self.sent_at = 0.0
         self.transfer_s: float | None = None
 
@@ -84,7 +84,7 @@ class SimFlight:
         "failed",
         "prefill",
         "relay",
-        "finisher",
+        "main",
         "ids_sent",
         "relay_tokens",
         "handoff",
@@ -109,14 +109,14 @@ class SimFlight:
         self.failed: str | None = None
         self.prefill = SimPrefillLeg(decision.target(path.entry))
         self.relay = SimRelayLeg(decision.target(path.relay) if path.relay else None)
-        self.finisher = SimFinisherLeg(decision.target(path.finisher))
+        self.main = SimMainLeg(decision.target(path.main))
         self.ids_sent = 0
         self.relay_tokens = 0
         self.handoff: str | None = None  # one_shot | catch_up | takeover, once it happened
         self.rounds = 0
         # the handoff in progress (sim/handoff.py, cut as the relay worker cuts it)
         self.handing_off: str | None = None  # one_shot | catch_up, decided when it starts
-        self.main_waiting = False  # the finisher has extended every ID sent
+        self.main_waiting = False  # main has extended every ID sent
         self.extends_pending = 0  # batches sent and not yet extended over
         self.polling = False  # a check at the relay's next step boundary is queued
         self.switched = False  # an adaptive catch-up the relay's load turned one-shot

@@ -1,5 +1,5 @@
-"""The relay's token-ID handoff to the finisher, cut into batches by `core/handoff_cut.py` exactly
-as the relay worker cuts it: checked at each relay step boundary and whenever the finisher has
+"""The relay's token-ID handoff to main, cut into batches by `core/handoff_cut.py` exactly
+as the relay worker cuts it: checked at each relay step boundary and whenever main has
 extended every batch it was sent."""
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ class HandoffLegs(Protocol):
 
     def relay_release(self, flight: SimFlight) -> None: ...
 
-    def finisher_release(self, flight: SimFlight) -> None: ...
+    def release_main(self, flight: SimFlight) -> None: ...
 
-    def finisher_decode(self, flight: SimFlight, tokens0: int, t_emitted: float | None) -> None:
-        """The finisher decodes on from `tokens0` output tokens (emitted at `t_emitted`)."""
+    def decode_on_main(self, flight: SimFlight, tokens0: int, t_emitted: float | None) -> None:
+        """Main decodes on from `tokens0` output tokens (emitted at `t_emitted`)."""
 
 
 class Handoffs:
@@ -37,17 +37,17 @@ class Handoffs:
         self.loop, self.engines, self.links = fleet.loop, fleet.engines, fleet.links
 
     def start(self, flight: SimFlight, now: float) -> None:
-        """The finisher holds the prompt's KV: the handoff starts (an adaptive one's mode is
+        """Main holds the prompt's KV: the handoff starts (an adaptive one's mode is
         decided now, from the relay's load now)."""
         if flight.done:
-            self.legs.finisher_release(flight)
+            self.legs.release_main(flight)
             return
         relay = self.engines[flight.relay.instance]
         if not relay.is_running(flight.relay.seq):  # still queued for a batch slot: take it over
             relay.remove(flight.relay.seq)
             flight.handoff = "takeover"
             self.legs.relay_release(flight)
-            self.legs.finisher_decode(flight, 0, None)
+            self.legs.decode_on_main(flight, 0, None)
             return
         mode = flight.decision.handoff or "one_shot"
         if flight.path.variant.handoff == "adaptive":
@@ -77,7 +77,7 @@ class Handoffs:
     def _advance(self, flight: SimFlight, now: float) -> None:
         flight.polling = False
         if flight.done:
-            self.legs.finisher_release(flight)
+            self.legs.release_main(flight)
             return
         if (
             flight.handing_off is None or flight.relay_tokens
@@ -101,7 +101,7 @@ class Handoffs:
         ctx = flight.req.prompt_tokens + flight.ids_sent
         flight.ids_sent = n
         flight.rounds += 1
-        finisher = self.engines[flight.finisher.instance]
+        main = self.engines[flight.main.instance]
         if step is HandoffStep.FINAL:
             flight.switched = cut.switched(
                 flight.handing_off, unsent, main_waiting=flight.main_waiting, relay_load=load
@@ -111,12 +111,12 @@ class Handoffs:
             flight.handoff = "one_shot" if flight.switched else flight.handing_off
             self.legs.relay_release(flight)
             job = Job(flight, unsent, ctx, self._extended_final, StepKind.EXTEND)
-            self._ids(flight, unsent, lambda t: finisher.submit_job(job))
+            self._ids(flight, unsent, lambda t: main.submit_job(job))
             return
         flight.main_waiting = False
         flight.extends_pending += 1
         job = Job(flight, unsent, ctx, self._extended_round, StepKind.EXTEND)
-        self._ids(flight, unsent, lambda t: finisher.submit_job(job))
+        self._ids(flight, unsent, lambda t: main.submit_job(job))
         self._poll(flight)
 
     def _ids(self, flight: SimFlight, ntokens: int, then: Callable[[float], None]) -> None:
@@ -130,13 +130,13 @@ class Handoffs:
     def _extended_round(self, job: Job, t: float) -> None:
         flight = job.flight
         if flight.done:
-            self.legs.finisher_release(flight)
+            self.legs.release_main(flight)
             return
         flight.extends_pending -= 1
         if flight.extends_pending or flight.relay_tokens:
             return
 
-        # caught up: the finisher says so; the relay reads it at its next step boundary
+        # caught up: main says so; the relay reads it at its next step boundary
         def caught_up(_t: float) -> None:
             flight.main_waiting = True
             self._poll(flight)
@@ -146,4 +146,4 @@ class Handoffs:
     def _extended_final(self, job: Job, t: float) -> None:
         """The extend over the last handed-off IDs also yields the next token."""
         flight = job.flight
-        self.legs.finisher_decode(flight, flight.relay_tokens + 1, t)
+        self.legs.decode_on_main(flight, flight.relay_tokens + 1, t)

@@ -60,9 +60,9 @@ def summarize(sim: Simulation, pricing: dict | None = None) -> dict:
         handoffs["switched_to_one_shot"] = switched  # counted under one_shot as well
     hit_pred = [r.decision.predicted_hit for r in flights]
     hit_real = [
-        min(r.finisher.hit_blocks * sim.block_tokens, r.req.prompt_tokens) / r.req.prompt_tokens
+        min(r.main.hit_blocks * sim.block_tokens, r.req.prompt_tokens) / r.req.prompt_tokens
         for r in flights
-        if r.finisher.state in (LegState.LANDED, LegState.RELEASED)
+        if r.main.state in (LegState.LANDED, LegState.RELEASED)
     ]
     busy = Counter()
     count = Counter()
@@ -98,9 +98,9 @@ def summarize(sim: Simulation, pricing: dict | None = None) -> dict:
         "wan_gbps_avg": round(wan_bytes * 8 / 1e9 / max(horizon, sim.loop.now), 3),
         "wan_transfer_s": _pcts(
             [
-                r.finisher.transfer_s
+                r.main.transfer_s
                 for r in flights
-                if r.finisher.transfer_s is not None and r.path.wan_link
+                if r.main.transfer_s is not None and r.path.wan_link
             ]
         ),
         "relay_token_share": round(relay_tokens / out_tokens, 4) if out_tokens else 0.0,
@@ -197,7 +197,7 @@ def request_rows(sim: Simulation) -> list[dict]:
 
     rows = []
     for r in sorted(sim.flights, key=lambda r: (r.req.session, r.req.turn, r.req.rid)):
-        fin, relay = r.finisher, r.relay
+        fin, relay = r.main, r.relay
         started = r.prefill_started_at
         rows.append(
             {

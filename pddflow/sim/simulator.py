@@ -155,8 +155,8 @@ class Simulation:
             r = stuck[0]
             raise RuntimeError(
                 f"{len(stuck)} request(s) never finished (first: #{r.req.rid} variant "
-                f"{r.decision.variant}, relay {r.relay.state.value}, finisher "
-                f"{r.finisher.state.value}); a simulator bug"
+                f"{r.decision.variant}, relay {r.relay.state.value}, main "
+                f"{r.main.state.value}); a simulator bug"
             )
         for st in self.stores.values():
             st.check_mirror()
@@ -184,10 +184,10 @@ class Simulation:
         if self.elastic is not None:
             self.elastic.arrived(flight)
         path = flight.path
-        if not path.colocated and path.finisher != path.relay:
-            # the finisher adopts its cached prefix when the job arrives (runtime: _adopt_prefix)
-            store = self.stores[flight.finisher.instance]
-            flight.finisher.hold = store.pin(req.hashes, defer=True)
+        if not path.colocated and path.main != path.relay:
+            # main adopts its cached prefix when the job arrives (runtime: _adopt_prefix)
+            store = self.stores[flight.main.instance]
+            flight.main.hold = store.pin(req.hashes, defer=True)
         self._prefill(flight)
 
     def _refresh_state(self) -> None:
@@ -253,8 +253,8 @@ class Simulation:
         if path.colocated:
             return 0.0
         out = self.fleet.kv_bytes(flight.req.prompt_tokens, 0) if path.relay is not None else 0.0
-        if path.finisher != path.relay and flight.finisher.hold is not None:
-            out += self.fleet.kv_bytes(flight.req.prompt_tokens, flight.finisher.hold.hit)
+        if path.main != path.relay and flight.main.hold is not None:
+            out += self.fleet.kv_bytes(flight.req.prompt_tokens, flight.main.hold.hit)
         return out
 
     def _prefill_done(self, job: Job, t: float) -> None:
@@ -292,9 +292,9 @@ class Simulation:
                 flight.req.hashes, defer=True
             )
             self.legs.relay_send(flight)
-        if path.finisher != path.relay:
+        if path.main != path.relay:
             leg.copies += 1
-            self.legs.finisher_send(flight)
+            self.legs.send_to_main(flight)
 
     def first_token(self, seq: Seq, t: float) -> None:
         flight = seq.flight
@@ -313,10 +313,10 @@ class Simulation:
             self.stores[leg.instance].release(leg.hold)
             leg.hold = None
         else:
-            fin = flight.finisher
+            fin = flight.main
             if flight.req.done_hashes and fin.hold is not None and fin.state is LegState.LANDED:
                 self.stores[fin.instance].commit_more(fin.hold, flight.req.done_hashes)
-            self.legs.finisher_release(flight)
+            self.legs.release_main(flight)
 
     def finish(self, flight: SimFlight, t: float) -> None:
         if flight.done:
@@ -341,4 +341,4 @@ class Simulation:
             self.stores[leg.instance].release(leg.hold)
             leg.hold = None
         self.legs.relay_release(flight)
-        self.legs.finisher_release(flight)
+        self.legs.release_main(flight)

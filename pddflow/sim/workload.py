@@ -14,7 +14,7 @@ class SimRequest:
     hashes: tuple[int, ...]
     parent: int = -1  # closed-loop sessions: arrive `gap_s` after request `parent` finishes
     gap_s: float = 0.0
-    # prompt + output full-block hashes, when known: the finisher caches them for the next turn
+    # prompt + output full-block hashes, when known: main caches them for the next turn
     done_hashes: tuple[int, ...] = ()
     session: int = -1  # multi-turn workloads: which session and turn (reports only)
     turn: int = -1

@@ -7,7 +7,7 @@ import pytest
 
 from pddflow.core.handoff_cut import HandoffCut, HandoffStep
 
-CUT = HandoffCut(catch_up_tokens=32, min_extend_tokens=8, one_shot_above_load=0.7)
+CUT = HandoffCut(catch_up_tokens=32, min_extend_tokens=8, catch_up_load=0.7)
 W, B, F = HandoffStep.WAIT, HandoffStep.BATCH, HandoffStep.FINAL
 
 # (mode, unsent, finished, main_waiting, relay_load) -> step
@@ -33,7 +33,7 @@ def test_cut(mode, unsent, finished, waiting, load, want):
 
 
 def test_a_declared_mode_never_switches():
-    fixed = HandoffCut(32, 8, one_shot_above_load=0.0)
+    fixed = HandoffCut(32, 8, catch_up_load=0.0)
     assert fixed.step("catch_up", 12, finished=False, main_waiting=False, relay_load=5.0) is W
     assert not fixed.switched("catch_up", 12, main_waiting=False, relay_load=5.0)
     assert CUT.switched("catch_up", 12, main_waiting=False, relay_load=0.9)

@@ -73,7 +73,7 @@ def test_prefill_grid_fits_fixed_cost_rate_and_attention(tmp_path):
     and the fit then reproduces prompts it never measured."""
     engine = fit(load_bench(_engine_with_grid(tmp_path)))
     m = engine.model()
-    assert engine.efficiency.job_overhead_s == pytest.approx(0.012, rel=1e-3)
+    assert engine.efficiency.prefill_overhead_s == pytest.approx(0.012, rel=1e-3)
     assert engine.efficiency.attn_factor == pytest.approx(4.0, rel=1e-3)
     for new, cached in ((31, 208), (150, 600), (400, 100)):
         assert m.prefill_s(new, cached) * 1e3 == pytest.approx(
@@ -127,7 +127,7 @@ def _serve_report(
             }
             if prefill_wall_over_cpu is not None:
                 send["instance"] = "prefill/0"
-            # the finisher's copy, exported after the relay's: the worker busy 7 + i ms for 5 MB
+            # main's copy, exported after the relay's: the worker busy 7 + i ms for 5 MB
             wan = {**send, "t_ms": end + 7.0 + i, "export_ms": 5.0 + i, "bytes": 1e6}
             rows.append(
                 {

@@ -53,13 +53,13 @@ def test_prefill_shipping_holds_the_prefill_engine(serve_trace):
     def prefills(shipping: tuple[float, ...]) -> list[tuple[float, float, float, float]]:
         flights = _replay(plan, wl, prefill_shipping=shipping).flights
         return sorted(
-            (r.prefill_started_at, r.prefill_done_at, r.prefill.shipping_s, r.finisher.bytes)
+            (r.prefill_started_at, r.prefill_done_at, r.prefill.shipping_s, r.main.bytes)
             for r in flights
         )
 
     rate = 20e-9  # 20 ms per MB
     shipped = prefills((rate,))
-    # at least the finisher's copy
+    # at least main's copy
     assert all(a[2] > 0 and a[2] >= rate * a[3] - 1e-12 for a in shipped)
     assert all(b[0] >= a[1] + a[2] - 1e-9 for a, b in zip(shipped, shipped[1:]))
     plain = prefills(())

@@ -61,8 +61,8 @@ def test_landed_kv_waits_for_room_but_its_transfer_does_not():
     a, b = sorted(flights, key=lambda r: r.first_token_at)
     assert a.memory_waits == 0 and b.memory_waits == 1
     # b's KV crossed the WAN while a decoded (its memory was not reserved before sending) ...
-    landed = b.finisher.sent_at + b.finisher.transfer_s
-    assert b.finisher.sent_at < a.finished_at and landed < a.finished_at
+    landed = b.main.sent_at + b.main.transfer_s
+    assert b.main.sent_at < a.finished_at and landed < a.finished_at
     # ... then waited on main until a finished and freed its blocks, and only then decoded
     assert b.first_token_at >= a.finished_at
     assert b.memory_wait_s == pytest.approx(a.finished_at - landed, abs=0.05)

@@ -174,7 +174,7 @@ def test_the_tier_is_priced_in_plan_and_simulate_cost():
 
 
 def test_the_decoders_host_blocks_load_when_its_kv_lands_and_delay_its_decode():
-    """A finisher's prefix in host memory is pinned there at arrival (not sent, no HBM held), and
+    """Main's prefix in host memory is pinned there at arrival (not sent, no HBM held), and
     loaded once the KV has landed and room is reserved: the decode starts that load later."""
     plan = load_plan(str(ROOT / "graphs" / "same_dc_pd.yaml")).scaled_to_local()
     kvb = plan.model.arch.kv_bytes_per_token
@@ -184,8 +184,8 @@ def test_the_decoders_host_blocks_load_when_its_kv_lands_and_delay_its_decode():
     sim = Simulation(plan, _three_requests(), strict_mirrors=True)
     flights = {r.req.rid: r for r in sim.run()}
     third = flights[2]
-    assert third.finisher.hit_blocks == 4  # a's four blocks did not travel again
-    landed = third.finisher.sent_at + third.finisher.transfer_s
+    assert third.main.hit_blocks == 4  # a's four blocks did not travel again
+    landed = third.main.sent_at + third.main.transfer_s
     load_s = 4 * BT * kvb / 1e6
     assert third.first_token_at >= landed + load_s
     assert sim.stores["decode/0"].host.load_s == pytest.approx(load_s)

@@ -119,11 +119,11 @@ def test_prefill_overhead_fit_reproduces_both_prefill_points(tmp_path):
         return c, c.model()
 
     c, m = cal(344.2, 456.8)
-    assert c.facts.threads == 1 and c.efficiency.job_overhead_s > 0
+    assert c.facts.threads == 1 and c.efficiency.prefill_overhead_s > 0
     assert m.prefill_tokens_per_s(64) == pytest.approx(344.2, rel=1e-6)
     assert m.prefill_tokens_per_s(128) == pytest.approx(456.8, rel=1e-6)
     c, m = cal(28.9, 267.9)  # the short point paid a warm-up: no overhead, the long point alone
-    assert c.efficiency.job_overhead_s == 0
+    assert c.efficiency.prefill_overhead_s == 0
     assert m.prefill_tokens_per_s(128) == pytest.approx(267.9, rel=1e-6)
 
 

@@ -127,11 +127,11 @@ def test_handoff_modes_and_singular_traffic():
     assert sing and len(sing) <= 0.04 * len(wl.requests) + 1
     for r in sing:  # finished on the relay; the WAN leg stopped early (or it was short anyway)
         assert r.relay_tokens == r.req.output_tokens
-        assert r.finisher.state in (LegState.CANCELLED, LegState.RELEASED)
+        assert r.main.state in (LegState.CANCELLED, LegState.RELEASED)
     # the WAN carried at most what main lacked (singular requests are chosen by the P90 of recent
     # outputs now: the few here had high hits, their short transfers ended before the relay did)
     full_kv = [r.req.prompt_tokens * p.model.arch.kv_bytes_per_token for r in sing]
-    assert all(r.finisher.bytes < kv for r, kv in zip(sing, full_kv))
+    assert all(r.main.bytes < kv for r, kv in zip(sing, full_kv))
 
 
 @pytest.mark.slow

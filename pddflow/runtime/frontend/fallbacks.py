@@ -68,12 +68,12 @@ class Fallbacks:
             self.fleet.call(f.peer, "Recompute", pb.Cancel(seq_id=f.seq_id, reason=reason))
             return
         if f.kind == pb.FAILURE_HANDOFF:  # main unreachable: the relay keeps decoding to the end
-            self.metrics.fallbacks.labels("relay_finishes").inc()
+            self.metrics.fallbacks.labels("singular").inc()
             if r.main in r.legs:
                 self.fleet.abort_leg(flight, r.main, "handoff failed")
             return
         if inst == r.main and r.relay and not r.handed_off and r.relay in r.legs:
-            self.metrics.fallbacks.labels("relay_finishes").inc()
+            self.metrics.fallbacks.labels("singular").inc()
             r.main, r.handoff = "", pb.HANDOFF_NONE
             return
         st.fail(f"{inst}: {kind}: {f.error}")  # a leg's own error: running it elsewhere repeats it
@@ -280,7 +280,7 @@ class Fallbacks:
             d = self.policy.build(
                 path, feats, self.sched, singular=True, reason=f"{why}: the relay finishes"
             )
-            needed = [inst for op, inst in d.targets if op != path.finisher]
+            needed = [inst for op, inst in d.targets if op != path.main]
             if not any(i in lost for i in needed):
                 return d
         raise RequestRejected(

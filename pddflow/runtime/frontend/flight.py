@@ -53,7 +53,7 @@ class Flight:
             singular=r.decision.singular,
             catch_up_tokens=variant.catch_up_tokens,
             min_extend_tokens=variant.min_extend_tokens,
-            one_shot_above_load=r.one_shot_above_load,
+            catch_up_load=r.catch_up_load,
             reply_to=self.api,
         )
         fields.update(over)

@@ -26,7 +26,7 @@ class Route:
     handoff: pb.HandoffMode.ValueType = pb.HANDOFF_NONE
     # an adaptive handoff: its mode is decided when main's KV lands, from the live loads, and
     # the relay re-decides between catch-up batches at this load (0: the mode is fixed)
-    one_shot_above_load: float = 0.0
+    catch_up_load: float = 0.0
     legs: set[str] = field(default_factory=set)  # instances holding a live leg
     handed_off: bool = False
     landed: set[str] = field(default_factory=set)  # decoders holding the prompt's KV
@@ -54,5 +54,5 @@ class Route:
         if r.relay and r.main and not decision.singular:
             r.handoff = HANDOFF_MODES[handoff or decision.handoff or "one_shot"]
             if handoff is None and plan.variants[decision.variant].handoff == "adaptive":
-                r.one_shot_above_load = catch_up_load
+                r.catch_up_load = catch_up_load
         return r

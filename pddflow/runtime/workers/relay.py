@@ -87,10 +87,10 @@ class RelayWorker(DecoderWorker):
         policy's rule on this relay's load now (busy: one-shot, sheds the request at once)."""
         order, load = leg.order, self.load()
         mode = order.handoff
-        if order.one_shot_above_load:
-            busy = HandoffCut(one_shot_above_load=order.one_shot_above_load).busy(load)
+        if order.catch_up_load:
+            busy = HandoffCut(catch_up_load=order.catch_up_load).busy(load)
             mode = pb.HANDOFF_ONE_SHOT if busy else pb.HANDOFF_CATCH_UP
-        adaptive = float(order.one_shot_above_load > 0)
+        adaptive = float(order.catch_up_load > 0)
         self.io.event(
             leg.seq_id, pb.EVENT_HANDOFF_STARTED, mode=float(mode), adaptive=adaptive, load=load
         )
@@ -106,7 +106,7 @@ class RelayWorker(DecoderWorker):
     def advance(self, leg: RelayLeg) -> None:
         """Send what the cut says now; the rest waits for the next token or main's CaughtUp."""
         order = leg.order
-        cut = HandoffCut(order.catch_up_tokens, order.min_extend_tokens, order.one_shot_above_load)
+        cut = HandoffCut(order.catch_up_tokens, order.min_extend_tokens, order.catch_up_load)
         mode = "one_shot" if leg.handing_off == pb.HANDOFF_ONE_SHOT else "catch_up"
         load = self.load()
         unsent = len(leg.seq.output_ids) - leg.sent_upto

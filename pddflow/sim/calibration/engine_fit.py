@@ -35,7 +35,7 @@ class EngineFit:
             "achieved_hbm_tbps": round(d.hbm_tbps * f.devices, 6),
             "step_overhead_ms": round(eff.step_overhead_s * 1e3, 3),
             "seq_overhead_ms": round(eff.seq_overhead_s * 1e3, 3),
-            "prefill_overhead_ms": round(eff.job_overhead_s * 1e3, 3),
+            "prefill_overhead_ms": round(eff.prefill_overhead_s * 1e3, 3),
             "extend_overhead_ms": None
             if eff.extend_overhead_s is None
             else round(eff.extend_overhead_s * 1e3, 3),
@@ -112,7 +112,7 @@ def fit(
         eff = replace(
             UNIT,
             seq_overhead_s=seq_s,
-            job_overhead_s=job_s,
+            prefill_overhead_s=job_s,
             kv_read_factor=kv_factor,
             attn_factor=attn_factor,
         )

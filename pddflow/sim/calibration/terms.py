@@ -35,7 +35,7 @@ class Calibration:
         if f != 1.0 or fd != 1.0:
             eff = replace(
                 eff,
-                job_overhead_s=eff.job_overhead_s * f,
+                prefill_overhead_s=eff.prefill_overhead_s * f,
                 seq_overhead_s=eff.seq_overhead_s * fd,
                 extend_overhead_s=None
                 if eff.extend_overhead_s is None
