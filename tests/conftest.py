@@ -1,8 +1,9 @@
 """The whole suite's start and its garbage collector.
 
 - Bytecode: the suite starts hundreds of processes (deployers, workers, API processes) that each
-  import pddflow afresh; where bytecode writing is off (PYTHONDONTWRITEBYTECODE, as on this
-  project's CI machines) each of them compiled every module again, 0.3-0.7 s of CPU a process.
+  import pddflow afresh; where bytecode writing is off (PYTHONDONTWRITEBYTECODE, set on this
+  project's development machine) each of them compiled every module again, 0.3-0.7 s of CPU a
+  process.
   The session compiles the package once, into its `__pycache__` (git ignores it).
 - What collection imported (torch, transformers, every pddflow module: about 300,000 objects) is
   frozen out of the garbage collector, whose full passes would otherwise scan it again and again
