@@ -26,7 +26,6 @@ MAX_TOKENS = 24
 def colocated():
     """The colocated reference engine every test of the module compares with (one build: its
     outputs do not depend on what it served before, docs/engine.md, Batch invariance)."""
-
     return greedy_reference().engine
 
 
