@@ -17,7 +17,7 @@ import urllib.request
 from email.message import Message
 from pathlib import Path
 
-from pddflow.runtime.wiring import free_port
+from pddflow.core.ports import free_port
 
 
 def get_json(url: str, timeout: float = 5.0) -> tuple[int, dict]:

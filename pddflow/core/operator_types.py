@@ -25,7 +25,6 @@ class OperatorType:
     outputs: dict[str, Payload]
     role: str  # prefill (computes the prompt KV) | decode (can end a pipeline) | both (colocated)
     params: dict[str, Param] = field(default_factory=dict)
-    entry: bool = False  # takes client requests: a variant path starts at one
 
     # What the runtime, the scheduler and the simulator ask of a type: read from its role and
     # ports, so a plugin type answers without a list of names to extend.
@@ -36,7 +35,8 @@ class OperatorType:
 
     @property
     def prefills(self) -> bool:
-        """Computes the prompt's KV itself (a prefill operator, or one colocated)."""
+        """Computes the prompt's KV itself (a prefill operator, or one colocated): takes client
+        requests, so a variant path starts at one."""
         return self.role in ("prefill", "both")
 
     @property
@@ -78,7 +78,6 @@ for _t in (
         inputs={"request": Payload.REQUEST},
         outputs={"kv": Payload.KV_BLOCKS, "tokens": Payload.TOKEN_STREAM},
         role="prefill",
-        entry=True,
         params={
             "prefix_cache": Param(bool, True, "reuse KV of prompt prefixes seen before"),
             "chunk_tokens": _CHUNK,
@@ -130,7 +129,6 @@ for _t in (
         inputs={"request": Payload.REQUEST},
         outputs={"tokens": Payload.TOKEN_STREAM},
         role="both",
-        entry=True,
         params={
             "prefix_cache": Param(bool, True, "reuse KV of prompt prefixes seen before"),
             "max_batch": _BATCH,

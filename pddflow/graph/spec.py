@@ -225,7 +225,8 @@ class EdgeSpec(_Strict):
 
 class VariantSpec(_Strict):
     path: list[str] = Field(
-        min_length=1, description="operators a request visits, entry first, a decoder last"
+        min_length=1,
+        description="operators a request visits, a prefilling operator first, a decoder last",
     )
     handoff: Literal["one_shot", "catch_up", "adaptive"] | None = Field(
         None, description="relay -> main handoff mode; required when the path has a relay"

@@ -1,5 +1,5 @@
-"""Variant checks: each variant is a path of real edges from an entry operator to a decoder, with a
-handoff mode where a relay hands over to a main decoder."""
+"""Variant checks: each variant is a path of real edges from a prefilling operator to a decoder,
+with a handoff mode where a relay hands over to a main decoder."""
 
 from __future__ import annotations
 
@@ -43,8 +43,8 @@ def _variant(
         r.err(at + ("path",), f"variant {name} visits an operator twice: {v.path}")
         return None
     first, last = r.types[v.path[0]], r.types[v.path[-1]]
-    if not first.entry:
-        entries = " or ".join(t for t in OPERATOR_TYPES.names() if OPERATOR_TYPES.get(t).entry)
+    if not first.prefills:
+        entries = " or ".join(t for t in OPERATOR_TYPES.names() if OPERATOR_TYPES.get(t).prefills)
         r.err(
             at + ("path", 0),
             f"variant {name} starts at {v.path[0]} ({first.name}), which does not take "

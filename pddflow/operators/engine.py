@@ -25,7 +25,7 @@ from pddflow.operators.model import LlamaModel
 from pddflow.operators.sampling import sample_sequences
 from pddflow.operators.sequence import Sequence
 from pddflow.operators.tensor_parallel import Shard, TPGroup, TPPeerLost
-from pddflow.operators.tp_steps import FORWARD, ForwardBatch, RankKV, follow
+from pddflow.operators.tp_steps import FORWARD, ForwardBatch, RankKV, follow_steps
 from pddflow.operators.weights import ModelSource, load_model_source
 
 __all__ = ["Engine", "EngineConfig", "KVCacheFull", "KVShardMissing", "TPPeerLost"]
@@ -119,7 +119,7 @@ class Engine(EngineCore):
         (TPPeerLost); rank_kv sends and supplies this rank's heads of rank-to-rank KV."""
         if self.is_leader or self._tp is None:
             raise RuntimeError("follow() is for tensor-parallel ranks > 0; the leader drives steps")
-        follow(
+        follow_steps(
             self._tp,
             self.pool.tensor,
             lambda batch: self._run(batch, logits=False),

@@ -60,6 +60,22 @@ def resolve_device(config: EngineConfig) -> torch.device:
     return torch.device(config.device)
 
 
+def rank_device(rank: int, device: str = "auto", gpus: int | None = None) -> str:
+    """The device tensor-parallel rank `rank` computes on, for an engine configured for `device`
+    on a process that sees `gpus` CUDA devices (default: as many as torch sees): the
+    (rank mod gpus)-th GPU when the engine runs on CUDA ("auto" or "cuda" with a GPU here), else
+    the configured device, the CPU by default. Every follower, deployed or local, starts here."""
+    if gpus is None:
+        import torch
+
+        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if device == "auto":
+        device = "cuda" if gpus else "cpu"
+    if device.split(":")[0] != "cuda":
+        return device
+    return f"cuda:{rank % gpus}" if gpus else "cpu"
+
+
 def resolve_dtype(config: EngineConfig, device: torch.device) -> torch.dtype:
     import torch
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,20 +25,11 @@ from pathlib import Path
 import torch
 
 from pddflow.core.parent_death import die_with_parent, parent_env
-from pddflow.operators.engine_config import EngineConfig
+from pddflow.core.ports import free_port
+from pddflow.operators.engine_config import EngineConfig, rank_device
 from pddflow.operators.tensor_parallel import TPConfig, TPGroup, TPPeerLost, join
 
 EXIT_PEER_LOST = 3
-
-
-def rank_device(config: EngineConfig, rank: int) -> torch.device:
-    """Rank r's device: cuda:r (modulo the devices here) when the engine would run on CUDA."""
-    if config.device == "cpu" or not torch.cuda.is_available():
-        return torch.device("cpu")
-    dev = torch.device(config.device if config.device != "auto" else "cuda")
-    if dev.type != "cuda":
-        return dev
-    return torch.device("cuda", rank % torch.cuda.device_count())
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -54,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     tp_cfg = TPConfig(**json.loads(args.tp_config))
     if tp_cfg.rank == 0 or tp_cfg.size < 2:
         p.error("a follower has rank >= 1 of size >= 2")
-    device = torch.device(args.device) if args.device else rank_device(config, tp_cfg.rank)
+    device = torch.device(args.device or rank_device(tp_cfg.rank, config.device))
     from pddflow.operators.engine import Engine
     from pddflow.operators.weights import load_model_source
 
@@ -71,12 +61,6 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if tp is not None:
             tp.close()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_followers(
@@ -136,7 +120,7 @@ def local_group(
     if size == 1:
         yield LocalGroup(None, [], Path("."))
         return
-    if rank_device(config, 0).type == "cuda" and size > torch.cuda.device_count():
+    if rank_device(0, config.device).startswith("cuda") and size > torch.cuda.device_count():
         raise ValueError(
             f"tensor parallelism {size} needs {size} CUDA devices (one per rank), "
             f"{torch.cuda.device_count()} here"
@@ -146,7 +130,7 @@ def local_group(
         procs = start_followers(spec, config, cfg, Path(tmp))
         tp: TPGroup | None = None
         try:
-            tp = join(cfg, rank_device(config, 0))
+            tp = join(cfg, torch.device(rank_device(0, config.device)))
             yield LocalGroup(tp, procs, Path(tmp))
         finally:
             if tp is not None:

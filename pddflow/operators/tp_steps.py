@@ -5,7 +5,7 @@ transfer moves, gathered to / scattered from the leader in the canonical full-he
 Every message is a header [kind, length] and an int64 payload, broadcast from the leader:
 FORWARD (a `ForwardBatch`), EXPORT and IMPORT (block ids; the KV itself moves by gather / scatter
 after it), SHIP and LAND (rank-to-rank KV: a `ShardStep`; each rank's runtime sends or supplies its
-own heads, `RankKV`), STOP (leave `follow`). Followers mirror the leader in message order, so their
+own heads, `RankKV`), STOP (leave `follow_steps`). Followers mirror the leader in message order, so their
 pools hold the same blocks at the same ids.
 """
 
@@ -191,7 +191,7 @@ def _land_shard(tp: TPGroup, pool: torch.Tensor, step: ShardStep, rank_kv: RankK
         scatter_blocks(pool, step.blocks, data.to(device=pool.device, dtype=pool.dtype))
 
 
-def follow(
+def follow_steps(
     tp: TPGroup,
     pool: torch.Tensor,
     forward: Callable[[ForwardBatch], None],

@@ -3,7 +3,7 @@ its reason (docs/runtime.md, The planner). Pure like the scheduler's policies: t
 autoscaler and the simulator's elastic fleet measure, this decides.
 
 A pool is sized to run at `target_utilization` of what its replicas can do within the SLA:
-- an entry (prefill) pool's load is the uncached prompt tokens arriving per second, plus the
+- a prefill pool's load is the uncached prompt tokens arriving per second, plus the
   tokens queued now spread over the queue deadline (half the TTFT SLA): queue time counts;
 - a decode pool's load is the sequences it holds (running and waiting: a queue counts), against
   the batch one replica steps within the TPOT SLA.

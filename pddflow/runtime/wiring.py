@@ -4,9 +4,7 @@ to every worker as a JSON file."""
 from __future__ import annotations
 
 import json
-import random
 import secrets
-import socket
 import uuid
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
@@ -16,6 +14,7 @@ from pddflow.channels.security import TLSConfig
 from pddflow.core.channel_kinds import Kind
 from pddflow.core.cpu_layout import CpuLayout, host_cores, plan_layout
 from pddflow.core.device import LOCAL_KV_CACHE_MIB
+from pddflow.core.ports import free_port
 from pddflow.graph.plan import OperatorPlan, Plan
 from pddflow.runtime.rpc import Credentials
 from pddflow.runtime.transports import NETWORK, SHM, incoming, routes
@@ -128,43 +127,6 @@ class Wiring:
         d = json.loads(Path(path).read_text())
         d["workers"] = {k: Endpoints(**v) for k, v in d["workers"].items()}
         return Wiring(**d)
-
-
-def rank_device(rank: int, cuda: bool) -> str:
-    """The device a rank process computes on: the rank-th GPU its process sees (the local backend
-    on a GPU host; Ray gives each instance's actor its GPUs), else the CPU."""
-    return f"cuda:{rank}" if cuda else "cpu"
-
-
-_handed_out: set[int] = set()
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on, for a server that a worker starts later. It is drawn below the
-    kernel's ephemeral range: a port from port 0 can be taken, before the worker binds it, as the
-    local end of any outgoing connection on this host."""
-    low = _ephemeral_low()
-    rng = random.Random()
-    for _ in range(200):
-        port = rng.randrange(max(1024, low - 12_000), low) if low > 2048 else 0
-        if port in _handed_out:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind((host, port))
-            except OSError:
-                continue
-            port = s.getsockname()[1]
-        _handed_out.add(port)
-        return port
-    raise OSError(f"no free port below {low} on {host}")
-
-
-def _ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768  # Linux's default; elsewhere a guess that costs nothing if wrong
 
 
 def wire(

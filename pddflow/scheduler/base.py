@@ -57,7 +57,7 @@ class Policy:
                 best, best_key, best_hit = inst, score, hit
         return best, best_hit
 
-    def pick_entry(self, operator: str, req: RequestFeatures, state: SchedulerState) -> str:
+    def pick_prefill(self, operator: str, req: RequestFeatures, state: SchedulerState) -> str:
         """The prefill instance with the fewest queued + uncached tokens; ties to the lowest."""
         insts = self.plan.operators[operator].instances
         best, best_key = insts[0], None
@@ -70,14 +70,15 @@ class Policy:
                 best, best_key = inst, key
         return best
 
-    def prefill_wait_s(self, entry: str, req: RequestFeatures, state: SchedulerState) -> float:
-        """Predicted seconds until `entry` has prefilled the request: the tokens queued ahead of it
-        and its own uncached ones, at the instance's measured rate (0 until one was measured)."""
-        rate = state.prefill_s_per_token.get(entry, 0.0)
+    def prefill_wait_s(self, prefill: str, req: RequestFeatures, state: SchedulerState) -> float:
+        """Predicted seconds until instance `prefill` has prefilled the request: the tokens queued
+        ahead of it and its own uncached ones, at the instance's measured rate (0 until one was
+        measured)."""
+        rate = state.prefill_s_per_token.get(prefill, 0.0)
         if not rate:
             return 0.0
-        ld = state.loads.get(entry)
-        m = state.mirrors.get(entry)
+        ld = state.loads.get(prefill)
+        m = state.mirrors.get(prefill)
         hit = req.cached_tokens(m.match(req.block_hashes)) if m is not None else 0
         queued = ld.queued_tokens if ld is not None else 0
         return (queued + req.prompt_tokens - hit) * rate
@@ -114,7 +115,7 @@ class Policy:
         nbytes = float(max(req.prompt_tokens - hit_tokens, 0) * self.kv_bytes_per_token)
         if ch.link is not None and ch.link in state.links:
             return nbytes, state.links[ch.link].transfer_s(nbytes, quantile)
-        return nbytes, nbytes / self.topo.rdma_bytes_per_s(path.entry, path.main)
+        return nbytes, nbytes / self.topo.rdma_bytes_per_s(path.prefill, path.main)
 
     def handoff_mode(
         self, path: PathInfo, relay_instance: str | None, state: SchedulerState
@@ -151,8 +152,8 @@ class Policy:
         for op in path.variant.path:
             if op == path.main:
                 inst = main_instance
-            elif op == path.entry:
-                inst = self.pick_entry(op, req, state)
+            elif op == path.prefill:
+                inst = self.pick_prefill(op, req, state)
             else:
                 inst = self.pick_least_loaded(op, state)
             if op == path.relay:

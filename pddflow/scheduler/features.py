@@ -27,7 +27,7 @@ class InstanceLoad:
     queued: int = 0  # requests waiting for admission (KV not landed, no batch slot, no memory)
     max_batch: int = 64
     kv_used: float = 0.0  # share of the instance's KV budget in use by live sequences (0..1)
-    queued_tokens: int = 0  # prefill/extend tokens waiting to be computed (entry instances)
+    queued_tokens: int = 0  # prefill/extend tokens waiting to be computed (prefill instances)
 
     @property
     def load(self) -> float:

@@ -81,12 +81,12 @@ class PredictedHitRatePolicy(Policy):
     ) -> tuple[bool, str, str]:
         """(should the relay hide the WAN, why, why not). Two rules, either suffices: the KV's
         P90 transfer exceeds `relay_if_transfer_over_s` (0: off), or the direct path's predicted
-        TTFT breaks the SLA: the entry's queue and this prompt's prefill at its measured rate,
-        then the transfer at the link's P99 (at P90 one in ten P-MD requests predicted just
+        TTFT breaks the SLA: the prefill instance's queue and this prompt's prefill at its measured
+        rate, then the transfer at the link's P99 (at P90 one in ten P-MD requests predicted just
         inside the SLA broke it). docs/scheduler.md has what each costs."""
         limit = self.params["relay_if_transfer_over_s"]
         transfer_s = self.transfer(path, hit_tokens, req, state, "p99")[1]
-        wait = self.prefill_wait_s(self.pick_entry(path.entry, req, state), req, state)
+        wait = self.prefill_wait_s(self.pick_prefill(path.prefill, req, state), req, state)
         ttft, sla = wait + transfer_s, self.plan.scheduler.ttft_s
         sla_why = (
             f"{path.name} TTFT {ttft:.2f}s (queue+prefill {wait:.2f}s + transfer P99 "

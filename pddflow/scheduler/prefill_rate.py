@@ -1,4 +1,4 @@
-"""How fast an entry instance prefills, measured from the prefills it finished (the runtime's
+"""How fast a prefill instance prefills, measured from the prefills it finished (the runtime's
 frontend and the simulator feed it the same way): seconds per uncached prompt token, decaying so a
 slower or faster instance is seen within seconds. The SLA rule predicts queue + prefill with it."""
 

@@ -17,7 +17,7 @@ class SchedulerState:
     mirrors: dict[str, CacheMirror] = field(default_factory=dict)
     loads: dict[str, InstanceLoad] = field(default_factory=dict)
     links: dict[str, LinkEstimate] = field(default_factory=dict)  # by link name
-    # entry instance -> measured prefill seconds per uncached token (scheduler/prefill_rate.py)
+    # prefill instance -> measured prefill seconds per uncached token (scheduler/prefill_rate.py)
     prefill_s_per_token: dict[str, float] = field(default_factory=dict)
     # cached instance -> tier below the device (1 host memory, 2 disk) -> seconds per byte a hit
     # there takes to load: the graph's bandwidth until the instance reports its measured rate

@@ -1,4 +1,4 @@
-"""A Plan as the policies and the simulator read it: each variant entry -> (relay) -> main."""
+"""A Plan as the policies and the simulator read it: each variant prefill -> (relay) -> main."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ _IDS = str(Payload.TOKEN_IDS)
 @dataclass(frozen=True)
 class PathInfo:
     variant: VariantPlan
-    entry: str  # operator that takes the request (prefill, or colocated)
+    prefill: str  # the operator that takes the request and prefills it (prefill, or colocated)
     relay: str | None  # relay operator (decodes first), when the path has one
     main: str  # operator that decodes to the end
-    kv_to_main: ChannelPlan | None  # None when entry == main (colocated)
+    kv_to_main: ChannelPlan | None  # None when prefill == main (colocated)
     handoff: ChannelPlan | None  # token-ID channel relay -> main
 
     @property
@@ -27,7 +27,7 @@ class PathInfo:
 
     @property
     def colocated(self) -> bool:
-        return self.entry == self.main
+        return self.prefill == self.main
 
     @property
     def has_handoff(self) -> bool:
@@ -55,7 +55,7 @@ class Topology:
 
     def _path(self, v: VariantPlan) -> PathInfo:
         ops = self.plan.operators
-        entry, last = v.path[0], v.path[-1]
+        prefill, last = v.path[0], v.path[-1]
         relays = [p for p in v.path[1:] if ops[p].type.relays]
         relay = relays[0] if relays else None
         handoff = None
@@ -65,10 +65,10 @@ class Topology:
             )
         return PathInfo(
             v,
-            entry,
+            prefill,
             relay,
             last,
-            self._kv(entry, last) if last != entry else None,
+            self._kv(prefill, last) if last != prefill else None,
             handoff,
         )
 

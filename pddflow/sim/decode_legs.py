@@ -106,7 +106,7 @@ class DecodeLegs:
     def relay_send(self, flight: SimFlight) -> None:
         flight.relay.state = LegState.TRANSFER
         nbytes = self.fleet.kv_bytes(flight.req.prompt_tokens, 0)
-        rate = self.topo.rdma_bytes_per_s(flight.path.entry, flight.path.relay)
+        rate = self.topo.rdma_bytes_per_s(flight.path.prefill, flight.path.relay)
         self.loop.after(RDMA_LATENCY_S + nbytes / rate, self._relay_landed, flight)
 
     def _relay_landed(self, flight: SimFlight) -> None:
@@ -211,7 +211,7 @@ class DecodeLegs:
         if link is not None:
             fin.flow = self.links[link].send(nbytes, lambda t: self._main_landed(flight))
         else:
-            rate = self.topo.rdma_bytes_per_s(flight.path.entry, flight.path.main)
+            rate = self.topo.rdma_bytes_per_s(flight.path.prefill, flight.path.main)
             self.loop.after(RDMA_LATENCY_S + nbytes / rate, self._main_landed, flight)
 
     def _main_landed(self, flight: SimFlight) -> None:

@@ -58,18 +58,18 @@ class ElasticPools:
         self.loop.after(self.autoscale.interval_s / SAMPLE_PER_INTERVAL, self._tick, 1)
 
     def arrived(self, flight: SimFlight) -> None:
-        """Its prefill's work, in the entry's device-model seconds (a long prompt costs more than
-        its share of tokens: attention grows with the square)."""
+        """Its prefill's work, in the prefill instance's device-model seconds (a long prompt costs
+        more than its share of tokens: attention grows with the square)."""
         self._open.add(flight)
-        entry = flight.prefill.instance
-        m = self.state.mirror(entry)
+        prefill = flight.prefill.instance
+        m = self.state.mirror(prefill)
         cached = min(
             (m.match(flight.req.hashes) if m is not None else 0) * self.fleet.block_tokens,
             flight.req.prompt_tokens,
         )
         new = flight.req.prompt_tokens - cached
-        work_s = self.fleet.engines[entry].model.prefill_s(new, cached)
-        self.meter.arrived(self.loop.now, self.plan.instance(entry).operator, work_s)
+        work_s = self.fleet.engines[prefill].model.prefill_s(new, cached)
+        self.meter.arrived(self.loop.now, self.plan.instance(prefill).operator, work_s)
 
     def unavailable(self) -> set[str]:
         return {i for ids in self.pools.values() for i in ids} - self.serving
@@ -111,7 +111,7 @@ class ElasticPools:
         op = self.plan.operators[name]
         model = self.fleet.engines[self.pools[name][0]].model
         load: dict = {}
-        if op.type.entry:
+        if op.type.prefills:
             queued = 0.0
             for i in self.pools[name]:
                 eng = self.fleet.engines[i]

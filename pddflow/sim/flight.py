@@ -31,7 +31,7 @@ class SimPrefillLeg:
         self.instance = instance
         self.hold: Hold | None = None
         self.copies = 0  # outgoing KV copies not yet left: the prompt's KV is held until then
-        self.hit_tokens = 0  # prompt tokens the entry instance had cached
+        self.hit_tokens = 0  # prompt tokens the prefill instance had cached
         self.shipping_s = 0.0  # the engine's time exporting this prompt's KV after it
 
 
@@ -107,14 +107,14 @@ class SimFlight:
         self.finished_at: float | None = None
         self.done = False
         self.failed: str | None = None
-        self.prefill = SimPrefillLeg(decision.target(path.entry))
+        self.prefill = SimPrefillLeg(decision.target(path.prefill))
         self.relay = SimRelayLeg(decision.target(path.relay) if path.relay else None)
         self.main = SimMainLeg(decision.target(path.main))
         self.ids_sent = 0
         self.relay_tokens = 0
         self.handoff: str | None = None  # one_shot | catch_up | takeover, once it happened
         self.rounds = 0
-        # the handoff in progress (sim/handoff.py, cut as the relay worker cuts it)
+        # the handoff in progress (sim/handoff.py, cut as the relay worker splits it)
         self.handing_off: str | None = None  # one_shot | catch_up, decided when it starts
         self.main_waiting = False  # main has extended every ID sent
         self.extends_pending = 0  # batches sent and not yet extended over

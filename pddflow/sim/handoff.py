@@ -1,5 +1,5 @@
-"""The relay's token-ID handoff to main, cut into batches by `core/handoff_cut.py` exactly
-as the relay worker cuts it: checked at each relay step boundary and whenever main has
+"""The relay's token-ID handoff to main, split into batches by `core/handoff_batches.py` exactly
+as the relay worker splits it: checked at each relay step boundary and whenever main has
 extended every batch it was sent."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from pddflow.core.handoff_cut import HandoffCut, HandoffStep
+from pddflow.core.handoff_batches import HandoffBatches, HandoffStep
 from pddflow.scheduler import Policy, SchedulerState
 from pddflow.sim.engine import Job, StepKind
 from pddflow.sim.fleet import SimFleet
@@ -58,10 +58,10 @@ class Handoffs:
         flight.handing_off, flight.main_waiting = mode, True
         self._advance(flight, now)
 
-    def _cut(self, flight: SimFlight) -> HandoffCut:
+    def _batches(self, flight: SimFlight) -> HandoffBatches:
         v = flight.path.variant
         adaptive = v.handoff == "adaptive"
-        return HandoffCut(
+        return HandoffBatches(
             v.catch_up_tokens,
             v.min_extend_tokens,
             self.policy.params.get("catch_up_load", 0.0) if adaptive else 0.0,
@@ -87,8 +87,8 @@ class Handoffs:
         seq = flight.relay.seq
         n = relay.generated(seq)
         unsent = n - flight.ids_sent
-        cut, load = self._cut(flight), self.fleet.instance_load(flight.relay.instance).load
-        step = cut.step(
+        batches, load = self._batches(flight), self.fleet.instance_load(flight.relay.instance).load
+        step = batches.step(
             flight.handing_off,
             unsent,
             finished=False,
@@ -103,7 +103,7 @@ class Handoffs:
         flight.rounds += 1
         main = self.engines[flight.main.instance]
         if step is HandoffStep.FINAL:
-            flight.switched = cut.switched(
+            flight.switched = batches.switched(
                 flight.handing_off, unsent, main_waiting=flight.main_waiting, relay_load=load
             )
             relay.remove(seq)

@@ -58,11 +58,11 @@ class Simulation:
         self.embedded = embedded
         self.policy = policy or make_policy(plan)
         self.state = SchedulerState.for_plan(plan)
-        # the entry instances' prefill rates, measured as the runtime's frontend measures them
+        # the prefill instances' prefill rates, measured as the runtime's frontend measures them
         self.prefill_rates = {
             i.id: PrefillRate(lambda: self.loop.now)
             for i in plan.instances
-            if plan.operators[i.operator].type.entry
+            if plan.operators[i.operator].type.prefills
         }
         self.fleet = fleet = SimFleet(
             plan,

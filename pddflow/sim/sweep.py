@@ -83,7 +83,7 @@ def _point(
     row = {
         "workload_hit": wl.meta.get("hit_rate_unbounded"),
         "offered_rps": round(offered, 3),
-        # the entry instances' realised prefix hit: what the revenue prices as cached
+        # the prefill instances' realised prefix hit: what the revenue prices as cached
         "prefill_hit": round(
             sum(
                 min(r.prefill.hit_tokens, r.req.prompt_tokens) / r.req.prompt_tokens

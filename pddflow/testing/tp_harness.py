@@ -25,8 +25,9 @@ from typing import Any
 import torch
 
 from pddflow.core.payloads import KVBlocks, Request, SamplingParams
+from pddflow.core.ports import free_port
 from pddflow.operators.engine import Engine, EngineConfig
-from pddflow.operators.follower import free_port, rank_device
+from pddflow.operators.engine_config import rank_device
 from pddflow.operators.tensor_parallel import TPConfig, join
 from pddflow.operators.weights import load_model_source
 
@@ -209,7 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     config = CONFIG if args.device == "cpu" else replace(CONFIG, device="cuda", dtype="float32")
     config = replace(config, expert_parallel=args.expert_parallel)
-    device = rank_device(config, args.rank)
+    device = torch.device(rank_device(args.rank, config.device))
     tp = join(TPConfig(args.size, args.rank, args.init, args.timeout), device)
     imports = torch.load(args.imports, weights_only=False) if args.imports else {}
     results = {}

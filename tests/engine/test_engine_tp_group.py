@@ -19,8 +19,9 @@ from typer.testing import CliRunner
 
 from pddflow.cli import app
 from pddflow.core.payloads import SamplingParams
+from pddflow.core.ports import free_port
 from pddflow.operators.engine import Engine, EngineConfig, KVShardMissing
-from pddflow.operators.follower import free_port, local_group
+from pddflow.operators.follower import local_group
 from pddflow.operators.tensor_parallel import Shard, TPConfig, TPPeerLost, check_layout, join
 from pddflow.operators.tp_steps import ForwardBatch
 from pddflow.testing.tp_harness import CONFIG as HARNESS_CONFIG

@@ -1,7 +1,7 @@
 """The planner in a deployment (docs/runtime.md, The planner): a thread that samples each pool on
 the frontend's loop every second and, every `interval_s`, asks the planner (pddflow/planner) for
 each pool's count and applies it with `Deployment.scale`. One replica's capacity is what this
-deployment measured: an entry instance's prefill seconds per uncached token (the scheduler's own
+deployment measured: a prefill instance's prefill seconds per uncached token (the scheduler's own
 measure), and each decoder's step seconds against its batch, from its status reports."""
 
 from __future__ import annotations
@@ -93,11 +93,12 @@ class Autoscaler:
                 log.exception("planner: this round failed; the next one tries again")
 
     # ---- measurements (on the frontend's loop) --------------------------------------------------
-    def arrived(self, entry: str, req: RequestFeatures) -> None:
-        """A request routed to `entry`: its prompt tokens the entry's mirror does not hold."""
-        m = self.fe.sched.mirror(entry)
+    def arrived(self, prefill: str, req: RequestFeatures) -> None:
+        """A request routed to prefill instance `prefill`: its prompt tokens that instance's mirror
+        does not hold."""
+        m = self.fe.sched.mirror(prefill)
         hit = req.cached_tokens(m.match(req.block_hashes)) if m is not None else 0
-        op = self.plan.operator_of(entry).name
+        op = self.plan.operator_of(prefill).name
         self.meter.arrived(time.monotonic(), op, req.prompt_tokens - hit)
 
     def _sample(self) -> None:
@@ -128,7 +129,7 @@ class Autoscaler:
         op = self.plan.operators[name]
         load: dict[str, Any] = {}
         serving = [i for i in op.instances if i not in fe.fleet.unavailable]
-        if op.type.entry:
+        if op.type.prefills:
             rates = [fe.sched.prefill_s_per_token.get(i, 0.0) for i in serving]
             rates = [r for r in rates if r > 0]
             queued = sum(

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from pddflow.core.device import LOCAL_KV_CACHE_MIB
+from pddflow.core.ports import free_port
 from pddflow.graph.plan import Plan
 from pddflow.runtime.deploy.api_processes import ApiProcesses, api_names
 from pddflow.runtime.deploy.backend import Backend, DeployError, Progress, wait_ready
@@ -36,7 +37,7 @@ from pddflow.runtime.frontend.frontend import Frontend
 from pddflow.runtime.frontend.link_admin import LinkAdmin
 from pddflow.runtime.frontend.model_info import ModelInfo, model_info
 from pddflow.runtime.transports import secure_cross_cluster
-from pddflow.runtime.wiring import Wiring, free_port, wire
+from pddflow.runtime.wiring import Wiring, wire
 
 BACKENDS = ("local", "ray")
 log = logging.getLogger("pddflow.deploy")

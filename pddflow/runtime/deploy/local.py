@@ -12,10 +12,11 @@ from typing import Any
 
 from pddflow.channels.link_relay import Link, LinkRelay
 from pddflow.graph.plan import Plan
+from pddflow.operators.engine_config import rank_device
 from pddflow.runtime.deploy.processes import WorkerProcess, stop_all
 from pddflow.runtime.deploy.run_dir import WIRING_FILE, private_file
 from pddflow.runtime.transports import transports
-from pddflow.runtime.wiring import Wiring, rank_device
+from pddflow.runtime.wiring import Wiring
 
 
 class LocalBackend:
@@ -29,7 +30,7 @@ class LocalBackend:
         self.relays: dict[str, list[LinkRelay]] = {}  # link name -> relays of its endpoints
         self.links: dict[str, Link] = {}
         self.wiring: Wiring | None = None
-        self.cuda = False
+        self.gpus = 0  # the CUDA devices the ranks see (a real engine's)
         self.plan: Plan | None = None
         self.run_dir = self.wiring_file = Path()
 
@@ -37,7 +38,7 @@ class LocalBackend:
         if wiring.engine == "real":
             import torch  # loaded already (the model's facts); says where the ranks compute
 
-            self.cuda = torch.cuda.is_available()
+            self.gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
         self.wiring = wiring
         # one host: rdma_tensor is shared memory unless an edge asked for a network transport
         wiring.transports = transports(plan, {}, wiring.rdma)
@@ -126,7 +127,7 @@ class LocalBackend:
             workers[inst] = {"node": host, "address": w.workers[inst].rpc if w else ""}
             workers[inst]["pid"] = procs[0].pid
             workers[inst]["ranks"] = [
-                {"rank": r, "pid": p.pid, "device": rank_device(r, self.cuda), "node": host}
+                {"rank": r, "pid": p.pid, "device": rank_device(r, gpus=self.gpus), "node": host}
                 for r, p in enumerate(procs)
             ]
         return {

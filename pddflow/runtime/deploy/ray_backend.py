@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from pddflow.channels.rdma_tensor.nixl_region import NixlBackend
+from pddflow.core.ports import free_port
 from pddflow.graph.plan import Plan
+from pddflow.operators.engine_config import rank_device
 from pddflow.runtime.deploy.backend import DeployError
 from pddflow.runtime.deploy.ray_host import Hosted, InstanceHost
 from pddflow.runtime.deploy.ray_placement import (
@@ -32,7 +34,7 @@ from pddflow.runtime.deploy.ray_placement import (
 )
 from pddflow.runtime.deploy.run_dir import WIRING_FILE, private_file
 from pddflow.runtime.transports import routes, transports
-from pddflow.runtime.wiring import Wiring, free_port, place_rdma_receivers, rank_device
+from pddflow.runtime.wiring import Wiring, place_rdma_receivers
 
 log = logging.getLogger("pddflow.ray")
 
@@ -423,7 +425,7 @@ class RayBackend:
                     {
                         "rank": r,
                         "pid": pid,
-                        "device": rank_device(r, h.where.get("gpus", 0) > 0),
+                        "device": rank_device(r, gpus=h.where.get("gpus", 0)),
                         "node": h.where.get("ip", ""),
                     }
                     for r, pid in enumerate(h.ranks)

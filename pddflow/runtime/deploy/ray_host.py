@@ -13,9 +13,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pddflow.core.ports import free_port
 from pddflow.graph.plan import rank_name
 from pddflow.runtime.deploy.processes import WorkerProcess
-from pddflow.runtime.wiring import free_port
 
 
 class InstanceHost:

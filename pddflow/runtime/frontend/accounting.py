@@ -28,9 +28,9 @@ class Accounting:
     ):
         self.plan, self.sched, self.metrics = plan, sched, metrics
         self.links, self.fleet, self.flights = links, fleet, flights
-        # each entry instance's prefill rate as measured, for the SLA rule's queue prediction
+        # each prefill instance's prefill rate as measured, for the SLA rule's queue prediction
         self.prefill_rates = {
-            i.id: PrefillRate() for i in plan.instances if plan.operators[i.operator].type.entry
+            i.id: PrefillRate() for i in plan.instances if plan.operators[i.operator].type.prefills
         }
 
     def vllm_gauges(self) -> dict[str, float]:
@@ -64,7 +64,7 @@ class Accounting:
             self.sched.prefill_s_per_token[inst] = rate.s_per_token()
 
     def entry_queues(self) -> None:
-        """Prompt tokens each entry instance has taken and not yet prefilled, for the SLA rule's
+        """Prompt tokens each prefill instance has taken and not yet prefilled, for the SLA rule's
         queue prediction (exact here, not as of the instance's last status)."""
         pending = dict.fromkeys(self.prefill_rates, 0)
         for flight in self.flights:

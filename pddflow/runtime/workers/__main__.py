@@ -16,7 +16,7 @@ from pddflow.core.parent_death import die_with_parent
 from pddflow.core.startup_gc import starting
 from pddflow.graph.plan import rank_name
 from pddflow.runtime.wiring import Wiring
-from pddflow.runtime.workers.ranks import follow
+from pddflow.runtime.workers.ranks import run_follower
 from pddflow.runtime.workers.roster import worker_class
 
 
@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
     pin_self(wiring.cpus.get(name, ()), wiring.nice.get(name, 0))
     if rank:
         signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # its leader stops it, or this
-        return follow(wiring, instance, rank)
+        return run_follower(wiring, instance, rank)
     cls = worker_class(wiring.plan().operator_of(instance).op_type)
     with starting():  # torch's import and the engine's build
         worker = cls(wiring, instance)

@@ -8,7 +8,7 @@ import os
 
 from pddflow.core.startup_gc import starting
 from pddflow.graph.plan import OperatorPlan, rank_name
-from pddflow.runtime.wiring import Wiring, rank_device
+from pddflow.runtime.wiring import Wiring
 
 
 def build_engine(wiring: Wiring, instance: str, rank: int):
@@ -18,6 +18,7 @@ def build_engine(wiring: Wiring, instance: str, rank: int):
     import torch
 
     from pddflow.operators.engine import Engine, EngineConfig
+    from pddflow.operators.engine_config import rank_device
     from pddflow.operators.tensor_parallel import TPConfig, join
 
     plan = wiring.plan()
@@ -31,7 +32,7 @@ def build_engine(wiring: Wiring, instance: str, rank: int):
         **cache_sizes(wiring, op, instance),
     )
     tp = TPConfig(op.ranks, rank, wiring.workers[instance].tp_init, wiring.tp_timeout_s)
-    device = torch.device(rank_device(rank, torch.cuda.is_available()))
+    device = torch.device(rank_device(rank, config.device))
     group = join(tp, device) if op.ranks > 1 else None
     return Engine.from_spec(plan.model.weights, config, tp=group)
 
@@ -87,7 +88,7 @@ def cache_sizes(wiring: Wiring, op: OperatorPlan, instance: str) -> dict:
     return sizes
 
 
-def follow(wiring: Wiring, instance: str, rank: int) -> int:
+def run_follower(wiring: Wiring, instance: str, rank: int) -> int:
     """A follower rank's whole life: 0 when its leader stopped it, 1 when a rank was lost."""
     from pddflow.operators.tensor_parallel import TPPeerLost
     from pddflow.runtime.workers.rank_kv import FollowerKV

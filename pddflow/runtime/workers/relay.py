@@ -1,7 +1,7 @@
 """RelayDecode: decode as soon as the KV lands (eager tokens), and when main says its KV has landed
 (over the token_ids channel the two share), hand main the generated token IDs: one-shot (all at
-once, then stop) or catch-up (batches while decoding, stop when main has caught up), cut by
-`core/handoff_cut.py`; an adaptive handoff's mode is decided then, from this relay's load."""
+once, then stop) or catch-up (batches while decoding, stop when main has caught up), split by
+`core/handoff_batches.py`; an adaptive handoff's mode is decided then, from this relay's load."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pddflow.core.channel_kinds import Kind
-from pddflow.core.handoff_cut import HandoffCut, HandoffStep
+from pddflow.core.handoff_batches import HandoffBatches, HandoffStep
 from pddflow.core.payloads import TokenIds
 from pddflow.runtime.proto import runtime_pb2 as pb
 from pddflow.runtime.workers.decoder import DecodeLeg, DecoderWorker
@@ -88,7 +88,7 @@ class RelayWorker(DecoderWorker):
         order, load = leg.order, self.load()
         mode = order.handoff
         if order.catch_up_load:
-            busy = HandoffCut(catch_up_load=order.catch_up_load).busy(load)
+            busy = HandoffBatches(catch_up_load=order.catch_up_load).busy(load)
             mode = pb.HANDOFF_ONE_SHOT if busy else pb.HANDOFF_CATCH_UP
         adaptive = float(order.catch_up_load > 0)
         self.io.event(
@@ -104,13 +104,15 @@ class RelayWorker(DecoderWorker):
         self.advance(leg)
 
     def advance(self, leg: RelayLeg) -> None:
-        """Send what the cut says now; the rest waits for the next token or main's CaughtUp."""
+        """Send what the batching says now; the rest waits for the next token or main's CaughtUp."""
         order = leg.order
-        cut = HandoffCut(order.catch_up_tokens, order.min_extend_tokens, order.catch_up_load)
+        batches = HandoffBatches(
+            order.catch_up_tokens, order.min_extend_tokens, order.catch_up_load
+        )
         mode = "one_shot" if leg.handing_off == pb.HANDOFF_ONE_SHOT else "catch_up"
         load = self.load()
         unsent = len(leg.seq.output_ids) - leg.sent_upto
-        step = cut.step(
+        step = batches.step(
             mode, unsent, finished=False, main_waiting=leg.main_waiting, relay_load=load
         )
         if step is HandoffStep.WAIT:
@@ -118,7 +120,7 @@ class RelayWorker(DecoderWorker):
         try:
             if step is HandoffStep.FINAL:
                 leg.decoding = False
-                switched = cut.switched(
+                switched = batches.switched(
                     mode, unsent, main_waiting=leg.main_waiting, relay_load=load
                 )
                 self.send_ids(leg, final=True, switched=switched)

@@ -1,13 +1,13 @@
-"""How a handoff is cut into batches (the relay worker and the simulator both ask HandoffCut),
+"""How a handoff is split into batches (the relay worker and the simulator both ask HandoffBatches),
 one row per rule."""
 
 from __future__ import annotations
 
 import pytest
 
-from pddflow.core.handoff_cut import HandoffCut, HandoffStep
+from pddflow.core.handoff_batches import HandoffBatches, HandoffStep
 
-CUT = HandoffCut(catch_up_tokens=32, min_extend_tokens=8, catch_up_load=0.7)
+BATCHES = HandoffBatches(catch_up_tokens=32, min_extend_tokens=8, catch_up_load=0.7)
 W, B, F = HandoffStep.WAIT, HandoffStep.BATCH, HandoffStep.FINAL
 
 # (mode, unsent, finished, main_waiting, relay_load) -> step
@@ -27,17 +27,17 @@ TABLE = [
 
 
 @pytest.mark.parametrize(("mode", "unsent", "finished", "waiting", "load", "want"), TABLE)
-def test_cut(mode, unsent, finished, waiting, load, want):
-    got = CUT.step(mode, unsent, finished=finished, main_waiting=waiting, relay_load=load)
+def test_step(mode, unsent, finished, waiting, load, want):
+    got = BATCHES.step(mode, unsent, finished=finished, main_waiting=waiting, relay_load=load)
     assert got is want
 
 
 def test_a_declared_mode_never_switches():
-    fixed = HandoffCut(32, 8, catch_up_load=0.0)
+    fixed = HandoffBatches(32, 8, catch_up_load=0.0)
     assert fixed.step("catch_up", 12, finished=False, main_waiting=False, relay_load=5.0) is W
     assert not fixed.switched("catch_up", 12, main_waiting=False, relay_load=5.0)
-    assert CUT.switched("catch_up", 12, main_waiting=False, relay_load=0.9)
-    assert not CUT.switched("catch_up", 12, main_waiting=True, relay_load=0.9)  # closed anyway
+    assert BATCHES.switched("catch_up", 12, main_waiting=False, relay_load=0.9)
+    assert not BATCHES.switched("catch_up", 12, main_waiting=True, relay_load=0.9)  # closed anyway
 
 
 def test_min_extend_above_catch_up_is_refused(tmp_path):

@@ -1,6 +1,6 @@
-"""How the relay's token-ID handoff to main is cut into batches. The relay worker and the simulator
-both ask `HandoffCut.step` after every relay token and whenever main has extended all it was
-sent, so the two cut a handoff the same way (docs/scheduler.md, Handoff)."""
+"""How the relay's token-ID handoff to main is split into batches. The relay worker and the
+simulator both ask `HandoffBatches.step` after every relay token and whenever main has extended
+all it was sent, so the two split a handoff the same way (docs/scheduler.md, Handoff)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ class HandoffStep(Enum):
 
 
 @dataclass(frozen=True)
-class HandoffCut:
+class HandoffBatches:
     catch_up_tokens: int = 32
     # no extend on main smaller than this (a tail chunk is a whole step of main's for a few
     # tokens), unless it is the whole remainder of a relay sequence that finished
