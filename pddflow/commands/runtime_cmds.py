@@ -164,11 +164,31 @@ def deploy(
         level=log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
     )
     options = DeployOptions(
-        host, port, backend, address, kv_cache_mb, startup_timeout, leg_timeout, seed, wan_gbps,
-        run_dir, drain_timeout, api_key, admin_key, log_level, model, chat_template,
-        check_cpu_pinning(cpu_pinning), planner, engine, kv_scale, time_scale, profile,
-        stream_interval, api_servers,
-    )  # fmt: skip
+        host=host,
+        port=port,
+        backend=backend,
+        address=address,
+        kv_cache_mb=kv_cache_mb,
+        startup_timeout_s=startup_timeout,
+        leg_timeout_s=leg_timeout,
+        seed=seed,
+        wan_gbps=wan_gbps,
+        run_dir=run_dir,
+        drain_timeout_s=drain_timeout,
+        api_key=api_key,
+        admin_key=admin_key,
+        log_level=log_level,
+        model=model,
+        chat_template=chat_template,
+        cpu_pinning=check_cpu_pinning(cpu_pinning),
+        planner=planner,
+        engine=engine,
+        kv_scale=kv_scale,
+        time_scale=time_scale,
+        profile=profile,
+        stream_interval=stream_interval,
+        api_servers=api_servers,
+    )
     try:
         d = Deployment(load_or_exit(graph), options)
     except DeployError as exc:

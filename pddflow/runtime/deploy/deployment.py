@@ -55,7 +55,7 @@ class ScaleError(Exception):
         self.status = status
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class DeployOptions:
     """What `pddflow deploy`'s options set; each default is the option's (docs/cli.md)."""
 
