@@ -1,4 +1,5 @@
-"""A tensor-parallel follower process, and a group of them on this machine.
+"""A tensor-parallel follower's life (`follow_leader`, every follower's: deployed or local), the
+local follower process, and a group of them on this machine.
 
     python -m pddflow.operators.follower --model SPEC --engine-config JSON --tp-config JSON
         [--device DEV]
@@ -7,7 +8,10 @@ joins the group (`TPConfig` as JSON of its fields; rank > 0), loads the model, k
 follows the leader's steps until the leader stops it (exit 0) or a rank is lost (exit 3, one line
 on stderr). `local_group` starts the N-1 followers of an instance led by this process on this
 machine (127.0.0.1, a free port): `pddflow generate --tensor-parallel N`, `bench engine`, tests.
-Followers started here die with their parent (core/parent_death.py).
+A deployment's followers are its worker processes of rank > 0 (`python -m pddflow.runtime.workers
+WIRING INSTANCE RANK`, runtime/workers/ranks.py): the same life over an engine built from the
+wiring, with rank-to-rank KV beside it. Followers started here die with their parent
+(core/parent_death.py).
 """
 
 from __future__ import annotations
@@ -15,21 +19,53 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from pddflow.core.parent_death import die_with_parent, parent_env
 from pddflow.core.ports import free_port
+from pddflow.core.startup_gc import starting
 from pddflow.operators.engine_config import EngineConfig, rank_device
 from pddflow.operators.tensor_parallel import TPConfig, TPGroup, TPPeerLost, join
 
+if TYPE_CHECKING:
+    from pddflow.operators.engine import Engine
+    from pddflow.operators.tp_steps import RankKV
+
 EXIT_PEER_LOST = 3
+
+
+def follow_leader(
+    name: str,
+    build: Callable[[], Engine],
+    rank_kv: Callable[[Engine], RankKV] | None = None,
+) -> int:
+    """A follower rank's whole life: build its engine (`build` joins the rank's group) with the
+    garbage collector off (core/startup_gc.py), say so on stdout, then follow the leader's steps
+    until it stops them (0) or a rank is lost, before or after (EXIT_PEER_LOST, one line on
+    stderr). `rank_kv`: the rank's part of rank-to-rank KV, made beside its engine."""
+    kv: RankKV | None = None
+    try:
+        with starting():  # torch's import and the engine's build
+            engine = build()
+            kv = rank_kv(engine) if rank_kv is not None else None
+        print(f"{name} ready (pid {os.getpid()})", flush=True)
+        engine.follow(kv)
+        return 0
+    except TPPeerLost as exc:
+        print(f"{name}: {exc}", file=sys.stderr, flush=True)
+        return EXIT_PEER_LOST
+    finally:
+        if kv is not None:
+            kv.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -45,21 +81,21 @@ def main(argv: list[str] | None = None) -> int:
     if tp_cfg.rank == 0 or tp_cfg.size < 2:
         p.error("a follower has rank >= 1 of size >= 2")
     device = torch.device(args.device or rank_device(tp_cfg.rank, config.device))
-    from pddflow.operators.engine import Engine
-    from pddflow.operators.weights import load_model_source
+    groups: list[TPGroup] = []
 
-    tp: TPGroup | None = None
-    try:
+    def build() -> Engine:
+        from pddflow.operators.engine import Engine
+        from pddflow.operators.weights import load_model_source
+
         tp = join(tp_cfg, device)
         assert tp is not None
-        engine = Engine(load_model_source(args.model), config, tp)
-        engine.follow()
-        return 0
-    except TPPeerLost as exc:
-        print(f"follower rank {tp_cfg.rank}: {exc}", file=sys.stderr, flush=True)
-        return EXIT_PEER_LOST
+        groups.append(tp)
+        return Engine(load_model_source(args.model), config, tp)
+
+    try:
+        return follow_leader(f"follower rank {tp_cfg.rank}", build)
     finally:
-        if tp is not None:
+        for tp in groups:
             tp.close()
 
 

@@ -5,8 +5,8 @@ transfer moves, gathered to / scattered from the leader in the canonical full-he
 Every message is a header [kind, length] and an int64 payload, broadcast from the leader:
 FORWARD (a `ForwardBatch`), EXPORT and IMPORT (block ids; the KV itself moves by gather / scatter
 after it), SHIP and LAND (rank-to-rank KV: a `ShardStep`; each rank's runtime sends or supplies its
-own heads, `RankKV`), STOP (leave `follow_steps`). Followers mirror the leader in message order, so their
-pools hold the same blocks at the same ids.
+own heads, `RankKV`), STOP (leave `follow_steps`). Followers mirror the leader in message order, so
+their pools hold the same blocks at the same ids.
 """
 
 from __future__ import annotations
@@ -34,6 +34,9 @@ class RankKV(Protocol):
 
     def take(self, seq_id: str, token_start: int) -> torch.Tensor | None:
         """This rank's heads of seq_id's KV from token_start, once every piece has arrived."""
+
+    def close(self) -> None:
+        """Stop its receivers and senders (the rank's follow has ended)."""
 
 
 def _pack_bytes(b: bytes) -> list[int]:

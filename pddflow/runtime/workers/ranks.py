@@ -4,9 +4,6 @@ follow the leader's steps until it stops or a rank is lost."""
 
 from __future__ import annotations
 
-import os
-
-from pddflow.core.startup_gc import starting
 from pddflow.graph.plan import OperatorPlan, rank_name
 from pddflow.runtime.wiring import Wiring
 
@@ -89,19 +86,13 @@ def cache_sizes(wiring: Wiring, op: OperatorPlan, instance: str) -> dict:
 
 
 def run_follower(wiring: Wiring, instance: str, rank: int) -> int:
-    """A follower rank's whole life: 0 when its leader stopped it, 1 when a rank was lost."""
-    from pddflow.operators.tensor_parallel import TPPeerLost
+    """A deployed follower rank: every follower's life (operators/follower.py `follow_leader`)
+    over the engine the wiring describes, with its part of rank-to-rank KV."""
+    from pddflow.operators.follower import follow_leader
     from pddflow.runtime.workers.rank_kv import FollowerKV
 
-    with starting():  # torch's import and the engine's build
-        engine = build_engine(wiring, instance, rank)
-        rank_kv = FollowerKV(wiring, instance, rank, engine)
-    print(f"{rank_name(instance, rank)} ready (pid {os.getpid()})", flush=True)
-    try:
-        engine.follow(rank_kv)
-    except TPPeerLost as exc:
-        print(f"{rank_name(instance, rank)}: {exc}", flush=True)
-        return 1
-    finally:
-        rank_kv.close()
-    return 0
+    return follow_leader(
+        rank_name(instance, rank),
+        lambda: build_engine(wiring, instance, rank),
+        lambda engine: FollowerKV(wiring, instance, rank, engine),
+    )
