@@ -16,7 +16,6 @@ from pddflow.commands.common import (
     resolve_or_exit,
 )
 from pddflow.commands.progress import console, progress_bar
-from pddflow.data import MOONCAKE_TRACE
 from pddflow.runtime.deploy.modeled import ENGINES
 
 
@@ -75,18 +74,8 @@ def bench_elastic(
     (deploy --planner). Reports each run's SLA attainment, device-seconds, errors, replica
     timeline per pool and its direction changes, and checks every answer's tokens against the
     colocated engine's greedy reference (docs/benchmarks.md, Elastic pools)."""
-    import tempfile
-
-    from pddflow.bench.deploy_process import LaunchError
-    from pddflow.bench.elastic import (
-        MODES,
-        elastic_graph,
-        ramp_starts,
-        reference_mismatches,
-        run_mode,
-        summarize,
-    )
-    from pddflow.core.serve_sessions import TraceError, build
+    from pddflow.bench.elastic import MODES
+    from pddflow.bench.elastic_run import ElasticError, ElasticOptions, run_elastic
 
     check_cpu_pinning(cpu_pinning)
     picked = [m.strip() for m in modes.split(",") if m.strip()]
@@ -99,95 +88,44 @@ def bench_elastic(
         fail("--time-scale slows the modeled engine; add --engine modeled", code=2)
     if most != "declared" and not (most.isdigit() and int(most) >= 2):
         fail(f"--max-replicas: {most!r} is neither a count of 2 or more nor 'declared'", code=2)
-    bound = None if most == "declared" else int(most)
+    opts = ElasticOptions(
+        modes=tuple(picked),
+        max_replicas=None if most == "declared" else int(most),
+        low_rps=low_rps,
+        peak_rps=peak_rps,
+        phase_s=phase_s,
+        turns=turns,
+        scale=scale,
+        max_output=max_output,
+        think_s=think,
+        interval_s=interval,
+        scale_down_after_s=scale_down_after,
+        sla_ttft_s=sla_ttft_s,
+        sla_tpot_ms=sla_tpot_ms,
+        timeout_s=timeout,
+        seed=seed,
+        cpu_pinning=cpu_pinning,
+        engine=engine,
+        time_scale=time_scale,
+    )
     path = resolve_or_exit(graph)
     plan = load_or_exit(path).scaled_to_local()
-    ttft_s = sla_ttft_s or plan.scheduler.ttft_s
-    tpot_ms = sla_tpot_ms or plan.scheduler.tpot_ms
-    # the deployment's SLA, as its time runs: what the planner holds and attainment counts
-    sla_over = {"ttft_s": ttft_s * time_scale, "tpot_ms": tpot_ms * time_scale}
-    starts = [t * time_scale for t in ramp_starts(low_rps, peak_rps, phase_s)]
-    try:
-        from pddflow.operators.hub import resolve_model
-        from pddflow.runtime.frontend.model_info import model_info
-
-        weights = resolve_model(plan.model.weights)
-        vocab = model_info(weights).vocab_size
-        workload = build(
-            MOONCAKE_TRACE, len(starts), turns, scale, min(vocab, 256), seed, max_output
-        )
-    except (TraceError, OSError) as exc:
-        fail(str(exc))
-    # devices an instance holds: a modeled one stands for a whole production replica
-    ranks = {
-        n: op.devices_per_replica if engine == "modeled" else op.ranks
-        for n, op in plan.operators.items()
-    }
-    autoscale = {
-        "interval_s": interval * time_scale,
-        "scale_down_after_s": scale_down_after * time_scale,
-    }
-    deploy_args = ("--cpu-pinning", cpu_pinning, "--engine", engine)
-    if engine == "modeled":
-        deploy_args += ("--time-scale", str(time_scale))
     err = console(stderr=True)
     signal.signal(signal.SIGTERM, _interrupt)
-    runs = []
-    with tempfile.TemporaryDirectory(prefix="pddflow-elastic-graphs-") as gd:
-        with progress_bar(err, counted=True) as bar:
-            for mode in picked:
-                g = elastic_graph(path, mode, bound, autoscale, Path(gd), sla_over)
-                task = bar.add_task(f"{mode}", total=workload.requests)
-                try:
-                    runs.append(
-                        run_mode(
-                            mode,
-                            g,
-                            ranks,
-                            workload,
-                            starts,
-                            think * time_scale,
-                            timeout * time_scale,
-                            lambda t=task: bar.advance(t),
-                            deploy_args,
-                        )  # fmt: skip
-                    )
-                except LaunchError as exc:
-                    fail(f"{path} ({mode}): {exc}")
-    err.print("checking every answer against the colocated engine's greedy tokens")
-    wrong = reference_mismatches(str(weights), runs, engine=engine)
-    ttft_run, tpot_run = sla_over["ttft_s"], sla_over["tpot_ms"] / 1e3
-    rows = [summarize(r, ttft_run, tpot_run, wrong[r.mode]) for r in runs]
-    out = {
-        "graph": str(path),
-        "engine": engine,
-        "time_scale": time_scale,
-        "workload": {
-            "sessions": len(starts),
-            "turns": turns,
-            "requests": workload.requests,
-            "low_rps": low_rps,
-            "peak_rps": peak_rps,
-            "phase_s": phase_s,
-            "max_replicas": most,
-            "autoscale": autoscale,
-            "sla": {"ttft_s": ttft_s, "tpot_ms": tpot_ms},
-        },
-        "runs": rows,
-    }
-    by = {r["mode"]: r for r in rows}
-    if "fixed_max" in by and "planner" in by and by["fixed_max"]["device_seconds"]:
-        p, m = by["planner"], by["fixed_max"]
-        out["planner_vs_fixed_max"] = {
-            "sla_attainment_points": round(
-                100 * ((p["sla_attainment"] or 0) - (m["sla_attainment"] or 0)), 2
-            ),
-            "device_seconds_ratio": round(p["device_seconds"] / m["device_seconds"], 4),
-        }
+    with progress_bar(err, counted=True) as bar:
+
+        def track(mode: str, total: int):
+            task = bar.add_task(mode, total=total)
+            return lambda: bar.advance(task)
+
+        try:
+            out = run_elastic(path, opts, plan, track, err.print)
+        except ElasticError as exc:
+            fail(str(exc))
     if as_json:
         print(json.dumps(out, indent=2))
         return
-    for r in rows:
+    for r in out["runs"]:
         err.print(
             f"{r['mode']:>9}: SLA {r['sla_attainment']}, device-s {r['device_seconds']}, "
             f"errors {r['errors']}, wrong tokens {r['token_mismatches']}, direction changes "

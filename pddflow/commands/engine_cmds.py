@@ -7,7 +7,6 @@ torch and transformers are imported inside the command functions, so importing t
 from __future__ import annotations
 
 import json
-import time
 
 import typer
 
@@ -87,9 +86,8 @@ def generate(
     from pddflow.core.model_config import ModelSpecError
     from pddflow.core.payloads import SamplingParams
     from pddflow.operators.block_allocator import KVCacheFull
-    from pddflow.operators.engine import Engine, EngineConfig
-    from pddflow.operators.follower import local_group
-    from pddflow.operators.tensor_parallel import TPPeerLost, check_layout
+    from pddflow.operators.one_request import generate_one
+    from pddflow.operators.tensor_parallel import TPPeerLost
     from pddflow.operators.weights import load_model_source
 
     # stderr lines, not a live bar: the loading and the generation are single calls
@@ -110,41 +108,24 @@ def generate(
     if bad:
         raise _fail(f"--prompt-ids {bad[:5]} are outside the vocabulary [0, {vocab})")
     stop = tuple(tok.eos_token_ids if tok is not None else source.config.eos_token_ids)
-    try:
-        check_layout(source.config, tensor_parallel, expert_parallel)
-    except ValueError as exc:
-        raise _fail(str(exc)) from None
-    tokens_needed = len(ids) + max_tokens + EngineConfig().block_size
-    kv_bytes = max(tokens_needed * source.config.kv_bytes_per_token(4), 2**20)
-    cfg = EngineConfig(kv_cache_bytes=kv_bytes, expert_parallel=expert_parallel)
     params = SamplingParams(
         max_tokens=max_tokens, temperature=temperature, top_p=top_p, seed=seed, stop_token_ids=stop
     )
     try:
-        with local_group(model, cfg, tensor_parallel) as group:
-            try:
-                engine = Engine(source, cfg, group.tp)
-                try:
-                    ranks = f" on {tensor_parallel} ranks" if tensor_parallel > 1 else ""
-                    typer.echo(
-                        f"generating up to {max_tokens} tokens after {len(ids)} prompt "
-                        f"tokens{ranks}",
-                        err=True,
-                    )
-                    started = time.monotonic()
-                    seq = engine.generate([ids], params)[0]
-                finally:
-                    engine.close()
-            except TPPeerLost as exc:
-                logs = group.follower_logs()
-                raise TPPeerLost(f"{exc}" + (f"; {logs}" if logs else "")) from None
+        out_ids, took = generate_one(
+            model,
+            source,
+            ids,
+            params,
+            tensor_parallel,
+            expert_parallel,
+            lambda line: typer.echo(line, err=True),
+        )
     except (KVCacheFull, ValueError) as exc:
         raise _fail(str(exc)) from None
     except TPPeerLost as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from None
-    out_ids = seq.output_ids
-    took = time.monotonic() - started
     typer.echo(f"{len(out_ids)} tokens in {took:.1f} s", err=True)
     text = tok.decode(out_ids) if tok is not None else None
     if json_out:

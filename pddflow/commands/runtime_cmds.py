@@ -316,102 +316,55 @@ def bench_serve(
 
     from rich.console import Console
 
-    from pddflow.bench.deploy_process import LaunchError
-    from pddflow.bench.serve import ratios, run_graph, summarize
+    from pddflow.bench.serve_run import ServeError, ServeOptions, serve_graphs
     from pddflow.bench.wan_degrade import WanDegrade
-    from pddflow.core.serve_sessions import TraceError, build
 
     check_cpu_pinning(cpu_pinning)
     if engine not in ENGINES:
         fail(f"--engine: unknown {engine!r}; engines: {', '.join(ENGINES)}", code=2)
     if profile == "production" and engine != "modeled":
         fail("--profile production runs with --engine modeled", code=2)
-    if wan_gbps is None and engine == "real":
-        wan_gbps = 0.1
     try:
         degrade = WanDegrade.parse(wan_degrade) if wan_degrade is not None else None
     except ValueError as exc:
         fail(str(exc), code=2)
+    opts = ServeOptions(
+        trace=trace,
+        sessions=sessions,
+        turns=turns,
+        scale=scale,
+        rps=rps,
+        max_output=max_output,
+        think_s=think,
+        wan_gbps=0.1 if wan_gbps is None and engine == "real" else wan_gbps,
+        degrade=degrade,
+        timeout_s=timeout,
+        seed=seed,
+        cpu_pinning=cpu_pinning,
+        backend=backend,
+        address=address,
+        engine=engine,
+        profile=profile,
+        stream_interval=stream_interval,
+        api_servers=api_servers,
+        per_request=per_request,
+        exact=exact,
+    )
     graphs = [resolve_or_exit(g) for g in graphs or [Path("cross_dc_pd"), Path("pdd")]]
     plans = [load_or_exit(g) for g in graphs]
-    try:
-        from pddflow.operators.hub import resolve_model
-        from pddflow.runtime.frontend.model_info import model_info
-
-        vocab = model_info(resolve_model(plans[0].model.weights)).vocab_size
-        workload = build(
-            trace, sessions, turns, scale, vocab=min(vocab, 256), seed=seed, max_output=max_output
-        )
-    except (TraceError, OSError) as exc:
-        fail(str(exc))
     err = Console(stderr=True)
-    reference = None
-    if exact:
-        from pddflow.bench.serve_reference import reference_outputs
-
-        err.print(f"the colocated reference: {workload.requests} requests ...")
-        reference = reference_outputs(plans[0].model.weights, workload, engine)
-    results = []
     # SIGTERM stops the deployment under test as Ctrl-C does (it would outlive this process)
     signal.signal(signal.SIGTERM, _interrupt)
     with progress_bar(err, counted=True) as bar:
-        for g in graphs:
-            task = bar.add_task(f"serving {g.name}", total=workload.requests)
-            try:
-                results.append(
-                    run_graph(
-                        g,
-                        workload,
-                        rps,
-                        wan_gbps,
-                        timeout,
-                        lambda t=task: bar.advance(t),
-                        think,
-                        extra=(
-                            "--cpu-pinning",
-                            cpu_pinning,
-                            "--backend",
-                            backend,
-                            "--engine",
-                            engine,
-                            "--profile",
-                            profile,
-                            "--stream-interval",
-                            str(stream_interval),
-                            "--api-servers",
-                            str(api_servers),
-                            *(("--address", address) if address else ()),
-                        ),
-                        per_request=per_request,
-                        degrade=degrade,
-                    )
-                )
-            except LaunchError as exc:
-                fail(f"{g}: {exc}")
-    sla = plans[0].scheduler
-    rows = [summarize(r, sla.ttft_s, sla.tpot_ms / 1e3, reference) for r in results]
-    out = {
-        "workload": {
-            "sessions": sessions,
-            "turns": turns,
-            "requests": workload.requests,
-            "scale": scale,
-            "rps": rps,
-            "wan_gbps": wan_gbps,
-            "wan_degrade": degrade.as_json() if degrade is not None else None,
-            "max_output": max_output,
-            "think_s": think,
-            "trace": str(trace),
-            "cpu_pinning": cpu_pinning,
-            "backend": backend,
-            "engine": engine,
-            "profile": profile,
-            "stream_interval": stream_interval,
-            "api_servers": api_servers,
-        },
-        "graphs": rows,
-        "ratios_vs_first": {r["graph"]: ratios(rows[0], r) for r in rows[1:]},
-    }
+
+        def track(name: str, total: int):
+            task = bar.add_task(f"serving {name}", total=total)
+            return lambda: bar.advance(task)
+
+        try:
+            out = serve_graphs(graphs, plans, opts, track, err.print)
+        except ServeError as exc:
+            fail(str(exc))
     if as_json:
         print(_json.dumps(out, indent=2))
         return

@@ -17,7 +17,6 @@ import typer
 from pddflow.commands.common import GRAPH_HELP, check_cpu_pinning, fail, load_or_exit
 from pddflow.commands.progress import progress_bar
 from pddflow.commands.sim_output import json_default, print_sweep, print_table, ratios
-from pddflow.data import MOONCAKE_TRACE
 
 
 def simulate(
@@ -202,54 +201,43 @@ def simulate(
 ) -> None:
     """Simulate graphs at cluster scale with the same Plan and scheduler the runtime uses: TTFT/TPOT
     percentiles, SLA goodput, cost, BCR, WAN bytes, relay token share, variants and handoffs."""
-    from pddflow.sim.agentic import AgenticConfig, pdd_conditions
-    from pddflow.sim.calibration import Calibration, HostSpec
-    from pddflow.sim.metrics import request_rows
-    from pddflow.sim.runner import RunOptions, calibrated, with_stream_gbps, with_wan_gbps
-    from pddflow.sim.runner import simulate as simulate_plan
+    from pddflow.sim.runner import RunOptions, simulate_each
+    from pddflow.sim.workload_options import WorkloadError, WorkloadOptions
 
-    if workload not in ("auto", "trace", "agentic", "pdd", "serve"):
-        fail(f"unknown workload {workload!r}; use trace, agentic, pdd or serve", code=2)
-    preset = workload == "pdd"
-    if preset:
-        workload = "agentic"
-    if serve_workload:
-        if workload not in ("auto", "serve"):
-            fail(f"--serve-workload contradicts --workload {workload}", code=2)
-        workload = "serve"
-    if profile not in ("auto", "production", "local"):
-        fail(f"unknown profile {profile!r}; use production or local", code=2)
-    if sweep is not None and sweep != "hit-rate":
-        fail(f"unknown sweep {sweep!r}; the sweep is `--sweep hit-rate`", code=2)
-    kind = workload if workload != "auto" else ("trace" if trace else "agentic")
-    if kind == "serve" and sweep:
-        fail("--sweep hit-rate generates agentic workloads; drop --serve-workload", code=2)
-    if kind == "trace" and trace is None:
-        trace = MOONCAKE_TRACE  # the shipped Mooncake conversation trace
-    if kind == "agentic" and trace is not None:
-        fail("--workload agentic generates its own requests; drop --trace", code=2)
-    if sweep and trace:
-        fail("--sweep hit-rate generates agentic workloads; drop --trace", code=2)
-    check_cpu_pinning(pinning)
-    profile_of = _arrival_profile(arrival_profile)
-    if sweep and (planner or profile_of):
-        fail("--sweep hit-rate runs fixed fleets at fixed rates; drop --planner and "
-             "--arrival-profile", code=2)  # fmt: skip
-
-    plans = [
-        with_stream_gbps(with_wan_gbps(load_or_exit(g), wan_gbps), stream_gbps) for g in graphs
-    ]
+    kind = _kind(workload, serve_workload, trace)
+    arrivals = _checked(kind, trace, profile, sweep, sweep_load, pinning, planner, arrival_profile)
+    spec = WorkloadOptions(
+        kind=kind,
+        seed=seed,
+        trace=trace,
+        requests=requests,
+        rate_scale=rate_scale,
+        input_scale=input_scale,
+        output_scale=output_scale,
+        rps=rps,
+        turns=turns,
+        think_s=think_s,
+        hit_rate=hit_rate,
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
+        sessions=sessions,
+        scale=scale,
+        max_output=max_output,
+        arrivals=arrivals,
+    )
     measured = _measurements(calibrate, kind) if calibrate else None
     local = profile == "local" or (profile == "auto" and measured is not None)
-    if cpu_cores is None and kind == "serve" and measured is not None and local:
-        cpu_cores = float(os.cpu_count() or 1)
-    # one process per instance, on the cores the runtime would pin it to
-    host = HostSpec(cpu_cores, pinning) if cpu_cores and not sweep else None
-    if measured is not None:
-        plans, cals = calibrated(plans, measured, host, local)
-    else:
-        plans = [p.scaled_to_local() for p in plans] if local else plans
-        cals = [Calibration(host=host) for _ in plans]
+    plans, cals = _fleet(graphs, wan_gbps, stream_gbps, measured, local, kind, cpu_cores, pinning,
+                         sweep)  # fmt: skip
+    # a local (embedded) profile runs the small built-in model: hash prompts at its block size
+    model = plans[0].model
+    block = model.block_size if local else 512
+    if sweep:
+        base = spec.agentic(block, model.max_context)
+        out = _sweep(plans, cals, base, sweep_points, cached_price, seed, check_mirrors, quiet,
+                     sweep_load)  # fmt: skip
+        print_sweep(out, as_json, plot)
+        return
     options = RunOptions(
         seed=seed,
         replications=replications,
@@ -260,74 +248,77 @@ def simulate(
         wan_jitter_seed=0 if kind == "serve" else None,
         planner=planner,
     )
-
-    # a local (embedded) profile runs the small built-in model: hash prompts at its block size
-    block = plans[0].model.block_size if local else 512
-    if kind == "serve":
-        rps = 2.0 if rps is None else rps
-        turns = 4.0 if turns is None else turns
-        think_s = 1.0 if think_s is None else think_s
-    base = AgenticConfig(
-        requests=requests or 4000,
-        rps=8.0 if rps is None else rps,
-        hit_rate=hit_rate,
-        turns_mean=12.0 if turns is None else turns,
-        think_s=20.0 if think_s is None else think_s,
-        first_prompt_tokens=prompt_tokens,
-        output_tokens=output_tokens,
-        seed=seed,
-        system_prompt_tokens=min(2048, prompt_tokens // 8),
-        block_tokens=block,
-        max_context=min(65536, plans[0].model.max_context),
-    )
-    if preset:
-        base = pdd_conditions(requests=base.requests, rps=base.rps, seed=seed, block_tokens=block)
-    if sweep:
-        if sweep_load not in ("capacity", "fixed"):
-            fail(f"unknown --sweep-load {sweep_load!r}; use capacity or fixed", code=2)
-        sim_kwargs = {"strict_mirrors": check_mirrors}
-        out = _sweep(
-            plans, cals, base, sweep_points, cached_price, seed, sim_kwargs, quiet, sweep_load
-        )
-        print_sweep(out, as_json, plot)
-        return
-
-    if kind == "serve":
-        wl = _serve_workload(trace, sessions, base, plans[0].model.block_size, scale, max_output)
-    else:
-        wl = _workload(kind, trace, base, rate_scale, input_scale, output_scale, requests)
-    if profile_of is not None:
-        wl = profile_of.apply(wl)
-    results, sims = [], []
-    with _progress(quiet) as prog:
-        for p, c in zip(plans, cals):
-            task = prog.add_task(f"simulating {p.name}", total=len(wl.requests)) if prog else None
-            tick = (lambda done, total, t=task: prog.update(t, completed=done)) if prog else None
-            try:
-                result, sim = simulate_plan(p, wl, c, options, progress=tick)
-            except ValueError as exc:
-                fail(f"{p.source}: {exc}")
-            if per_request:
-                result["per_request"] = request_rows(sim)
-            result["workload"] = {
-                "name": wl.name,
-                **{k: v for k, v in wl.meta.items() if isinstance(v, (int, float, str))},
-            }
-            if measured is not None:
-                result["calibration"] = measured.report(p.source)
-            results.append(result)
-            sims.append(sim)
+    try:
+        wl = spec.build(block, model.max_context, model.block_size)
+        with _progress(quiet) as prog:
+            track = (lambda name, n: _tracker(prog, f"simulating {name}", n)) if prog else None
+            results, sims = simulate_each(
+                plans, cals, wl, options, per_request=per_request, measured=measured, track=track
+            )
+    except (WorkloadError, ValueError) as exc:
+        fail(str(exc))
     if plot is not None:
         _plots(plot, sims)
-    if as_json:
-        out = (
-            results[0]
-            if len(results) == 1
-            else {"graphs": results, "ratios_vs_first": ratios(results)}
-        )
-        print(json.dumps(out, indent=2, default=json_default))
+    if not as_json:
+        print_table(results, wl)
         return
-    print_table(results, wl)
+    one = len(results) == 1
+    out = results[0] if one else {"graphs": results, "ratios_vs_first": ratios(results)}
+    print(json.dumps(out, indent=2, default=json_default))
+
+
+def _fleet(graphs, wan_gbps, stream_gbps, measured, local, kind, cpu_cores, pinning, sweep):
+    """The graphs' plans as simulated (links as the options say, fit to `measured` or scaled to
+    the local profile) and their calibrations."""
+    from pddflow.sim.calibration import HostSpec
+    from pddflow.sim.runner import prepared, with_stream_gbps, with_wan_gbps
+
+    if cpu_cores is None and kind == "serve" and measured is not None and local:
+        cpu_cores = float(os.cpu_count() or 1)
+    # one process per instance, on the cores the runtime would pin it to
+    host = HostSpec(cpu_cores, pinning) if cpu_cores and not sweep else None
+    plans = [
+        with_stream_gbps(with_wan_gbps(load_or_exit(g), wan_gbps), stream_gbps) for g in graphs
+    ]
+    return prepared(plans, measured, local, host)
+
+
+def _checked(kind, trace, profile, sweep, sweep_load, pinning, planner, arrival_profile):
+    """The options' values and combinations refused (exit 2); the arrival profile parsed."""
+    if profile not in ("auto", "production", "local"):
+        fail(f"unknown profile {profile!r}; use production or local", code=2)
+    if sweep is not None and sweep != "hit-rate":
+        fail(f"unknown sweep {sweep!r}; the sweep is `--sweep hit-rate`", code=2)
+    if sweep and kind in ("serve", "trace"):
+        drop = {"serve": "--serve-workload", "trace": "--trace" if trace else "--workload trace"}
+        fail(f"--sweep hit-rate generates agentic workloads; drop {drop[kind]}", code=2)
+    if sweep and sweep_load not in ("capacity", "fixed"):
+        fail(f"unknown --sweep-load {sweep_load!r}; use capacity or fixed", code=2)
+    check_cpu_pinning(pinning)
+    arrivals = _arrival_profile(arrival_profile)
+    if sweep and (planner or arrivals):
+        fail("--sweep hit-rate runs fixed fleets at fixed rates; drop --planner and "
+             "--arrival-profile", code=2)  # fmt: skip
+    return arrivals
+
+
+def _kind(workload: str, serve_workload: bool, trace: Path | None) -> str:
+    """--workload (auto: trace with --trace, else agentic) and --serve-workload as one kind."""
+    if workload not in ("auto", "trace", "agentic", "pdd", "serve"):
+        fail(f"unknown workload {workload!r}; use trace, agentic, pdd or serve", code=2)
+    if serve_workload:
+        if workload not in ("auto", "serve"):
+            fail(f"--serve-workload contradicts --workload {workload}", code=2)
+        return "serve"
+    kind = workload if workload != "auto" else ("trace" if trace else "agentic")
+    if kind in ("agentic", "pdd") and trace is not None:
+        fail(f"--workload {kind} generates its own requests; drop --trace", code=2)
+    return kind
+
+
+def _tracker(prog, description: str, total: int):
+    task = prog.add_task(description, total=total)
+    return lambda done, _total: prog.update(task, completed=done)
 
 
 def _arrival_profile(text: str | None):
@@ -366,44 +357,6 @@ def _measurements(calibrate: list[Path], kind: str):
         fail(str(exc))
 
 
-def _serve_workload(trace, sessions, base, block, scale, max_output):
-    from pddflow.core.serve_sessions import TraceError
-    from pddflow.sim.serve_replay import DEFAULT_TRACE, serve_workload
-
-    try:
-        return serve_workload(
-            trace or DEFAULT_TRACE,
-            sessions,
-            int(base.turns_mean),
-            block,
-            scale=scale,
-            seed=base.seed,
-            max_output=max_output,
-            rps=base.rps,
-            think_s=base.think_s,
-        )
-    except (TraceError, OSError) as exc:
-        fail(str(exc))
-
-
-def _workload(kind, trace, base, rate_scale, input_scale, output_scale, requests):
-    from pddflow.sim.agentic import generate
-    from pddflow.sim.trace import TraceError, load_trace
-
-    if kind == "agentic":
-        return generate(base)
-    try:
-        return load_trace(
-            trace,
-            rate_scale=rate_scale,
-            input_scale=input_scale,
-            output_scale=output_scale,
-            limit=requests,
-        )
-    except TraceError as exc:
-        fail(str(exc))
-
-
 def _progress(quiet: bool):
     if quiet:
         return nullcontext()
@@ -423,7 +376,7 @@ def _plots(directory: Path, sims) -> None:
         print(f"wrote {w}", file=sys.stderr)
 
 
-def _sweep(plans, cals, base, points, cached_price, seed, sim_kwargs, quiet, load) -> list[dict]:
+def _sweep(plans, cals, base, points, cached_price, seed, check_mirrors, quiet, load) -> list[dict]:
     from pddflow.sim.sweep import hit_rate_sweep
 
     try:
@@ -454,7 +407,7 @@ def _sweep(plans, cals, base, points, cached_price, seed, sim_kwargs, quiet, loa
                 hits,
                 prices,
                 seed,
-                {**sim_kwargs, "calibration": cal},
+                {"strict_mirrors": check_mirrors, "calibration": cal},
                 (lambda d, t, k=task: prog.update(k, completed=d)) if prog else None,
                 load,
             )

@@ -78,88 +78,47 @@ def size(
     declared `host_cache` tier's size; the most SLA goodput within the budget (then the most per
     dollar within the search's precision), or the cheapest meeting a target rate. Prints the
     winner, the frontier of candidates evaluated, and writes the winner's graph file."""
-    from pddflow.sim.agentic import AgenticConfig, pdd_conditions
-    from pddflow.sim.sizing.cache import Cache
-    from pddflow.sim.sizing.search import Search, size, write_graph
-    from pddflow.sim.sizing.workloads import AgenticSource, trace_source
+    from pddflow.sim.sizing.run import WORKLOADS, SizeOptions, SizingError, size_graphs
 
     if (budget is None) == (target_rps is None):
         fail("give one of --budget-usd-per-hour and --target-rps", code=2)
-    if workload not in ("pdd", "agentic", "trace"):
+    if workload not in WORKLOADS:
         fail(f"unknown workload {workload!r}; use pdd, agentic or trace", code=2)
-    if trace is not None and workload != "trace":
-        workload = "trace"
+    opts = SizeOptions(
+        budget=budget,
+        target_rps=target_rps,
+        workload=workload,
+        trace=trace,
+        requests=requests,
+        hit_rate=hit_rate,
+        start_rps=start_rps,
+        precision=precision,
+        seed=seed,
+        jobs=jobs or os.cpu_count() or 1,
+        out_dir=out or Path("."),
+        cache_dir=None if no_cache else cache_dir,
+    )
     files = [resolve_or_exit(g) for g in graphs]
     plans = [load_or_exit(g) for g in files]
-    block = 512
-    if workload == "trace":
-        from pddflow.data import MOONCAKE_TRACE
-        from pddflow.sim.trace import TraceError
-
-        try:
-            source = trace_source(str(trace or MOONCAKE_TRACE), limit=requests)
-        except (TraceError, OSError) as exc:
-            fail(str(exc))
-    else:
-        extra = {} if hit_rate is None else {"hit_rate": hit_rate}
-        cfg = (
-            pdd_conditions(requests=requests, rps=4.0, seed=seed, block_tokens=block, **extra)
-            if workload == "pdd"
-            else AgenticConfig(requests=requests, rps=4.0, seed=seed, block_tokens=block, **extra)
-        )
-        source = AgenticSource(cfg)
-    start = start_rps or source.base_rps
-    jobs = jobs or os.cpu_count() or 1
-    results = []
     err = console(stderr=True)
     with _progress(quiet, err) as prog:
-        for f, p in zip(files, plans):
-            cache = Cache(None if no_cache else cache_dir / f"{p.name}.json")
-            task = prog.add_task(f"sizing {p.name}: candidates scored") if prog else None
-            tick = (
-                (
-                    lambda done, _t, k=task, n=p.name: prog.update(
-                        k, description=f"sizing {n}: {done} candidates scored", completed=done
-                    )
-                )
-                if prog
-                else None
+
+        def track(name: str):
+            if prog is None:
+                return None
+            task = prog.add_task(f"sizing {name}: candidates scored")
+            return lambda done, _total: prog.update(
+                task, description=f"sizing {name}: {done} candidates scored", completed=done
             )
-            res = size(
-                p,
-                lambda plan, c=cache, t=tick: Search(
-                    plan, source, seed=seed, jobs=jobs, cache=c, progress=t, precision=precision
-                ),
-                budget=budget,
-                target_rps=target_rps,
-                start_rps=start,
-            )
-            if res.best is not None:
-                d = out or Path(".")
-                d.mkdir(parents=True, exist_ok=True)
-                limit = f"${budget:g}/h" if budget is not None else f"{target_rps:g} req/s"
-                path = write_graph(
-                    str(f),
-                    res.best,
-                    d / f"{p.name}_sized.yaml",
-                    f"`pddflow size` winner for {limit}, workload {workload}, seed {seed}: "
-                    f"{res.best.slo_goodput_rps:.3g} req/s SLA goodput at "
-                    f"${res.best.cost_per_hour:g}/h",
-                )
-                res.written = str(path)
-            results.append(res)
+
+        try:
+            results = size_graphs(files, plans, opts, track)
+        except SizingError as exc:
+            fail(str(exc))
     if as_json:
-        print(
-            json.dumps(
-                {
-                    "workload": workload,
-                    "requests": requests,
-                    "seed": seed,
-                    "graphs": [r.to_dict() for r in results],
-                },
-                indent=2,
-            )
-        )
+        graphs_out = [r.to_dict() for r in results]
+        out_json = {"workload": opts.kind, "requests": requests, "seed": seed, "graphs": graphs_out}
+        print(json.dumps(out_json, indent=2))
         return
     _print(results, budget, target_rps)
 

@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 from pddflow.graph.plan import Plan
 from pddflow.sim.calibration import Calibration, HostSpec, Measurements, calibrated_plan, settle
 from pddflow.sim.engine import StepKind
-from pddflow.sim.metrics import summarize
+from pddflow.sim.metrics import request_rows, summarize
 from pddflow.sim.simulator import Simulation
 from pddflow.sim.workload import Workload
 
@@ -47,6 +47,52 @@ def calibrated(
 ) -> tuple[list[Plan], list[Calibration]]:
     cals = [measured.calibration(p.source, host) for p in plans]
     return [calibrated_plan(p, measured.engine, local=local) for p in plans], cals
+
+
+def prepared(
+    plans: list[Plan], measured: Measurements | None, local: bool, host: HostSpec | None
+) -> tuple[list[Plan], list[Calibration]]:
+    """The plans as simulated, with their calibrations: fit to `measured` (on the local profile
+    unless `local` is False), else uncalibrated, scaled to the local profile when `local`."""
+    if measured is not None:
+        return calibrated(plans, measured, host, local)
+    return [p.scaled_to_local() for p in plans] if local else plans, [
+        Calibration(host=host) for _ in plans
+    ]
+
+
+def simulate_each(
+    plans: list[Plan],
+    cals: list[Calibration],
+    workload: Workload,
+    options: RunOptions,
+    *,
+    per_request: bool = False,
+    measured: Measurements | None = None,
+    track: Callable[[str, int], Callable[[int, int], None] | None] | None = None,
+) -> tuple[list[dict], list[Simulation]]:
+    """`simulate` of each plan on the same workload: the reports (with every request's row when
+    `per_request`, the workload's name and numbers, and what `measured` fit) and the replays.
+    `track(name, requests)` gives each plan's progress callback. A plan the simulator refuses is
+    a ValueError naming its graph file."""
+    results, sims = [], []
+    for plan, cal in zip(plans, cals):
+        tick = track(plan.name, len(workload.requests)) if track is not None else None
+        try:
+            result, sim = simulate(plan, workload, cal, options, progress=tick)
+        except ValueError as exc:
+            raise ValueError(f"{plan.source}: {exc}") from exc
+        if per_request:
+            result["per_request"] = request_rows(sim)
+        result["workload"] = {
+            "name": workload.name,
+            **{k: v for k, v in workload.meta.items() if isinstance(v, (int, float, str))},
+        }
+        if measured is not None:
+            result["calibration"] = measured.report(plan.source)
+        results.append(result)
+        sims.append(sim)
+    return results, sims
 
 
 def simulate(
