@@ -202,7 +202,7 @@ def simulate(
     """Simulate graphs at cluster scale with the same Plan and scheduler the runtime uses: TTFT/TPOT
     percentiles, SLA goodput, cost, BCR, WAN bytes, relay token share, variants and handoffs."""
     from pddflow.sim.runner import RunOptions, simulate_each
-    from pddflow.sim.workload_options import WorkloadError, WorkloadOptions
+    from pddflow.sim.workload_options import WorkloadOptions
 
     kind = _kind(workload, serve_workload, trace)
     arrivals = _checked(kind, trace, profile, sweep, sweep_load, pinning, planner, arrival_profile)
@@ -255,7 +255,7 @@ def simulate(
             results, sims = simulate_each(
                 plans, cals, wl, options, per_request=per_request, measured=measured, track=track
             )
-    except (WorkloadError, ValueError) as exc:
+    except ValueError as exc:  # WorkloadError is one; so is a plan the simulator refuses
         fail(str(exc))
     if plot is not None:
         _plots(plot, sims)
