@@ -60,15 +60,24 @@ def resolve_device(config: EngineConfig) -> torch.device:
     return torch.device(config.device)
 
 
+def cuda_devices() -> int:
+    """The CUDA devices this process sees; 0 without asking torch on a host with no GPU driver
+    (neither NVIDIA's nor ROCm's device node), so that a process that only places ranks (the
+    deployer) does not import torch to learn it."""
+    if not any(os.path.exists(node) for node in ("/dev/nvidiactl", "/dev/kfd")):
+        return 0
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
 def rank_device(rank: int, device: str = "auto", gpus: int | None = None) -> str:
     """The device tensor-parallel rank `rank` computes on, for an engine configured for `device`
     on a process that sees `gpus` CUDA devices (default: as many as torch sees): the
     (rank mod gpus)-th GPU when the engine runs on CUDA ("auto" or "cuda" with a GPU here), else
     the configured device, the CPU by default. Every follower, deployed or local, starts here."""
     if gpus is None:
-        import torch
-
-        gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        gpus = cuda_devices()
     if device == "auto":
         device = "cuda" if gpus else "cpu"
     if device.split(":")[0] != "cuda":

@@ -16,7 +16,6 @@ from functools import lru_cache
 from typing import Any
 
 import numpy as np
-import torch
 
 
 def grammar_engine() -> Any:
@@ -81,7 +80,7 @@ class Grammars:
             raise ValueError(
                 f"structured output: the grammar engine cannot read this model's tokenizer ({exc})"
             ) from None
-        self._only_eos = torch.zeros(vocab_size, dtype=torch.bool)
+        self._only_eos = np.zeros(vocab_size, dtype=bool)
         self._only_eos[list(tokenizer.eos_token_ids)] = True
         self._compiled = lru_cache(maxsize=64)(self._compile)
 
@@ -99,11 +98,12 @@ class Grammars:
     def state(self, grammar: str) -> GrammarState:
         return GrammarState(self._compiled(grammar).deep_copy(), 0)
 
-    def mask(self, state: GrammarState, generated: list[int]) -> torch.Tensor:
+    def mask(self, state: GrammarState, generated: list[int]) -> np.ndarray:
         """Bool [vocab]: the tokens the grammar allows after `generated` (the sequence's output
         so far; the state consumes what it has not seen yet). Only EOS where the grammar allows
         nothing more (it is complete) or nothing at all: a dead end (the vocabulary has no token
-        the grammar would take next), which marks the state `dead` and ends the answer there."""
+        the grammar would take next), which marks the state `dead` and ends the answer there.
+        Numpy, not torch: the API process checks grammars and must not pay torch's import."""
         m = state.matcher
         if state.consumed < len(generated):
             m.consume_tokens(generated[state.consumed :])
@@ -111,9 +111,7 @@ class Grammars:
         only_eos = self._only_eos
         if not m.is_error():
             bits = np.frombuffer(m.compute_bitmask(), dtype=np.uint8)
-            allowed = torch.from_numpy(
-                np.unpackbits(bits, bitorder="little")[: self.vocab_size].astype(bool)
-            )
+            allowed = np.unpackbits(bits, bitorder="little")[: self.vocab_size].astype(bool)
             # llguidance offers EOS where its lexer is stuck too: only EOS is a dead end unless
             # the grammar is complete
             if (allowed & ~only_eos).any() or (allowed.any() and m.is_accepting()):

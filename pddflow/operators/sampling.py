@@ -143,7 +143,7 @@ def constrain(logits: torch.Tensor, seqs: list[Sequence], grammars: Grammars | N
         seq = seqs[i]
         if seq.grammar is None:
             seq.grammar = grammars.state(seq.sampling.grammar)
-        allowed = grammars.mask(seq.grammar, seq.generated_ids).to(out.device)
+        allowed = torch.from_numpy(grammars.mask(seq.grammar, seq.generated_ids)).to(out.device)
         width = min(allowed.numel(), out.shape[1])
         out[i, :width].masked_fill_(~allowed[:width], float("-inf"))
         out[i, width:] = float("-inf")

@@ -63,7 +63,7 @@ def test_json_object_admits_any_object_and_only_an_object(engine):
 
     def allowed(text: str) -> set[int]:
         state = grammars.state(g)
-        return set(grammars.mask(state, tok.encode(text)[1:]).nonzero().view(-1).tolist())
+        return set(grammars.mask(state, tok.encode(text)[1:]).nonzero()[0].tolist())
 
     assert allowed("") == {ord("{")}
     assert {ord("}"), ord(",")} <= allowed('{"any":[1,"x"]')
@@ -74,7 +74,6 @@ def test_json_object_admits_any_object_and_only_an_object(engine):
 def test_the_state_rebuilt_from_the_output_gives_the_same_masks(engine):
     """Main rebuilds the grammar state from the token IDs the relay handed it: at every position
     a fresh state fed the output so far masks like the state that followed each draw."""
-    import torch
 
     grammars = engine.grammars
     grammar = json_schema_grammar(PERSON)
@@ -84,7 +83,7 @@ def test_the_state_rebuilt_from_the_output_gives_the_same_masks(engine):
     followed = grammars.state(grammar)
     for k in range(0, len(out), 7):
         fresh = grammars.state(grammar)
-        assert torch.equal(grammars.mask(fresh, out[:k]), grammars.mask(followed, out[:k]))
+        assert (grammars.mask(fresh, out[:k]) == grammars.mask(followed, out[:k])).all()
 
 
 def test_a_byte_level_bpe_tokenizer(tmp_path):

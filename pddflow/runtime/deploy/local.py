@@ -12,7 +12,7 @@ from typing import Any
 
 from pddflow.channels.link_relay import Link, LinkRelay
 from pddflow.graph.plan import Plan
-from pddflow.operators.engine_config import rank_device
+from pddflow.operators.engine_config import cuda_devices, rank_device
 from pddflow.runtime.deploy.processes import WorkerProcess, stop_all
 from pddflow.runtime.deploy.run_dir import WIRING_FILE, private_file
 from pddflow.runtime.transports import transports
@@ -35,10 +35,8 @@ class LocalBackend:
         self.run_dir = self.wiring_file = Path()
 
     def start(self, plan: Plan, wiring: Wiring, run_dir: Path) -> None:
-        if wiring.engine == "real":
-            import torch  # loaded already (the model's facts); says where the ranks compute
-
-            self.gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if wiring.engine == "real":  # where the ranks compute
+            self.gpus = cuda_devices()
         self.wiring = wiring
         # one host: rdma_tensor is shared memory unless an edge asked for a network transport
         wiring.transports = transports(plan, {}, wiring.rdma)
