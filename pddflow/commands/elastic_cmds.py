@@ -8,15 +8,9 @@ from pathlib import Path
 
 import typer
 
-from pddflow.commands.common import (
-    GRAPH_HELP,
-    check_cpu_pinning,
-    fail,
-    load_or_exit,
-    resolve_or_exit,
-)
+from pddflow.commands.common import GRAPH_HELP, fail, load_or_exit, resolve_or_exit
+from pddflow.commands.deploy_flags import check_engine_profile, cpu_pinning_option, engine_option
 from pddflow.commands.progress import console, progress_bar
-from pddflow.runtime.deploy.modeled import ENGINES
 
 
 def bench_elastic(
@@ -54,13 +48,8 @@ def bench_elastic(
     ),
     timeout: float = typer.Option(120.0, min=1.0, help="deadline of one request, s"),
     seed: int = typer.Option(0, help="workload seed"),
-    cpu_pinning: str = typer.Option("none", help="passed to every `pddflow deploy`"),
-    engine: str = typer.Option(
-        "real",
-        help="passed to every `pddflow deploy`: real (the built-in model on this machine's "
-        "cores, where replicas share them) or modeled (each replica takes the device model's "
-        "time on devices of its own; docs/runtime.md, The modeled engine)",
-    ),
+    cpu_pinning: str = cpu_pinning_option("none", passed=True),
+    engine: str = engine_option(passed=True),
     time_scale: float = typer.Option(
         1.0,
         min=1e-3,
@@ -77,13 +66,11 @@ def bench_elastic(
     from pddflow.bench.elastic import MODES
     from pddflow.bench.elastic_run import ElasticError, ElasticOptions, run_elastic
 
-    check_cpu_pinning(cpu_pinning)
     picked = [m.strip() for m in modes.split(",") if m.strip()]
     bad = [m for m in picked if m not in MODES]
     if bad or not picked:
         fail(f"--modes: unknown {', '.join(bad) or '(none)'}; modes: {', '.join(MODES)}", code=2)
-    if engine not in ENGINES:
-        fail(f"--engine: unknown {engine!r}; engines: {', '.join(ENGINES)}", code=2)
+    check_engine_profile(engine)
     if engine == "real" and time_scale != 1.0:
         fail("--time-scale slows the modeled engine; add --engine modeled", code=2)
     if most != "declared" and not (most.isdigit() and int(most) >= 2):

@@ -47,10 +47,14 @@ def generate(
     prompt_ids: str | None = typer.Option(
         None, "--prompt-ids", help="prompt token IDs, comma-separated: 1,2,3"
     ),
-    max_tokens: int = typer.Option(16, "--max-tokens", "-n", help="most tokens to generate"),
-    temperature: float = typer.Option(0.0, "--temperature", "-t", help="0 = greedy"),
+    max_tokens: int = typer.Option(16, "--max-tokens", "-n", min=1, help="most tokens to generate"),
+    temperature: float = typer.Option(0.0, "--temperature", "-t", min=0.0, help="0 = greedy"),
     top_p: float = typer.Option(
-        1.0, "--top-p", help="nucleus sampling mass (with temperature > 0)"
+        1.0,
+        "--top-p",
+        min=0.0,
+        max=1.0,
+        help="nucleus sampling mass in (0, 1] (with temperature > 0)",
     ),
     seed: int | None = typer.Option(None, "--seed", help="sampling seed (same seed, same tokens)"),
     json_out: bool = typer.Option(False, "--json", help='print {"token_ids": [...], "text": ...}'),
@@ -58,6 +62,7 @@ def generate(
         1,
         "--tensor-parallel",
         "--tp",
+        min=1,
         help="ranks of the instance: N-1 follower processes on this machine, rank 0 here",
     ),
     expert_parallel: bool = typer.Option(
@@ -70,12 +75,8 @@ def generate(
     """Generate with the colocated reference engine (prefill + decode on one instance)."""
     if (prompt is None) == (prompt_ids is None):
         raise _fail("give exactly one of --prompt TEXT or --prompt-ids 1,2,3")
-    if max_tokens < 1:
-        raise _fail(f"--max-tokens must be >= 1, got {max_tokens}")
-    if tensor_parallel < 1:
-        raise _fail(f"--tensor-parallel must be >= 1, got {tensor_parallel}")
-    if temperature < 0 or not 0 < top_p <= 1:
-        raise _fail("--temperature must be >= 0 and --top-p in (0, 1]")
+    if top_p == 0:
+        raise _fail("--top-p must be in (0, 1]: 0 keeps no token")
     ids: list[int] = []
     if prompt_ids is not None:
         try:

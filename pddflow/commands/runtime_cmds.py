@@ -9,17 +9,19 @@ from pathlib import Path
 
 import typer
 
-from pddflow.commands.common import (
-    GRAPH_HELP,
-    check_cpu_pinning,
-    fail,
-    load_or_exit,
-    resolve_or_exit,
+from pddflow.commands.common import GRAPH_HELP, fail, load_or_exit, resolve_or_exit
+from pddflow.commands.deploy_flags import (
+    api_servers_option,
+    check_engine_profile,
+    cpu_pinning_option,
+    engine_option,
+    profile_option,
+    stream_interval_option,
 )
 from pddflow.commands.progress import console, progress_bar
 from pddflow.core.device import LOCAL_KV_CACHE_MIB
 from pddflow.data import MOONCAKE_TRACE
-from pddflow.runtime.deploy.modeled import DEFAULT_KV_SCALE, ENGINES
+from pddflow.runtime.deploy.modeled import DEFAULT_KV_SCALE
 
 
 def deploy(
@@ -102,23 +104,9 @@ def deploy(
         "default: the graph's autoscale.enabled",
         show_default=False,
     ),
-    cpu_pinning: str = typer.Option(
-        "auto",
-        help="auto: give each emulated cluster (and, with enough cores, each "
-        "instance) cores of its own, as separate hardware would; none: workers "
-        "float over all cores",
-    ),
-    engine: str = typer.Option(
-        "real",
-        help="real: run the model's weights; modeled: every step takes the simulator's device-"
-        "model time for the graph's model.arch on the operator's devices, tokens from a hash of "
-        "the context, no torch (fleet-scale tests of the runtime; docs/runtime.md)",
-    ),
-    profile: str = typer.Option(
-        "local",
-        help="local: the graph's local profile; production: every declared replica (with "
-        "--engine modeled)",
-    ),
+    cpu_pinning: str = cpu_pinning_option(),
+    engine: str = engine_option(),
+    profile: str = profile_option(),
     kv_scale: float = typer.Option(
         DEFAULT_KV_SCALE,
         min=1e-6,
@@ -132,22 +120,8 @@ def deploy(
         help="modeled engine: every step lasts this many times its modeled time (slow a fleet "
         "down uniformly when this machine cannot keep up)",
     ),
-    stream_interval: int = typer.Option(
-        1,
-        min=1,
-        help="a streamed answer's SSE chunks each carry at least this many tokens (vLLM's "
-        "--stream-interval): the first token and the last chunk go at once; larger values "
-        "cost the frontend less per token, the text and its order are the same",
-    ),
-    api_servers: int = typer.Option(
-        1,
-        min=1,
-        max=64,
-        help="HTTP processes serving the API on the one port (vLLM's --api-server-count): this "
-        "process routes every request and keeps the scheduler's state; each request's tokens "
-        "go from the workers straight to the process holding its connection; /health, /metrics "
-        "and /admin answer for the whole deployment from any of them",
-    ),
+    stream_interval: int = stream_interval_option(),
+    api_servers: int = api_servers_option(),
 ) -> None:
     """Deploy GRAPH with its `local` profile: every operator instance as its own process, the
     clusters emulated on this machine and the WAN shaped by the graph's link model; serve the
@@ -180,7 +154,7 @@ def deploy(
         log_level=log_level,
         model=model,
         chat_template=chat_template,
-        cpu_pinning=check_cpu_pinning(cpu_pinning),
+        cpu_pinning=cpu_pinning,
         planner=planner,
         engine=engine,
         kv_scale=kv_scale,
@@ -193,6 +167,13 @@ def deploy(
         d = Deployment(load_or_exit(graph), options)
     except DeployError as exc:
         fail(str(exc), code=2 if isinstance(exc, OptionError) else 1)
+    _run(d, bool(api_key), bool(admin_key))
+
+
+def _run(d, api_key: bool, admin_key: bool) -> None:
+    """Start `d` with a progress bar, say where it serves, serve until interrupted, stop."""
+    from pddflow.runtime.deploy.deployment import DeployError, OptionError
+
     err = console(stderr=True)  # a log line is not wrapped at 80 columns when piped
     signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM during startup cleans up like Ctrl-C
     try:
@@ -266,11 +247,7 @@ def bench_serve(
     ),
     timeout: float = typer.Option(120.0, min=1.0, help="deadline of one request, s"),
     seed: int = typer.Option(0, help="workload seed"),
-    cpu_pinning: str = typer.Option(
-        "auto",
-        help="passed to every `pddflow deploy` (auto: each emulated cluster "
-        "on cores of its own; none: workers float over all cores)",
-    ),
+    cpu_pinning: str = cpu_pinning_option(passed=True),
     backend: str = typer.Option(
         "local",
         help="passed to every `pddflow deploy`: local, or ray (every graph deployed on the Ray "
@@ -279,22 +256,10 @@ def bench_serve(
     address: str | None = typer.Option(
         None, help="with --backend ray: the Ray cluster's address", show_default=False
     ),
-    engine: str = typer.Option(
-        "real",
-        help="passed to every `pddflow deploy`: real, or modeled (the device model's time for "
-        "the graphs' model.arch; docs/runtime.md, The modeled engine)",
-    ),
-    profile: str = typer.Option(
-        "local",
-        help="passed to every `pddflow deploy`: local, or production (every declared replica; "
-        "with --engine modeled)",
-    ),
-    stream_interval: int = typer.Option(
-        1, min=1, help="passed to every `pddflow deploy`: tokens an SSE chunk waits for"
-    ),
-    api_servers: int = typer.Option(
-        1, min=1, max=64, help="passed to every `pddflow deploy`: its HTTP processes"
-    ),
+    engine: str = engine_option(passed=True),
+    profile: str = profile_option(passed=True),
+    stream_interval: int = stream_interval_option(passed=True),
+    api_servers: int = api_servers_option(passed=True),
     per_request: bool = typer.Option(
         False,
         "--per-request",
@@ -319,11 +284,7 @@ def bench_serve(
     from pddflow.bench.serve_run import ServeError, ServeOptions, serve_graphs
     from pddflow.bench.wan_degrade import WanDegrade
 
-    check_cpu_pinning(cpu_pinning)
-    if engine not in ENGINES:
-        fail(f"--engine: unknown {engine!r}; engines: {', '.join(ENGINES)}", code=2)
-    if profile == "production" and engine != "modeled":
-        fail("--profile production runs with --engine modeled", code=2)
+    check_engine_profile(engine, profile)
     try:
         degrade = WanDegrade.parse(wan_degrade) if wan_degrade is not None else None
     except ValueError as exc:

@@ -6,7 +6,6 @@ simulator itself is pure Python.
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from contextlib import nullcontext
@@ -16,7 +15,7 @@ import typer
 
 from pddflow.commands.common import GRAPH_HELP, check_cpu_pinning, fail, load_or_exit
 from pddflow.commands.progress import progress_bar
-from pddflow.commands.sim_output import json_default, print_sweep, print_table, ratios
+from pddflow.commands.sim_output import print_results, print_sweep
 
 
 def simulate(
@@ -259,12 +258,7 @@ def simulate(
         fail(str(exc))
     if plot is not None:
         _plots(plot, sims)
-    if not as_json:
-        print_table(results, wl)
-        return
-    one = len(results) == 1
-    out = results[0] if one else {"graphs": results, "ratios_vs_first": ratios(results)}
-    print(json.dumps(out, indent=2, default=json_default))
+    print_results(results, wl, as_json)
 
 
 def _fleet(graphs, wan_gbps, stream_gbps, measured, local, kind, cpu_cores, pinning, sweep):

@@ -101,6 +101,16 @@ def json_default(o):
     return str(o)
 
 
+def print_results(results: list[dict], wl, as_json: bool) -> None:
+    """One graph's result as JSON, several with their ratios against the first; else the table."""
+    if not as_json:
+        print_table(results, wl)
+        return
+    one = len(results) == 1
+    out = results[0] if one else {"graphs": results, "ratios_vs_first": ratios(results)}
+    print(json.dumps(out, indent=2, default=json_default))
+
+
 def print_table(results: list[dict], wl) -> None:
 
     from pddflow.commands.tables import metric_table, percentile_rows

@@ -483,16 +483,22 @@ def pool_moves(
     return idle[: max(0, replicas - len(running))], running[replicas:][::-1]
 
 
-def _check_engine(o: DeployOptions) -> None:
-    if o.engine not in ENGINES:
-        raise OptionError(f"unknown engine {o.engine!r}; engines: {', '.join(ENGINES)}")
-    if o.profile not in PROFILES:
-        raise OptionError(f"unknown profile {o.profile!r}; profiles: {', '.join(PROFILES)}")
-    if o.profile == "production" and o.engine != "modeled":
+def check_engine_profile(engine: str, profile: str) -> None:
+    """OptionError unless `engine` can run `profile` (deploy's, and the bench commands' that
+    deploy, before they start anything)."""
+    if engine not in ENGINES:
+        raise OptionError(f"--engine: unknown {engine!r}; engines: {', '.join(ENGINES)}")
+    if profile not in PROFILES:
+        raise OptionError(f"--profile: unknown {profile!r}; profiles: {', '.join(PROFILES)}")
+    if profile == "production" and engine != "modeled":
         raise OptionError(
             "--profile production starts every declared replica, each on its devices_per_replica "
             "devices: on one machine that is for --engine modeled"
         )
+
+
+def _check_engine(o: DeployOptions) -> None:
+    check_engine_profile(o.engine, o.profile)
     if not 0 < o.kv_scale <= 1:
         raise OptionError(f"--kv-scale must be in (0, 1], got {o.kv_scale}")
     if o.time_scale <= 0:
