@@ -24,6 +24,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from pddflow.core.child_python import python_module
+
 ROOT = Path(__file__).resolve().parents[1]
 GRAPHS = ("pdd_88", "cross_dc_pd_88", "same_dc_pd_88")
 # arch -> graph -> operator -> (replicas, devices_per_replica); None: the shipped shapes
@@ -53,7 +55,7 @@ def simulate(paths: list[Path], a: argparse.Namespace) -> dict:
     args = ["simulate", *map(str, paths), "--rps", str(a.rps), "-n", str(a.n)]
     args += ["--seed", str(a.seed), "--json", "-q"]
     res = subprocess.run(
-        [sys.executable, "-m", "pddflow.cli", *args], capture_output=True, text=True, check=False
+        [*python_module("pddflow.cli"), *args], capture_output=True, text=True, check=False
     )
     if res.returncode != 0:
         sys.exit(f"pddflow {' '.join(args)} failed ({res.returncode}):\n{res.stderr[-2000:]}")

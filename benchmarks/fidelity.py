@@ -45,6 +45,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from pddflow.core.child_python import python_module
 from pddflow.graph import load_plan
 from pddflow.sim.calibration import Calibration, HostSpec, Measurements, is_serve_report
 from pddflow.sim.metrics import request_rows
@@ -73,7 +74,7 @@ ABLATIONS: dict[str, Callable[[Calibration], Calibration]] = {
 
 def _pddflow(args: list[str], out: Path) -> dict:
     res = subprocess.run(
-        [sys.executable, "-m", "pddflow.cli", *args], capture_output=True, text=True, check=False
+        [*python_module("pddflow.cli"), *args], capture_output=True, text=True, check=False
     )
     if res.returncode != 0:
         sys.exit(f"pddflow {' '.join(args)} failed ({res.returncode}):\n{res.stderr[-2000:]}")

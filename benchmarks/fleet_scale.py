@@ -22,6 +22,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from pddflow.core.child_python import python_module
+
 ROOT = Path(__file__).resolve().parents[1]
 # instances -> (prefill, relay, main) replicas; 22 is the shipped pdd_88
 SHAPES = {6: (3, 1, 2), 22: (10, 2, 10), 44: (20, 4, 20)}
@@ -46,7 +48,7 @@ def bench(paths: list[Path], a: argparse.Namespace, api_servers: int) -> dict:
     args += ["--scale", str(a.scale), "--max-output", str(a.max_output), "--think", str(a.think)]
     args += ["--cpu-pinning", "none", "--json"]
     res = subprocess.run(
-        [sys.executable, "-m", "pddflow.cli", *args], capture_output=True, text=True, check=False
+        [*python_module("pddflow.cli"), *args], capture_output=True, text=True, check=False
     )
     if res.returncode != 0:
         sys.exit(f"pddflow {' '.join(args)} failed ({res.returncode}):\n{res.stderr[-2000:]}")

@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from pddflow.core.child_python import python_module
+
 ROOT = Path(__file__).resolve().parents[1]
 FIGURES = (("ttft_s", "p50"), ("ttft_s", "p90"), ("tpot_ms", "p50"))
 RATIOS = ("ttft_p50", "ttft_p90", "tpot_p50")
@@ -44,7 +46,7 @@ def checkout(rev: str, into: Path) -> Path:
 
 def serve(tree: Path, bench_args: list[str], timeout_s: float) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree)}
-    argv = [sys.executable, "-m", "pddflow.cli", "bench", "serve", *bench_args, "--json"]
+    argv = [*python_module("pddflow.cli"), "bench", "serve", *bench_args, "--json"]
     t0 = time.monotonic()
     r = subprocess.run(argv, cwd=tree, env=env, capture_output=True, timeout=timeout_s)
     if r.returncode != 0:

@@ -20,6 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from pddflow.core.child_python import python_module
 from pddflow.runtime.deploy.modeled import DEFAULT_KV_SCALE  # what deploy runs
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -27,7 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def pddflow(args: list[str]) -> dict:
     res = subprocess.run(
-        [sys.executable, "-m", "pddflow.cli", *args], capture_output=True, text=True, check=False
+        [*python_module("pddflow.cli"), *args], capture_output=True, text=True, check=False
     )
     if res.returncode != 0:
         sys.exit(f"pddflow {' '.join(args)} failed ({res.returncode}):\n{res.stderr[-2000:]}")

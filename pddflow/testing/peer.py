@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from pddflow.core.child_python import python_module
+
 
 def _emit(obj: dict) -> None:
     sys.stdout.write(json.dumps(obj) + "\n")
@@ -238,7 +240,7 @@ class PeerProcess:
     """Start a peer (`python -m pddflow.testing.peer ROLE ...`) and read its JSON lines."""
 
     def __init__(self, role: str, *args: str, ready_timeout_s: float = 60.0):
-        cmd = [sys.executable, "-m", "pddflow.testing.peer", role, *args]
+        cmd = [*python_module("pddflow.testing.peer"), role, *args]
         # a file, not a pipe: a chatty child never blocks on it
         self._err = tempfile.TemporaryFile()
         self.proc = subprocess.Popen(

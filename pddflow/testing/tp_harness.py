@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from pddflow.core.child_python import python_module
 from pddflow.core.payloads import KVBlocks, Request, SamplingParams
 from pddflow.core.ports import free_port
 from pddflow.operators.engine import Engine, EngineConfig
@@ -164,7 +165,7 @@ def run_harness(
         logs = [open(Path(tmp) / f"rank-{r}.log", "w+b") for r in range(size)]  # noqa: SIM115
         procs = [
             subprocess.Popen(
-                [sys.executable, "-m", "pddflow.testing.tp_harness", "--rank", str(r), *common]
+                [*python_module("pddflow.testing.tp_harness"), "--rank", str(r), *common]
                 + (["--out", str(out), "--imports", str(imp)] if r == 0 else []),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,

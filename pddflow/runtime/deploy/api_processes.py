@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import signal
 import socket
-import sys
 import time
 from pathlib import Path
 
+from pddflow.core.child_python import python_module
 from pddflow.runtime.deploy.processes import WorkerProcess
 from pddflow.runtime.wiring import Wiring
 
@@ -40,7 +40,7 @@ class ApiProcesses:
         fd = listening.fileno()
         procs = []
         for name in wiring.api_servers:
-            argv = [sys.executable, "-m", "pddflow.runtime.api.api_process", str(wiring_file)]
+            argv = [*python_module("pddflow.runtime.api.api_process"), str(wiring_file)]
             argv += [name, "--fd", str(fd), "--router-http", router_http]
             argv += ["--stream-interval", str(stream_interval)]
             argv += ["--drain-timeout", str(drain_timeout_s), "--log-level", log_level]

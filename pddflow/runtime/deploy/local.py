@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import signal
 import socket
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pddflow.channels.link_relay import Link, LinkRelay
+from pddflow.core.child_python import python_module
 from pddflow.graph.plan import Plan
 from pddflow.operators.engine_config import cuda_devices, rank_device
 from pddflow.runtime.deploy.processes import WorkerProcess, stop_all
@@ -97,7 +97,7 @@ class LocalBackend:
         """Start every rank process of `instance` (at start, or when live scaling adds it)."""
         procs = self.ranks[instance] = []
         for rank, name in enumerate(self.plan.rank_processes(instance)):
-            argv = [sys.executable, "-m", "pddflow.runtime.workers", str(self.wiring_file)]
+            argv = [*python_module("pddflow.runtime.workers"), str(self.wiring_file)]
             argv += [instance] + ([str(rank)] if rank else [])
             w = WorkerProcess(name, argv, self.run_dir / log_name(name))
             w.start()

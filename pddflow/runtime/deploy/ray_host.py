@@ -7,12 +7,12 @@ import json
 import os
 import shutil
 import socket
-import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pddflow.core.child_python import python_module
 from pddflow.core.ports import free_port
 from pddflow.graph.plan import rank_name
 from pddflow.runtime.deploy.processes import WorkerProcess
@@ -74,7 +74,7 @@ class InstanceHost:
         for w in self.workers:
             if w.alive():
                 w.stop()
-        argv = [sys.executable, "-m", "pddflow.runtime.workers", str(wiring), self.instance]
+        argv = [*python_module("pddflow.runtime.workers"), str(wiring), self.instance]
         self.workers = []
         for rank in range(self.ranks):
             name = rank_name(self.instance, rank)
