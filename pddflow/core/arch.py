@@ -16,10 +16,21 @@ class ModelArch:
     help: str = ""
     # all layers, 4 x layers x q heads x head_dim; 0: 8 x kv_bytes_per_token (16-bit KV, GQA 8)
     attn_flops_per_pair: float = 0.0
+    # a decoding query's pair where it differs: MLA decodes in the absorbed form, each head
+    # attending over the 576-wide latent key and 512-wide latent value (FlashMLA's count), where
+    # prefill computes the uncompressed 192 + 128; 0: attention_flops_per_pair
+    decode_attn_flops_per_pair: float = 0.0
+    # attention's cost a FLOP against the matmuls' at the device class's peak (which is at the
+    # serving dtype): 2.0 where attention runs in bf16 beside fp8 matmuls, as MLA's kernels do
+    attn_dtype_factor: float = 1.0
 
     @property
     def attention_flops_per_pair(self) -> float:
         return self.attn_flops_per_pair or 8.0 * self.kv_bytes_per_token
+
+    @property
+    def decode_attention_flops_per_pair(self) -> float:
+        return self.decode_attn_flops_per_pair or self.attention_flops_per_pair
 
 
 def _dense(
@@ -67,6 +78,7 @@ for _a in (
     ),
     _dense("qwen2.5-32b", 64, 8, 128, 32.8, 40, help="Qwen2.5-32B, bf16 (256 KiB/token)"),
     # MLA: (512 latent + 64 RoPE key dims) x 61 layers x 2 B; attention: 128 heads, QK 192 + PV 128
+    # (prefill), QK 576 + PV 512 over the latent (decode), in bf16 beside the fp8 matmuls
     ModelArch(
         "deepseek-v3",
         576 * 61 * 2,
@@ -75,6 +87,8 @@ for _a in (
         "DeepSeek-V3/R1 (MLA, 37B active of 671B, fp8 weights): about 69 KB/token, "
         "near PDD's 50 KB working figure",
         attn_flops_per_pair=2.0 * 61 * 128 * (192 + 128),
+        decode_attn_flops_per_pair=2.0 * 61 * 128 * (576 + 512),
+        attn_dtype_factor=2.0,
     ),
     # MoE, GQA: 94 layers x 4 KV heads x 128 x 2 (K, V) x 2 B; 22B active of 235B, bf16
     ModelArch(
@@ -94,6 +108,8 @@ for _a in (
         "Kimi-K2 (DeepSeek-V3 architecture with 64 heads and 384 experts, fp8 weights): "
         "about 69 KB/token",
         attn_flops_per_pair=2.0 * 61 * 64 * (192 + 128),
+        decode_attn_flops_per_pair=2.0 * 61 * 64 * (576 + 512),
+        attn_dtype_factor=2.0,
     ),
     # The built-in model (core.model_config.TINY_LLAMA; tests/sim check the numbers match).
     _dense(

@@ -34,6 +34,8 @@ class DeviceModel:
         "bytes_s",
         "flops_per_token",
         "attn_flops_per_pair",
+        "decode_attn_flops_per_pair",
+        "_decode_extra",
         "kv_read_bytes_per_token",
         "weight_bytes",
         "step_overhead_s",
@@ -48,8 +50,12 @@ class DeviceModel:
         self.flops_s = device.tflops * 1e12 * devices * eff.prefill_mfu
         self.bytes_s = device.hbm_tbps * 1e12 * devices * eff.decode_mbu
         self.flops_per_token = arch.flops_per_token
-        # FLOPs-equivalent per (query, key) pair, bytes-equivalent read per context token
-        self.attn_flops_per_pair = arch.attention_flops_per_pair * eff.attn_factor
+        # FLOPs-equivalent per (query, key) pair (a decoding query's apart: MLA's absorbed form),
+        # bytes-equivalent read per context token
+        attn = eff.attn_factor * arch.attn_dtype_factor
+        self.attn_flops_per_pair = arch.attention_flops_per_pair * attn
+        self.decode_attn_flops_per_pair = arch.decode_attention_flops_per_pair * attn
+        self._decode_extra = self.decode_attn_flops_per_pair - self.attn_flops_per_pair
         self.kv_read_bytes_per_token = arch.kv_bytes_per_token * eff.kv_read_factor
         self.weight_bytes = arch.weight_bytes
         self.step_overhead_s = eff.step_overhead_s
@@ -60,11 +66,19 @@ class DeviceModel:
         )
 
     def step_s(
-        self, new_tokens: float, attn_pairs: float, kv_read_tokens: float, decoding: int = 0
+        self,
+        new_tokens: float,
+        attn_pairs: float,
+        kv_read_tokens: float,
+        decoding: int = 0,
+        decode_pairs: float = 0.0,
     ) -> float:
-        compute = (new_tokens * self.flops_per_token + attn_pairs * self.attn_flops_per_pair) / (
-            self.flops_s
-        )
+        """`decode_pairs`: the part of `attn_pairs` whose queries decode (one token each)."""
+        compute = (
+            new_tokens * self.flops_per_token
+            + attn_pairs * self.attn_flops_per_pair
+            + decode_pairs * self._decode_extra
+        ) / self.flops_s
         memory = (self.weight_bytes + kv_read_tokens * self.kv_read_bytes_per_token) / self.bytes_s
         return (
             (compute if compute > memory else memory)
@@ -73,7 +87,7 @@ class DeviceModel:
         )
 
     def decode_step_s(self, batch: int, ctx_sum: float) -> float:
-        return self.step_s(batch, ctx_sum, ctx_sum, batch)
+        return self.step_s(batch, ctx_sum, ctx_sum, batch, ctx_sum)
 
     def chunk_s(self, tokens: int, cached: int = 0) -> float:
         """`tokens` new tokens over `cached` ones in one step, without the call's fixed cost."""

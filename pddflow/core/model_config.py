@@ -224,12 +224,16 @@ class ModelConfig:
             self.num_params() * dtype_bytes,
             f"{self.arch} from its checkpoint's config.json, {dtype_bytes}-byte values",
             attn_flops_per_pair=self._attention_flops_per_pair(),
+            decode_attn_flops_per_pair=self._attention_flops_per_pair(decode=True),
         )
 
-    def _attention_flops_per_pair(self) -> float:
+    def _attention_flops_per_pair(self, decode: bool = False) -> float:
         """2 x (query-key width + value width) per query head and layer; MLA counted in its
-        uncompressed form, as the presets count DeepSeek-V3 (what prefill computes)."""
-        if self.mla:
+        uncompressed form (what prefill computes), or for `decode` in the absorbed form over the
+        latent (latent + RoPE key, latent value), as the presets count DeepSeek-V3."""
+        if self.mla and decode:
+            widths = 2 * self.kv_lora_rank + self.qk_rope_head_dim
+        elif self.mla:
             widths = self.qk_nope_head_dim + self.qk_rope_head_dim + self.v_head_dim
         else:
             widths = 2 * self.head_dim

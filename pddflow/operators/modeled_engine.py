@@ -97,7 +97,7 @@ class ModeledEngine(EngineCore):
 
     def _forward(self, items: list[tuple[Sequence, int, int]], all_rows: bool = False):
         t0 = time.monotonic()
-        new = pairs = read = 0.0
+        new = pairs = read = decode_pairs = 0.0
         decoding = 0
         rows: list[int] = []
         for seq, start, end in items:
@@ -115,10 +115,12 @@ class ModeledEngine(EngineCore):
             pairs += n * start + n * n / 2
             read += end
             decoding += n == 1
+            if n == 1:
+                decode_pairs += start + 0.5
             seq.num_computed = end
         m = self.step_model
         if m is not None:
-            modeled = m.step_s(new, pairs, read, decoding)
+            modeled = m.step_s(new, pairs, read, decoding, decode_pairs)
             if decoding < len(items):
                 modeled += m.prefill_overhead_s
             self.busy_s += modeled

@@ -331,7 +331,7 @@ class SimEngine:
                     break
             jobs_new = new - b
             f = weighted / jobs_new if jobs_new > 0 else 1.0
-            times = [now + (m.step_s(new, pairs, kv, b) + fixed) * f]
+            times = [now + (m.step_s(new, pairs, kv, b, float(c)) + fixed) * f]
         elif b:
             while heap and (
                 running.get(heap[0][1]) is None or running[heap[0][1]].finish_step != heap[0][0]
@@ -342,7 +342,7 @@ class SimEngine:
             # decode-only steps: compute and memory both grow linearly with the batch's context
             fixed = m.step_overhead_s + b * m.seq_overhead_s
             c0 = m.flops_per_token * b / m.flops_s + fixed
-            c1 = m.attn_flops_per_pair / m.flops_s
+            c1 = m.decode_attn_flops_per_pair / m.flops_s
             m0 = m.weight_bytes / m.bytes_s + fixed
             m1 = m.kv_read_bytes_per_token / m.bytes_s
             t, times, ctx = now, [], c

@@ -17,13 +17,18 @@ from pddflow.sim.network import SharedLink
 GPU = DeviceClass("g", 989, 80, 3.35, 400, 2.0)
 
 
-def _model():
-    return DeviceModel(GPU, 4, ARCHS.get("llama-3-70b"))
+def _model(arch: str = "llama-3-70b", gpu: DeviceClass = GPU):
+    return DeviceModel(gpu, 4, ARCHS.get(arch))
 
 
-def test_planned_decode_steps_equal_one_event_per_step():
+# DeepSeek-V3 on a slow device class: compute-bound steps, priced by decode attention's term
+@pytest.mark.parametrize(
+    "arch, gpu", [("llama-3-70b", GPU), ("deepseek-v3", DeviceClass("slow", 1, 80, 3.35, 400, 1))]
+)
+def test_planned_decode_steps_equal_one_event_per_step(arch, gpu):
     """Sequences arriving mid-run join at the next step boundary; finishing times must match a
-    step-by-step reference exactly, although the engine plans runs of steps at once."""
+    step-by-step reference exactly, although the engine plans runs of steps at once (and prices
+    them as decode_step_s does: DeepSeek-V3's decode attention is MLA's absorbed form)."""
     arrivals = [
         (0.0, 1000, 50),
         (0.1037, 3000, 30),
@@ -32,13 +37,13 @@ def test_planned_decode_steps_equal_one_event_per_step():
         (1.5, 100, 20),
     ]
     loop = EventLoop()
-    eng = SimEngine(loop, "e", _model(), max_batch=64, chunk_tokens=512)
+    eng = SimEngine(loop, "e", _model(arch, gpu), max_batch=64, chunk_tokens=512)
     got = {}
     for i, (t, ctx, out) in enumerate(arrivals):
         seq = Seq(None, i, ctx, 0, out, None, lambda s, t: got.__setitem__(s.rid, t))
         loop.at(t, eng.submit_seq, seq)
     loop.run()
-    m = _model()
+    m = _model(arch, gpu)
     want, running, t, pending = {}, {}, 0.0, list(enumerate(arrivals))
     while pending or running:
         for i, (ta, ctx, out) in list(pending):
