@@ -84,7 +84,7 @@ def test_deploy_serves_a_real_checkpoint_exactly(arch, tmp_path):
     eos = transformers.AutoConfig.from_pretrained(path).eos_token_id
     extra: list[str] = []
     template = None
-    if arch == "mistral":  # a checkpoint without a chat template: the deployment is given one
+    if arch == "mistral":  # its template replaced by --chat-template (OVERRIDE)
         (tmp_path / "chat.jinja").write_text(OVERRIDE)
         extra, template = ["--chat-template", str(tmp_path / "chat.jinja")], OVERRIDE
     refs = [_reference(path, chat, template) for chat in CHATS]
