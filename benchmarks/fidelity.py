@@ -65,7 +65,6 @@ ABLATIONS: dict[str, Callable[[Calibration], Calibration]] = {
     "decode_host_factor": lambda c: replace(c, decode_host_factor=1.0),
     "prefill_spread": lambda c: replace(c, prefill_spread=()),
     "prefill_shipping": lambda c: replace(c, prefill_shipping=()),
-    "decode_wall": lambda c: replace(c, decode_wall_over_cpu={}),
     "prefill_wall": lambda c: replace(c, prefill_wall_over_cpu={}),
     "corun": lambda c: _host(c, corun=(1.0, 1.0)),
     "host_model": lambda c: replace(c, host=None),

@@ -64,10 +64,9 @@ def api_servers_option(passed: bool = False) -> Any:
 def check_engine_profile(engine: str, profile: str = "local") -> None:
     """Exit 2 unless `engine` can run `profile` (the deployment's own check, made before a bench
     command starts anything)."""
-    from pddflow.runtime.deploy.deployment import OptionError
-    from pddflow.runtime.deploy.deployment import check_engine_profile as check
+    from pddflow.runtime.deploy.modeled import check_engine_profile as check
 
     try:
         check(engine, profile)
-    except OptionError as exc:
+    except ValueError as exc:
         fail(str(exc), code=2)

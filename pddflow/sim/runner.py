@@ -126,13 +126,10 @@ def simulate(
     if options.replications > 1:
         more = [replay(final, options.seed + r) for r in range(1, options.replications)]
         result = pool([result] + [summarize(s) for s in more])
-    if final.host is not None:
-        for kind, measured, factors in (
-            (StepKind.DECODE, cal.decode_wall_over_cpu, final.host.decode_wall),
-            (StepKind.PREFILL, cal.prefill_wall_over_cpu, final.host.prefill_wall),
-        ):
-            if measured:
-                result[f"{kind.name.lower()}_wall"] = _wall_report(sim, kind, measured, factors)
+    if final.host is not None and cal.prefill_wall_over_cpu:
+        result["prefill_wall"] = _wall_report(
+            sim, StepKind.PREFILL, cal.prefill_wall_over_cpu, final.host.prefill_wall
+        )
     if sim.host is not None:
         result["cpu_share"] = sim.host.to_dict()
     return result, sim

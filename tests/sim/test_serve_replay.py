@@ -238,15 +238,15 @@ def test_corun_slows_a_group_only_while_another_group_is_busy():
     assert HostCpus(plan, HostSpec(2)).to_dict()["corun"] == {"prefill": 1.0, "decode": 1.0}
 
 
-def test_wall_factors_scale_their_own_kind_of_step():
-    """A deployment's measured wall beyond the CPU share: an instance's decode factor applies to
-    its decode-only steps, its prefill factor to prefill steps, neither to extends."""
+def test_a_prefill_wall_factor_scales_prefill_steps_only():
+    """A deployment's measured prefill wall beyond the CPU share applies to the instance's
+    prefill steps, not to its decode-only steps or extends."""
     from types import SimpleNamespace
 
     plan = _local_plan()
-    cpu = HostCpus(plan, HostSpec(2, decode_wall={"main/0": 2.0}, prefill_wall={"main/0": 1.5}))
+    cpu = HostCpus(plan, HostSpec(2, prefill_wall={"main/0": 1.5}))
     m = SimpleNamespace(name="main/0", busy=True, replan=lambda: None)
     cpu.attach("main/0", m)
-    assert m.slowdown(StepKind.DECODE) == pytest.approx(2.0)
+    assert m.slowdown(StepKind.DECODE) == pytest.approx(1.0)
     assert m.slowdown(StepKind.PREFILL) == pytest.approx(1.5)
     assert m.slowdown(StepKind.EXTEND) == pytest.approx(1.0)

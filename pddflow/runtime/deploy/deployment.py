@@ -25,7 +25,7 @@ from pddflow.core.ports import free_port
 from pddflow.graph.plan import Plan
 from pddflow.runtime.deploy.api_processes import ApiProcesses, api_names
 from pddflow.runtime.deploy.backend import Backend, DeployError, Progress, wait_ready
-from pddflow.runtime.deploy.modeled import DEFAULT_KV_SCALE, ENGINES, PROFILES, modeled_plan
+from pddflow.runtime.deploy.modeled import DEFAULT_KV_SCALE, check_engine_profile, modeled_plan
 from pddflow.runtime.deploy.run_dir import (
     make_run_dir,
     private_file,
@@ -483,22 +483,11 @@ def pool_moves(
     return idle[: max(0, replicas - len(running))], running[replicas:][::-1]
 
 
-def check_engine_profile(engine: str, profile: str) -> None:
-    """OptionError unless `engine` can run `profile` (deploy's, and the bench commands' that
-    deploy, before they start anything)."""
-    if engine not in ENGINES:
-        raise OptionError(f"--engine: unknown {engine!r}; engines: {', '.join(ENGINES)}")
-    if profile not in PROFILES:
-        raise OptionError(f"--profile: unknown {profile!r}; profiles: {', '.join(PROFILES)}")
-    if profile == "production" and engine != "modeled":
-        raise OptionError(
-            "--profile production starts every declared replica, each on its devices_per_replica "
-            "devices: on one machine that is for --engine modeled"
-        )
-
-
 def _check_engine(o: DeployOptions) -> None:
-    check_engine_profile(o.engine, o.profile)
+    try:
+        check_engine_profile(o.engine, o.profile)
+    except ValueError as exc:
+        raise OptionError(str(exc)) from None
     if not 0 < o.kv_scale <= 1:
         raise OptionError(f"--kv-scale must be in (0, 1], got {o.kv_scale}")
     if o.time_scale <= 0:

@@ -11,6 +11,22 @@ from pddflow.graph.plan import Plan
 
 ENGINES = ("real", "modeled")
 PROFILES = ("local", "production")
+
+
+def check_engine_profile(engine: str, profile: str) -> None:
+    """ValueError unless `engine` can run `profile` (deploy's check, and the bench commands' that
+    deploy, made before they start anything)."""
+    if engine not in ENGINES:
+        raise ValueError(f"--engine: unknown {engine!r}; engines: {', '.join(ENGINES)}")
+    if profile not in PROFILES:
+        raise ValueError(f"--profile: unknown {profile!r}; profiles: {', '.join(PROFILES)}")
+    if profile == "production" and engine != "modeled":
+        raise ValueError(
+            "--profile production starts every declared replica, each on its devices_per_replica "
+            "devices: on one machine that is for --engine modeled"
+        )
+
+
 DEFAULT_KV_SCALE = 1 / 256
 
 

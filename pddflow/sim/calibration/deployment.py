@@ -37,10 +37,6 @@ class DeploymentFit:
             "decode_steps": sum(d[0] for d in serve.decode),
             "prefill_spread": quantiles(self.prefill_spread, 1, 3),
             "prefill_shipping_ms_per_mb": quantiles(serve.shipping, 1e9, 3),
-            "decode_wall_over_cpu": {
-                i: round(r, 4) for i, r in sorted(serve.decode_wall_ratios().items())
-            }
-            or None,
             "prefill_wall_over_cpu": {
                 i: round(r, 4) for i, r in sorted(serve.prefill_wall_ratios().items())
             }

@@ -18,8 +18,7 @@ class HostSpec:
     pinning: str = "auto"  # as `pddflow deploy --cpu-pinning`
     # (prefill/extend, decode) slowdown while other cores are busy (shared cache and memory bus)
     corun: tuple[float, float] = (1.0, 1.0)
-    # per instance: the measured wall over CPU that the CPU share does not explain
-    decode_wall: Mapping[str, float] = field(default_factory=dict)
+    # per instance: the measured prefill wall over CPU that the CPU share does not explain
     prefill_wall: Mapping[str, float] = field(default_factory=dict)
 
 
@@ -32,14 +31,14 @@ class CpuShare:
         self.engines: list[SimEngine] = []
         self.nice: dict[str, int] = {}
         self.weight: dict[str, float] = {}
-        self.walls: dict[str, tuple[float, float, float]] = {}  # by StepKind
+        self.prefill_wall: dict[str, float] = {}
         self.busy = 0
         self.host = host
 
-    def attach(self, eng: SimEngine, nice: int = 0, walls: tuple[float, float, float] = (1, 1, 1)):
+    def attach(self, eng: SimEngine, nice: int = 0, prefill_wall: float = 1.0):
         self.engines.append(eng)
         self.nice[eng.name], self.weight[eng.name] = nice, CFS_NICE_STEP**-nice
-        self.walls[eng.name] = walls
+        self.prefill_wall[eng.name] = prefill_wall
         eng.slowdown = lambda kind, e=eng: self.factor(e, kind)
         eng.on_busy = self._changed
 
@@ -50,7 +49,7 @@ class CpuShare:
         f = self.threads / given
         if self.host.corun != (1.0, 1.0) and self.host.others_busy(self):
             f *= self.host.corun[0] if kind is not StepKind.DECODE else self.host.corun[1]
-        return f * self.walls[eng.name][kind]
+        return f * (self.prefill_wall[eng.name] if kind is StepKind.PREFILL else 1.0)
 
     def _changed(self, eng: SimEngine) -> None:
         busy = sum(1 for e in self.engines if e.busy)
@@ -89,12 +88,8 @@ class HostCpus:
         self.groups = list(groups.values())
 
     def attach(self, instance: str, eng: SimEngine) -> None:
-        walls = (
-            self.spec.decode_wall.get(instance, 1.0),
-            self.spec.prefill_wall.get(instance, 1.0),
-            1.0,
-        )
-        self.share[instance].attach(eng, self.nice[instance], walls)
+        wall = self.spec.prefill_wall.get(instance, 1.0)
+        self.share[instance].attach(eng, self.nice[instance], wall)
 
     def others_busy(self, group: CpuShare) -> bool:
         return any(g.busy for g in self.groups if g is not group)

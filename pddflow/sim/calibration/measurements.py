@@ -49,7 +49,6 @@ class Measurements:
             prefill_spread=dep.prefill_spread,
             prefill_shipping=s.shipping,
             host=host,
-            decode_wall_over_cpu=s.decode_wall_ratios() if measured_host else {},
             prefill_wall_over_cpu=s.prefill_wall_ratios() if measured_host else {},
         )
 

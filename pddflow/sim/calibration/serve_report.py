@@ -22,8 +22,7 @@ class ServeFacts:
     decode: tuple[tuple[int, float, int, int], ...] = ()
     # seconds per byte a prefill worker spent exporting a prefill's KV before its next prefill
     shipping: tuple[float, ...] = ()
-    # (instance, wall seconds, CPU seconds): each decoder's decode iterations, and each prefill
-    decode_wall: tuple[tuple[str, float, float], ...] = ()
+    # (instance, wall seconds, CPU seconds) of each prefill
     prefill_wall: tuple[tuple[str, float, float], ...] = ()
 
     @staticmethod
@@ -33,9 +32,6 @@ class ServeFacts:
             rows = [x for f in facts for x in getattr(f, name)]
             merged[name] = tuple(sorted(rows) if name == "shipping" else rows)
         return ServeFacts(**merged)
-
-    def decode_wall_ratios(self) -> dict[str, float]:
-        return _wall_over_cpu(self.decode_wall)
 
     def prefill_wall_ratios(self) -> dict[str, float]:
         return _wall_over_cpu(self.prefill_wall)
@@ -56,7 +52,6 @@ class _Graph:
     prefills: list[tuple[int, int, float]] = field(default_factory=list)
     decode: list[tuple[int, float, int, int]] = field(default_factory=list)
     shipping: list[float] = field(default_factory=list)
-    decode_wall: list[tuple[str, float, float]] = field(default_factory=list)
     prefill_wall: list[tuple[str, float, float]] = field(default_factory=list)
 
     def facts(self) -> ServeFacts:
@@ -65,7 +60,6 @@ class _Graph:
             tuple(self.prefills),
             tuple(self.decode),
             tuple(sorted(self.shipping)),
-            tuple(self.decode_wall),
             tuple(self.prefill_wall),
         )
 
@@ -93,13 +87,10 @@ def load_serve(paths: list[Path]) -> dict[str, ServeFacts]:
 
 
 def _read_decode_steps(steps: object, acc: _Graph) -> None:
-    for inst, d in steps.items() if isinstance(steps, dict) else ():
+    for d in steps.values() if isinstance(steps, dict) else ():
         got = numbers(d, ("steps", "cpu_s", "seqs", "context_tokens"))
         if got is not None:
             acc.decode.append((int(got[0]), got[1], int(got[2]), int(got[3])))
-            wall = numbers(d, ("wall_s",))
-            if wall is not None:
-                acc.decode_wall.append((str(inst), wall[0], got[1]))
 
 
 def _read_request(r: dict, acc: _Graph) -> None:

@@ -1,4 +1,5 @@
-"""Wall factors, settled by replaying: what the host model leaves unexplained depends on them."""
+"""Prefill wall factors, settled by replaying: what the host model leaves unexplained depends on
+them."""
 
 from __future__ import annotations
 
@@ -24,30 +25,18 @@ class Settled:
 
 
 def settle(cal: Calibration, replay: Callable[[Calibration], Simulation]) -> Settled:
+    """Replay until each prefill instance's factor stops moving (a wall factor needs the host
+    model: without it, one replay)."""
     host = cal.host
-    targets = {  # a wall factor needs the host model
-        StepKind.DECODE: cal.decode_wall_over_cpu if host is not None else {},
-        StepKind.PREFILL: cal.prefill_wall_over_cpu if host is not None else {},
-    }
-    walls: dict[StepKind, Mapping[str, float]] = {StepKind.DECODE: {}, StepKind.PREFILL: {}}
+    target = cal.prefill_wall_over_cpu if host is not None else {}
+    walls: Mapping[str, float] = {}
     rounds = 0
     while True:
-        current = cal
-        if host is not None:
-            current = replace(
-                cal,
-                host=replace(
-                    host, decode_wall=walls[StepKind.DECODE], prefill_wall=walls[StepKind.PREFILL]
-                ),
-            )
+        current = cal if host is None else replace(cal, host=replace(host, prefill_wall=walls))
         sim = replay(current)
         rounds += 1
-        want = {k: wall_factors(sim, k, targets[k], walls[k]) for k in walls}
-        settled = all(
-            abs(f - walls[k].get(i, 1.0)) <= TOLERANCE * f
-            for k in walls
-            for i, f in want[k].items()
-        )
+        want = wall_factors(sim, StepKind.PREFILL, target, walls)
+        settled = all(abs(f - walls.get(i, 1.0)) <= TOLERANCE * f for i, f in want.items())
         if settled or rounds >= ROUNDS:
             return Settled(sim, current)
         walls = want

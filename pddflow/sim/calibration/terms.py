@@ -27,7 +27,6 @@ class Calibration:
     # the host's cores (None: every instance on a device of its own)
     host: HostSpec | None = None
     # what `settle.py` replays towards, per instance
-    decode_wall_over_cpu: Mapping[str, float] = field(default_factory=dict)
     prefill_wall_over_cpu: Mapping[str, float] = field(default_factory=dict)
 
     def device_model(self, device: DeviceClass, devices: int, arch: ModelArch) -> DeviceModel:
