@@ -8,9 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from pddflow.bench.deploy_process import DeployProcess
-
-pytestmark = pytest.mark.slow  # starts a deployment: worker processes
+pytestmark = pytest.mark.slow  # a deployment: worker processes
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = "The relay decodes while the KV crosses the WAN."
@@ -20,11 +18,8 @@ openai = pytest.importorskip("openai")
 
 
 @pytest.fixture(scope="module")
-def pdd(tmp_path_factory):
-    dep = DeployProcess(ROOT / "graphs" / "pdd.yaml", tmp_path_factory.mktemp("metrics-run"))
-    yield dep
-    dep.stop()
-    assert dep.leftover_children() == []
+def pdd(shipped_pdd):
+    return shipped_pdd  # conftest.py: shared with the other request-only modules
 
 
 @pytest.fixture(scope="module")
@@ -41,9 +36,47 @@ def _wait_for(pdd, name: str, at_least: float, timeout_s: float = 30.0, **labels
         time.sleep(0.2)
 
 
+# the counters and histogram counts the first test reads, as deltas over its requests (the
+# deployment is shared: other modules' requests came before)
+COUNTED = (
+    "vllm:prompt_tokens_total",
+    "vllm:generation_tokens_total",
+    "vllm:request_success_total",
+    "vllm:request_prompt_tokens_sum",
+    "vllm:time_to_first_token_seconds_sum",
+    "vllm:e2e_request_latency_seconds_sum",
+    "vllm:inter_token_latency_seconds_count",
+    "vllm:time_per_output_token_seconds_count",
+    "vllm:request_prefill_time_seconds_count",
+    "vllm:request_queue_time_seconds_count",
+    "vllm:prefix_cache_queries_total",
+    "vllm:prefix_cache_hits_total",
+    *(
+        f"{h}_count"
+        for h in (
+            "vllm:time_to_first_token_seconds",
+            "vllm:e2e_request_latency_seconds",
+            "vllm:request_decode_time_seconds",
+            "vllm:request_prompt_tokens",
+            "vllm:request_generation_tokens",
+        )
+    ),
+)
+REASONS = ("length", "stop")
+
+
+def _counts(pdd) -> dict[str, float]:
+    out = {name: pdd.metric(name, **M) for name in COUNTED}
+    for r in REASONS:
+        out[r] = pdd.metric("vllm:request_success_total", finished_reason=r, **M)
+    return out
+
+
 def test_vllm_families_after_requests(pdd, client):
-    """First in this module: the counters start from a deployment that has served nothing."""
+    """Three requests' worth of every family, counted from what the deployment had served."""
     n, max_tokens = 3, 12
+    pdd.wait_idle()
+    before = _counts(pdd)
     outs = [
         client.completions.create(
             model="pdd", prompt=PROMPT, max_tokens=max_tokens, temperature=0, extra_body=extra
@@ -53,14 +86,15 @@ def test_vllm_families_after_requests(pdd, client):
     generated = sum(o.usage.completion_tokens for o in outs)
     prompt = outs[0].usage.prompt_tokens
     pdd.wait_idle()
-    assert pdd.metric("vllm:prompt_tokens_total", **M) == n * prompt
-    assert pdd.metric("vllm:generation_tokens_total", **M) == generated
-    assert pdd.metric("vllm:request_success_total", **M) == n
-    assert (
-        pdd.metric("vllm:request_success_total", finished_reason="length", **M)
-        + pdd.metric("vllm:request_success_total", finished_reason="stop", **M)
-        == n
-    )
+    # every request went through prefill, which told its queue and run time and cache hit
+    got = "vllm:request_prefill_time_seconds_count"
+    _wait_for(pdd, got, before[got] + n, **M)
+    after = _counts(pdd)
+    d = {k: after[k] - before[k] for k in after}
+    assert d["vllm:prompt_tokens_total"] == n * prompt
+    assert d["vllm:generation_tokens_total"] == generated
+    assert d["vllm:request_success_total"] == n
+    assert d["length"] + d["stop"] == n
     for h in (
         "vllm:time_to_first_token_seconds",
         "vllm:e2e_request_latency_seconds",
@@ -68,21 +102,20 @@ def test_vllm_families_after_requests(pdd, client):
         "vllm:request_prompt_tokens",
         "vllm:request_generation_tokens",
     ):
-        assert pdd.metric(f"{h}_count", **M) == n, h
-    assert pdd.metric("vllm:request_prompt_tokens_sum", **M) == n * prompt
-    ttft = pdd.metric("vllm:time_to_first_token_seconds_sum", **M)
-    e2e = pdd.metric("vllm:e2e_request_latency_seconds_sum", **M)
+        assert d[f"{h}_count"] == n, h
+    assert d["vllm:request_prompt_tokens_sum"] == n * prompt
+    ttft, e2e = d["vllm:time_to_first_token_seconds_sum"], d["vllm:e2e_request_latency_seconds_sum"]
     assert 0 < ttft < e2e
-    assert pdd.metric("vllm:inter_token_latency_seconds_count", **M) > 0
-    assert pdd.metric("vllm:time_per_output_token_seconds_count", **M) == pdd.metric(
-        "vllm:inter_token_latency_seconds_count", **M
+    assert d["vllm:inter_token_latency_seconds_count"] > 0
+    assert (
+        d["vllm:time_per_output_token_seconds_count"] == d["vllm:inter_token_latency_seconds_count"]
     )
-    # every request went through prefill, which told its queue and run time and cache hit
-    assert _wait_for(pdd, "vllm:request_prefill_time_seconds_count", n, **M) == n
-    assert pdd.metric("vllm:request_queue_time_seconds_count", **M) == n
-    assert pdd.metric("vllm:prefix_cache_queries_total", **M) == n * prompt
-    hits = pdd.metric("vllm:prefix_cache_hits_total", **M)
-    assert 0 < hits < n * prompt  # the same prompt again: its full blocks come from the cache
+    assert d[got] == n
+    assert d["vllm:request_queue_time_seconds_count"] == n
+    assert d["vllm:prefix_cache_queries_total"] == n * prompt
+    # the same prompt again (here, or before in a module sharing the deployment): its full blocks
+    # come from the cache, its last partial block never does
+    assert 0 < d["vllm:prefix_cache_hits_total"] < n * prompt
     # idle now: nothing running or waiting; only prefix caches hold KV blocks
     assert pdd.metric("vllm:num_requests_running", **M) == 0
     assert pdd.metric("vllm:num_requests_waiting", **M) == 0
