@@ -128,18 +128,20 @@ def simulate(
         result = pool([result] + [summarize(s) for s in more])
     if final.host is not None and cal.prefill_wall_over_cpu:
         result["prefill_wall"] = _wall_report(
-            sim, StepKind.PREFILL, cal.prefill_wall_over_cpu, final.host.prefill_wall
+            sim, cal.prefill_wall_over_cpu, final.host.prefill_wall
         )
     if sim.host is not None:
         result["cpu_share"] = sim.host.to_dict()
     return result, sim
 
 
-def _wall_report(sim: Simulation, kind: StepKind, measured: dict, factors: dict) -> dict:
+def _wall_report(sim: Simulation, measured: dict, factors: dict) -> dict:
+    """Per prefill instance: its measured wall over CPU, the replay's wall over model time, and
+    the factor settled for it."""
     out = {}
     for inst, ratio in sorted(measured.items()):
         eng = sim.engines.get(inst)
-        simulated = eng.wall_over_model(kind) if eng is not None else None
+        simulated = eng.wall_over_model(StepKind.PREFILL) if eng is not None else None
         out[inst] = {
             "measured_wall_over_cpu": round(ratio, 4),
             "simulated_wall_over_model": None if simulated is None else round(simulated, 4),

@@ -38,6 +38,13 @@ def _wait_for(pdd, name: str, at_least: float, timeout_s: float = 30.0, **labels
 
 # the counters and histogram counts the first test reads, as deltas over its requests (the
 # deployment is shared: other modules' requests came before)
+HISTOGRAMS = (  # one observation per request
+    "vllm:time_to_first_token_seconds",
+    "vllm:e2e_request_latency_seconds",
+    "vllm:request_decode_time_seconds",
+    "vllm:request_prompt_tokens",
+    "vllm:request_generation_tokens",
+)
 COUNTED = (
     "vllm:prompt_tokens_total",
     "vllm:generation_tokens_total",
@@ -51,16 +58,7 @@ COUNTED = (
     "vllm:request_queue_time_seconds_count",
     "vllm:prefix_cache_queries_total",
     "vllm:prefix_cache_hits_total",
-    *(
-        f"{h}_count"
-        for h in (
-            "vllm:time_to_first_token_seconds",
-            "vllm:e2e_request_latency_seconds",
-            "vllm:request_decode_time_seconds",
-            "vllm:request_prompt_tokens",
-            "vllm:request_generation_tokens",
-        )
-    ),
+    *(f"{h}_count" for h in HISTOGRAMS),
 )
 REASONS = ("length", "stop")
 
@@ -95,13 +93,7 @@ def test_vllm_families_after_requests(pdd, client):
     assert d["vllm:generation_tokens_total"] == generated
     assert d["vllm:request_success_total"] == n
     assert d["length"] + d["stop"] == n
-    for h in (
-        "vllm:time_to_first_token_seconds",
-        "vllm:e2e_request_latency_seconds",
-        "vllm:request_decode_time_seconds",
-        "vllm:request_prompt_tokens",
-        "vllm:request_generation_tokens",
-    ):
+    for h in HISTOGRAMS:
         assert d[f"{h}_count"] == n, h
     assert d["vllm:request_prompt_tokens_sum"] == n * prompt
     ttft, e2e = d["vllm:time_to_first_token_seconds_sum"], d["vllm:e2e_request_latency_seconds_sum"]

@@ -35,7 +35,7 @@ def settle(cal: Calibration, replay: Callable[[Calibration], Simulation]) -> Set
         current = cal if host is None else replace(cal, host=replace(host, prefill_wall=walls))
         sim = replay(current)
         rounds += 1
-        want = wall_factors(sim, StepKind.PREFILL, target, walls)
+        want = wall_factors(sim, target, walls)
         settled = all(abs(f - walls.get(i, 1.0)) <= TOLERANCE * f for i, f in want.items())
         if settled or rounds >= ROUNDS:
             return Settled(sim, current)
@@ -43,15 +43,16 @@ def settle(cal: Calibration, replay: Callable[[Calibration], Simulation]) -> Set
 
 
 def wall_factors(
-    sim: Simulation, kind: StepKind, measured: Mapping[str, float], current: Mapping[str, float]
+    sim: Simulation, measured: Mapping[str, float], current: Mapping[str, float]
 ) -> dict[str, float]:
-    """Per instance, the factor that brings this replay's wall over model time of `kind` steps to
-    the measured wall over CPU (the worker's other threads, the frontend, the loop's own work)."""
+    """Per instance, the factor that brings this replay's wall over model time of prefill steps
+    to the measured wall over CPU (the worker's other threads, the frontend, the loop's own
+    work)."""
     lo, hi = WALL_FACTOR_BOUNDS
     out = dict(current)
     for inst, ratio in measured.items():
         engine = sim.engines.get(inst)
-        simulated = engine.wall_over_model(kind) if engine is not None else None
+        simulated = engine.wall_over_model(StepKind.PREFILL) if engine is not None else None
         if simulated is None:
             continue
         out[inst] = min(hi, max(lo, current.get(inst, 1.0) * ratio / simulated))
