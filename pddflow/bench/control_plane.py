@@ -43,7 +43,8 @@ def memory(base: str, frontend_pid: int) -> dict:
 
 def processes(base: str, deployer: int) -> dict[str, list[int]]:
     """The deployment's processes on this host by part: the deploying process (the router, and the
-    API when there is one), its API processes (deploy --api-servers) and the workers' ranks."""
+    API when there is one), its API processes (deploy --api-servers), the workers' ranks and the
+    local backend's emulated links (their relays' process: not the frontend's work)."""
     try:
         health = httpx.get(f"{base}/health", timeout=10).json()
     except (httpx.HTTPError, ValueError):
@@ -52,6 +53,7 @@ def processes(base: str, deployer: int) -> dict[str, list[int]]:
         "router": [deployer],
         "api": [a["pid"] for a in health.get("api_servers", []) if a.get("pid")],
         "workers": [p for w in health.get("workers", {}).values() for p in _pids(w)],
+        "links": [lp["pid"]] if (lp := health.get("link_process")) else [],
     }
 
 

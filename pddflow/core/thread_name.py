@@ -1,6 +1,6 @@
 """The calling thread's name as the OS shows it (/proc/PID/task/TID/comm, 15 bytes, Linux), so a
-benchmark can tell what a process's CPU went to: the emulated link's relays are not the frontend's
-work, though they run in its process (bench/control_plane.py)."""
+profile or a per-thread CPU reading can tell what a process's CPU went to (the emulated link's
+relays name theirs)."""
 
 from __future__ import annotations
 

@@ -431,4 +431,5 @@ def with_placement(detail: dict[str, Any], placed: dict[str, Any]) -> dict[str, 
         "workers": workers,
         "channels": placed["channels"],
         **({"api_servers": placed["api_servers"]} if "api_servers" in placed else {}),
+        **({"link_process": placed["link_process"]} if "link_process" in placed else {}),
     }

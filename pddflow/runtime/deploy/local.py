@@ -1,5 +1,6 @@
 """The `local` backend: every instance of the plan a child process of the deployer, the clusters
-emulated on this host, every cross-cluster connection through a cuttable relay."""
+emulated on this host, every cross-cluster connection through a cuttable relay (all of them in
+one link process: deploy/link_process.py)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pddflow.channels.link_relay import Link, LinkRelay
 from pddflow.core.child_python import python_module
 from pddflow.graph.plan import Plan
 from pddflow.operators.engine_config import cuda_devices, rank_device
+from pddflow.runtime.deploy.link_process import LinkProcess, RelaySpec
 from pddflow.runtime.deploy.processes import WorkerProcess, stop_all
 from pddflow.runtime.deploy.run_dir import WIRING_FILE, private_file
 from pddflow.runtime.transports import transports
@@ -27,8 +28,9 @@ class LocalBackend:
     def __init__(self) -> None:
         # instance -> its rank processes, the leader (rank 0) first
         self.ranks: dict[str, list[WorkerProcess]] = {}
-        self.relays: dict[str, list[LinkRelay]] = {}  # link name -> relays of its endpoints
-        self.links: dict[str, Link] = {}
+        self.link_process: LinkProcess | None = None  # every emulated link's relays
+        # each relay, and where its address goes: (spec, table, key, scheme prefix)
+        self._relays: list[tuple[RelaySpec, dict[str, str], str, str]] = []
         self.wiring: Wiring | None = None
         self.gpus = 0  # the CUDA devices the ranks see (a real engine's)
         self.plan: Plan | None = None
@@ -42,35 +44,26 @@ class LocalBackend:
         wiring.transports = transports(plan, {}, wiring.rdma)
         # cross-cluster traffic goes through a cuttable relay: the data channels' and the
         # control plane's between the frontend's cluster and each other one
-        self.links = {name: Link() for name in plan.links}  # a link goes down as a whole
         for link, addrs in wiring.links.items():
             for addr in addrs:
                 scheme, _, hostport = addr.rpartition("://")
-                relay = self._relay(link, hostport, *_sides(plan, wiring, link, addr))
-                wiring.via[addr] = f"{scheme}://{relay.address}" if scheme else relay.address
+                client, server = _sides(plan, wiring, link, addr)
+                spec = RelaySpec(link, hostport, client, server)
+                self._relays.append((spec, wiring.via, addr, f"{scheme}://" if scheme else ""))
         self._control_relays(plan, wiring)
+        if self._relays:
+            log = run_dir / "links.log"
+            self.link_process = LinkProcess([r[0] for r in self._relays], log)
+            for (_, table, key, prefix), address in zip(
+                self._relays, self.link_process.addresses, strict=True
+            ):
+                table[key] = prefix + address
         path = self.wiring_file = run_dir / WIRING_FILE
         private_file(path)  # it holds the deployment's bearer token
         wiring.save(path)
         self.plan, self.run_dir = plan, run_dir
         for inst in plan.initial_instances():
             self.start_instance(inst)
-
-    def _relay(
-        self, link: str, hostport: str, client: str, server: str, delay_s: float | None = None
-    ) -> LinkRelay:
-        """A relay of `link` to hostport; a control relay (delay_s given) adds the delay."""
-        host, port = hostport.rsplit(":", 1)
-        relay = LinkRelay(
-            (host, int(port)),
-            link=self.links[link],
-            client_cluster=client,
-            server_cluster=server,
-            delay_s=delay_s or 0.0,
-            control=delay_s is not None,
-        )
-        self.relays.setdefault(link, []).append(relay)
-        return relay
 
     def _control_relays(self, plan: Plan, wiring: Wiring) -> None:
         """The frontend runs in its cluster: its calls to an instance elsewhere, and that
@@ -82,16 +75,21 @@ class LocalBackend:
             if link is None:
                 continue
             delay = plan.links[link].rtt_ms / 2e3
-            if inst.cluster not in wiring.report_via:
-                host = wiring.frontend
-                relay = self._relay(link, host, inst.cluster, front, delay)
-                wiring.report_via[inst.cluster] = relay.address
+            relays = []  # (upstream, the senders' cluster, the receiver's, table, key)
+            cluster = inst.cluster
+            if cluster not in wiring.report_via:
+                wiring.report_via[cluster] = ""  # taken: one reports relay per cluster
+                relays.append((wiring.frontend, cluster, front, wiring.report_via, cluster))
             via = wiring.api_via.setdefault(inst.cluster, {})
             for name, address in wiring.api_servers.items():
                 if name not in via:
-                    via[name] = self._relay(link, address, inst.cluster, front, delay).address
+                    via[name] = ""
+                    relays.append((address, inst.cluster, front, via, name))
             rpc = wiring.workers[inst.id].rpc
-            wiring.control_via[rpc] = self._relay(link, rpc, front, inst.cluster, delay).address
+            relays.append((rpc, front, inst.cluster, wiring.control_via, rpc))
+            for upstream, client, server, table, key in relays:
+                spec = RelaySpec(link, upstream, client, server, delay)
+                self._relays.append((spec, table, key, ""))
 
     def start_instance(self, instance: str) -> None:
         """Start every rank process of `instance` (at start, or when live scaling adds it)."""
@@ -128,10 +126,12 @@ class LocalBackend:
                 {"rank": r, "pid": p.pid, "device": rank_device(r, gpus=self.gpus), "node": host}
                 for r, p in enumerate(procs)
             ]
+        lp = self.link_process
         return {
             "backend": self.name,
             "workers": workers,
             "channels": dict(w.transports) if w else {},
+            **({"link_process": {"pid": lp.pid, "links": lp.links}} if lp else {}),
         }
 
     def alive(self, instance: str) -> bool:
@@ -168,24 +168,25 @@ class LocalBackend:
         return self.impair_link
 
     def cut_link(self, link: str, seconds: float, after_bytes: int = 0) -> None:
-        self._link(link).cut(seconds, after_bytes)
+        self._links(link).cut(link, seconds, after_bytes)
 
     def impair_link(
         self, link: str, seconds: float, loss: float = 1.0, from_cluster: str | None = None
     ) -> None:
         """Partition `link` (loss 1.0) or make it lossy, both ways or from one cluster."""
-        self._link(link).impair(seconds, loss, from_cluster)
+        self._links(link).impair(link, seconds, loss, from_cluster)
 
-    def _link(self, link: str) -> Link:
-        if link not in self.relays:
-            raise KeyError(f"no emulated link {link!r}; links: {', '.join(self.relays) or 'none'}")
-        return self.links[link]
+    def _links(self, link: str) -> LinkProcess:
+        lp = self.link_process
+        if lp is None or link not in lp.links:
+            names = ", ".join(lp.links) if lp else "none"
+            raise KeyError(f"no emulated link {link!r}; links: {names}")
+        return lp
 
     def stop(self) -> None:
         stop_all([p for procs in self.ranks.values() for p in procs])
-        for relays in self.relays.values():
-            for r in relays:
-                r.close()
+        if self.link_process is not None:
+            self.link_process.stop()
 
 
 def _sides(plan: Plan, wiring: Wiring, link: str, addr: str) -> tuple[str, str]:
