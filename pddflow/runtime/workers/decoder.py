@@ -195,8 +195,11 @@ class DecoderWorker(Worker):
             self.fail(leg, pb.FAILURE_COMPUTE, full)
             return False
         if not self.memory_wait or self.memory_wait[0] is leg:
-            evictable = self.engine.radix.evictable_count() if self.op.caches_prefixes else 0
-            if need <= alloc.num_free + evictable:
+            # the radix walk (O(cache size)) only when the free blocks are not enough
+            fits = need <= alloc.num_free
+            if not fits and self.op.caches_prefixes:
+                fits = need <= alloc.num_free + self.engine.radix.evictable_count()
+            if fits:
                 if self.memory_wait:
                     self.memory_wait.pop(0)
                 return True
