@@ -101,3 +101,40 @@ def test_a_stream_interval_wakes_the_reader_only_when_a_chunk_is_due():
     assert [list(c) for c in chunks] == [[100], [101, 102, 103], [104, 105, 106]]
     assert chunks[-1].finish_reason is None and s.finished  # no stop token: the caller decides
     assert [t for c in chunks for t in c] == s.tokens
+
+
+def test_tokens_that_come_while_the_reader_holds_a_chunk_are_not_lost():
+    """Tokens added while the consumer still has the last chunk (its await ran the loop) set
+    the wakeup before the reader waits again: it must look before clearing it, or the chunk
+    waits for the deadline's wakeup (an hour here: the read would hang past wait_for's bound)."""
+    import asyncio
+    import time
+
+    from pddflow.runtime.frontend.token_stream import stream_chunks
+
+    async def read() -> list[list[int]]:
+        s = _stream(max_tokens=3)
+        s.add(TokenRun(0, [1], "prefill"))
+        got = []
+        async for chunk in stream_chunks(s, time.monotonic() + 3600):
+            got.append(list(chunk))
+            if len(got) == 1:  # the rest lands while this reader holds the first chunk
+                s.add(TokenRun(1, [2, 3], "main", final=True))
+        return got
+
+    assert asyncio.run(asyncio.wait_for(read(), 30)) == [[1], [2, 3]]
+
+
+def test_a_stream_that_gets_nothing_ends_at_its_deadline():
+    import asyncio
+    import time
+
+    from pddflow.runtime.frontend.rejection import RequestRejected
+    from pddflow.runtime.frontend.token_stream import stream_chunks
+
+    async def read() -> None:
+        async for _ in stream_chunks(_stream(), time.monotonic() + 0.05):
+            pass
+
+    with pytest.raises(RequestRejected, match="passed its deadline"):
+        asyncio.run(read())

@@ -372,7 +372,7 @@ class Frontend:
 
     def _on_report(self, rep: pb.Report, listed: bool = True) -> None:
         which = rep.WhichOneof("body")
-        self.metrics.reports.labels(which).inc()
+        self.metrics.report_counter(which).inc()
         if which == "status":
             self.statuses.on_status(rep.instance, rep.status, listed)
         elif which == "cache":

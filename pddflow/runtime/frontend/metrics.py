@@ -159,6 +159,14 @@ class Metrics:
         self.vllm = VllmMetrics(r)
         self._relay_tokens = 0
         self._all_tokens = 0
+        self._report_children: dict[str, Any] = {}
+
+    def report_counter(self, kind: str) -> Any:
+        """The reports counter's child for `kind`, looked up once (a report's cost is per step)."""
+        child = self._report_children.get(kind)
+        if child is None:
+            child = self._report_children[kind] = self.reports.labels(kind)
+        return child
 
     def count_tokens(self, operator: str, n: int, relay: bool) -> None:
         """An engine step's new tokens from one operator (one call per report)."""

@@ -153,22 +153,29 @@ async def stream_chunks(st: TokenStream, deadline: float) -> AsyncIterator[Token
     (502) or passed `deadline` (504). Tokens are added on the same loop."""
     from pddflow.runtime.frontend.rejection import RequestRejected
 
-    while True:
-        if st.ready():
-            yield st.take_new()
-        if st.finished and st.emitted == len(st.tokens):
-            break
-        if st.error:
-            raise RequestRejected(502, st.error)
-        left = deadline - time.monotonic()
-        if left <= 0:
-            st.fail("deadline passed")
-            raise RequestRejected(504, f"request {st.request_id} passed its deadline")
-        st.wakeup.clear()  # reports land on this loop: nothing can slip in before the wait
-        try:  # woken when a chunk is due (TokenStream.add), not on every report
-            async with asyncio.timeout(min(left, 1.0)):
-                await st.wakeup.wait()
-        except TimeoutError:
-            pass
+    # one timer for the whole stream, not one per wait (the loop may run it a little early)
+    expired = asyncio.Event()
+
+    def expire() -> None:
+        expired.set()
+        st.wakeup.set()
+
+    timer = asyncio.get_running_loop().call_later(max(0.0, deadline - time.monotonic()), expire)
+    try:
+        while True:
+            if st.ready():
+                yield st.take_new()
+                continue  # what came while the reader had the chunk is looked at before a wait
+            if st.finished and st.emitted == len(st.tokens):
+                break
+            if st.error:
+                raise RequestRejected(502, st.error)
+            if expired.is_set() or time.monotonic() >= deadline:
+                st.fail("deadline passed")
+                raise RequestRejected(504, f"request {st.request_id} passed its deadline")
+            st.wakeup.clear()  # reports land on this loop: nothing can slip in before the wait
+            await st.wakeup.wait()  # set when a chunk is due (TokenStream.add), or by the timer
+    finally:
+        timer.cancel()
     if st.error:
         raise RequestRejected(502, st.error)
