@@ -211,8 +211,8 @@ def make_app(
 def _prompt_ids(router: Router, prompt: str | list[int]) -> list[int]:
     if isinstance(prompt, str):
         return router.tokenizer.encode(prompt)
-    bad = [t for t in prompt if not 0 <= t < router.vocab_size]
-    if bad:
+    if prompt and (min(prompt) < 0 or max(prompt) >= router.vocab_size):  # in C, not a loop
+        bad = [t for t in prompt if not 0 <= t < router.vocab_size]
         raise RequestRejected(
             400, f"token id {bad[0]} is outside the vocabulary [0, {router.vocab_size})"
         )
