@@ -58,6 +58,10 @@ class Metrics:
             "share of output tokens produced by relay decoders",
             registry=r,
         )
+        # read when scraped, not set on every report
+        self.relay_share.set_function(
+            lambda: self._relay_tokens / self._all_tokens if self._all_tokens else 0.0
+        )
         self.wan_bytes = Counter(
             "pddflow_wan_bytes_sent", "KV bytes sent across cluster links", ["link"], registry=r
         )
@@ -160,6 +164,7 @@ class Metrics:
         self._relay_tokens = 0
         self._all_tokens = 0
         self._report_children: dict[str, Any] = {}
+        self._token_children: dict[str, Any] = {}
 
     def report_counter(self, kind: str) -> Any:
         """The reports counter's child for `kind`, looked up once (a report's cost is per step)."""
@@ -170,11 +175,13 @@ class Metrics:
 
     def count_tokens(self, operator: str, n: int, relay: bool) -> None:
         """An engine step's new tokens from one operator (one call per report)."""
-        self.tokens.labels(operator).inc(n)
+        child = self._token_children.get(operator)
+        if child is None:
+            child = self._token_children[operator] = self.tokens.labels(operator)
+        child.inc(n)
         self._all_tokens += n
         if relay:
             self._relay_tokens += n
-        self.relay_share.set(self._relay_tokens / self._all_tokens if self._all_tokens else 0.0)
 
     def watch_workers(self, statuses: dict[str, pb.WorkerStatus]) -> None:
         """Export the workers' own cumulative counters from their latest status reports."""
