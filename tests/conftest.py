@@ -8,14 +8,21 @@
 - What collection imported (torch, transformers, every pddflow module: about 300,000 objects) is
   frozen out of the garbage collector, whose full passes would otherwise scan it again and again
   (0.13 s a pass here) while the tests make and drop their own objects.
+
+And one fixture two packages' tests share: `echo`, a TCP server that sends back what it gets
+(what the link relays, and the link process that runs them, are tested against).
 """
 
 from __future__ import annotations
 
 import compileall
 import gc
+import socket
 import sys
+import threading
 from pathlib import Path
+
+import pytest
 
 
 def pytest_sessionstart(session) -> None:
@@ -28,3 +35,30 @@ def pytest_sessionstart(session) -> None:
 
 def pytest_collection_finish(session) -> None:
     gc.freeze()
+
+
+@pytest.fixture
+def echo():
+    """(host, port) of a server on 127.0.0.1 that sends back what it gets."""
+    srv = socket.create_server(("127.0.0.1", 0))
+
+    def serve() -> None:
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=_echo, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield srv.getsockname()
+    srv.close()
+
+
+def _echo(conn: socket.socket) -> None:
+    with conn:
+        try:
+            while data := conn.recv(65536):
+                conn.sendall(data)
+        except OSError:
+            pass

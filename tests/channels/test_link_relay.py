@@ -6,36 +6,11 @@ link's one-way delay."""
 from __future__ import annotations
 
 import socket
-import threading
 import time
 
 import pytest
 
 from pddflow.channels.link_relay import RTO_MIN_S, Link, LinkRelay
-
-
-@pytest.fixture
-def echo():
-    """A server on 127.0.0.1 that sends back what it gets."""
-    srv = socket.create_server(("127.0.0.1", 0))
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                return
-            threading.Thread(target=_echo, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=serve, daemon=True).start()
-    yield srv.getsockname()
-    srv.close()
-
-
-def _echo(conn: socket.socket) -> None:
-    with conn:
-        while data := conn.recv(65536):
-            conn.sendall(data)
 
 
 def _round_trip(sock: socket.socket, payload: bytes, timeout_s: float = 10.0) -> float:

@@ -5,38 +5,10 @@ its reason, and the process ends when the deployer's handle stops it."""
 from __future__ import annotations
 
 import socket
-import threading
 
 import pytest
 
 from pddflow.runtime.deploy.link_process import LinkProcess, RelaySpec
-
-
-@pytest.fixture
-def echo():
-    srv = socket.create_server(("127.0.0.1", 0))
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                return
-            threading.Thread(target=_echo, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=serve, daemon=True).start()
-    host, port = srv.getsockname()
-    yield f"{host}:{port}"
-    srv.close()
-
-
-def _echo(conn: socket.socket) -> None:
-    with conn:
-        try:
-            while data := conn.recv(65536):
-                conn.sendall(data)
-        except OSError:
-            pass
 
 
 def _round_trip(sock: socket.socket, payload: bytes) -> bytes:
@@ -52,7 +24,8 @@ def _round_trip(sock: socket.socket, payload: bytes) -> bytes:
 
 
 def test_relays_in_their_own_process_carry_bytes_and_obey_cuts(echo):
-    specs = [RelaySpec("wan", echo, "A", "B"), RelaySpec("wan", echo, "B", "A", delay_s=0.001)]
+    upstream = "{}:{}".format(*echo)
+    specs = [RelaySpec("wan", upstream, "A", "B"), RelaySpec("wan", upstream, "B", "A", 0.001)]
     lp = LinkProcess(specs)
     try:
         assert len(lp.addresses) == 2 and lp.links == ["wan"]
