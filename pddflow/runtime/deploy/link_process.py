@@ -60,7 +60,12 @@ class LinkProcess:
         )
         if log is not subprocess.DEVNULL:
             log.close()
-        got = self._ask({"relays": [asdict(s) for s in specs]})
+        try:
+            got = self._ask({"relays": [asdict(s) for s in specs]})
+        except Exception:
+            self.proc.kill()  # started, but it will not serve: nothing is left behind
+            self.proc.wait(timeout=5)
+            raise
         self.addresses: list[str] = got["addresses"]
 
     @property

@@ -163,22 +163,22 @@ class Metrics:
         self.vllm = VllmMetrics(r)
         self._relay_tokens = 0
         self._all_tokens = 0
-        self._report_children: dict[str, Any] = {}
-        self._token_children: dict[str, Any] = {}
+        self._children: dict[tuple[int, str], Any] = {}  # (metric, label) -> its child
+
+    def _child(self, metric: Any, label: str) -> Any:
+        """`metric.labels(label)`, looked up once: reports come once per engine step."""
+        key = (id(metric), label)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(label)
+        return child
 
     def report_counter(self, kind: str) -> Any:
-        """The reports counter's child for `kind`, looked up once (a report's cost is per step)."""
-        child = self._report_children.get(kind)
-        if child is None:
-            child = self._report_children[kind] = self.reports.labels(kind)
-        return child
+        return self._child(self.reports, kind)
 
     def count_tokens(self, operator: str, n: int, relay: bool) -> None:
         """An engine step's new tokens from one operator (one call per report)."""
-        child = self._token_children.get(operator)
-        if child is None:
-            child = self._token_children[operator] = self.tokens.labels(operator)
-        child.inc(n)
+        self._child(self.tokens, operator).inc(n)
         self._all_tokens += n
         if relay:
             self._relay_tokens += n

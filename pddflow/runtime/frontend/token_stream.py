@@ -154,10 +154,11 @@ async def stream_chunks(st: TokenStream, deadline: float) -> AsyncIterator[Token
     from pddflow.runtime.frontend.rejection import RequestRejected
 
     # one timer for the whole stream, not one per wait (the loop may run it a little early)
-    expired = asyncio.Event()
+    expired = False
 
     def expire() -> None:
-        expired.set()
+        nonlocal expired
+        expired = True
         st.wakeup.set()
 
     timer = asyncio.get_running_loop().call_later(max(0.0, deadline - time.monotonic()), expire)
@@ -170,7 +171,7 @@ async def stream_chunks(st: TokenStream, deadline: float) -> AsyncIterator[Token
                 break
             if st.error:
                 raise RequestRejected(502, st.error)
-            if expired.is_set() or time.monotonic() >= deadline:
+            if expired or time.monotonic() >= deadline:
                 st.fail("deadline passed")
                 raise RequestRejected(504, f"request {st.request_id} passed its deadline")
             st.wakeup.clear()  # reports land on this loop: nothing can slip in before the wait
